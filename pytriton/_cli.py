@@ -1,0 +1,66 @@
+"""Command line: ``pytriton install-server`` (also ``python -m pytriton install-server``)."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import List, Optional
+
+from pytriton import __version__
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``pytriton`` command; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="pytriton", description="pytriton command-line tools")
+    parser.add_argument("--version", action="version", version=f"pytriton {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    install = commands.add_parser(
+        "install-server",
+        help="download, verify and unpack the Triton Inference Server used by pytriton",
+        description="Install Triton Inference Server into $PYTRITON_HOME (default ~/.cache/pytriton).",
+    )
+    install.add_argument(
+        "--from-wheel",
+        type=pathlib.Path,
+        metavar="PATH",
+        help="install from a local nvidia-pytriton wheel instead of downloading it",
+    )
+    install.add_argument("--force", action="store_true", help="reinstall even if already installed")
+    install.add_argument(
+        "--find-links",
+        type=pathlib.Path,
+        metavar="DIR",
+        help="offline: folder with numpy<2 and pyzmq wheels for the stub environment",
+    )
+    install.add_argument(
+        "--no-stub-env", action="store_true", help="do not create the stub's private numpy 1.x environment"
+    )
+    commands.add_parser("where-server", help="print the directory of the server pytriton would use")
+    args = parser.parse_args(argv)
+
+    from pytriton.exceptions import PyTritonError
+
+    try:
+        if args.command == "install-server":
+            from pytriton.server.install import install_server
+
+            install_server(
+                args.from_wheel,
+                force=args.force,
+                find_links=args.find_links,
+                stub_env=not args.no_stub_env,
+                progress=_progress,
+            )
+        elif args.command == "where-server":
+            from pytriton.server.distribution import find_server
+
+            print(find_server().root)
+    except PyTritonError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

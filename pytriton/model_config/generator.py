@@ -1,0 +1,188 @@
+"""Triton model configuration: generate it (JSON dict, ``config.pbtxt``) and parse it back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Mapping
+
+from pytriton.exceptions import PyTritonModelConfigError
+from pytriton.model_config.common import DeviceKind, DynamicBatcher, QueuePolicy, TimeoutAction
+from pytriton.model_config.dtypes import numpy_type, triton_type
+from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
+
+# Fields whose string values are protobuf enum names and must not be quoted in text format.
+_ENUM_FIELDS = frozenset({"data_type", "kind", "timeout_action"})
+
+
+def _queue_policy(policy: QueuePolicy) -> Dict[str, Any]:
+    return {
+        "timeout_action": policy.timeout_action.value,
+        "default_timeout_microseconds": int(policy.default_timeout_microseconds),
+        "allow_timeout_override": bool(policy.allow_timeout_override),
+        "max_queue_size": int(policy.max_queue_size),
+    }
+
+
+def _batcher(batcher: DynamicBatcher) -> Dict[str, Any]:
+    result: Dict[str, Any] = {
+        "max_queue_delay_microseconds": int(batcher.max_queue_delay_microseconds),
+        "preserve_ordering": bool(batcher.preserve_ordering),
+    }
+    if batcher.preferred_batch_size:
+        result["preferred_batch_size"] = [int(size) for size in batcher.preferred_batch_size]
+    if batcher.priority_levels:
+        result["priority_levels"] = int(batcher.priority_levels)
+        result["default_priority_level"] = int(batcher.default_priority_level)
+    if batcher.default_queue_policy is not None:
+        result["default_queue_policy"] = _queue_policy(batcher.default_queue_policy)
+    if batcher.priority_queue_policy:
+        result["priority_queue_policy"] = {
+            str(int(level)): _queue_policy(policy) for level, policy in batcher.priority_queue_policy.items()
+        }
+    return result
+
+
+def _tensor(spec: TensorSpec, is_input: bool) -> Dict[str, Any]:
+    entry: Dict[str, Any] = {
+        "name": spec.name,
+        "data_type": "TYPE_" + triton_type(spec.dtype),
+        "dims": list(spec.shape),
+    }
+    if is_input and spec.optional:
+        entry["optional"] = True
+    return entry
+
+
+def to_dict(config: TritonModelConfig) -> Dict[str, Any]:
+    """The complete Triton model config as a JSON-compatible dict (protobuf JSON field names)."""
+    result: Dict[str, Any] = {
+        "name": config.model_name,
+        "backend": config.backend,
+        "max_batch_size": int(config.max_batch_size) if config.batching else 0,
+        "input": [_tensor(spec, True) for spec in config.inputs],
+        "output": [_tensor(spec, False) for spec in config.outputs],
+        "instance_group": [
+            {
+                "kind": kind.value if kind is not DeviceKind.KIND_AUTO else DeviceKind.KIND_CPU.value,
+                "count": count or 1,
+            }
+            for kind, count in (config.instance_group or {DeviceKind.KIND_CPU: 1}).items()
+        ],
+    }
+    if config.batching and config.batcher is not None:
+        result["dynamic_batching"] = _batcher(config.batcher)
+    if config.decoupled:
+        result["model_transaction_policy"] = {"decoupled": True}
+    if config.response_cache:
+        result["response_cache"] = {"enable": True}
+    if config.backend_parameters:
+        result["parameters"] = {key: {"string_value": str(value)} for key, value in config.backend_parameters.items()}
+    return result
+
+
+def _pbtxt_scalar(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if key in _ENUM_FIELDS:
+        return str(value)
+    return json.dumps(str(value))
+
+
+def _pbtxt_lines(message: Mapping[str, Any], indent: int) -> List[str]:
+    pad = "  " * indent
+    lines: List[str] = []
+    for key, value in message.items():
+        if key in ("parameters", "priority_queue_policy"):  # protobuf maps: repeated key/value entries
+            for map_key, map_value in value.items():
+                key_text = json.dumps(map_key) if key == "parameters" else str(int(map_key))
+                lines.append(f"{pad}{key} {{")
+                lines.append(f"{pad}  key: {key_text}")
+                lines.append(f"{pad}  value {{")
+                lines.extend(_pbtxt_lines(map_value, indent + 2))
+                lines.append(f"{pad}  }}")
+                lines.append(f"{pad}}}")
+        elif isinstance(value, Mapping):
+            lines.append(f"{pad}{key} {{")
+            lines.extend(_pbtxt_lines(value, indent + 1))
+            lines.append(f"{pad}}}")
+        elif isinstance(value, list) and value and isinstance(value[0], Mapping):
+            for item in value:
+                lines.append(f"{pad}{key} {{")
+                lines.extend(_pbtxt_lines(item, indent + 1))
+                lines.append(f"{pad}}}")
+        elif isinstance(value, list):
+            lines.append(f"{pad}{key}: [{', '.join(_pbtxt_scalar(key, item) for item in value)}]")
+        else:
+            lines.append(f"{pad}{key}: {_pbtxt_scalar(key, value)}")
+    return lines
+
+
+def to_pbtxt(config: TritonModelConfig) -> str:
+    """The config in protobuf text format, as Triton reads it from ``config.pbtxt``."""
+    return "\n".join(_pbtxt_lines(to_dict(config), 0)) + "\n"
+
+
+def _parse_policy(raw: Mapping[str, Any]) -> QueuePolicy:
+    return QueuePolicy(
+        timeout_action=TimeoutAction(raw.get("timeout_action", "REJECT")),
+        default_timeout_microseconds=int(raw.get("default_timeout_microseconds", 0)),
+        allow_timeout_override=bool(raw.get("allow_timeout_override", False)),
+        max_queue_size=int(raw.get("max_queue_size", 0)),
+    )
+
+
+def _parse_tensors(raw: List[Mapping[str, Any]]) -> List[TensorSpec]:
+    return [
+        TensorSpec(
+            name=item["name"],
+            shape=tuple(int(dim) for dim in item.get("dims", [])),
+            dtype=numpy_type(item.get("data_type", "TYPE_BYTES")),
+            optional=bool(item.get("optional", False)),
+        )
+        for item in raw
+    ]
+
+
+def from_dict(raw: Mapping[str, Any]) -> TritonModelConfig:
+    """Parse a config as returned by Triton's model-config endpoint (HTTP JSON or gRPC as dict)."""
+    try:
+        max_batch_size = int(raw.get("max_batch_size", 0))
+        batcher = None
+        if "dynamic_batching" in raw:
+            dyn = raw["dynamic_batching"]
+            batcher = DynamicBatcher(
+                max_queue_delay_microseconds=int(dyn.get("max_queue_delay_microseconds", 0)),
+                preferred_batch_size=[int(size) for size in dyn.get("preferred_batch_size", [])] or None,
+                preserve_ordering=bool(dyn.get("preserve_ordering", False)),
+                priority_levels=int(dyn.get("priority_levels", 0)),
+                default_priority_level=int(dyn.get("default_priority_level", 0)),
+                default_queue_policy=_parse_policy(dyn["default_queue_policy"])
+                if "default_queue_policy" in dyn
+                else None,
+                priority_queue_policy={
+                    int(level): _parse_policy(policy) for level, policy in dyn.get("priority_queue_policy", {}).items()
+                }
+                or None,
+            )
+        instance_group = {
+            DeviceKind(group.get("kind", "KIND_CPU")): int(group.get("count", 1))
+            for group in raw.get("instance_group", [])
+        }
+        parameters = {key: value.get("string_value", "") for key, value in raw.get("parameters", {}).items()}
+        return TritonModelConfig(
+            model_name=raw["name"],
+            max_batch_size=max_batch_size,
+            batching=max_batch_size > 0,
+            batcher=batcher,
+            instance_group=instance_group,
+            decoupled=bool(raw.get("model_transaction_policy", {}).get("decoupled", False)),
+            backend_parameters=parameters,
+            inputs=_parse_tensors(raw.get("input", [])),
+            outputs=_parse_tensors(raw.get("output", [])),
+            response_cache=bool(raw.get("response_cache", {}).get("enable", False)),
+            backend=raw.get("backend", "") or raw.get("platform", ""),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PyTritonModelConfigError(f"Cannot parse the model configuration: {exc!r}") from None

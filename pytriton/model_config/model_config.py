@@ -1,0 +1,26 @@
+"""``ModelConfig``: how Triton schedules a bound model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pytriton.model_config.common import DynamicBatcher
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Scheduling settings of a bound model.
+
+    Args:
+        batching: the model accepts a leading batch axis (``max_batch_size > 0`` in Triton).
+        max_batch_size: largest batch Triton sends to the callable.
+        batcher: dynamic batcher settings (used when ``batching`` is on).
+        response_cache: let Triton cache responses (needs ``TritonConfig(cache_config=[...])``).
+        decoupled: streaming model; the callable yields any number of responses per request.
+    """
+
+    batching: bool = True
+    max_batch_size: int = 4
+    batcher: DynamicBatcher = dataclasses.field(default_factory=DynamicBatcher)
+    response_cache: bool = False
+    decoupled: bool = False

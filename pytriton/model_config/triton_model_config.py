@@ -1,0 +1,46 @@
+"""``TritonModelConfig``: the complete, typed configuration of one model as Triton sees it.
+
+Built by ``Triton.bind`` from the user's ``Tensor``s and ``ModelConfig``, turned into Triton's
+config by :mod:`pytriton.model_config.generator`, and parsed back from a server's config for
+clients and decorators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from pytriton.model_config.common import DeviceKind, DynamicBatcher
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output with a resolved name and a numpy scalar type."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: type
+    optional: bool = False
+
+
+@dataclasses.dataclass
+class TritonModelConfig:
+    """Everything needed to write (or read back) a Triton model configuration."""
+
+    model_name: str
+    model_version: int = 1
+    max_batch_size: int = 4
+    batching: bool = True
+    batcher: Optional[DynamicBatcher] = None
+    instance_group: Dict[DeviceKind, int] = dataclasses.field(default_factory=dict)
+    decoupled: bool = False
+    backend_parameters: Dict[str, str] = dataclasses.field(default_factory=dict)
+    inputs: List[TensorSpec] = dataclasses.field(default_factory=list)
+    outputs: List[TensorSpec] = dataclasses.field(default_factory=list)
+    response_cache: bool = False
+    backend: str = "python"
+
+    @property
+    def instance_count(self) -> int:
+        """Total number of model instances across instance groups."""
+        return sum(self.instance_group.values()) or 1

@@ -1,0 +1,9 @@
+"""The data path between Triton and the user's callables.
+
+``types`` holds the public ``Request`` type. The private modules implement the proxy:
+``_wire`` (protocol and shared-memory arenas, shared by both sides), ``_stub`` (the model that
+runs inside Triton's Python-backend stub), ``_worker`` (the user-side loop that calls the bound
+callable) and ``_binding`` (one bound model: config, repository files, workers).
+
+This package must stay importable inside the stub (numpy and pyzmq only): keep imports lazy here.
+"""

@@ -1,0 +1,197 @@
+"""One bound model: its resolved configuration, its repository files and its worker threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import shutil
+from typing import Any, Callable, List, Sequence, Union
+
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
+from pytriton.model_config.common import DeviceKind
+from pytriton.model_config.generator import to_pbtxt
+from pytriton.model_config.model_config import ModelConfig
+from pytriton.model_config.tensor import Tensor
+from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
+from pytriton.proxy import _wire
+from pytriton.proxy._worker import InstanceWorker
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
+
+
+def validate_model_name(name: Any) -> str:
+    """Check a model name; Triton uses it as a directory name and in URLs."""
+    if not isinstance(name, str) or not _MODEL_NAME.match(name) or name in (".", ".."):
+        raise PyTritonValidationError(
+            f"Invalid model name {name!r}: use only letters, digits, dots, underscores and dashes."
+        )
+    return name
+
+
+def _resolve_tensors(tensors: Sequence[Tensor], prefix: str, model: str) -> List[TensorSpec]:
+    specs = []
+    for index, tensor in enumerate(tensors, start=1):
+        if not isinstance(tensor, Tensor):
+            raise PyTritonBadParameterError(
+                f"Model {model!r}: {prefix.lower()}s must be pytriton.model_config.Tensor objects, "
+                f"got {type(tensor).__name__} at position {index}."
+            )
+        name = tensor.name or f"{prefix}_{index}"
+        specs.append(TensorSpec(name=name, shape=tensor.shape, dtype=tensor.dtype, optional=bool(tensor.optional)))
+    names = [spec.name for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise PyTritonBadParameterError(f"Model {model!r}: duplicate {prefix.lower()} names {duplicates}.")
+    if prefix == "OUTPUT" and any(spec.optional for spec in specs):
+        raise PyTritonBadParameterError(f"Model {model!r}: outputs cannot be optional.")
+    return specs
+
+
+@dataclasses.dataclass
+class BindingContext:
+    """What every model of one ``Triton`` instance shares."""
+
+    user_pid: int
+    shm_prefix: str
+    socket_dir: pathlib.Path
+    on_unrecoverable: Callable[[BaseException], None]
+
+
+class BoundModel:
+    """A callable (or one callable per instance) bound under a model name.
+
+    Lifetime: created by ``Triton.bind``; :meth:`write_repository` writes its files;
+    :meth:`start_workers` must run before Triton loads it; :meth:`stop_workers` releases the
+    threads, sockets and arenas.
+    """
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        model_name: str,
+        model_version: int,
+        infer_funcs: Union[Callable[..., Any], Sequence[Callable[..., Any]]],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        config: ModelConfig,
+        strict: bool,
+        context: BindingContext,
+    ):
+        self.name = validate_model_name(model_name)
+        if not isinstance(model_version, int) or isinstance(model_version, bool) or model_version < 1:
+            raise PyTritonValidationError(f"Model {model_name!r}: model_version must be a positive int.")
+        self.version = model_version
+        funcs: List[Callable[..., Any]] = (
+            list(infer_funcs) if isinstance(infer_funcs, (list, tuple)) else [infer_funcs]  # type: ignore[list-item]
+        )
+        if not funcs or not all(callable(func) for func in funcs):
+            raise PyTritonBadParameterError(
+                f"Model {model_name!r}: infer_func must be a callable or a non-empty list of callables."
+            )
+        if not isinstance(config, ModelConfig):
+            raise PyTritonBadParameterError(f"Model {model_name!r}: config must be a ModelConfig.")
+        if config.batching and config.max_batch_size < 1:
+            raise PyTritonBadParameterError(f"Model {model_name!r}: max_batch_size must be >= 1 when batching.")
+        self.infer_funcs = funcs
+        self.strict = strict
+        self._context = context
+        self.endpoint_dir = context.socket_dir / f"m{index}"
+        self.shm_prefix = f"{context.shm_prefix}-m{index}"
+        if len(str(self.endpoint_dir / f"slot-{len(funcs)}.sock")) > _MAX_IPC_PATH:
+            raise PyTritonValidationError(f"Socket directory {context.socket_dir} is too long for a unix socket path.")
+        self.config = TritonModelConfig(
+            model_name=model_name,
+            model_version=model_version,
+            max_batch_size=config.max_batch_size if config.batching else 0,
+            batching=config.batching,
+            batcher=config.batcher if config.batching else None,
+            instance_group={DeviceKind.KIND_CPU: len(funcs)},
+            decoupled=config.decoupled,
+            inputs=_resolve_tensors(inputs, "INPUT", model_name),
+            outputs=_resolve_tensors(outputs, "OUTPUT", model_name),
+            response_cache=config.response_cache,
+            backend_parameters={
+                "pytriton.user_pid": str(context.user_pid),
+                "pytriton.endpoint_dir": str(self.endpoint_dir),
+                "pytriton.slots": str(len(funcs)),
+                "pytriton.shm_prefix": self.shm_prefix,
+                "pytriton.spin_us": os.environ.get("PYTRITON_PROXY_SPIN_US", "200"),
+            },
+        )
+        if not self.config.outputs:
+            raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
+        self._workers: List[InstanceWorker] = []
+
+    def write_repository(self, repository: pathlib.Path) -> None:
+        """Write ``config.pbtxt`` and the proxy's ``model.py`` under ``repository/<name>``."""
+        model_dir = repository / self.name
+        version_dir = model_dir / str(self.version)
+        version_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.pbtxt").write_text(to_pbtxt(self.config))
+        shutil.copyfile(pathlib.Path(__file__).with_name("_stub.py"), version_dir / "model.py")
+        shutil.copyfile(_wire.__file__, version_dir / "_pytriton_wire.py")
+
+    def start_workers(self) -> None:
+        """Start one worker per instance slot (before Triton loads the model)."""
+        if self._workers:
+            return
+        self.endpoint_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for slot, func in enumerate(self.infer_funcs):
+            worker = InstanceWorker(
+                path=str(self.endpoint_dir / f"slot-{slot}.sock"),
+                infer_func=func,
+                config=self.config,
+                strict=self.strict,
+                shm_prefix=f"{self.shm_prefix}-w{slot}",
+                on_unrecoverable=self._context.on_unrecoverable,
+                name=f"{self.name}-{slot}",
+            )
+            worker.start()
+            self._workers.append(worker)
+
+    @property
+    def connected(self) -> bool:
+        """True while at least one instance stub is attached."""
+        return any(worker.connected for worker in self._workers)
+
+    @property
+    def busy(self) -> bool:
+        """True while a batch is being processed."""
+        return any(worker.busy for worker in self._workers)
+
+    @property
+    def last_active(self) -> float:
+        """``time.monotonic()`` when any instance last finished a batch (0 if never)."""
+        return max((worker.last_active for worker in self._workers), default=0.0)
+
+    @property
+    def max_queue_delay_s(self) -> float:
+        """Longest time Triton may hold a request in this model's batcher queue."""
+        batcher = self.config.batcher
+        return batcher.max_queue_delay_microseconds / 1e6 if batcher is not None else 0.0
+
+    def stop_workers(self) -> None:
+        """Stop the worker threads and remove the socket files."""
+        for worker in self._workers:
+            worker.stop()
+        self._workers = []
+        shutil.rmtree(self.endpoint_dir, ignore_errors=True)
+        _wire.sweep_segments(self.shm_prefix)
+
+    def remove_files(self, repository: pathlib.Path) -> None:
+        """Delete the model's repository directory."""
+        shutil.rmtree(repository / self.name, ignore_errors=True)
+
+
+def short_socket_dir(user_pid: int, token: str) -> pathlib.Path:
+    """A private directory with a short path for the unix sockets (``/tmp`` or $XDG_RUNTIME_DIR)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    if not os.path.isdir(base) or len(base) > 40:
+        base = "/tmp"
+    path = pathlib.Path(base) / f"pytriton-{user_pid}-{token}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=False)
+    return path

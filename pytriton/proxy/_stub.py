@@ -1,0 +1,176 @@
+"""The proxy model that runs inside Triton's Python-backend stub.
+
+``Triton.bind`` copies this file as ``model.py`` (and ``_wire.py`` beside it as
+``_pytriton_wire.py``) into the model repository. Only the standard library, numpy and pyzmq are
+available here, so nothing else from pytriton may be imported.
+
+Per model instance (one stub process each) the proxy claims a free *slot* of the model by taking
+an exclusive ``flock`` on ``slot-<n>.lock``; the kernel releases it when the stub exits, however it
+exits, so a restarted instance finds its slot free again without any handshake timeout. It then
+talks to that slot's worker thread in the user's process over one Unix stream socket; if the
+user's process dies, the socket closes and pending requests fail at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+try:  # the copy placed next to model.py by Triton.bind
+    import _pytriton_wire as _wire  # type: ignore[import-not-found]
+except ImportError:  # imported from the package (tests, type checking)
+    from pytriton.proxy import _wire
+
+
+class UserProcessGone(RuntimeError):
+    """The process that bound the model is no longer running."""
+
+
+class TritonPythonModel:
+    """Forwards every batch to the bound callable in the user's process."""
+
+    def initialize(self, args: Dict[str, Any]) -> None:
+        """Claim a slot, connect to its worker and say hello (waits for the worker, no fixed timeout)."""
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        self._user_pid = int(params["pytriton.user_pid"])
+        self._endpoint_dir = params["pytriton.endpoint_dir"]
+        slots = int(params["pytriton.slots"])
+        self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        self._output_names = [output["name"] for output in config.get("output", [])]
+        self._spin_s = float(params.get("pytriton.spin_us", "0")) / 1e6
+        self._lock_fd = self._claim_slot(slots)
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
+        self._arena = _wire.Arena(f"{params['pytriton.shm_prefix']}-s{self._slot}")
+        self._reader = _wire.ArenaReader()
+        reply = self._call((_wire.HELLO, os.getpid()))
+        if reply[0] != _wire.WELCOME:
+            raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply[0]}")
+
+    def _claim_slot(self, slots: int) -> int:
+        deadline = time.monotonic() + 60.0
+        while True:
+            for slot in range(slots):
+                fd = os.open(os.path.join(self._endpoint_dir, f"slot-{slot}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self._slot = slot
+                return fd
+            # Every slot is held: an instance being unloaded has not exited yet. Wait for it.
+            if time.monotonic() > deadline:
+                raise pb_utils.TritonModelException(f"pytriton: all {slots} instance slots stay busy")
+            self._check_user_alive()
+            time.sleep(0.01)
+
+    def _check_user_alive(self) -> None:
+        try:
+            os.kill(self._user_pid, 0)
+        except ProcessLookupError:
+            raise UserProcessGone(
+                f"the pytriton process (pid {self._user_pid}) that bound this model is gone"
+            ) from None
+        except PermissionError:
+            pass
+
+    def _call(self, message: Any) -> Any:
+        """Send one message and wait for the reply.
+
+        There is no timeout: a callable may legitimately run for a long time, and if the user's
+        process dies the kernel closes the socket, which ends the wait at once.
+        """
+        try:
+            _wire.send_message(self._socket, message)
+            return _wire.recv_message(self._socket, self._spin_s)
+        except (EOFError, OSError):
+            raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
+
+    def _encode(self, requests: List[Any]) -> Any:
+        groups = []
+        extras = []
+        for request in requests:
+            groups.append([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
+            raw_parameters = request.parameters()
+            parameters = json.loads(raw_parameters) if raw_parameters and raw_parameters != "{}" else None
+            extras.append((parameters, request.requested_output_names() or None))
+        metas = _wire.write_tensors(self._arena, groups)
+        return (
+            _wire.INFER,
+            self._arena.name,
+            [(meta, params, outputs) for meta, (params, outputs) in zip(metas, extras)],
+        )
+
+    def _response(self, buffer: Any, metas: List[Any], requested: Optional[List[str]]) -> Any:
+        tensors = [
+            pb_utils.Tensor(meta[0], _wire.read_tensor(buffer, meta, copy=False))
+            for meta in metas
+            if requested is None or meta[0] in requested
+        ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def execute(self, requests: List[Any]) -> Optional[List[Any]]:
+        """Run one batch through the user's callable and return (or stream) the responses."""
+        try:
+            message = self._encode(requests)
+        except Exception as exc:  # malformed input we cannot forward
+            return self._fail(requests, f"pytriton proxy could not read the request: {exc}")
+        requested = [request.requested_output_names() or None for request in requests]
+        try:
+            reply = self._call(message)
+        except UserProcessGone as exc:
+            return self._fail(requests, str(exc))
+        if not self._decoupled:
+            if reply[0] == _wire.OK:
+                buffer = self._reader.attach(reply[1]) if reply[1] else None
+                return [self._response(buffer, metas, names) for metas, names in zip(reply[2], requested)]
+            return self._fail(requests, reply[1] if reply[0] == _wire.ERROR else "pytriton: unexpected reply")
+        senders = [request.get_response_sender() for request in requests]
+        try:
+            while reply[0] == _wire.CHUNK:
+                buffer = self._reader.attach(reply[1]) if reply[1] else None
+                for sender, metas, names in zip(senders, reply[2], requested):
+                    sender.send(self._response(buffer, metas, names))
+                reply = self._call((_wire.NEXT,))
+            if reply[0] == _wire.ERROR:
+                for sender in senders:
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(reply[1])))
+        except UserProcessGone as exc:
+            for sender in senders:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+        for sender in senders:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def _fail(self, requests: List[Any], message: str) -> Optional[List[Any]]:
+        responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
+        if not self._decoupled:
+            return responses
+        for request, response in zip(requests, responses):
+            sender = request.get_response_sender()
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def finalize(self) -> None:
+        """Tell the worker this instance is going away and release every resource."""
+        try:
+            self._socket.settimeout(1.0)
+            _wire.send_message(self._socket, (_wire.BYE,))
+            _wire.recv_message(self._socket)
+        except (EOFError, OSError):
+            pass
+        self._socket.close()
+        self._arena.close()
+        self._reader.close()
+        os.close(self._lock_fd)

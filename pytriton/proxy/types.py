@@ -1,0 +1,103 @@
+"""Shared vocabulary of inference callables: ``Request`` and the result types."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, ItemsView, Iterator, KeysView, List, Optional, Tuple, ValuesView
+
+import numpy as np
+
+__all__ = [
+    "Request",
+    "Requests",
+    "Response",
+    "Responses",
+    "InferenceRequest",
+    "InferenceRequests",
+    "InferenceResult",
+    "InferenceResults",
+]
+
+
+class Request:
+    """One inference request as the bound callable sees it.
+
+    Behaves like a read-write ``dict`` from input name to ``np.ndarray`` (``data``). The arrays
+    belong to the callable: they are private copies, valid for as long as the callable keeps them.
+
+    Attributes:
+        data: input tensors by name (absent optional inputs are simply missing).
+        parameters: request parameters sent by the client, plus headers forwarded by Triton's
+            ``*_header_forward_pattern`` options (``None`` when there are none).
+        requested_output_names: outputs the client asked for (``None`` means all).
+    """
+
+    __slots__ = ("data", "parameters", "requested_output_names")
+
+    def __init__(
+        self,
+        data: Dict[str, np.ndarray],
+        parameters: Optional[Dict[str, Any]] = None,
+        requested_output_names: Optional[List[str]] = None,
+    ):
+        self.data = data
+        self.parameters = parameters
+        self.requested_output_names = requested_output_names
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.data[name]
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self.data[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self.data[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return (
+            self.data.keys() == other.data.keys()
+            and all(np.array_equal(self.data[k], other.data[k]) for k in self.data)
+            and self.parameters == other.parameters
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def keys(self) -> KeysView[str]:
+        """Input names."""
+        return self.data.keys()
+
+    def values(self) -> ValuesView[np.ndarray]:
+        """Input arrays."""
+        return self.data.values()
+
+    def items(self) -> ItemsView[str, np.ndarray]:
+        """(name, array) pairs."""
+        return self.data.items()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Input ``name`` or ``default``."""
+        return self.data.get(name, default)
+
+    def __repr__(self) -> str:
+        shapes: List[Tuple[str, Any]] = [(k, getattr(v, "shape", None)) for k, v in self.data.items()]
+        return f"Request(data={dict(shapes)}, parameters={self.parameters!r})"
+
+
+Requests = List[Request]
+Response = Dict[str, np.ndarray]
+Responses = List[Response]
+# Names used by the decorators module of the reference API.
+InferenceRequest = Request
+InferenceRequests = Requests
+InferenceResult = Response
+InferenceResults = Responses

@@ -1,0 +1,1 @@
+"""Everything about the ``tritonserver`` process: finding, installing, configuring, running it."""

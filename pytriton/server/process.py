@@ -1,0 +1,258 @@
+"""Run one ``tritonserver`` process: launch, log capture, readiness, death detection, stop.
+
+Lifetime contract: :meth:`TritonServerProcess.start` spawns the server in its own session (so a
+Ctrl-C in the terminal reaches only the user's process, which then stops the server in order) with
+``PR_SET_PDEATHSIG`` so the kernel kills it if the user's process dies, even by SIGKILL.
+:meth:`TritonServerProcess.stop` always leaves no process of the server's group behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import http.client
+import logging
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from typing import IO, Callable, Deque, Dict, List, Optional
+
+from pytriton.exceptions import PyTritonServerError
+
+LOGGER = logging.getLogger("pytriton.server")
+SERVER_LOG = logging.getLogger("pytriton.server.log")
+
+_PR_SET_PDEATHSIG = 1
+_ERROR_LINE = re.compile(r"^(E\d{4} |error:|Error:)")
+_IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
+
+
+def _load_prctl() -> Optional[Callable[..., int]]:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved before fork: the child must not load libraries
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def check_ports_free(ports: Dict[str, int], address: str = "127.0.0.1") -> None:
+    """Raise ``PyTritonServerError`` naming the first port already taken on ``address``."""
+    for label, port in ports.items():
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # Same option tritonserver uses, so a port in TIME_WAIT is not reported as busy.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as exc:
+                raise PyTritonServerError(
+                    f"Cannot start Triton: {label} port {port} on {address} is already in use ({exc.strerror}). "
+                    f"Stop the process using it or choose another port (TritonConfig({label}_port=...) "
+                    f"or PYTRITON_TRITON_CONFIG_{label.upper()}_PORT)."
+                ) from None
+
+
+class TritonServerProcess:
+    """One supervised ``tritonserver`` process.
+
+    The server's output is kept in a bounded buffer (``log_lines``), optionally appended to
+    ``log_path``, and forwarded to the ``pytriton.server.log`` logger at DEBUG level.
+    """
+
+    def __init__(
+        self,
+        argv: List[str],
+        env: Dict[str, str],
+        *,
+        log_path: Optional[pathlib.Path] = None,
+        log_buffer_lines: int = 2000,
+    ):
+        self._argv = argv
+        self._env = env
+        self._log_path = log_path
+        self._lines: Deque[str] = collections.deque(maxlen=log_buffer_lines)
+        self._process: Optional[subprocess.Popen[bytes]] = None
+        self._reader: Optional[threading.Thread] = None
+        self._on_exit: List[Callable[[int], None]] = []
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> Optional[int]:
+        """Process id of the server while it runs."""
+        return self._process.pid if self._process else None
+
+    @property
+    def log_lines(self) -> List[str]:
+        """The last lines the server printed (bounded)."""
+        return list(self._lines)
+
+    def error_lines(self, limit: int = 20) -> List[str]:
+        """The server's error lines (glog ``E`` lines and ``error:`` lines), the most recent last."""
+        return [line for line in self._lines if _ERROR_LINE.match(line)][-limit:]
+
+    def register_on_exit(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(returncode)`` from a helper thread when the server exits on its own."""
+        self._on_exit.append(callback)
+
+    def start(self) -> None:
+        """Spawn the server. Returns at once; use :meth:`wait_until_ready`."""
+        LOGGER.debug("Starting tritonserver: %s", " ".join(self._argv))
+        self._process = subprocess.Popen(  # noqa: S603 - argv is built by pytriton, no shell
+            self._argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls an already-resolved prctl
+            close_fds=True,
+        )
+        self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)
+        self._reader.start()
+
+    def _read_output(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        sink: Optional[IO[str]] = None
+        if self._log_path is not None:
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            sink = self._log_path.open("a", encoding="utf-8")
+        try:
+            for raw in iter(self._process.stdout.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self._lines.append(line)
+                if sink is not None:
+                    sink.write(line + "\n")
+                    sink.flush()
+                SERVER_LOG.debug("%s", line)
+        finally:
+            if sink is not None:
+                sink.close()
+        returncode = self._process.wait()
+        with self._lock:
+            stopping = self._stopping
+        if not stopping:
+            LOGGER.warning("tritonserver exited unexpectedly with code %s", returncode)
+            for callback in list(self._on_exit):
+                try:
+                    callback(returncode)
+                except Exception:  # a callback must not kill the log reader
+                    LOGGER.exception("tritonserver exit callback failed")
+
+    def is_alive(self) -> bool:
+        """True while the server process runs."""
+        return self._process is not None and self._process.poll() is None
+
+    def failure(self, what: str) -> PyTritonServerError:
+        """An error describing why the server died, quoting its own error lines."""
+        assert self._process is not None
+        if self._reader is not None:
+            self._reader.join(timeout=2.0)
+        errors = self.error_lines() or self.log_lines[-15:]
+        message = f"{what}: tritonserver exited with code {self._process.returncode}."
+        for line in errors:
+            match = _IN_USE.search(line)
+            if match:
+                message += f" Port {match.group(2)} on {match.group(1)} is already in use; choose another port."
+                break
+        if errors:
+            message += " Its error output:\n  " + "\n  ".join(errors)
+        return PyTritonServerError(message)
+
+    def wait_until(self, probe: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Poll ``probe`` until it returns True; fail fast if the server process dies."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.005
+        while True:
+            if not self.is_alive():
+                raise self.failure(what)
+            if probe():
+                return
+            if time.monotonic() > deadline:
+                raise PyTritonServerError(
+                    f"{what}: not done after {timeout_s:.0f} s although tritonserver is running. "
+                    "Last server output:\n  " + "\n  ".join(self.log_lines[-15:])
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def stop(self, grace_s: float = 30.0, wait_idle: Optional[Callable[[float], bool]] = None) -> None:
+        """Stop the server and everything it spawned. Idempotent.
+
+        Sends SIGINT so Triton drains in-flight requests and unloads models; ``wait_idle`` (if
+        given) is called with a deadline and returns True once nothing is left to drain, after
+        which the server's 1 s shutdown polling is cut short with SIGKILL. Whatever is still
+        running after ``grace_s`` is killed.
+        """
+        with self._lock:
+            self._stopping = True
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGINT)
+            deadline = time.monotonic() + grace_s
+            if wait_idle is not None and wait_idle(deadline):
+                self._kill_group(process.pid)
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                LOGGER.warning("tritonserver did not stop within %.1f s; killing it", grace_s)
+        self._kill_group(process.pid)
+        process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5.0)
+        if process.stdout is not None:
+            process.stdout.close()
+
+    @staticmethod
+    def _kill_group(pgid: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def http_ready_probe(host: str, port: int, path: str = "/v2/health/ready") -> Callable[[], bool]:
+    """A probe that is True when ``GET path`` answers 200."""
+
+    def probe() -> bool:
+        connection = http.client.HTTPConnection(host, port, timeout=1.0)
+        try:
+            connection.request("GET", path)
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            connection.close()
+
+    return probe
+
+
+def grpc_ready_probe(host: str, port: int) -> Callable[[], bool]:
+    """A probe that is True when the gRPC endpoint reports the server ready."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"{host}:{port}")
+
+    def probe() -> bool:
+        try:
+            return bool(client.is_server_ready(client_timeout=1.0))
+        except Exception:  # connection refused while starting
+            return False
+
+    return probe

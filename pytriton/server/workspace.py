@@ -1,0 +1,68 @@
+"""``Workspace``: the directory holding a ``Triton`` instance's model repository and files."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import shutil
+import tempfile
+from typing import List, Optional, Union
+
+from pytriton.server.distribution import pytriton_home
+
+LOGGER = logging.getLogger("pytriton.triton")
+
+
+class Workspace:
+    """A working directory, removed again by :meth:`clean`.
+
+    With no path, a fresh ``workspace_*`` directory is created under ``$PYTRITON_HOME`` and
+    removed entirely on clean. With a path, the directory is created if needed; on clean pytriton
+    removes what it created there, and the directory itself only if pytriton created it.
+    """
+
+    def __init__(self, path: Union[str, pathlib.Path, None] = None):
+        self._created: List[pathlib.Path] = []
+        if path is None:
+            home = pytriton_home()
+            home.mkdir(parents=True, exist_ok=True)
+            self._path = pathlib.Path(tempfile.mkdtemp(prefix="workspace_", dir=home))
+            self._owned = True
+        else:
+            self._path = pathlib.Path(path).expanduser().resolve()
+            self._owned = not self._path.exists()
+            self._path.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The workspace directory."""
+        return self._path
+
+    def subdir(self, name: str) -> pathlib.Path:
+        """Create (if needed) and return ``path/name``; it is removed by :meth:`clean`."""
+        target = self._path / name
+        if not target.exists():
+            target.mkdir(parents=True)
+            self._created.append(target)
+        return target
+
+    def clean(self) -> None:
+        """Remove what this workspace created. Idempotent."""
+        if self._owned:
+            shutil.rmtree(self._path, ignore_errors=True)
+        else:
+            for target in self._created:
+                shutil.rmtree(target, ignore_errors=True)
+        self._created = []
+
+    def exists(self) -> bool:
+        """True while the directory exists."""
+        return self._path.exists()
+
+    def __repr__(self) -> str:
+        return f"Workspace({str(self._path)!r})"
+
+
+def cleanup_paths(workspace: Workspace) -> Optional[pathlib.Path]:
+    """The path a crash guard should remove for ``workspace`` (only one pytriton created)."""
+    return workspace.path if workspace._owned else None
