@@ -35,7 +35,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--find-links",
         type=pathlib.Path,
         metavar="DIR",
-        help="offline: folder with numpy<2 and pyzmq wheels for the stub environment",
+        help="offline: folder with a numpy<2 wheel for the stub environment",
     )
     install.add_argument(
         "--no-stub-env", action="store_true", help="do not create the stub's private numpy 1.x environment"

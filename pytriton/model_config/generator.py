@@ -42,10 +42,16 @@ def _batcher(batcher: DynamicBatcher) -> Dict[str, Any]:
     return result
 
 
+def _config_type(dtype: Any) -> str:
+    # The model-config protobuf calls BYTES "TYPE_STRING"; every other name matches.
+    name = triton_type(dtype)
+    return "TYPE_STRING" if name == "BYTES" else "TYPE_" + name
+
+
 def _tensor(spec: TensorSpec, is_input: bool) -> Dict[str, Any]:
     entry: Dict[str, Any] = {
         "name": spec.name,
-        "data_type": "TYPE_" + triton_type(spec.dtype),
+        "data_type": _config_type(spec.dtype),
         "dims": list(spec.shape),
     }
     if is_input and spec.optional:

@@ -37,7 +37,6 @@ SOURCE_WHEEL_SHA256: Dict[str, str] = {
 NGC_DIR = pathlib.Path("/opt/tritonserver")
 INSTALL_COMMAND = "pytriton install-server"
 STUB_NUMPY_REQUIREMENT = "numpy>=1.21,<2"
-STUB_ZMQ_REQUIREMENT = "pyzmq>=23"
 _COMPLETE_MARKER = ".pytriton-complete"
 
 
@@ -185,21 +184,20 @@ def _site_packages_has(env_dir: pathlib.Path, *modules: str) -> bool:
 
 
 def stub_environment(home: Optional[pathlib.Path] = None) -> StubEnvironment:
-    """Pick the environment the stub imports numpy and zmq from.
+    """Pick the environment the stub imports numpy from.
 
     pytriton's private env (made by ``install-server``) is preferred. Without it, the user's own
     environment works only if it has numpy 1.x, because the stub's numpy conversions are
     compiled against numpy 1.
     """
     private = stub_env_dir(home)
-    if (private / "bin" / "python3").exists() and _site_packages_has(private, "numpy", "zmq"):
+    if (private / "bin" / "python3").exists() and _site_packages_has(private, "numpy"):
         return StubEnvironment(bin_dir=private / "bin", own=True)
     import importlib.util
 
-    missing = [name for name in ("numpy", "zmq") if importlib.util.find_spec(name) is None]
-    if missing:
+    if importlib.util.find_spec("numpy") is None:
         raise PyTritonServerError(
-            f"The model stub needs {' and '.join(missing)}, which {sys.executable} cannot import. "
+            f"The model stub needs numpy, which {sys.executable} cannot import. "
             f"Run `{INSTALL_COMMAND}` (it prepares a private environment for the stub)."
         )
     import numpy

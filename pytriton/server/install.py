@@ -13,7 +13,7 @@ copied. The result is::
         caches/local/
         python_backend_stubs/3.X/
 
-plus a private virtual environment for the stub with numpy 1.x and pyzmq
+plus a private virtual environment for the stub with numpy 1.x
 (``$PYTRITON_HOME/stub-env/``). The install is idempotent and atomic: files are unpacked into a
 temporary directory that is renamed into place only when complete.
 """
@@ -160,7 +160,7 @@ def _link_or_copy(source: pathlib.Path, dest: pathlib.Path) -> None:
 def create_stub_environment(
     progress: Progress, find_links: Optional[pathlib.Path] = None, home: Optional[pathlib.Path] = None
 ) -> Optional[pathlib.Path]:
-    """Create the stub's private environment (numpy 1.x + pyzmq) for this interpreter.
+    """Create the stub's private environment (numpy 1.x) for this interpreter.
 
     Returns the environment directory, or ``None`` when numpy 1.x does not exist for this Python
     (3.13+); the stub then uses the user's environment.
@@ -170,10 +170,10 @@ def create_stub_environment(
         progress(f"numpy 1.x has no build for Python {dist.python_tag()}; the stub will use this environment.")
         return None
     python = env_dir / "bin" / "python3"
-    if python.exists() and dist._site_packages_has(env_dir, "numpy", "zmq"):
+    if python.exists() and dist._site_packages_has(env_dir, "numpy"):
         progress(f"Stub environment already present: {env_dir}")
         return env_dir
-    progress(f"Creating the stub environment (numpy 1.x, pyzmq) in {env_dir} ...")
+    progress(f"Creating the stub environment (numpy 1.x) in {env_dir} ...")
     partial = env_dir.with_name(env_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     try:
@@ -181,7 +181,7 @@ def create_stub_environment(
         command: List[str] = [
             sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--quiet",
             "--target", str(partial / "lib" / f"python{dist.python_tag()}" / "site-packages"),
-            "--only-binary=:all:", dist.STUB_NUMPY_REQUIREMENT, dist.STUB_ZMQ_REQUIREMENT,
+            "--only-binary=:all:", dist.STUB_NUMPY_REQUIREMENT,
         ]  # fmt: skip
         if find_links is not None:
             command[4:4] = ["--no-index", "--find-links", str(find_links)]
@@ -189,8 +189,8 @@ def create_stub_environment(
         if result.returncode != 0:
             tail = "\n".join(result.stderr.strip().splitlines()[-5:])
             raise InstallError(
-                f"Could not install {dist.STUB_NUMPY_REQUIREMENT} and {dist.STUB_ZMQ_REQUIREMENT} for the stub:\n"
-                f"{tail}\nOffline, put their wheels in a folder and pass `--find-links DIR`."
+                f"Could not install {dist.STUB_NUMPY_REQUIREMENT} for the stub:\n"
+                f"{tail}\nOffline, put a numpy 1.x wheel in a folder and pass `--find-links DIR`."
             )
         if env_dir.exists():
             shutil.rmtree(env_dir)

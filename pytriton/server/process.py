@@ -30,6 +30,8 @@ SERVER_LOG = logging.getLogger("pytriton.server.log")
 
 _PR_SET_PDEATHSIG = 1
 _ERROR_LINE = re.compile(r"^(E\d{4} |error:|Error:)")
+# Lines every CPU-only machine prints; they say nothing about why a start failed.
+_HARMLESS = ("NVML", "CudaDriverHelper", "DCGM", "CUDA driver version is insufficient", "cuda")
 _IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
@@ -104,7 +106,9 @@ class TritonServerProcess:
 
     def error_lines(self, limit: int = 20) -> List[str]:
         """The server's error lines (glog ``E`` lines and ``error:`` lines), the most recent last."""
-        return [line for line in self._lines if _ERROR_LINE.match(line)][-limit:]
+        return [
+            line for line in self._lines if _ERROR_LINE.match(line) and not any(word in line for word in _HARMLESS)
+        ][-limit:]
 
     def register_on_exit(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(returncode)`` from a helper thread when the server exits on its own."""

@@ -1,0 +1,440 @@
+"""End to end: bound callables served by a real tritonserver, called with raw tritonclient."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from pytriton.exceptions import PyTritonUnrecoverableError
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import triton_ports
+
+DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+          np.float16, np.float32, np.float64]
+BIG_BYTES = 256 * 1024 * 1024
+RETAINED: list = []
+
+
+def identity(requests):
+    return [dict(request.items()) for request in requests]
+
+
+def identity_renamed(requests):
+    return [{"out_" + name[3:]: value for name, value in request.items()} for request in requests]
+
+
+def add_sub(requests):
+    return [{"add": r["a"] + r["b"], "sub": r["a"] - r["b"]} for r in requests]
+
+
+def optional_probe(requests):
+    results = []
+    for r in requests:
+        b = r.get("b")
+        total = r["a"] + (b if b is not None else 0)
+        results.append({"out": total, "has_b": np.array([[b is not None]] * len(r["a"]))})
+    return results
+
+
+def echo_parameters(requests):
+    return [
+        {"params": np.array([[json.dumps(r.parameters or {}, sort_keys=True).encode()]] * len(r["x"]), dtype=object)}
+        for r in requests
+    ]
+
+
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+
+    def __call__(self, requests):
+        return [{"y": r["x"] * self.factor} for r in requests]
+
+
+async def async_double(requests):
+    await asyncio.sleep(0)
+    return [{"y": r["x"] * 2} for r in requests]
+
+
+def make_instance(index):
+    def infer(requests):
+        time.sleep(0.02)
+        return [{"who": np.full((len(r["x"]), 1), index, dtype=np.int32), "y": r["x"]} for r in requests]
+
+    return infer
+
+
+def streamer(requests):
+    count = int(requests[0]["n"].flat[0])
+    for step in range(count):
+        yield [{"step": np.array([[step]], dtype=np.int32)} for _ in requests]
+    if int(requests[0]["fail"].flat[0]):
+        raise RuntimeError("stream broke at the end")
+
+
+def failing(requests):
+    raise ValueError("bad thing happened")
+
+
+def wrong_type(requests):
+    return {"y": requests[0]["x"]}
+
+
+def wrong_count(requests):
+    return [{"y": r["x"]} for r in requests] + [{"y": requests[0]["x"]}]
+
+
+def retaining(requests):
+    RETAINED.extend(r["x"] for r in requests)
+    return [{"y": r["x"]} for r in requests]
+
+
+def slow(requests):
+    time.sleep(float(requests[0]["x"].flat[0]))
+    return [{"y": r["x"]} for r in requests]
+
+
+def strict_bad_dtype(requests):
+    return [{"y": r["x"].astype(np.float64)} for r in requests]
+
+
+def unrecoverable(requests):
+    raise PyTritonUnrecoverableError("the GPU caught fire")
+
+
+F32 = np.float32
+
+
+def _t(name, shape=(-1,), dtype=F32, optional=False):
+    return Tensor(name=name, shape=shape, dtype=dtype, optional=optional)
+
+
+@pytest.fixture(scope="module")
+def server():
+    ports = triton_ports()
+    triton = Triton(config=TritonConfig(**ports))
+    type_inputs = [_t(f"in_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("in_bytes", (-1,), bytes)]
+    triton.bind("AllTypes", identity_renamed, type_inputs,
+                [_t(f"out_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("out_bytes", (-1,), bytes)])
+    triton.bind("AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")])
+    triton.bind("NoBatch", add_sub, [_t("a", (2, 3)), _t("b", (2, 3))], [_t("add", (2, 3)), _t("sub", (2, 3))],
+                config=ModelConfig(batching=False))
+    triton.bind("Dynamic", identity, [_t("x", (-1, -1))], [_t("x", (-1, -1))])
+    triton.bind("Optional", optional_probe, [_t("a"), _t("b", optional=True)],
+                [_t("out"), _t("has_b", (1,), bool)])
+    triton.bind("Params", echo_parameters, [_t("x")], [_t("params", (1,), bytes)])
+    triton.bind("Big", identity, [_t("x", (-1,), np.uint8)], [_t("x", (-1,), np.uint8)],
+                config=ModelConfig(max_batch_size=1))
+    triton.bind("Instances", [make_instance(i) for i in range(3)], [_t("x")], [_t("who", (1,), np.int32), _t("y")],
+                config=ModelConfig(max_batch_size=8))
+    triton.bind("Object", Scaler(3.0), [_t("x")], [_t("y")])
+    triton.bind("Async", async_double, [_t("x")], [_t("y")])
+    triton.bind("Stream", streamer, [_t("n", (1,), np.int32), _t("fail", (1,), np.int32)],
+                [_t("step", (1,), np.int32)], config=ModelConfig(decoupled=True))
+    triton.bind("Fails", failing, [_t("x")], [_t("y")])
+    triton.bind("WrongType", wrong_type, [_t("x")], [_t("y")])
+    triton.bind("WrongCount", wrong_count, [_t("x")], [_t("y")])
+    triton.bind("Retain", retaining, [_t("x")], [_t("y")])
+    triton.bind("Slow", [slow, slow], [_t("x")], [_t("y")], config=ModelConfig(max_batch_size=1))
+    triton.bind("Strict", strict_bad_dtype, [_t("x")], [_t("y")], strict=True)
+    triton.bind("Batched", identity, [_t("x", (4,))], [_t("x", (4,))],
+                config=ModelConfig(max_batch_size=32, batcher=DynamicBatcher(max_queue_delay_microseconds=20000)))
+    triton.run()
+    yield triton, ports
+    triton.stop()
+
+
+@pytest.fixture(params=["http", "grpc"])
+def client(request, server):
+    _, ports = server
+    if request.param == "http":
+        c = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}", concurrency=8,
+                                             network_timeout=600, connection_timeout=600)
+        c.module = httpclient
+    else:
+        c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+        c.module = grpcclient
+    yield c
+    c.close()
+
+
+def infer(client, model, arrays, outputs=None, **kwargs):
+    module = client.module
+    inputs = []
+    for name, array in arrays.items():
+        tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    requested = [module.InferRequestedOutput(name) for name in outputs] if outputs else None
+    return client.infer(model, inputs, outputs=requested, **kwargs)
+
+
+def test_every_dtype_round_trips_exactly(client):
+    rng = np.random.default_rng(1)
+    arrays = {f"in_{np.dtype(d).name}": (rng.random((2, 5)) * 120).astype(d) for d in DTYPES}
+    arrays["in_int64"][0, 0] = np.iinfo(np.int64).max
+    arrays["in_uint64"][0, 0] = np.iinfo(np.uint64).max
+    arrays["in_float64"][0, 0] = np.pi
+    arrays["in_bytes"] = np.array([[b"a", b"", b"\x00\xff", "z\u00e9".encode(), b"x" * 1000]] * 2, dtype=object)
+    result = infer(client, "AllTypes", arrays)
+    for name, sent in arrays.items():
+        received = result.as_numpy("out_" + name[3:])
+        assert received.shape == sent.shape, name
+        if name == "in_bytes":
+            assert received.tolist() == sent.tolist()
+        else:
+            assert received.dtype == sent.dtype, name
+            np.testing.assert_array_equal(received, sent, err_msg=name)
+
+
+def test_add_sub_two_inputs(client):
+    a = np.array([[1, 2, 3]], dtype=F32)
+    b = np.array([[10, 20, 30]], dtype=F32)
+    result = infer(client, "AddSub", {"a": a, "b": b})
+    np.testing.assert_array_equal(result.as_numpy("add"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("sub"), a - b)
+
+
+def test_requested_output_subset(client):
+    a = np.ones((1, 2), F32)
+    result = infer(client, "AddSub", {"a": a, "b": a}, outputs=["sub"])
+    assert result.as_numpy("add") is None
+    np.testing.assert_array_equal(result.as_numpy("sub"), a * 0)
+
+
+def test_non_batching_model(client):
+    a = np.arange(6, dtype=F32).reshape(2, 3)
+    result = infer(client, "NoBatch", {"a": a, "b": a})
+    np.testing.assert_array_equal(result.as_numpy("add"), a * 2)
+
+
+def test_dynamic_dims(client):
+    for shape in [(1, 1, 1), (2, 7, 3), (1, 100, 2)]:
+        x = np.random.default_rng(0).random(shape).astype(F32)
+        np.testing.assert_array_equal(infer(client, "Dynamic", {"x": x}).as_numpy("x"), x)
+
+
+def test_zero_size_tensor(client):
+    x = np.zeros((1, 0, 4), dtype=F32)
+    assert infer(client, "Dynamic", {"x": x}).as_numpy("x").shape == (1, 0, 4)
+
+
+def test_optional_input_absent_and_present(client):
+    a = np.ones((1, 2), F32)
+    absent = infer(client, "Optional", {"a": a})
+    assert not absent.as_numpy("has_b").any()
+    np.testing.assert_array_equal(absent.as_numpy("out"), a)
+    present = infer(client, "Optional", {"a": a, "b": a * 5})
+    assert present.as_numpy("has_b").all()
+    np.testing.assert_array_equal(present.as_numpy("out"), a * 6)
+
+
+def test_parameters_reach_the_callable(client):
+    x = np.ones((1, 1), F32)
+    result = infer(client, "Params", {"x": x}, parameters={"temperature": "0.5", "top_k": 3, "flag": True})
+    received = json.loads(result.as_numpy("params")[0, 0])
+    assert received == {"flag": True, "temperature": "0.5", "top_k": 3}
+
+
+def test_callable_object_and_async_callable(client):
+    x = np.array([[1.5, 2.0]], F32)
+    np.testing.assert_array_equal(infer(client, "Object", {"x": x}).as_numpy("y"), x * 3)
+    np.testing.assert_array_equal(infer(client, "Async", {"x": x}).as_numpy("y"), x * 2)
+
+
+def test_user_error_reaches_client_without_traceback(client):
+    with pytest.raises(InferenceServerException) as info:
+        infer(client, "Fails", {"x": np.ones((1, 1), F32)})
+    message = info.value.message()
+    assert "ValueError: bad thing happened" in message
+    assert "Traceback" not in message and ".py" not in message
+    # The server keeps serving.
+    np.testing.assert_array_equal(infer(client, "Object", {"x": np.ones((1, 1), F32)}).as_numpy("y"), [[3.0]])
+
+
+@pytest.mark.parametrize("model, fragment", [("WrongType", "must return a list"), ("WrongCount", "2 results for 1")])
+def test_bad_callable_results_are_explained(client, model, fragment):
+    with pytest.raises(InferenceServerException, match=fragment):
+        infer(client, model, {"x": np.ones((1, 1), F32)})
+
+
+def test_strict_mode_checks_output_dtype(client):
+    with pytest.raises(InferenceServerException, match="dtype float64"):
+        infer(client, "Strict", {"x": np.ones((1, 1), F32)})
+
+
+def test_bad_inputs_get_clean_errors(client):
+    with pytest.raises(InferenceServerException):
+        infer(client, "AddSub", {"a": np.ones((1, 2), F32)})  # missing required input
+    with pytest.raises(InferenceServerException):
+        infer(client, "AddSub", {"a": np.ones((1, 2), np.int32), "b": np.ones((1, 2), np.int32)})  # wrong dtype
+    with pytest.raises(InferenceServerException):
+        infer(client, "NoSuchModel", {"x": np.ones((1, 2), F32)})
+    with pytest.raises(InferenceServerException):
+        infer(client, "AddSub", {"a": np.ones((1, 2), F32), "b": np.ones((1, 2), F32)}, model_version="7")
+    with pytest.raises(InferenceServerException):
+        infer(client, "Big", {"x": np.ones((2, 4), np.uint8)})  # batch 2 > max_batch_size 1
+
+
+def test_retained_inputs_keep_their_values(client):
+    RETAINED.clear()
+    for value in range(5):
+        infer(client, "Retain", {"x": np.full((1, 64), value, F32)})
+    assert [float(array[0, 0]) for array in RETAINED] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert all((array == array[0, 0]).all() for array in RETAINED)
+
+
+def test_instances_serve_concurrently(server):
+    _, ports = server
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+    c.module = grpcclient
+
+    def call(i):
+        x = np.full((1, 3), i, F32)
+        result = infer(c, "Instances", {"x": x})
+        np.testing.assert_array_equal(result.as_numpy("y"), x)
+        return int(result.as_numpy("who")[0, 0])
+
+    with ThreadPoolExecutor(12) as pool:
+        started = time.monotonic()
+        seen = list(pool.map(call, range(60)))
+        elapsed = time.monotonic() - started
+    c.close()
+    assert set(seen) == {0, 1, 2}
+    assert elapsed < 60 * 0.02  # slower than serial would mean the instances did not overlap
+
+
+def test_several_models_under_concurrent_load(server):
+    _, ports = server
+
+    def worker(seed):
+        c = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+        c.module = httpclient
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            a = rng.random((1, 8)).astype(F32)
+            np.testing.assert_array_equal(infer(c, "AddSub", {"a": a, "b": a}).as_numpy("add"), a + a)
+            x = rng.random((1, 4)).astype(F32)
+            np.testing.assert_array_equal(infer(c, "Batched", {"x": x}).as_numpy("x"), x)
+        c.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(worker, range(8)))
+
+
+def test_slow_request_times_out_for_its_client_only(server):
+    _, ports = server
+    slow_client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}", network_timeout=0.5,
+                                                   connection_timeout=0.5)
+    slow_client.module = httpclient
+    with pytest.raises(Exception):  # noqa: B017 - the timeout surfaces as a socket/gevent timeout
+        infer(slow_client, "Slow", {"x": np.full((1, 1), 2.0, F32)})
+    fast = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+    fast.module = grpcclient
+    started = time.monotonic()
+    result = infer(fast, "Slow", {"x": np.zeros((1, 1), F32)})  # served by the second instance
+    assert time.monotonic() - started < 1.5
+    np.testing.assert_array_equal(result.as_numpy("y"), [[0.0]])
+    fast.close()
+    slow_client.close()
+
+
+def test_256_mib_tensor(server):
+    _, ports = server
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+    c.module = grpcclient
+    x = np.random.default_rng(3).integers(0, 255, size=(1, BIG_BYTES), dtype=np.uint8)
+    # gRPC defaults to 2 GiB messages in tritonclient; the result must be bit-exact.
+    result = infer(c, "Big", {"x": x})
+    assert np.array_equal(result.as_numpy("x"), x)
+    c.close()
+
+
+def _stream(ports, n, fail):
+    results: "queue.Queue" = queue.Queue()
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    inputs = []
+    for name, value in (("n", n), ("fail", fail)):
+        tensor = grpcclient.InferInput(name, [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        inputs.append(tensor)
+    c.async_stream_infer("Stream", inputs, enable_empty_final_response=True)
+    steps, errors = [], []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        result, error = results.get(timeout=30)
+        if error is not None:
+            errors.append(str(error))
+            continue
+        response = result.get_response()
+        if response.parameters.get("triton_final_response") and response.parameters[
+            "triton_final_response"
+        ].bool_param:
+            break
+        steps.append(int(result.as_numpy("step")[0, 0]))
+    c.stop_stream()
+    c.close()
+    return steps, errors
+
+
+def test_decoupled_streaming(server):
+    _, ports = server
+    steps, errors = _stream(ports, 5, 0)
+    assert steps == [0, 1, 2, 3, 4] and errors == []
+
+
+def test_decoupled_error_mid_stream(server):
+    _, ports = server
+    steps, errors = _stream(ports, 2, 1)
+    assert steps == [0, 1]
+    assert len(errors) == 1 and "RuntimeError: stream broke at the end" in errors[0]
+
+
+def test_model_ready_endpoints(server):
+    _, ports = server
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+    assert c.is_server_ready()
+    for model in ("AddSub", "Stream", "Instances"):
+        assert c.is_model_ready(model)
+    config = c.get_model_config("Instances")
+    assert config["instance_group"][0]["count"] == 3
+    c.close()
+
+
+def test_live_binding_after_start(server):
+    triton, ports = server
+    triton.bind("LateModel", Scaler(-1.0), [_t("x")], [_t("y")])
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+    c.module = httpclient
+    assert c.is_model_ready("LateModel")
+    np.testing.assert_array_equal(infer(c, "LateModel", {"x": np.ones((1, 2), F32)}).as_numpy("y"), [[-1.0, -1.0]])
+    c.close()
+
+
+def test_unrecoverable_error_stops_the_server():
+    ports = triton_ports()
+    triton = Triton(config=TritonConfig(**ports))
+    triton.bind("Doomed", unrecoverable, [_t("x")], [_t("y")])
+    triton.run()
+    done = threading.Event()
+    threading.Thread(target=lambda: (triton.serve(monitoring_period_sec=0.1), done.set()), daemon=True).start()
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+    c.module = httpclient
+    with pytest.raises(InferenceServerException, match="the GPU caught fire"):
+        infer(c, "Doomed", {"x": np.ones((1, 1), F32)})
+    c.close()
+    assert done.wait(20), "serve() should return after an unrecoverable error"
+    assert not triton.is_alive()
+    triton.stop()

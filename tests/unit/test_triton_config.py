@@ -1,0 +1,95 @@
+import logging
+import pathlib
+
+import pytest
+
+from pytriton.exceptions import PyTritonValidationError
+from pytriton.server.triton_config import TritonConfig, parse_bool
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("on", True),
+     ("false", False), ("False", False), ("0", False), ("no", False), ("off", False)],
+)
+def test_env_booleans_parse_both_ways(raw, expected):
+    config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_ALLOW_METRICS": raw})
+    assert config.allow_metrics is expected
+
+
+def test_env_false_is_not_truthy_string():
+    # The reference implementation read "false" as True; it must be a real False here.
+    config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_EXIT_ON_ERROR": "false"})
+    assert config.exit_on_error is False
+
+
+def test_env_ints_paths_strings():
+    config = TritonConfig.from_env(
+        {
+            "PYTRITON_TRITON_CONFIG_GRPC_PORT": "45436",
+            "PYTRITON_TRITON_CONFIG_LOG_VERBOSE": "4",
+            "PYTRITON_TRITON_CONFIG_LOG_FILE": "/tmp/x.log",
+            "PYTRITON_TRITON_CONFIG_ID": "my server",
+            "UNRELATED": "1",
+        }
+    )
+    assert config.grpc_port == 45436
+    assert config.log_verbose == 4
+    assert config.log_file == pathlib.Path("/tmp/x.log")
+    assert config.id == "my server"
+
+
+def test_env_list_fields_are_indexed_in_order():
+    config = TritonConfig.from_env(
+        {
+            "PYTRITON_TRITON_CONFIG_CACHE_CONFIG_1": "local,size=2048",
+            "PYTRITON_TRITON_CONFIG_CACHE_CONFIG_0": "local,size=1024",
+            "PYTRITON_TRITON_CONFIG_TRACE_CONFIG": "rate=100",
+        }
+    )
+    assert config.cache_config == ["local,size=1024", "local,size=2048"]
+    assert config.trace_config == ["rate=100"]
+
+
+def test_env_unknown_name_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="pytriton.triton"):
+        config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_NO_SUCH_FIELD": "1"})
+    assert config == TritonConfig()
+    assert "PYTRITON_TRITON_CONFIG_NO_SUCH_FIELD" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [("PYTRITON_TRITON_CONFIG_HTTP_PORT", "eighty"), ("PYTRITON_TRITON_CONFIG_ALLOW_GRPC", "maybe")],
+)
+def test_env_bad_value_names_the_variable(name, raw):
+    with pytest.raises(PyTritonValidationError, match=name):
+        TritonConfig.from_env({name: raw})
+
+
+def test_http_and_grpc_cannot_both_be_disabled():
+    with pytest.raises(PyTritonValidationError, match="allow_http"):
+        TritonConfig(allow_http=False, allow_grpc=False)
+
+
+def test_bad_port_and_bad_types():
+    with pytest.raises(PyTritonValidationError, match="http_port"):
+        TritonConfig(http_port=70000)
+    with pytest.raises(PyTritonValidationError, match="log_verbose"):
+        TritonConfig(log_verbose="loud")
+
+
+def test_dict_round_trip_and_unknown_keys():
+    config = TritonConfig(http_port=1234, allow_grpc=False, cache_config=["local,size=1"])
+    assert TritonConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(PyTritonValidationError, match="bogus"):
+        TritonConfig.from_dict({"bogus": 1})
+
+
+def test_config_is_keyword_only_by_usage_and_defaults_none():
+    assert all(value is None for value in TritonConfig().to_dict().values())
+
+
+def test_parse_bool_rejects_other_ints():
+    with pytest.raises(ValueError):
+        parse_bool(2)

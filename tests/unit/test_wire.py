@@ -1,0 +1,93 @@
+"""The proxy's wire format and shared-memory arenas, without a server."""
+
+import os
+
+import numpy as np
+import pytest
+
+from pytriton.proxy import _wire
+
+DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+          np.float16, np.float32, np.float64]
+
+
+@pytest.fixture()
+def arena():
+    owner = _wire.Arena(f"pytriton-{os.getpid()}-unittest", initial_size=4096)
+    reader = _wire.ArenaReader()
+    yield owner, reader
+    owner.close()
+    reader.close()
+    assert not _wire.sweep_segments(f"pytriton-{os.getpid()}-unittest")
+
+
+def _round_trip(arena, tensors):
+    owner, reader = arena
+    metas = _wire.write_tensors(owner, [list(tensors.items())])
+    buffer = reader.attach(owner.name)
+    return _wire.read_tensors(buffer, metas[0], copy=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_numeric_round_trip_is_exact(arena, dtype):
+    rng = np.random.default_rng(0)
+    data = (rng.random((3, 5)) * 100).astype(dtype)
+    out = _round_trip(arena, {"x": data})["x"]
+    assert out.dtype == data.dtype and out.shape == data.shape
+    np.testing.assert_array_equal(out, data)
+
+
+def test_bytes_round_trip(arena):
+    data = np.array([[b"a", b""], [b"\x00\xffbinary", "unicode \u00e9".encode()]], dtype=object)
+    out = _round_trip(arena, {"s": data})["s"]
+    assert out.dtype == object and out.shape == (2, 2)
+    assert out.tolist() == data.tolist()
+    fixed = np.array([b"ab", b"c"], dtype="S2")
+    assert _round_trip(arena, {"s": fixed})["s"].tolist() == [b"ab", b"c"]
+
+
+def test_fortran_non_contiguous_and_zero_size(arena):
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    tensors = {"f": np.asfortranarray(base), "strided": base[:, ::2], "empty": np.zeros((0, 3), np.int32)}
+    out = _round_trip(arena, tensors)
+    np.testing.assert_array_equal(out["f"], base)
+    np.testing.assert_array_equal(out["strided"], base[:, ::2])
+    assert out["empty"].shape == (0, 3) and out["empty"].dtype == np.int32
+
+
+def test_arena_grows_and_reader_follows(arena):
+    owner, reader = arena
+    small = _round_trip(arena, {"x": np.ones(10, np.float32)})
+    first = owner.name
+    big = np.arange(1 << 20, dtype=np.float64)
+    out = _round_trip(arena, {"x": big})["x"]
+    assert owner.name != first and owner.size >= big.nbytes
+    np.testing.assert_array_equal(out, big)
+    assert small["x"].sum() == 10
+    # The reader unlinks every segment it mapped: nothing is left visible in /dev/shm.
+    assert not os.path.exists(os.path.join(_wire.SHM_DIR, owner.name))
+
+
+def test_copies_do_not_alias_the_arena(arena):
+    owner, reader = arena
+    first = _round_trip(arena, {"x": np.full(8, 1.0)})["x"]
+    _round_trip(arena, {"x": np.full(8, 2.0)})
+    assert first.tolist() == [1.0] * 8
+
+
+def test_messages_over_a_socket_pair():
+    import socket
+    import threading
+
+    left, right = socket.socketpair()
+    with left, right:
+        big = ("x" * 3_000_000, [1, 2, (3, "y")], None)  # larger than the socket buffer
+        sender = threading.Thread(target=_wire.send_message, args=(left, big))
+        sender.start()
+        assert _wire.recv_message(right) == big
+        sender.join(5)
+        _wire.send_message(right, (1,))
+        assert _wire.recv_message(left, spin_s=0.001) == (1,)
+        left.close()
+        with pytest.raises(EOFError):
+            _wire.recv_message(right)
