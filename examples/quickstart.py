@@ -30,7 +30,10 @@ def main() -> None:
             model_name="AddSub",
             infer_func=add_sub,
             inputs=[Tensor(name="a", shape=(-1,), dtype=np.float32), Tensor(name="b", shape=(-1,), dtype=np.float32)],
-            outputs=[Tensor(name="add", shape=(-1,), dtype=np.float32), Tensor(name="sub", shape=(-1,), dtype=np.float32)],
+            outputs=[
+                Tensor(name="add", shape=(-1,), dtype=np.float32),
+                Tensor(name="sub", shape=(-1,), dtype=np.float32),
+            ],
             config=ModelConfig(max_batch_size=8),
         )
         triton.run()

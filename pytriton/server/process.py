@@ -29,7 +29,9 @@ LOGGER = logging.getLogger("pytriton.server")
 SERVER_LOG = logging.getLogger("pytriton.server.log")
 
 _PR_SET_PDEATHSIG = 1
-_ERROR_LINE = re.compile(r"^(E\d{4} |error:|Error:)")
+_ERROR_LINE = re.compile(
+    r"^(E\d{4} |error:|Error:)|Bad option|invalid argument|unrecognized option|Unexpected argument"
+)
 # Lines every CPU-only machine prints; they say nothing about why a start failed.
 _HARMLESS = ("NVML", "CudaDriverHelper", "DCGM", "CUDA driver version is insufficient", "cuda")
 _IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
@@ -92,6 +94,7 @@ class TritonServerProcess:
         self._reader: Optional[threading.Thread] = None
         self._on_exit: List[Callable[[int], None]] = []
         self._stopping = False
+        self._ready = False  # exit callbacks fire only for a server that had come up
         self._lock = threading.Lock()
 
     @property
@@ -107,7 +110,9 @@ class TritonServerProcess:
     def error_lines(self, limit: int = 20) -> List[str]:
         """The server's error lines (glog ``E`` lines and ``error:`` lines), the most recent last."""
         return [
-            line for line in self._lines if _ERROR_LINE.match(line) and not any(word in line for word in _HARMLESS)
+            line.strip()
+            for line in self._lines
+            if _ERROR_LINE.search(line) and not any(word in line for word in _HARMLESS)
         ][-limit:]
 
     def register_on_exit(self, callback: Callable[[int], None]) -> None:
@@ -149,8 +154,8 @@ class TritonServerProcess:
                 sink.close()
         returncode = self._process.wait()
         with self._lock:
-            stopping = self._stopping
-        if not stopping:
+            report = self._ready and not self._stopping
+        if report:
             LOGGER.warning("tritonserver exited unexpectedly with code %s", returncode)
             for callback in list(self._on_exit):
                 try:
@@ -186,6 +191,7 @@ class TritonServerProcess:
             if not self.is_alive():
                 raise self.failure(what)
             if probe():
+                self._ready = True
                 return
             if time.monotonic() > deadline:
                 raise PyTritonServerError(

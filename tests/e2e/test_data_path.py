@@ -20,8 +20,20 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
 
-DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-          np.float16, np.float32, np.float64]
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
 BIG_BYTES = 256 * 1024 * 1024
 RETAINED: list = []
 
@@ -125,31 +137,55 @@ def server():
     ports = triton_ports()
     triton = Triton(config=TritonConfig(**ports))
     type_inputs = [_t(f"in_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("in_bytes", (-1,), bytes)]
-    triton.bind("AllTypes", identity_renamed, type_inputs,
-                [_t(f"out_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("out_bytes", (-1,), bytes)])
+    triton.bind(
+        "AllTypes",
+        identity_renamed,
+        type_inputs,
+        [_t(f"out_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("out_bytes", (-1,), bytes)],
+    )
     triton.bind("AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")])
-    triton.bind("NoBatch", add_sub, [_t("a", (2, 3)), _t("b", (2, 3))], [_t("add", (2, 3)), _t("sub", (2, 3))],
-                config=ModelConfig(batching=False))
+    triton.bind(
+        "NoBatch",
+        add_sub,
+        [_t("a", (2, 3)), _t("b", (2, 3))],
+        [_t("add", (2, 3)), _t("sub", (2, 3))],
+        config=ModelConfig(batching=False),
+    )
     triton.bind("Dynamic", identity, [_t("x", (-1, -1))], [_t("x", (-1, -1))])
-    triton.bind("Optional", optional_probe, [_t("a"), _t("b", optional=True)],
-                [_t("out"), _t("has_b", (1,), bool)])
+    triton.bind("Optional", optional_probe, [_t("a"), _t("b", optional=True)], [_t("out"), _t("has_b", (1,), bool)])
     triton.bind("Params", echo_parameters, [_t("x")], [_t("params", (1,), bytes)])
-    triton.bind("Big", identity, [_t("x", (-1,), np.uint8)], [_t("x", (-1,), np.uint8)],
-                config=ModelConfig(max_batch_size=1))
-    triton.bind("Instances", [make_instance(i) for i in range(3)], [_t("x")], [_t("who", (1,), np.int32), _t("y")],
-                config=ModelConfig(max_batch_size=8))
+    triton.bind(
+        "Big", identity, [_t("x", (-1,), np.uint8)], [_t("x", (-1,), np.uint8)], config=ModelConfig(max_batch_size=1)
+    )
+    triton.bind(
+        "Instances",
+        [make_instance(i) for i in range(3)],
+        [_t("x")],
+        [_t("who", (1,), np.int32), _t("y")],
+        config=ModelConfig(max_batch_size=8),
+    )
     triton.bind("Object", Scaler(3.0), [_t("x")], [_t("y")])
     triton.bind("Async", async_double, [_t("x")], [_t("y")])
-    triton.bind("Stream", streamer, [_t("n", (1,), np.int32), _t("fail", (1,), np.int32)],
-                [_t("step", (1,), np.int32)], config=ModelConfig(decoupled=True))
+    triton.bind(
+        "Stream",
+        streamer,
+        [_t("n", (1,), np.int32), _t("fail", (1,), np.int32)],
+        [_t("step", (1,), np.int32)],
+        config=ModelConfig(decoupled=True),
+    )
     triton.bind("Fails", failing, [_t("x")], [_t("y")])
     triton.bind("WrongType", wrong_type, [_t("x")], [_t("y")])
     triton.bind("WrongCount", wrong_count, [_t("x")], [_t("y")])
     triton.bind("Retain", retaining, [_t("x")], [_t("y")])
     triton.bind("Slow", [slow, slow], [_t("x")], [_t("y")], config=ModelConfig(max_batch_size=1))
     triton.bind("Strict", strict_bad_dtype, [_t("x")], [_t("y")], strict=True)
-    triton.bind("Batched", identity, [_t("x", (4,))], [_t("x", (4,))],
-                config=ModelConfig(max_batch_size=32, batcher=DynamicBatcher(max_queue_delay_microseconds=20000)))
+    triton.bind(
+        "Batched",
+        identity,
+        [_t("x", (4,))],
+        [_t("x", (4,))],
+        config=ModelConfig(max_batch_size=32, batcher=DynamicBatcher(max_queue_delay_microseconds=20000)),
+    )
     triton.run()
     yield triton, ports
     triton.stop()
@@ -159,8 +195,9 @@ def server():
 def client(request, server):
     _, ports = server
     if request.param == "http":
-        c = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}", concurrency=8,
-                                             network_timeout=600, connection_timeout=600)
+        c = httpclient.InferenceServerClient(
+            f"127.0.0.1:{ports['http_port']}", concurrency=8, network_timeout=600, connection_timeout=600
+        )
         c.module = httpclient
     else:
         c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
@@ -335,8 +372,9 @@ def test_several_models_under_concurrent_load(server):
 
 def test_slow_request_times_out_for_its_client_only(server):
     _, ports = server
-    slow_client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}", network_timeout=0.5,
-                                                   connection_timeout=0.5)
+    slow_client = httpclient.InferenceServerClient(
+        f"127.0.0.1:{ports['http_port']}", network_timeout=0.5, connection_timeout=0.5
+    )
     slow_client.module = httpclient
     with pytest.raises(Exception):  # noqa: B017 - the timeout surfaces as a socket/gevent timeout
         infer(slow_client, "Slow", {"x": np.full((1, 1), 2.0, F32)})
@@ -362,7 +400,7 @@ def test_256_mib_tensor(server):
 
 
 def _stream(ports, n, fail):
-    results: "queue.Queue" = queue.Queue()
+    results: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
     c.start_stream(callback=lambda result, error: results.put((result, error)))
     inputs = []
@@ -379,9 +417,7 @@ def _stream(ports, n, fail):
             errors.append(str(error))
             continue
         response = result.get_response()
-        if response.parameters.get("triton_final_response") and response.parameters[
-            "triton_final_response"
-        ].bool_param:
+        if response.parameters.get("triton_final_response") and response.parameters["triton_final_response"].bool_param:
             break
         steps.append(int(result.as_numpy("step")[0, 0]))
     c.stop_stream()

@@ -19,12 +19,22 @@ def _argv(config):
 def test_defaults_bind_loopback_and_load_models_explicitly():
     argv = _argv(TritonConfig())
     assert argv[0] == "/srv/bin/tritonserver"
-    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-                 "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
-                 "--model-control-mode=explicit", "--load-model=A", "--load-model=B",
-                 "--disable-auto-complete-config", "--strict-readiness=true",
-                 "--backend-directory=/srv/backends-py3.11", "--cache-directory=/srv/caches",
-                 "--backend-config=python,shm-region-prefix-name=pytriton-1-abc-pb"):
+    for flag in (
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        "--model-control-mode=explicit",
+        "--load-model=A",
+        "--load-model=B",
+        "--disable-auto-complete-config",
+        "--strict-readiness=true",
+        "--backend-directory=/srv/backends-py3.11",
+        "--cache-directory=/srv/caches",
+        "--backend-config=python,shm-region-prefix-name=pytriton-1-abc-pb",
+    ):
         assert flag in argv, flag
 
 
@@ -37,9 +47,13 @@ def test_values_with_spaces_stay_one_argument():
 
 def test_booleans_lists_and_user_addresses():
     config = TritonConfig(
-        allow_grpc=False, allow_metrics=True, http_address="0.0.0.0",
-        cache_config=["local,size=1024", "local,foo=bar"], log_verbose=2,
-        grpc_keepalive_permit_without_calls=True, disable_auto_complete_config=False,
+        allow_grpc=False,
+        allow_metrics=True,
+        http_address="0.0.0.0",
+        cache_config=["local,size=1024", "local,foo=bar"],
+        log_verbose=2,
+        grpc_keepalive_permit_without_calls=True,
+        disable_auto_complete_config=False,
     )
     argv = _argv(config)
     assert "--allow-grpc=false" in argv

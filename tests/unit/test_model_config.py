@@ -11,10 +11,22 @@ from pytriton.model_config.triton_model_config import TensorSpec, TritonModelCon
 @pytest.mark.parametrize(
     "dtype, expected",
     [
-        (np.float32, np.float32), (np.dtype("float32"), np.float32), ("float32", np.float32),
-        ("float16", np.float16), (bool, np.bool_), (np.bool_, np.bool_), (int, np.int64), (float, np.float64),
-        (np.uint64, np.uint64), (bytes, np.bytes_), (object, np.bytes_), (np.bytes_, np.bytes_),
-        (np.object_, np.bytes_), ("bytes", np.bytes_), (np.dtype("S5"), np.bytes_), (str, np.bytes_),
+        (np.float32, np.float32),
+        (np.dtype("float32"), np.float32),
+        ("float32", np.float32),
+        ("float16", np.float16),
+        (bool, np.bool_),
+        (np.bool_, np.bool_),
+        (int, np.int64),
+        (float, np.float64),
+        (np.uint64, np.uint64),
+        (bytes, np.bytes_),
+        (object, np.bytes_),
+        (np.bytes_, np.bytes_),
+        (np.object_, np.bytes_),
+        ("bytes", np.bytes_),
+        (np.dtype("S5"), np.bytes_),
+        (str, np.bytes_),
     ],
 )
 def test_tensor_accepts_every_dtype_form(dtype, expected):
@@ -104,6 +116,8 @@ def test_pbtxt_text_format():
 
 
 def test_non_batching_model_has_zero_max_batch_size():
-    config = TritonModelConfig(model_name="m", batching=False, max_batch_size=0, outputs=[TensorSpec("o", (1,), np.int8)])
+    config = TritonModelConfig(
+        model_name="m", batching=False, max_batch_size=0, outputs=[TensorSpec("o", (1,), np.int8)]
+    )
     assert to_dict(config)["max_batch_size"] == 0
     assert "dynamic_batching" not in to_dict(config)

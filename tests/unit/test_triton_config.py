@@ -9,8 +9,18 @@ from pytriton.server.triton_config import TritonConfig, parse_bool
 
 @pytest.mark.parametrize(
     "raw, expected",
-    [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("on", True),
-     ("false", False), ("False", False), ("0", False), ("no", False), ("off", False)],
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        ("on", True),
+        ("false", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+        ("off", False),
+    ],
 )
 def test_env_booleans_parse_both_ways(raw, expected):
     config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_ALLOW_METRICS": raw})

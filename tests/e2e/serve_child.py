@@ -1,0 +1,35 @@
+"""Helper process for lifecycle tests: serve one model and report what it created, as JSON."""
+
+import json
+import sys
+
+import numpy as np
+
+from pytriton.model_config import Tensor
+from pytriton.triton import Triton, TritonConfig
+
+
+def main() -> None:
+    http, grpc, metrics = (int(port) for port in sys.argv[1:4])
+    triton = Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics))
+    triton.bind(
+        "Echo",
+        lambda requests: [dict(r.items()) for r in requests],
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+    )
+    triton.run()
+    info = {
+        "server_pid": triton._server.pid,
+        "shm_prefix": triton._shm_prefix,
+        "socket_dir": str(triton._socket_dir),
+        "workspace": str(triton._workspace.path),
+        "watchdog_pid": triton._watchdog.pid,
+    }
+    print(json.dumps(info), flush=True)
+    triton.serve(monitoring_period_sec=0.2)
+    print("served", flush=True)
+
+
+if __name__ == "__main__":
+    main()

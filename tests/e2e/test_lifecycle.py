@@ -1,0 +1,181 @@
+"""Server lifecycle: start, stop, signals, crashes, bad environments; nothing may be left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledError
+from pytriton.model_config import Tensor
+from pytriton.server import distribution
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import process_group_alive, shm_entries, triton_ports, wait_for
+
+CHILD = pathlib.Path(__file__).with_name("serve_child.py")
+REPO = pathlib.Path(__file__).parents[2]
+
+
+def _echo(requests):
+    return [dict(r.items()) for r in requests]
+
+
+def _bind_echo(triton, name="Echo"):
+    triton.bind(
+        name,
+        _echo,
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+    )
+
+
+def _call(port, model="Echo"):
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    x = np.arange(4, dtype=np.float32)[None]
+    tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer(model, [tensor]).as_numpy("x")
+    client.close()
+    np.testing.assert_array_equal(result, x)
+
+
+def _assert_clean(server_pid, shm_prefix, socket_dir, workspace):
+    assert wait_for(lambda: not process_group_alive(server_pid), 10), "server or stub processes left behind"
+    assert wait_for(lambda: not shm_entries(shm_prefix), 10), f"/dev/shm leftovers: {shm_entries(shm_prefix)}"
+    assert not pathlib.Path(socket_dir).exists(), "socket directory left behind"
+    assert not pathlib.Path(workspace).exists(), "workspace left behind"
+
+
+def test_start_serve_stop_leaves_nothing(ports):
+    started = time.monotonic()
+    triton = Triton(config=TritonConfig(**ports))
+    _bind_echo(triton)
+    triton.run()
+    ready_s = time.monotonic() - started
+    assert triton.is_alive()
+    _call(ports["http_port"])
+    # A client holding a keep-alive connection must not delay the stop.
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+    assert client.is_server_live()
+    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+    assert shm_entries(triton._shm_prefix), "the python backend and the arenas should have segments while running"
+    stopping = time.monotonic()
+    triton.stop()
+    stop_s = time.monotonic() - stopping
+    client.close()
+    print(f"start-to-ready {ready_s:.2f} s, stop {stop_s:.2f} s")
+    assert not triton.is_alive()
+    _assert_clean(*info)
+    triton.stop()  # idempotent
+
+
+def test_two_servers_in_one_process():
+    first_ports, second_ports = triton_ports(), triton_ports()
+    with Triton(config=TritonConfig(**first_ports)) as first, Triton(config=TritonConfig(**second_ports)) as second:
+        _bind_echo(first, "First")
+        _bind_echo(second, "Second")
+        first.run()
+        second.run()
+        _call(first_ports["http_port"], "First")
+        _call(second_ports["http_port"], "Second")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{second_ports['grpc_port']}")
+        assert grpc.is_model_ready("Second") and not grpc.is_model_ready("First")
+        grpc.close()
+
+
+def test_port_in_use_is_reported_quickly_with_the_port(ports):
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", ports["grpc_port"]))
+    blocker.listen(1)
+    started = time.monotonic()
+    triton = Triton(config=TritonConfig(**ports))
+    _bind_echo(triton)
+    try:
+        with pytest.raises(PyTritonServerError, match=str(ports["grpc_port"])) as info:
+            triton.run()
+        assert "in use" in str(info.value)
+        assert time.monotonic() - started < 5
+    finally:
+        triton.stop()
+        blocker.close()
+    assert not triton._workspace.path.exists()
+
+
+def test_bad_server_option_fails_fast_with_the_servers_words(ports):
+    started = time.monotonic()
+    with Triton(config=TritonConfig(log_format="bogus", **ports)) as triton:
+        _bind_echo(triton)
+        with pytest.raises(PyTritonServerError, match="log-format"):
+            triton.run()
+    assert time.monotonic() - started < 5
+
+
+def test_missing_server_names_the_install_command(tmp_path, monkeypatch, ports):
+    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path))
+    monkeypatch.delenv("PYTRITON_TRITONSERVER_DIR", raising=False)
+    monkeypatch.setattr(distribution, "NGC_DIR", tmp_path / "none")
+    with Triton(config=TritonConfig(**ports)) as triton:
+        with pytest.raises(PyTritonServerNotInstalledError, match="pytriton install-server"):
+            triton.run()
+    assert list(tmp_path.iterdir()) == []  # the temporary workspace is gone as well
+
+
+def test_interpreter_without_shared_libpython_is_refused(monkeypatch, ports):
+    import sysconfig
+
+    real = sysconfig.get_config_var
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: 0 if name == "Py_ENABLE_SHARED" else real(name))
+    with Triton(config=TritonConfig(**ports)) as triton, pytest.raises(PyTritonServerError, match="enable-shared"):
+        triton.run()
+
+
+def _spawn_child(ports):
+    process = subprocess.Popen(
+        [sys.executable, str(CHILD), str(ports["http_port"]), str(ports["grpc_port"]), str(ports["metrics_port"])],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    line = process.stdout.readline()
+    assert line, "child did not start"
+    return process, json.loads(line)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_serve_returns_on_signal_and_cleans_up(ports, signum):
+    process, info = _spawn_child(ports)
+    _call(ports["http_port"])
+    process.send_signal(signum)
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0 and "served" in out
+    _assert_clean(info["server_pid"], info["shm_prefix"], info["socket_dir"], info["workspace"])
+    assert wait_for(lambda: not _pid_alive(info["watchdog_pid"]), 5)
+
+
+def test_sigkill_of_user_process_leaves_nothing(ports):
+    process, info = _spawn_child(ports)
+    _call(ports["http_port"])
+    process.kill()
+    process.wait(10)
+    _assert_clean(info["server_pid"], info["shm_prefix"], info["socket_dir"], info["workspace"])
+    assert wait_for(lambda: not _pid_alive(info["watchdog_pid"]), 10)
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers; treat it as gone.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
