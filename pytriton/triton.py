@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
     PyTritonInvalidOperationError,
     PyTritonModelConfigError,
@@ -95,6 +96,7 @@ class Triton:
         self._watchdog: Optional[subprocess.Popen[bytes]] = None
         self._repository: Optional[pathlib.Path] = None
         self._model_counter = 0
+        self.triton_context = TritonContext()
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> Triton:
@@ -151,6 +153,7 @@ class Triton:
                 context=self._binding_context(),
             )
             self._models[model_name] = model
+            self._attach_context(model)
             if self._state == "running":
                 try:
                     self._load_live(model)
@@ -160,6 +163,17 @@ class Triton:
                     assert self._repository is not None
                     model.remove_files(self._repository)
                     raise
+
+    def _attach_context(self, model: BoundModel) -> None:
+        """Let decorators find the model config: ``__triton_context__`` on each callable (or its instance)."""
+        for func in model.infer_funcs:
+            self.triton_context.model_configs[func] = model.config
+            owner = getattr(func, "__self__", None)
+            target = owner if owner is not None and not isinstance(owner, type(sys)) else func
+            try:
+                target.__triton_context__ = self.triton_context
+            except (AttributeError, TypeError):
+                LOGGER.debug("Cannot attach the Triton context to %r; decorators needing it will fail.", func)
 
     def _load_live(self, model: BoundModel) -> None:
         assert self._repository is not None

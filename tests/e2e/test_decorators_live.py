@@ -1,0 +1,140 @@
+"""Decorators through a live server, called with raw tritonclient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import np_to_triton_dtype
+
+from pytriton.decorators import (
+    ConstantPadder,
+    batch,
+    fill_optionals,
+    first_value,
+    group_by_keys,
+    group_by_values,
+    pad_batch,
+    triton_context,
+)
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import triton_ports
+
+SEEN_BATCH_SIZES: list = []
+
+
+@batch
+def linear(x, w):
+    return {"y": x * w}
+
+
+@batch
+@group_by_values("width", pad_fn=ConstantPadder(-1))
+def ragged(width):
+    size = int(width[0, 0])
+    return {"y": np.arange(size * len(width), dtype=np.int32).reshape(len(width), size)}
+
+
+@fill_optionals(bias=np.array([100.0], dtype=np.float32))
+@group_by_keys
+@batch
+def with_default(x, bias):
+    return {"y": x + bias}
+
+
+@batch
+@first_value("scale")
+def scaled(x, scale):
+    assert np.isscalar(scale)
+    return {"y": x * scale}
+
+
+@batch
+@pad_batch
+def padded(x):
+    SEEN_BATCH_SIZES.append(len(x))
+    return {"y": x}
+
+
+@triton_context
+def reads_config(requests, triton_context):
+    config = triton_context.model_configs[reads_config]
+    text = f"{config.model_name}:{config.max_batch_size}:{[o.name for o in config.outputs]}".encode()
+    return [{"info": np.array([[text]] * len(r["x"]), dtype=object)} for r in requests]
+
+
+def _t(name, shape=(1,), dtype=np.float32, optional=False):
+    return Tensor(name=name, shape=shape, dtype=dtype, optional=optional)
+
+
+@pytest.fixture(scope="module")
+def url():
+    ports = triton_ports()
+    with Triton(config=TritonConfig(**ports)) as triton:
+        triton.bind("Linear", linear, [_t("x"), _t("w")], [_t("y")])
+        triton.bind(
+            "Ragged",
+            ragged,
+            [_t("width", dtype=np.int32)],
+            [_t("y", (-1,), np.int32)],
+            config=ModelConfig(max_batch_size=8, batcher=DynamicBatcher(max_queue_delay_microseconds=200000)),
+        )
+        triton.bind("Default", with_default, [_t("x"), _t("bias", optional=True)], [_t("y")])
+        triton.bind("Scaled", scaled, [_t("x"), _t("scale")], [_t("y")])
+        triton.bind(
+            "Padded",
+            padded,
+            [_t("x")],
+            [_t("y")],
+            config=ModelConfig(max_batch_size=16, batcher=DynamicBatcher(preferred_batch_size=[4, 8])),
+        )
+        triton.bind("Context", reads_config, [_t("x")], [_t("info", dtype=bytes)], config=ModelConfig(max_batch_size=2))
+        triton.run()
+        yield f"127.0.0.1:{ports['http_port']}"
+
+
+def call(url, model, **arrays):
+    client = httpclient.InferenceServerClient(url)
+    inputs = []
+    for name, array in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    result = client.infer(model, inputs)
+    client.close()
+    return result
+
+
+def test_batch(url):
+    x = np.array([[1.0], [2.0]], np.float32)
+    assert call(url, "Linear", x=x, w=np.full((2, 1), 3.0, np.float32)).as_numpy("y").tolist() == [[3.0], [6.0]]
+
+
+def test_group_by_values_with_padding(url):
+    width = np.array([[1], [3], [1]], dtype=np.int32)
+    y = call(url, "Ragged", width=width).as_numpy("y")
+    assert y.tolist() == [[0, -1, -1], [0, 1, 2], [1, -1, -1]]
+
+
+def test_fill_optionals_with_absent_input(url):
+    x = np.array([[1.0]], np.float32)
+    assert call(url, "Default", x=x).as_numpy("y").tolist() == [[101.0]]
+    assert call(url, "Default", x=x, bias=np.array([[1.0]], np.float32)).as_numpy("y").tolist() == [[2.0]]
+
+
+def test_first_value(url):
+    x = np.array([[1.0], [2.0]], np.float32)
+    assert call(url, "Scaled", x=x, scale=np.full((2, 1), 0.5, np.float32)).as_numpy("y").tolist() == [[0.5], [1.0]]
+
+
+def test_pad_batch_model_sees_padded_size(url):
+    SEEN_BATCH_SIZES.clear()
+    x = np.arange(3, dtype=np.float32).reshape(3, 1)
+    assert call(url, "Padded", x=x).as_numpy("y").tolist() == [[0.0], [1.0], [2.0]]
+    assert SEEN_BATCH_SIZES == [4]
+
+
+def test_triton_context_reads_model_config(url):
+    info = call(url, "Context", x=np.ones((1, 1), np.float32)).as_numpy("info")
+    assert info[0, 0] == b"Context:2:['info']"
