@@ -148,7 +148,7 @@ def get_model_config(wrapped: Any, instance: Any) -> TritonModelConfig:
         return context.model_configs[bound]
 
 
-def get_inference_request_batch_size(inference_request: InferenceRequest) -> int:
+def get_inference_request_batch_size(inference_request: Union[InferenceRequest, Dict[str, Any]]) -> int:
     """Batch size of a request: the leading dimension of its first input."""
     for name, value in inference_request.items():
         if name in _SPECIAL_KEYS:

@@ -169,7 +169,7 @@ class Triton:
         for func in model.infer_funcs:
             self.triton_context.model_configs[func] = model.config
             owner = getattr(func, "__self__", None)
-            target = owner if owner is not None and not isinstance(owner, type(sys)) else func
+            target: Any = owner if owner is not None and not isinstance(owner, type(sys)) else func
             try:
                 target.__triton_context__ = self.triton_context
             except (AttributeError, TypeError):

@@ -1,0 +1,48 @@
+"""Parsing of server URLs: ``grpc://host:port``, ``http://host:port``, ``host:port``, ``host``."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from pytriton.client.exceptions import PyTritonClientInvalidUrlError
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+_URL = re.compile(
+    r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+)(?::(?P<port>\d+))?/?$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonUrl:
+    """A parsed server address."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as tritonclient expects it."""
+        return f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.address}"
+
+
+def parse_url(url: str) -> TritonUrl:
+    """Parse ``url``; no scheme means HTTP, no port means the scheme's default (8000 / 8001)."""
+    if not isinstance(url, str):
+        raise PyTritonClientInvalidUrlError(f"The server URL must be a string, got {type(url).__name__}.")
+    match = _URL.match(url.strip())
+    if match is None:
+        raise PyTritonClientInvalidUrlError(
+            f"Invalid server URL {url!r}: expected [http://|grpc://]host[:port], e.g. grpc://localhost:8001."
+        )
+    scheme = (match.group("scheme") or "http").lower()
+    if scheme not in DEFAULT_PORTS:
+        raise PyTritonClientInvalidUrlError(f"Invalid server URL {url!r}: scheme must be http or grpc, not {scheme!r}.")
+    port = int(match.group("port")) if match.group("port") else DEFAULT_PORTS[scheme]
+    if not 0 < port < 65536:
+        raise PyTritonClientInvalidUrlError(f"Invalid server URL {url!r}: port {port} is out of range.")
+    return TritonUrl(scheme=scheme, host=match.group("host"), port=port)

@@ -1,0 +1,349 @@
+"""Clients for models served by Triton: blocking, futures-based and asyncio, plus streaming ones.
+
+Typical use::
+
+    with ModelClient("localhost", "AddSub") as client:
+        outputs = client.infer_sample(a, b)                  # positional, in the model's input order
+        outputs = client.infer_batch(a=batch_a, b=batch_b)   # or by name (never both)
+
+URLs: ``grpc://host:port``, ``http://host:port``, ``host:port`` or ``host`` (HTTP by default;
+default ports 8000 for HTTP and 8001 for gRPC).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from pytriton.client._core import ClientCore
+from pytriton.client._decoupled import AsyncioDecoupledModelClient, DecoupledModelClient
+from pytriton.client._drivers import async_clients, run_async, run_sync, sync_clients
+from pytriton.client._url import TritonUrl, parse_url
+from pytriton.client.exceptions import (
+    PyTritonClientClosedError,
+    PyTritonClientQueueFullError,
+    PyTritonClientValueError,
+)
+from pytriton.model_config.triton_model_config import TritonModelConfig
+
+__all__ = [
+    "AsyncioDecoupledModelClient",
+    "AsyncioModelClient",
+    "BaseModelClient",
+    "DecoupledModelClient",
+    "FuturesModelClient",
+    "ModelClient",
+]
+
+
+class BaseModelClient:
+    """What every client shares: URL parsing, the model identity, timeouts and the core."""
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: Optional[str] = None,
+        *,
+        lazy_init: bool = True,
+        init_timeout_s: Optional[float] = None,
+        inference_timeout_s: Optional[float] = None,
+    ):
+        self._url: TritonUrl = parse_url(url)
+        self._core = ClientCore(self._url, model_name, model_version, init_timeout_s, inference_timeout_s)
+        self._lazy_init = lazy_init
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PyTritonClientClosedError("The client is closed.")
+
+    def get_lib(self) -> Any:
+        """The tritonclient module used for the URL's protocol (``tritonclient.http`` or ``.grpc``)."""
+        if self._url.scheme == "grpc":
+            import tritonclient.grpc as lib
+        else:
+            import tritonclient.http as lib  # type: ignore[no-redef]
+        return lib
+
+
+class ModelClient(BaseModelClient):
+    """Blocking client for one model.
+
+    Lifetime: holds tritonclient connections until :meth:`close` (or the end of a ``with`` block).
+    With ``lazy_init=False`` the constructor waits up to ``init_timeout_s`` (default 300 s) for the
+    server and the model and reads the model config; otherwise that happens on first use. Every
+    inference is bounded by ``inference_timeout_s`` (default 60 s) and raises
+    ``PyTritonClientTimeoutError`` past it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: Optional[str] = None,
+        *,
+        lazy_init: bool = True,
+        init_timeout_s: Optional[float] = None,
+        inference_timeout_s: Optional[float] = None,
+    ):
+        super().__init__(
+            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
+            inference_timeout_s=inference_timeout_s,
+        )  # fmt: skip
+        self._lib, self._control, self._infer_client = sync_clients(
+            self._url, min(self._core.init_timeout_s, 60.0), self._core.inference_timeout_s
+        )
+        if not lazy_init:
+            try:
+                run_sync(self._core.ensure_config(), self._control, self._infer_client)
+            except BaseException:
+                self.close()
+                raise
+
+    @classmethod
+    def from_existing_client(cls, existing_client: ModelClient) -> ModelClient:
+        """A new client for the same model that reuses the already-read model config (no extra requests)."""
+        core = existing_client._core
+        client = cls(
+            str(existing_client._url), core.model_name, core.model_version or None,
+            init_timeout_s=core.init_timeout_s, inference_timeout_s=core.inference_timeout_s,
+        )  # fmt: skip
+        client._core.config = core.config
+        return client
+
+    def __enter__(self) -> ModelClient:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for client in {id(c): c for c in (self._control, self._infer_client)}.values():
+            try:
+                client.close()
+            except Exception:  # closing a half-open gevent client can fail; nothing to recover
+                pass
+
+    def wait_for_model(self, timeout_s: float) -> None:
+        """Block until the server and model are ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
+        self._check_open()
+        run_sync(self._core.wait_for_model(timeout_s), self._control, self._infer_client)
+
+    @property
+    def model_config(self) -> TritonModelConfig:
+        """The model's configuration as read from the server (cached)."""
+        self._check_open()
+        return run_sync(self._core.ensure_config(), self._control, self._infer_client)  # type: ignore[no-any-return]
+
+    @property
+    def is_batching_supported(self) -> bool:
+        """True if the model accepts a batch axis (``max_batch_size > 0``)."""
+        return self.model_config.max_batch_size > 0
+
+    def infer_sample(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        **named_inputs: Any,
+    ) -> Dict[str, np.ndarray]:  # fmt: skip
+        """Infer one sample: the batch axis is added for batching models and removed from the outputs."""
+        self._check_open()
+        operation = self._core.infer(inputs, named_inputs, parameters, headers, False, self._lib)
+        return run_sync(operation, self._control, self._infer_client)  # type: ignore[no-any-return]
+
+    def infer_batch(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        **named_inputs: Any,
+    ) -> Dict[str, np.ndarray]:  # fmt: skip
+        """Infer a batch (inputs carry the batch axis); only for batching models."""
+        self._check_open()
+        operation = self._core.infer(inputs, named_inputs, parameters, headers, True, self._lib)
+        return run_sync(operation, self._control, self._infer_client)  # type: ignore[no-any-return]
+
+
+class FuturesModelClient(BaseModelClient):
+    """Non-blocking client: every call returns a ``concurrent.futures.Future``.
+
+    Calls run on a pool of ``max_workers`` threads (default: ``min(32, cpu_count + 4)``), each with
+    its own blocking :class:`ModelClient` sharing one model config. ``max_queue_size`` bounds the
+    number of calls waiting for a worker: when full, a call blocks (or, with ``non_blocking=True``,
+    raises ``PyTritonClientQueueFullError``). After :meth:`close` calls raise
+    ``PyTritonClientClosedError``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: Optional[str] = None,
+        *,
+        max_workers: Optional[int] = None,
+        init_timeout_s: Optional[float] = None,
+        inference_timeout_s: Optional[float] = None,
+        max_queue_size: Optional[int] = None,
+        non_blocking: bool = False,
+    ):
+        super().__init__(
+            url, model_name, model_version, init_timeout_s=init_timeout_s, inference_timeout_s=inference_timeout_s
+        )
+        if max_workers is not None and max_workers < 1:
+            raise PyTritonClientValueError("max_workers must be at least 1.")
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pytriton-client")
+        self._local = threading.local()
+        self._clients: List[ModelClient] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_queue_size) if max_queue_size else None
+        self._non_blocking = non_blocking
+
+    def __enter__(self) -> FuturesModelClient:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def _client(self) -> ModelClient:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            core = self._core
+            client = ModelClient(
+                str(self._url), core.model_name, core.model_version or None,
+                init_timeout_s=core.init_timeout_s, inference_timeout_s=core.inference_timeout_s,
+            )  # fmt: skip
+            client._core = core  # one shared core: the model config is read once for all threads
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Future:
+        with self._lock:
+            self._check_open()
+        if self._slots is not None and not self._slots.acquire(blocking=not self._non_blocking):
+            raise PyTritonClientQueueFullError("The request queue is full; retry later.")
+
+        def run() -> Any:
+            try:
+                target = self._client()
+                attribute = getattr(target, method)
+                return attribute(*args, **kwargs) if callable(attribute) else attribute
+            finally:
+                if self._slots is not None:
+                    self._slots.release()
+
+        try:
+            return self._executor.submit(run)
+        except RuntimeError:  # executor shut down concurrently
+            if self._slots is not None:
+                self._slots.release()
+            raise PyTritonClientClosedError("The client is closed.") from None
+
+    def infer_sample(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        **named_inputs: Any,
+    ) -> Future:  # fmt: skip
+        """Future of :meth:`ModelClient.infer_sample`."""
+        return self._submit("infer_sample", *inputs, parameters=parameters, headers=headers, **named_inputs)
+
+    def infer_batch(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        **named_inputs: Any,
+    ) -> Future:  # fmt: skip
+        """Future of :meth:`ModelClient.infer_batch`."""
+        return self._submit("infer_batch", *inputs, parameters=parameters, headers=headers, **named_inputs)
+
+    def wait_for_model(self, timeout_s: float) -> Future:
+        """Future that completes when the model is ready (or fails with a timeout)."""
+        return self._submit("wait_for_model", timeout_s)
+
+    def model_config(self) -> Future:
+        """Future of the model's ``TritonModelConfig``."""
+        return self._submit("model_config")
+
+    def close(self, wait: bool = True) -> None:
+        """Stop accepting calls; with ``wait`` finish queued ones first, else cancel them. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+
+
+class AsyncioModelClient(BaseModelClient):
+    """asyncio client for one model; use ``async with`` and ``await`` its methods.
+
+    Uses ``tritonclient.http.aio`` or ``tritonclient.grpc.aio``. After initialisation (lazy, or in
+    ``__aenter__`` with ``lazy_init=False``) each inference is a single server round trip.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: Optional[str] = None,
+        *,
+        lazy_init: bool = True,
+        init_timeout_s: Optional[float] = None,
+        inference_timeout_s: Optional[float] = None,
+    ):
+        super().__init__(
+            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
+            inference_timeout_s=inference_timeout_s,
+        )  # fmt: skip
+        self._lib, self._client = async_clients(self._url)
+
+    async def __aenter__(self) -> AsyncioModelClient:
+        if not self._lazy_init:
+            try:
+                await run_async(self._core.ensure_config(), self._client)
+            except BaseException:
+                await self.close()
+                raise
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._client.close()
+
+    async def wait_for_model(self, timeout_s: float) -> None:
+        """Wait until the server and model are ready."""
+        self._check_open()
+        await run_async(self._core.wait_for_model(timeout_s), self._client)
+
+    async def model_config(self) -> TritonModelConfig:
+        """The model's configuration (cached)."""
+        self._check_open()
+        return await run_async(self._core.ensure_config(), self._client)  # type: ignore[no-any-return]
+
+    async def infer_sample(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        **named_inputs: Any,
+    ) -> Dict[str, np.ndarray]:  # fmt: skip
+        """Infer one sample (see :meth:`ModelClient.infer_sample`)."""
+        self._check_open()
+        operation = self._core.infer(inputs, named_inputs, parameters, headers, False, self._lib)
+        return await run_async(operation, self._client)  # type: ignore[no-any-return]
+
+    async def infer_batch(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        **named_inputs: Any,
+    ) -> Dict[str, np.ndarray]:  # fmt: skip
+        """Infer a batch (see :meth:`ModelClient.infer_batch`)."""
+        self._check_open()
+        operation = self._core.infer(inputs, named_inputs, parameters, headers, True, self._lib)
+        return await run_async(operation, self._client)  # type: ignore[no-any-return]

@@ -1,0 +1,245 @@
+"""pytriton's clients against a live server, over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+
+from pytriton.client import (
+    AsyncioDecoupledModelClient,
+    AsyncioModelClient,
+    DecoupledModelClient,
+    FuturesModelClient,
+    ModelClient,
+)
+from pytriton.client.exceptions import (
+    PyTritonClientClosedError,
+    PyTritonClientInferenceServerError,
+    PyTritonClientModelDoesntSupportBatchingError,
+    PyTritonClientQueueFullError,
+    PyTritonClientTimeoutError,
+    PyTritonClientValueError,
+)
+from pytriton.decorators import batch, current_requests
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import triton_ports
+
+
+@batch
+def add_sub(a, b):
+    return {"add": a + b, "sub": a - b}
+
+
+@batch
+def params_echo(x):
+    encoded = [json.dumps(r.parameters or {}, sort_keys=True).encode() for r in current_requests()]
+    return {"params": np.array([[e] for e in encoded], dtype=object)}
+
+
+def no_batch(requests):
+    return [{"y": r["x"] * 2} for r in requests]
+
+
+@batch
+def slow(x):
+    time.sleep(float(x[0, 0]))
+    return {"y": x}
+
+
+def fails(requests):
+    raise KeyError("missing vocabulary entry")
+
+
+@batch
+def tokens(n):
+    for step in range(int(n[0, 0])):
+        yield {"token": np.full((len(n), 1), step, dtype=np.int32)}
+
+
+def _t(name, shape=(-1,), dtype=np.float32):
+    return Tensor(name=name, shape=shape, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def urls():
+    ports = triton_ports()
+    with Triton(config=TritonConfig(**ports)) as triton:
+        triton.bind(
+            "AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")], config=ModelConfig(max_batch_size=64)
+        )
+        triton.bind("Params", params_echo, [_t("x")], [_t("params", (1,), bytes)])
+        triton.bind("NoBatch", no_batch, [_t("x", (3,))], [_t("y", (3,))], config=ModelConfig(batching=False))
+        triton.bind("Slow", slow, [_t("x", (1,))], [_t("y", (1,))])
+        triton.bind("Fails", fails, [_t("x")], [_t("y")])
+        triton.bind(
+            "Tokens",
+            tokens,
+            [_t("n", (1,), np.int32)],
+            [_t("token", (1,), np.int32)],
+            config=ModelConfig(decoupled=True),
+        )
+        triton.run()
+        yield {"http": f"http://127.0.0.1:{ports['http_port']}", "grpc": f"grpc://127.0.0.1:{ports['grpc_port']}"}
+
+
+@pytest.fixture(params=["http", "grpc"])
+def url(request, urls):
+    return urls[request.param]
+
+
+A = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+B = np.array([0.5, 0.5, 0.5], dtype=np.float32)
+
+
+def test_infer_sample_adds_and_removes_batch_axis(url):
+    with ModelClient(url, "AddSub") as client:
+        result = client.infer_sample(A, B)
+        assert result["add"].shape == (3,)
+        np.testing.assert_array_equal(result["add"], A + B)
+        np.testing.assert_array_equal(client.infer_sample(a=A, b=B)["sub"], A - B)
+
+
+def test_infer_batch_and_config(url):
+    with ModelClient(url, "AddSub", lazy_init=False) as client:
+        assert client.is_batching_supported
+        config = client.model_config
+        assert config.max_batch_size == 64 and [o.name for o in config.outputs] == ["add", "sub"]
+        batch_a = np.stack([A, A * 2])
+        result = client.infer_batch(a=batch_a, b=np.stack([B, B]))
+        assert result["add"].shape == (2, 3)
+        np.testing.assert_array_equal(result["add"][1], A * 2 + B)
+        clone = ModelClient.from_existing_client(client)
+        assert clone.model_config is config  # reused, not read again
+        clone.close()
+
+
+def test_mixing_positional_and_named_inputs_is_rejected(url):
+    with ModelClient(url, "AddSub") as client, pytest.raises(PyTritonClientValueError, match="not both"):
+        client.infer_sample(A, b=B)
+
+
+def test_parameters_and_headers_reach_the_model(url):
+    with ModelClient(url, "Params") as client:
+        result = client.infer_sample(
+            np.ones(1, np.float32), parameters={"mode": "fast", "k": 2}, headers={"x-trace": "1"}
+        )
+        assert json.loads(result["params"][0]) == {"k": 2, "mode": "fast"}
+
+
+def test_non_batching_model(url):
+    with ModelClient(url, "NoBatch") as client:
+        assert not client.is_batching_supported
+        np.testing.assert_array_equal(client.infer_sample(x=A)["y"], A * 2)
+        with pytest.raises(PyTritonClientModelDoesntSupportBatchingError):
+            client.infer_batch(x=np.stack([A]))
+
+
+def test_server_error_reaches_the_caller(url):
+    with ModelClient(url, "Fails") as client, pytest.raises(PyTritonClientInferenceServerError) as info:
+        client.infer_sample(A)
+    assert "KeyError" in str(info.value) and "missing vocabulary entry" in str(info.value)
+
+
+def test_missing_model_fails_within_init_timeout(url):
+    started = time.monotonic()
+    with pytest.raises(PyTritonClientTimeoutError, match="not ready"):
+        ModelClient(url, "NoSuchModel", lazy_init=False, init_timeout_s=1.0)
+    assert time.monotonic() - started < 3.0
+
+
+def test_wait_for_model(url):
+    with ModelClient(url, "AddSub") as client:
+        client.wait_for_model(5.0)
+
+
+def test_inference_timeout_sync(url):
+    with ModelClient(url, "Slow", inference_timeout_s=0.5) as client:
+        client.wait_for_model(5.0)
+        started = time.monotonic()
+        with pytest.raises(PyTritonClientTimeoutError):
+            client.infer_sample(np.array([2.0], np.float32))
+        assert time.monotonic() - started < 1.9
+
+
+def test_inference_timeout_futures(url):
+    with FuturesModelClient(url, "Slow", inference_timeout_s=0.5) as client:
+        future = client.infer_sample(np.array([2.0], np.float32))
+        with pytest.raises(PyTritonClientTimeoutError):
+            future.result(timeout=10)
+
+
+def test_inference_timeout_asyncio(url):
+    async def main():
+        async with AsyncioModelClient(url, "Slow", inference_timeout_s=0.5) as client:
+            await client.wait_for_model(5.0)
+            with pytest.raises(PyTritonClientTimeoutError):
+                await client.infer_sample(np.array([2.0], np.float32))
+
+    asyncio.run(main())
+
+
+def test_many_concurrent_futures(url):
+    with FuturesModelClient(url, "AddSub", max_workers=8) as client:
+        assert client.model_config().result(10).max_batch_size == 64
+        client.wait_for_model(5.0).result(10)
+        futures = [(i, client.infer_sample(A * i, B)) for i in range(200)]
+        for i, future in futures:
+            np.testing.assert_array_equal(future.result(timeout=30)["add"], A * i + B)
+
+
+def test_futures_closed_and_queue_full(url):
+    client = FuturesModelClient(url, "Slow", max_workers=1, max_queue_size=1, non_blocking=True)
+    first = client.infer_sample(np.array([0.3], np.float32))
+    with pytest.raises(PyTritonClientQueueFullError):
+        client.infer_sample(np.array([0.0], np.float32))
+    first.result(timeout=10)
+    client.close()
+    with pytest.raises(PyTritonClientClosedError):
+        client.infer_sample(np.array([0.0], np.float32))
+
+
+def test_closed_sync_client(url):
+    client = ModelClient(url, "AddSub")
+    client.close()
+    client.close()
+    with pytest.raises(PyTritonClientClosedError):
+        client.infer_sample(A, B)
+
+
+def test_asyncio_client(url):
+    async def main():
+        async with AsyncioModelClient(url, "AddSub", lazy_init=False) as client:
+            assert (await client.model_config()).max_batch_size == 64
+            results = await asyncio.gather(*(client.infer_sample(A * i, B) for i in range(20)))
+            for i, result in enumerate(results):
+                np.testing.assert_array_equal(result["add"], A * i + B)
+            batch_result = await client.infer_batch(a=np.stack([A]), b=np.stack([B]))
+            assert batch_result["sub"].shape == (1, 3)
+        with pytest.raises(PyTritonClientClosedError):
+            await client.infer_sample(A, B)
+
+    asyncio.run(main())
+
+
+def test_decoupled_clients_stream(urls):
+    with DecoupledModelClient(urls["grpc"], "Tokens") as client:
+        steps = [int(out["token"][0]) for out in client.infer_sample(np.array([4], np.int32))]
+    assert steps == [0, 1, 2, 3]
+
+    async def main():
+        async with AsyncioDecoupledModelClient(urls["grpc"], "Tokens", lazy_init=False) as client:
+            return [int(out["token"][0]) async for out in client.infer_sample(n=np.array([3], np.int32))]
+
+    assert asyncio.run(main()) == [0, 1, 2]
+
+
+def test_decoupled_client_errors(urls):
+    with pytest.raises(PyTritonClientValueError, match="gRPC"):
+        DecoupledModelClient(urls["http"], "Tokens")
+    with pytest.raises(PyTritonClientValueError, match="not decoupled"):
+        DecoupledModelClient(urls["grpc"], "AddSub", lazy_init=False)
