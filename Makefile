@@ -29,6 +29,7 @@ test-unit: $(VENV)/.test-deps
 	$(PY) -m pytest -q tests/unit
 
 bench: server $(VENV)/.dev-deps
+	PYTHON=$(PY) bash bench/setup_perf_analyzer.sh
 	$(PY) -m bench
 
 lint: $(VENV)/.dev-deps

@@ -5,27 +5,26 @@ Run with ``make demo`` (sets everything up first) or ``python examples/quickstar
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from pytriton.client import ModelClient
+from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 
-def add_sub(requests):
-    """Receives a list of requests; returns one dict of outputs per request."""
-    return [{"add": request["a"] + request["b"], "sub": request["a"] - request["b"]} for request in requests]
+@batch
+def add_sub(a, b):
+    """Receives whole batches as arrays; returns one array per output."""
+    return {"add": a + b, "sub": a - b}
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     started = time.monotonic()
-    config = TritonConfig(http_port=8000, grpc_port=8001, metrics_port=8002)
-    with Triton(config=config) as triton:
+    with Triton(config=TritonConfig(http_port=8000, grpc_port=8001, metrics_port=8002)) as triton:
         triton.bind(
             model_name="AddSub",
             infer_func=add_sub,
@@ -37,26 +36,22 @@ def main() -> None:
             config=ModelConfig(max_batch_size=8),
         )
         triton.run()
-        print(f"Server ready in {time.monotonic() - started:.2f} s at {triton.http_url} and {triton.grpc_url}")
+        print(f"Server ready in {time.monotonic() - started:.2f} s ({triton.http_url}, {triton.grpc_url})")
 
-        a = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
-        b = np.array([[0.5, 0.5, 0.5]], dtype=np.float32)
+        a = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+        b = np.array([0.5, 0.5, 0.5], dtype=np.float32)
+        for url in (triton.http_url, triton.grpc_url):
+            with ModelClient(url, "AddSub") as client:
+                result = client.infer_sample(a, b)
+            print(f"{url:24s} a + b = {result['add']}   a - b = {result['sub']}")
 
-        http = httpclient.InferenceServerClient("127.0.0.1:8000")
-        inputs = [httpclient.InferInput("a", a.shape, "FP32"), httpclient.InferInput("b", b.shape, "FP32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
-        result = http.infer("AddSub", inputs)
-        print("HTTP  add:", result.as_numpy("add"), " sub:", result.as_numpy("sub"))
-        http.close()
-
-        grpc = grpcclient.InferenceServerClient("127.0.0.1:8001")
-        inputs = [grpcclient.InferInput("a", a.shape, "FP32"), grpcclient.InferInput("b", b.shape, "FP32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
-        result = grpc.infer("AddSub", inputs)
-        print("gRPC  add:", result.as_numpy("add"), " sub:", result.as_numpy("sub"))
-        grpc.close()
+        # Any KServe v2 client works too, e.g. raw tritonclient:
+        raw = httpclient.InferenceServerClient("127.0.0.1:8000")
+        inputs = [httpclient.InferInput("a", [1, 3], "FP32"), httpclient.InferInput("b", [1, 3], "FP32")]
+        inputs[0].set_data_from_numpy(a[None])
+        inputs[1].set_data_from_numpy(b[None])
+        print(f"{'raw tritonclient':24s} a + b = {raw.infer('AddSub', inputs).as_numpy('add')[0]}")
+        raw.close()
         stopping = time.monotonic()
     print(f"Server stopped in {time.monotonic() - stopping:.2f} s")
 

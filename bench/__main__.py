@@ -1,0 +1,320 @@
+"""Run every benchmark scenario; write results.json, results.md and results.png.
+
+Usage: ``python -m bench [--out DIR] [--quick]`` (``make bench`` runs the full suite).
+Each figure of the project is measured next to the plain Python-backend baseline, on the same
+tritonserver binary and in the same run, and reported with the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from bench import report
+from bench.models import BatchCounter, bind_project_models, write_plain_models
+from pytriton.triton import Triton, TritonConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PERF_ANALYZER_DIR = ROOT / "bench" / ".tools"
+
+
+def free_ports(count: int) -> List[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def load(spec: Dict[str, Any], timeout_s: float = 120.0) -> Dict[str, Any]:
+    """Run one load generator in its own process and return its JSON result."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.load", json.dumps(spec)], capture_output=True, text=True, cwd=ROOT,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+    if completed.returncode != 0:
+        raise RuntimeError(f"load generator failed for {spec}: {completed.stderr[-2000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def parallel_load(spec: Dict[str, Any], processes: int) -> Dict[str, Any]:
+    """Split ``concurrency`` over several client processes (one Python client cannot saturate the server)."""
+    per_process = dict(spec, concurrency=max(1, spec["concurrency"] // processes))
+    children = [
+        subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(per_process)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        for _ in range(processes)
+    ]  # fmt: skip
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        if child.returncode != 0:
+            raise RuntimeError(f"load generator failed: {err[-2000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return {
+        "requests_per_s": sum(r["requests_per_s"] for r in results),
+        "p50_ms": float(np.median([r["p50_ms"] for r in results])),
+        "p99_ms": float(max(r["p99_ms"] for r in results)),
+    }
+
+
+def model_stats(port: int, model: str) -> Dict[str, int]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", f"/v2/models/{model}/stats")
+    stats = json.loads(connection.getresponse().read())["model_stats"][0]
+    connection.close()
+    return {"inferences": int(stats["inference_count"]), "executions": int(stats["execution_count"])}
+
+
+def load_plain_models(port: int, names: List[str]) -> None:
+    for name in names:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("POST", f"/v2/repository/models/{name}/load", body=b"{}")
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+        if response.status != 200:
+            raise RuntimeError(f"could not load {name}: {body!r}")
+
+
+# -- start-up ---------------------------------------------------------------------------------------
+def startup_project(repeats: int) -> Dict[str, Any]:
+    ready, stop = [], []
+    for _ in range(repeats):
+        http_port, grpc_port, metrics_port = free_ports(3)
+        started = time.monotonic()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "bench.startup_child", str(http_port), str(grpc_port), str(metrics_port)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        assert child.stdout is not None and child.stdin is not None
+        if child.stdout.readline().strip() != "ready":
+            raise RuntimeError("project start-up child failed")
+        ready.append(time.monotonic() - started)
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        stop.append(float(child.stdout.readline()))
+        child.wait(30)
+    return {"ready_s": float(np.median(ready)), "stop_s": float(np.median(stop)), "runs": repeats}
+
+
+def startup_plain(repeats: int) -> Dict[str, Any]:
+    from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
+    from pytriton.triton import _server_environment
+
+    server = find_server()
+    env = _server_environment(stub_environment().bin_dir, [shared_libpython_dir(), *server.library_dirs])
+    ready, stop = [], []
+    with tempfile.TemporaryDirectory() as repo:
+        write_plain_models(pathlib.Path(repo))
+        for _ in range(repeats):
+            http_port, grpc_port, metrics_port = free_ports(3)
+            started = time.monotonic()
+            process = subprocess.Popen(
+                [str(server.binary), f"--model-repository={repo}", f"--backend-directory={server.backend_dir}",
+                 f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
+                 "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+                 "--model-control-mode=explicit", "--load-model=plain_identity", "--disable-auto-complete-config",
+                 "--backend-config=python,shm-region-prefix-name=pytriton-bench-plain"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=1)
+                    connection.request("GET", "/v2/health/ready")
+                    if connection.getresponse().status == 200:
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.005)
+            ready.append(time.monotonic() - started)
+            stopping = time.monotonic()
+            process.send_signal(signal.SIGINT)
+            process.wait(60)
+            stop.append(time.monotonic() - stopping)
+    return {"ready_s": float(np.median(ready)), "stop_s": float(np.median(stop)), "runs": repeats}
+
+
+# -- perf_analyzer -----------------------------------------------------------------------------------
+def perf_analyzer(protocol: str, port: int, model: str, concurrency: int, interval_ms: int) -> Dict[str, Any]:
+    binary = PERF_ANALYZER_DIR / "perf_analyzer"
+    with tempfile.NamedTemporaryFile(suffix=".csv") as csv_file:
+        command = [
+            str(binary), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1",
+            "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(interval_ms),
+            "--shape", "INPUT:16", "-f", csv_file.name,
+        ]  # fmt: skip
+        env = dict(os.environ, LD_LIBRARY_PATH=str(PERF_ANALYZER_DIR / "lib"))
+        completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+        if completed.returncode != 0:
+            raise RuntimeError(completed.stdout[-1000:] + completed.stderr[-1000:])
+        header, values = pathlib.Path(csv_file.name).read_text().strip().splitlines()[:2]
+    row = dict(zip(header.split(","), values.split(",")))
+    return {
+        "requests_per_s": float(row["Inferences/Second"]),
+        "p50_ms": float(row["p50 latency"]) / 1e3,
+        "p99_ms": float(row["p99 latency"]) / 1e3,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+def pair(measure: Any, project_model: str, plain_model: str, rounds: int = 2) -> Dict[str, Any]:
+    """Measure project and baseline alternately (ABAB...) and keep each side's median round."""
+    project, plain = [], []
+    for index in range(rounds):
+        order = [(project_model, project), (plain_model, plain)]
+        for model, sink in order if index % 2 == 0 else reversed(order):
+            sink.append(measure(model))
+    key = next(k for k in ("p50_ms", "requests_per_s", "mb_per_s", "responses_per_s") if k in project[0])
+    pick = lambda runs: sorted(runs, key=lambda r: r[key])[len(runs) // 2]  # noqa: E731
+    return {"project": pick(project), "baseline": pick(plain)}
+
+
+def environment() -> Dict[str, Any]:
+    import tritonclient
+
+    from pytriton import __version__
+    from pytriton.server.distribution import TRITON_VERSION
+
+    return {
+        "pytriton": __version__, "tritonserver": TRITON_VERSION, "python": platform.python_version(),
+        "numpy": np.__version__, "tritonclient": getattr(tritonclient, "__version__", "?"),
+        "cpu_count": os.cpu_count(), "machine": platform.machine(), "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }  # fmt: skip
+
+
+def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
+    results: Dict[str, Any] = {"environment": environment(), "command": "make bench", "scenarios": {}}
+    scenarios = results["scenarios"]
+    repeats = 2 if quick else 3
+    print("start-up ...", flush=True)
+    scenarios["startup"] = {"project": startup_project(repeats), "baseline": startup_plain(repeats)}
+
+    http_port, grpc_port, metrics_port = free_ports(3)
+    repository = pathlib.Path(tempfile.mkdtemp(prefix="pytriton-bench-repo-"))
+    plain_names = write_plain_models(repository)
+    counter = BatchCounter()
+    config = TritonConfig(
+        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, model_repository=repository
+    )
+    try:
+        with Triton(config=config) as triton:
+            bind_project_models(triton, counter)
+            triton.run()
+            load_plain_models(http_port, plain_names)
+            count = 1500 if quick else 4000
+
+            print("sequential latency ...", flush=True)
+            for protocol, port in (("http", http_port), ("grpc", grpc_port)):
+                scenarios[f"latency_{protocol}"] = pair(
+                    lambda m, p=port, proto=protocol: load({"scenario": f"latency_{proto}", "port": p, "model": m,
+                                                            "count": count}),
+                    "proxy_identity", "plain_identity", rounds=2 if quick else 3,
+                )  # fmt: skip
+
+            print("throughput ...", flush=True)
+            for protocol, port in (("http", http_port), ("grpc", grpc_port)):
+                for concurrency in (8, 32):
+                    scenarios[f"throughput_{protocol}_c{concurrency}"] = pair(
+                        lambda m, p=port, proto=protocol, c=concurrency: parallel_load(
+                            {"scenario": "throughput", "protocol": proto, "port": p, "model": m, "concurrency": c,
+                             "duration_s": 2.0 if quick else 3.0}, processes=2),
+                        "proxy_identity", "plain_identity",
+                    )  # fmt: skip
+
+            print("large tensors ...", flush=True)
+            for mib in (1, 16, 64):
+                scenarios[f"large_{mib}mib_http"] = pair(
+                    lambda m, size=mib: load({"scenario": "large_http", "port": http_port, "model": m,
+                                              "bytes": size << 20, "count": 30 if size < 64 else 10}),
+                    "proxy_large", "plain_large",
+                )  # fmt: skip
+
+            print("dynamic batching ...", flush=True)
+            batching: Dict[str, Any] = {}
+            for side, model in (("project", "proxy_batched"), ("baseline", "plain_batched")):
+                before = model_stats(http_port, model)
+                measured = parallel_load(
+                    {
+                        "scenario": "throughput",
+                        "protocol": "grpc",
+                        "port": grpc_port,
+                        "model": model,
+                        "concurrency": 32,
+                        "duration_s": 3.0,
+                    },
+                    processes=2,
+                )
+                after = model_stats(http_port, model)
+                executions = max(1, after["executions"] - before["executions"])
+                measured["avg_batch_size"] = (after["inferences"] - before["inferences"]) / executions
+                batching[side] = measured
+            batching["project"]["avg_batch_size_seen_by_callable"] = (
+                float(np.mean(counter.sizes)) if counter.sizes else 0.0
+            )
+            scenarios["dynamic_batching_grpc_c32"] = batching
+
+            print("streaming ...", flush=True)
+            scenarios["streaming_grpc"] = pair(
+                lambda m: load({"scenario": "stream_grpc", "port": grpc_port, "model": m, "responses": 200,
+                                "repeats": 10 if quick else 20}),
+                "proxy_stream", "plain_stream",
+            )  # fmt: skip
+
+            print("perf_analyzer ...", flush=True)
+            if (PERF_ANALYZER_DIR / "perf_analyzer").exists():
+                for protocol, port, concurrency in (("http", http_port, 1), ("grpc", grpc_port, 32)):
+                    try:
+                        scenarios[f"perf_analyzer_{protocol}_c{concurrency}"] = pair(
+                            lambda m, proto=protocol, p=port, c=concurrency: perf_analyzer(proto, p, m, c, 3000),
+                            "proxy_identity", "plain_identity", rounds=1,
+                        )  # fmt: skip
+                    except Exception as exc:  # reported, never hidden
+                        scenarios[f"perf_analyzer_{protocol}_c{concurrency}"] = {"error": str(exc)[-500:]}
+            else:
+                scenarios["perf_analyzer"] = {
+                    "error": f"perf_analyzer not found in {PERF_ANALYZER_DIR}; run bench/setup_perf_analyzer.sh"
+                }
+    finally:
+        shutil.rmtree(repository, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    table = report.table(results)
+    (out / "results.md").write_text(table)
+    report.chart(results, out / "results.png")
+    print(table)
+    return results
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke runs)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    run(args.out, args.quick)
+    print(f"bench finished in {time.monotonic() - started:.0f} s; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Load generators, run as separate processes so that clients never share the server's GIL.
+
+``python -m bench.load '<json spec>'`` prints one JSON object with the measurements. Every loop is
+bounded in count and in time; all traffic goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import statistics
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+
+def _percentiles(samples: List[float]) -> Dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50_ms": ordered[len(ordered) // 2] * 1e3,
+        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
+        "mean_ms": statistics.fmean(ordered) * 1e3,
+        "count": len(ordered),
+    }
+
+
+class LeanHttp:
+    """Keep-alive HTTP client sending binary tensors: little client overhead, like perf_analyzer."""
+
+    def __init__(self, port: int, model: str, array: np.ndarray, datatype: str):
+        header = json.dumps({
+            "inputs": [{"name": "INPUT", "shape": list(array.shape), "datatype": datatype,
+                        "parameters": {"binary_data_size": array.nbytes}}],
+            "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}],
+        }).encode()  # fmt: skip
+        self.body = header + array.tobytes()
+        self.headers = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+        self.path = f"/v2/models/{model}/infer"
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.expected = array.nbytes
+
+    def call(self) -> None:
+        self.connection.request("POST", self.path, body=self.body, headers=self.headers)
+        response = self.connection.getresponse()
+        data = response.read()
+        if response.status != 200 or len(data) < self.expected:
+            raise RuntimeError(f"bad response {response.status}: {data[:200]!r}")
+
+
+def latency_http(spec: Dict[str, Any]) -> Dict[str, Any]:
+    client = LeanHttp(spec["port"], spec["model"], np.ones((1, 16), np.float32), "FP32")
+    return _timed_loop(client.call, spec)
+
+
+def latency_grpc(spec: Dict[str, Any]) -> Dict[str, Any]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{spec['port']}")
+    tensor = grpcclient.InferInput("INPUT", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    outputs = [grpcclient.InferRequestedOutput("OUTPUT")]
+    result = _timed_loop(lambda: client.infer(spec["model"], [tensor], outputs=outputs), spec)
+    client.close()
+    return result
+
+
+def _timed_loop(call: Any, spec: Dict[str, Any]) -> Dict[str, Any]:
+    for _ in range(spec.get("warmup", 200)):
+        call()
+    samples: List[float] = []
+    deadline = time.monotonic() + spec.get("max_s", 10.0)
+    while len(samples) < spec.get("count", 3000) and time.monotonic() < deadline:
+        started = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - started)
+    return _percentiles(samples)
+
+
+def large_http(spec: Dict[str, Any]) -> Dict[str, Any]:
+    size = spec["bytes"]
+    array = np.random.default_rng(0).integers(0, 255, size=(1, size), dtype=np.uint8)
+    client = LeanHttp(spec["port"], spec["model"], array, "UINT8")
+    for _ in range(2):
+        client.call()
+    samples: List[float] = []
+    deadline = time.monotonic() + spec.get("max_s", 10.0)
+    while len(samples) < spec.get("count", 20) and time.monotonic() < deadline:
+        started = time.perf_counter()
+        client.call()
+        samples.append(time.perf_counter() - started)
+    result = _percentiles(samples)
+    result["mb_per_s"] = size / 1e6 / (result["p50_ms"] / 1e3)
+    return result
+
+
+async def _throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
+    if spec["protocol"] == "grpc":
+        import tritonclient.grpc.aio as lib
+    else:
+        import tritonclient.http.aio as lib  # type: ignore[no-redef]
+    port, model, concurrency = spec["port"], spec["model"], spec["concurrency"]
+    client = lib.InferenceServerClient(f"127.0.0.1:{port}")
+    tensor = lib.InferInput("INPUT", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    latencies: List[float] = []
+    stop_at = time.monotonic() + spec.get("warmup_s", 0.5) + spec.get("duration_s", 3.0)
+    measure_from = time.monotonic() + spec.get("warmup_s", 0.5)
+
+    async def worker() -> None:
+        while time.monotonic() < stop_at:
+            started = time.perf_counter()
+            await client.infer(model, [tensor])
+            if time.monotonic() >= measure_from:
+                latencies.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await client.close()
+    result = _percentiles(latencies)
+    result["requests_per_s"] = len(latencies) / spec.get("duration_s", 3.0)
+    return result
+
+
+def throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
+    return asyncio.run(_throughput(spec))
+
+
+def stream_grpc(spec: Dict[str, Any]) -> Dict[str, Any]:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{spec['port']}")
+    responses: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
+    tensor = grpcclient.InferInput("N", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[spec["responses"]]], dtype=np.int32))
+    first_response: List[float] = []
+    rates: List[float] = []
+    deadline = time.monotonic() + spec.get("max_s", 20.0)
+    for _ in range(spec.get("repeats", 20)):
+        if time.monotonic() > deadline:
+            break
+        started = time.perf_counter()
+        client.async_stream_infer(spec["model"], [tensor], enable_empty_final_response=True)
+        received = 0
+        first = None
+        while True:
+            stamp, result, error = responses.get(timeout=30)
+            if error is not None:
+                raise RuntimeError(str(error))
+            parameters = result.get_response().parameters
+            if len(result.get_response().outputs):
+                received += 1
+                first = first or stamp
+            if "triton_final_response" in parameters and parameters["triton_final_response"].bool_param:
+                break
+        end = time.perf_counter()
+        assert received == spec["responses"], received
+        first_response.append((first or end) - started)
+        rates.append(received / (end - started))
+    client.stop_stream()
+    client.close()
+    return {
+        "time_to_first_ms": statistics.median(first_response) * 1e3,
+        "responses_per_s": statistics.median(rates),
+        "streams": len(rates),
+    }
+
+
+SCENARIOS = {
+    "latency_http": latency_http,
+    "latency_grpc": latency_grpc,
+    "large_http": large_http,
+    "throughput": throughput,
+    "stream_grpc": stream_grpc,
+}
+
+
+if __name__ == "__main__":
+    request = json.loads(sys.argv[1])
+    print(json.dumps(SCENARIOS[request["scenario"]](request)))

@@ -1,0 +1,119 @@
+"""Turn bench results into a Markdown table and a PNG chart."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Dict, List, Tuple
+
+# (scenario, metric, label, unit, higher_is_better)
+ROWS: List[Tuple[str, str, str, str, bool]] = [
+    ("startup", "ready_s", "start-up: process start to model ready", "s", False),
+    ("startup", "stop_s", "stop (SIGINT / stop())", "s", False),
+    ("latency_http", "p50_ms", "sequential [1,16] fp32, HTTP p50", "ms", False),
+    ("latency_http", "p99_ms", "sequential [1,16] fp32, HTTP p99", "ms", False),
+    ("latency_grpc", "p50_ms", "sequential [1,16] fp32, gRPC p50", "ms", False),
+    ("latency_grpc", "p99_ms", "sequential [1,16] fp32, gRPC p99", "ms", False),
+    ("throughput_http_c8", "requests_per_s", "throughput, HTTP, 8 in flight", "req/s", True),
+    ("throughput_http_c32", "requests_per_s", "throughput, HTTP, 32 in flight", "req/s", True),
+    ("throughput_grpc_c8", "requests_per_s", "throughput, gRPC, 8 in flight", "req/s", True),
+    ("throughput_grpc_c32", "requests_per_s", "throughput, gRPC, 32 in flight", "req/s", True),
+    ("large_1mib_http", "mb_per_s", "1 MiB identity, HTTP", "MB/s", True),
+    ("large_16mib_http", "mb_per_s", "16 MiB identity, HTTP", "MB/s", True),
+    ("large_64mib_http", "mb_per_s", "64 MiB identity, HTTP", "MB/s", True),
+    ("dynamic_batching_grpc_c32", "requests_per_s", "dynamic batching, gRPC, 32 in flight", "req/s", True),
+    ("dynamic_batching_grpc_c32", "avg_batch_size", "dynamic batching: average batch size", "", True),
+    ("streaming_grpc", "responses_per_s", "streaming: responses per second", "resp/s", True),
+    ("streaming_grpc", "time_to_first_ms", "streaming: time to first response", "ms", False),
+    ("perf_analyzer_http_c1", "p50_ms", "perf_analyzer HTTP, 1 in flight, p50", "ms", False),
+    ("perf_analyzer_http_c1", "requests_per_s", "perf_analyzer HTTP, 1 in flight", "req/s", True),
+    ("perf_analyzer_grpc_c32", "requests_per_s", "perf_analyzer gRPC, 32 in flight", "req/s", True),
+    ("perf_analyzer_grpc_c32", "p50_ms", "perf_analyzer gRPC, 32 in flight, p50", "ms", False),
+]
+
+
+def _fmt(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}"
+
+
+def table(results: Dict[str, Any]) -> str:
+    """Markdown table: each project figure next to the baseline's, with the ratio."""
+    env = results["environment"]
+    lines = [
+        f"Command: `{results['command']}`; {env['time']}; pytriton {env['pytriton']}, tritonserver {env['tritonserver']}, "
+        f"Python {env['python']}, numpy {env['numpy']}, {env['cpu_count']} CPUs ({env['machine']}).",
+        "",
+        "Baseline: a plain Python-backend model doing the same work inside Triton's stub (no second process), "
+        "served by the same tritonserver in the same run.",
+        "",
+        "| scenario | pytriton | plain Python backend | ratio |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    scenarios = results["scenarios"]
+    for scenario, metric, label, unit, higher_is_better in ROWS:
+        entry = scenarios.get(scenario)
+        if not entry or "error" in entry or metric not in entry.get("project", {}):
+            continue
+        project, baseline = entry["project"][metric], entry["baseline"][metric]
+        if higher_is_better:
+            ratio = f"{project / baseline * 100:.0f}% of baseline" if baseline else "n/a"
+        else:
+            ratio = f"{project / baseline:.2f}x baseline" if baseline else "n/a"
+        lines.append(f"| {label} | {_fmt(project)} {unit} | {_fmt(baseline)} {unit} | {ratio} |")
+    for name, entry in scenarios.items():
+        if isinstance(entry, dict) and "error" in entry:
+            lines.append(f"| {name} | not measured: {entry['error'][:200]} | | |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: Dict[str, Any], path: pathlib.Path) -> None:
+    """Bar charts of latency and throughput, project vs baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = results["scenarios"]
+    panels = [
+        ("Sequential latency p50 (ms, lower is better)", [
+            ("HTTP", "latency_http", "p50_ms"), ("gRPC", "latency_grpc", "p50_ms")]),
+        ("Throughput (req/s, higher is better)", [
+            ("HTTP c8", "throughput_http_c8", "requests_per_s"), ("HTTP c32", "throughput_http_c32", "requests_per_s"),
+            ("gRPC c8", "throughput_grpc_c8", "requests_per_s"), ("gRPC c32", "throughput_grpc_c32", "requests_per_s")]),
+        ("Large tensors, HTTP (MB/s, higher is better)", [
+            ("1 MiB", "large_1mib_http", "mb_per_s"), ("16 MiB", "large_16mib_http", "mb_per_s"),
+            ("64 MiB", "large_64mib_http", "mb_per_s")]),
+    ]  # fmt: skip
+    figure, axes = plt.subplots(1, len(panels), figsize=(15, 4.5))
+    for axis, (title, items) in zip(axes, panels):
+        present = [(label, scenarios[s]) for label, s, _ in items if s in scenarios and "project" in scenarios[s]]
+        metrics = [metric for _, s, metric in items if s in scenarios and "project" in scenarios[s]]
+        positions = range(len(present))
+        axis.bar(
+            [p - 0.2 for p in positions],
+            [e["project"][m] for (_, e), m in zip(present, metrics)],
+            0.4,
+            label="pytriton",
+        )
+        axis.bar(
+            [p + 0.2 for p in positions],
+            [e["baseline"][m] for (_, e), m in zip(present, metrics)],
+            0.4,
+            label="plain Python backend",
+        )
+        axis.set_xticks(list(positions))
+        axis.set_xticklabels([label for label, _ in present])
+        axis.set_title(title, fontsize=10)
+        axis.legend(fontsize=8)
+    env = results["environment"]
+    figure.suptitle(
+        f"pytriton vs plain Python backend, same tritonserver {env['tritonserver']}, "
+        f"{env['cpu_count']} CPUs, {env['time']}",
+        fontsize=10,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
