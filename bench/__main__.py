@@ -160,7 +160,7 @@ def perf_analyzer(protocol: str, port: int, model: str, concurrency: int, interv
         command = [
             str(binary), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1",
             "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(interval_ms),
-            "--shape", "INPUT:16", "-f", csv_file.name,
+            "--shape", "INPUT:16", "-f", csv_file.name, "--stability-percentage", "50", "--max-trials", "8",
         ]  # fmt: skip
         env = dict(os.environ, LD_LIBRARY_PATH=str(PERF_ANALYZER_DIR / "lib"))
         completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)

@@ -119,7 +119,8 @@ class BoundModel:
                 "pytriton.endpoint_dir": str(self.endpoint_dir),
                 "pytriton.slots": str(len(funcs)),
                 "pytriton.shm_prefix": self.shm_prefix,
-                "pytriton.spin_us": os.environ.get("PYTRITON_PROXY_SPIN_US", "200"),
+                # How long the stub polls for the reply before sleeping; see docs/performance.md.
+                "pytriton.spin_us": os.environ.get("PYTRITON_PROXY_SPIN_US", "300"),
             },
         )
         if not self.config.outputs:

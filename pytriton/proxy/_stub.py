@@ -97,51 +97,49 @@ class TritonPythonModel:
         except (EOFError, OSError):
             raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
 
-    def _encode(self, requests: List[Any]) -> Any:
+    def _encode(self, requests: List[Any], requested: List[Any]) -> Any:
         groups = []
-        extras = []
-        for request in requests:
+        entries = []
+        for request, names in zip(requests, requested):
             groups.append([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
             raw_parameters = request.parameters()
-            parameters = json.loads(raw_parameters) if raw_parameters and raw_parameters != "{}" else None
-            extras.append((parameters, request.requested_output_names() or None))
+            entries.append((json.loads(raw_parameters) if raw_parameters != "{}" else None, names))
         metas = _wire.write_tensors(self._arena, groups)
-        return (
-            _wire.INFER,
-            self._arena.name,
-            [(meta, params, outputs) for meta, (params, outputs) in zip(metas, extras)],
-        )
+        segment = self._arena.name if _wire.uses_arena(metas) else None
+        return (_wire.INFER, segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)])
 
-    def _response(self, buffer: Any, metas: List[Any], requested: Optional[List[str]]) -> Any:
-        tensors = [
-            pb_utils.Tensor(meta[0], _wire.read_tensor(buffer, meta, copy=False))
-            for meta in metas
-            if requested is None or meta[0] in requested
-        ]
-        return pb_utils.InferenceResponse(output_tensors=tensors)
+    def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
+        buffer = self._reader.attach(reply[1]) if reply[1] else None
+        Tensor = pb_utils.Tensor
+        read = _wire.read_tensor
+        responses = []
+        for metas, names in zip(reply[2], requested):
+            tensors = [
+                Tensor(meta[0], read(buffer, meta, False)) for meta in metas if names is None or meta[0] in names
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        return responses
 
     def execute(self, requests: List[Any]) -> Optional[List[Any]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
+        requested = [request.requested_output_names() or None for request in requests]
         try:
-            message = self._encode(requests)
+            message = self._encode(requests, requested)
         except Exception as exc:  # malformed input we cannot forward
             return self._fail(requests, f"pytriton proxy could not read the request: {exc}")
-        requested = [request.requested_output_names() or None for request in requests]
         try:
             reply = self._call(message)
         except UserProcessGone as exc:
             return self._fail(requests, str(exc))
         if not self._decoupled:
             if reply[0] == _wire.OK:
-                buffer = self._reader.attach(reply[1]) if reply[1] else None
-                return [self._response(buffer, metas, names) for metas, names in zip(reply[2], requested)]
+                return self._responses(reply, requested)
             return self._fail(requests, reply[1] if reply[0] == _wire.ERROR else "pytriton: unexpected reply")
         senders = [request.get_response_sender() for request in requests]
         try:
             while reply[0] == _wire.CHUNK:
-                buffer = self._reader.attach(reply[1]) if reply[1] else None
-                for sender, metas, names in zip(senders, reply[2], requested):
-                    sender.send(self._response(buffer, metas, names))
+                for sender, response in zip(senders, self._responses(reply, requested)):
+                    sender.send(response)
                 reply = self._call((_wire.NEXT,))
             if reply[0] == _wire.ERROR:
                 for sender in senders:

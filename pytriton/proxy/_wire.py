@@ -8,9 +8,12 @@ alternating (the stub asks, the user's worker answers). A message is a 4-byte le
 ``marshal``-encoded tuple (both ends run the same Python version, so the format matches, and it is
 several times faster than JSON). A plain socket is used rather than ZeroMQ because ZeroMQ routes
 every message through its I/O threads: on the 2-core reference machine a ZeroMQ ``ipc://`` round
-trip took 84 us against 23 us for the socket (see docs/architecture.md). Tensor bytes
-never travel through ZeroMQ: each side writes them into a shared-memory *arena* it owns and the
-header gives ``(name, dtype, shape, offset, nbytes)`` for each tensor.
+trip took 84 us against 23 us for the socket (see docs/architecture.md).
+
+Each tensor is described by ``(name, dtype, shape, payload)``. Small tensors (up to 64 KiB) carry
+their bytes in ``payload`` inside the message: measured inside the stub, that is cheaper than any
+shared-memory bookkeeping. Larger tensors are written into a shared-memory *arena* owned by the
+sending side, and ``payload`` is ``(offset, nbytes)`` in it.
 
 Arenas are reused for every message, so steady-state traffic creates no segments. An arena grows
 by replacing its segment with a bigger one. A segment is unlinked by the *reader* as soon as it
@@ -47,7 +50,7 @@ WELCOME = 14  # (WELCOME, slot)
 BYTES = "BYTES"
 SHM_DIR = "/dev/shm"
 _ALIGN = 64
-_SMALL = 1 << 16  # tensors up to this size are copied via bytes objects
+_SMALL = 1 << 16  # tensors up to this size travel inside the message
 _LENGTH = struct.Struct("<I")
 
 _FRAME = struct.Struct("<I")
@@ -100,7 +103,7 @@ def recv_message(sock: socket.socket, spin_s: float = 0.0) -> Any:
     return marshal.loads(memoryview(data)[4:])
 
 
-TensorMeta = Tuple[str, str, Tuple[int, ...], int, int]  # name, dtype, shape, offset, nbytes
+TensorMeta = Tuple[str, str, Tuple[int, ...], Any]  # name, dtype, shape, bytes or (offset, nbytes)
 
 
 def shm_prefix(user_pid: int, token: str) -> str:
@@ -237,14 +240,14 @@ def is_bytes_array(array: np.ndarray) -> bool:
 
 
 def write_tensors(arena: Arena, groups: Sequence[Sequence[Tuple[str, np.ndarray]]]) -> List[List[TensorMeta]]:
-    """Copy every tensor of every group into ``arena`` and return their headers, group by group.
+    """Describe every tensor of every group, group by group, copying large ones into ``arena``.
 
-    BYTES tensors are serialised first. Small contiguous tensors are copied as bytes (fewest
-    Python steps); large or non-contiguous (e.g. Fortran-ordered) ones are copied straight from
-    their source into the arena by numpy, with no intermediate copy.
+    Small tensors travel inline (their bytes are the payload). Large numeric tensors are copied
+    by numpy straight from their source, even non-contiguous or Fortran-ordered, into the arena,
+    with no intermediate copy. BYTES tensors are serialised first (Triton's length-prefixed layout).
     """
     metas: List[List[TensorMeta]] = []
-    pending: List[Tuple[int, Any, int]] = []  # (offset, data, nbytes)
+    pending: List[Tuple[int, Any]] = []  # (offset, source) for the arena
     total = 0
     for group in groups:
         group_meta: List[TensorMeta] = []
@@ -254,30 +257,58 @@ def write_tensors(arena: Arena, groups: Sequence[Sequence[Tuple[str, np.ndarray]
                 dtype = BYTES
                 nbytes = len(data)
             else:
-                nbytes = array.nbytes
+                data = array
                 dtype = array.dtype.str
-                data = array.tobytes() if nbytes <= _SMALL and array.flags.c_contiguous else array
-            group_meta.append((name, dtype, array.shape, total, nbytes))
-            if nbytes:
-                pending.append((total, data, nbytes))
+                nbytes = array.nbytes
+            if nbytes <= _SMALL:
+                group_meta.append((name, dtype, array.shape, data if dtype == BYTES else array.tobytes()))
+                continue
+            group_meta.append((name, dtype, array.shape, (total, nbytes)))
+            pending.append((total, data))
             total = (total + nbytes + _ALIGN - 1) & ~(_ALIGN - 1)
         metas.append(group_meta)
-    buffer = arena.reserve(total or 1)
-    for offset, data, nbytes in pending:
-        if isinstance(data, bytes):
-            buffer[offset : offset + nbytes] = data
-        else:
-            np.copyto(np.ndarray(data.shape, dtype=data.dtype, buffer=buffer, offset=offset), data, casting="no")
+    if pending:
+        buffer = arena.reserve(total)
+        for offset, data in pending:
+            if isinstance(data, bytes):
+                buffer[offset : offset + len(data)] = data
+            else:
+                np.copyto(np.ndarray(data.shape, dtype=data.dtype, buffer=buffer, offset=offset), data, casting="no")
     return metas
 
 
+def uses_arena(metas: Sequence[Sequence[TensorMeta]]) -> bool:
+    """True if any tensor of the message lives in the sender's arena."""
+    return any(type(meta[3]) is not bytes for group in metas for meta in group)
+
+
+_DTYPES: Dict[str, np.dtype] = {}
+
+
+def _dtype(code: str) -> np.dtype:
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        dtype = _DTYPES[code] = np.dtype(code)
+    return dtype
+
+
 def read_tensor(buffer: Any, meta: TensorMeta, copy: bool) -> np.ndarray:
-    """The array described by ``meta`` in ``buffer``; ``copy=False`` returns a view into it."""
-    _, dtype, shape, offset, nbytes = meta
-    if dtype == BYTES:
+    """The array ``meta`` describes; ``buffer`` is the sender's arena (needed for large tensors).
+
+    ``copy=True`` returns memory the caller owns and may keep; ``copy=False`` may return a
+    read-only view of the message or of the arena, valid until the next message.
+    """
+    _, code, shape, payload = meta
+    if type(payload) is bytes:
+        if code == BYTES:
+            return deserialize_bytes(payload, 0, len(payload), shape)
+        array = np.frombuffer(payload, dtype=_dtype(code)).reshape(shape)
+        return array.copy() if copy else array
+    offset, nbytes = payload
+    if code == BYTES:
         return deserialize_bytes(buffer, offset, nbytes, shape)
-    array = np.ndarray(shape, dtype=np.dtype(dtype), buffer=buffer, offset=offset) if nbytes else np.empty(shape, dtype)
-    return array.copy() if copy and nbytes else array
+    array = np.ndarray(shape, dtype=_dtype(code), buffer=buffer, offset=offset)
+    return array.copy() if copy else array
 
 
 def read_tensors(buffer: Any, metas: Sequence[TensorMeta], copy: bool) -> Dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ from pytriton.proxy.types import Request
 
 LOGGER = logging.getLogger("pytriton.proxy")
 
+
 _ALLOWED_KINDS = frozenset("biufSUO")
 
 
@@ -259,7 +260,7 @@ class InstanceWorker:
     def _encode(self, result: Any, n_requests: int, kind: int) -> Any:
         groups = self._checker.check(result, n_requests)
         metas = _wire.write_tensors(self._arena, groups)
-        return (kind, self._arena.name, metas)
+        return (kind, self._arena.name if _wire.uses_arena(metas) else None, metas)
 
     def _failure(self, exc: BaseException) -> Any:
         LOGGER.error("Model %s: inference callable failed", self._config.model_name, exc_info=exc)
