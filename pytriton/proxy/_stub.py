@@ -51,6 +51,7 @@ class TritonPythonModel:
         self._lock_fd = self._claim_slot(slots)
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
+        self._channel = _wire.Channel(self._socket)
         self._arena = _wire.Arena(f"{params['pytriton.shm_prefix']}-s{self._slot}")
         self._reader = _wire.ArenaReader()
         reply = self._call((_wire.HELLO, os.getpid()))
@@ -92,8 +93,14 @@ class TritonPythonModel:
         process dies the kernel closes the socket, which ends the wait at once.
         """
         try:
-            _wire.send_message(self._socket, message)
-            return _wire.recv_message(self._socket, self._spin_s)
+            self._channel.send(message)
+            return self._channel.recv(self._spin_s)
+        except (EOFError, OSError):
+            raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
+
+    def _receive(self) -> Any:
+        try:
+            return self._channel.recv(self._spin_s)
         except (EOFError, OSError):
             raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
 
@@ -110,15 +117,19 @@ class TritonPythonModel:
 
     def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
         buffer = self._reader.attach(reply[1]) if reply[1] else None
+        own = self._arena.buffer
         Tensor = pb_utils.Tensor
         read = _wire.read_tensor
         responses = []
         for metas, names in zip(reply[2], requested):
-            tensors = [
-                Tensor(meta[0], read(buffer, meta, False)) for meta in metas if names is None or meta[0] in names
-            ]
+            tensors = [Tensor(m[0], read(buffer, m, False, own)) for m in metas if names is None or m[0] in names]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def _settle(self, reply: Any) -> None:
+        """The worker's last reply for a batch ends with True if the callable kept views of our arena."""
+        if reply[-1] is True:
+            self._arena.close()  # the next batch gets a fresh segment; the kept arrays keep the old one
 
     def execute(self, requests: List[Any]) -> Optional[List[Any]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
@@ -132,18 +143,23 @@ class TritonPythonModel:
         except UserProcessGone as exc:
             return self._fail(requests, str(exc))
         if not self._decoupled:
-            if reply[0] == _wire.OK:
-                return self._responses(reply, requested)
-            return self._fail(requests, reply[1] if reply[0] == _wire.ERROR else "pytriton: unexpected reply")
+            try:
+                if reply[0] == _wire.OK:
+                    return self._responses(reply, requested)
+                return self._fail(requests, reply[1] if reply[0] == _wire.ERROR else "pytriton: unexpected reply")
+            finally:
+                self._settle(reply)
         senders = [request.get_response_sender() for request in requests]
         try:
             while reply[0] == _wire.CHUNK:
                 for sender, response in zip(senders, self._responses(reply, requested)):
                     sender.send(response)
-                reply = self._call((_wire.NEXT,))
+                # Only a chunk in the worker's arena needs an acknowledgement; inline ones keep coming.
+                reply = self._call((_wire.NEXT,)) if reply[1] else self._receive()
             if reply[0] == _wire.ERROR:
                 for sender in senders:
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(reply[1])))
+            self._settle(reply)
         except UserProcessGone as exc:
             for sender in senders:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
@@ -164,8 +180,8 @@ class TritonPythonModel:
         """Tell the worker this instance is going away and release every resource."""
         try:
             self._socket.settimeout(1.0)
-            _wire.send_message(self._socket, (_wire.BYE,))
-            _wire.recv_message(self._socket)
+            self._channel.send((_wire.BYE,))
+            self._channel.recv()
         except (EOFError, OSError):
             pass
         self._socket.close()

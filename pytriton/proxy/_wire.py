@@ -51,56 +51,64 @@ BYTES = "BYTES"
 SHM_DIR = "/dev/shm"
 _ALIGN = 64
 _SMALL = 1 << 16  # tensors up to this size travel inside the message
+IN_RECEIVER = 1  # payload marker: the bytes are already in the receiver's own arena
 _LENGTH = struct.Struct("<I")
 
 _FRAME = struct.Struct("<I")
 
 
-def send_message(sock: socket.socket, message: Any) -> None:
-    """Send one length-prefixed marshal frame."""
-    payload = marshal.dumps(message)
-    sock.sendall(_FRAME.pack(len(payload)) + payload)
+class Channel:
+    """Length-prefixed marshal frames over a connected stream socket.
 
-
-def recv_message(sock: socket.socket, spin_s: float = 0.0) -> Any:
-    """Receive one frame sent by :func:`send_message`; raise ``EOFError`` if the peer closed.
-
-    With ``spin_s`` > 0 the caller first polls without sleeping for up to that long: a reply that
-    arrives within it is picked up without the cost of a process wake-up.
-    The protocol never has two messages in flight in one direction, so reading greedily never
-    swallows the start of a following message.
+    Bytes read past the end of a frame are kept for the next :meth:`recv`, so any number of
+    frames may be in flight (streamed chunks are sent back to back). Not thread-safe: one
+    reader and one writer thread at most.
     """
-    data = b""
-    if spin_s > 0.0:
-        deadline = time.perf_counter() + spin_s
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buffer = bytearray()
+
+    def send(self, message: Any) -> None:
+        """Send one frame."""
+        payload = marshal.dumps(message)
+        self.sock.sendall(_FRAME.pack(len(payload)) + payload)
+
+    def recv(self, spin_s: float = 0.0) -> Any:
+        """Receive one frame; raise ``EOFError`` if the peer closed the connection.
+
+        With ``spin_s`` > 0, first poll without sleeping for up to that long: a reply arriving
+        within it is picked up without paying for a process wake-up.
+        """
+        buffer = self._buffer
         while True:
-            try:
-                data = sock.recv(1 << 16, socket.MSG_DONTWAIT)
-                break
-            except BlockingIOError:
-                if time.perf_counter() > deadline:
-                    break
-    if not data:
-        data = sock.recv(1 << 16)
-    if not data:
-        raise EOFError("peer closed the connection")
-    while len(data) < 4:
-        more = sock.recv(1 << 16)
-        if not more:
+            if len(buffer) >= 4:
+                end = 4 + _FRAME.unpack_from(buffer)[0]
+                if len(buffer) >= end:
+                    with memoryview(buffer) as view:
+                        message = marshal.loads(view[4:end])
+                    del buffer[:end]
+                    return message
+                wanted = end - len(buffer)
+            else:
+                wanted = 4 - len(buffer)
+            buffer += self._read(max(wanted, 1 << 16), spin_s)
+
+    def _read(self, size: int, spin_s: float) -> bytes:
+        if spin_s > 0.0:
+            deadline = time.perf_counter() + spin_s
+            while time.perf_counter() < deadline:
+                try:
+                    data = self.sock.recv(size, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    raise EOFError("peer closed the connection")
+                return data
+        data = self.sock.recv(size)
+        if not data:
             raise EOFError("peer closed the connection")
-        data += more
-    (size,) = _FRAME.unpack_from(data)
-    if len(data) - 4 < size:
-        parts = [data]
-        received = len(data) - 4
-        while received < size:
-            more = sock.recv(min(size - received, 1 << 20))
-            if not more:
-                raise EOFError("peer closed the connection")
-            parts.append(more)
-            received += len(more)
-        data = b"".join(parts)
-    return marshal.loads(memoryview(data)[4:])
+        return data
 
 
 TensorMeta = Tuple[str, str, Tuple[int, ...], Any]  # name, dtype, shape, bytes or (offset, nbytes)
@@ -175,6 +183,8 @@ class ArenaReader:
     def __init__(self) -> None:
         self.name: Optional[str] = None
         self.buffer: Optional[mmap.mmap] = None
+        self.address = 0  # where the mapping starts in this process (to recognise views into it)
+        self.size = 0
 
     def attach(self, name: str) -> mmap.mmap:
         """The buffer of segment ``name``, mapping it on first use."""
@@ -198,6 +208,14 @@ class ArenaReader:
                 self.buffer.close()
         self.buffer = None
         self.name = None
+        self.address = self.size = 0
+
+    def offset_of(self, array: np.ndarray) -> Optional[int]:
+        """Offset of ``array``'s memory in the peer's arena if it lies there (contiguously), else None."""
+        if self.buffer is None or not array.flags.c_contiguous:
+            return None
+        start = int(array.ctypes.data) - self.address
+        return start if start >= 0 and start + array.nbytes <= self.size else None
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
@@ -239,12 +257,16 @@ def is_bytes_array(array: np.ndarray) -> bool:
     return array.dtype.kind in "SUO"
 
 
-def write_tensors(arena: Arena, groups: Sequence[Sequence[Tuple[str, np.ndarray]]]) -> List[List[TensorMeta]]:
+def write_tensors(
+    arena: Arena, groups: Sequence[Sequence[Tuple[str, np.ndarray]]], peer: Optional[ArenaReader] = None
+) -> List[List[TensorMeta]]:
     """Describe every tensor of every group, group by group, copying large ones into ``arena``.
 
     Small tensors travel inline (their bytes are the payload). Large numeric tensors are copied
     by numpy straight from their source, even non-contiguous or Fortran-ordered, into the arena,
-    with no intermediate copy. BYTES tensors are serialised first (Triton's length-prefixed layout).
+    with no intermediate copy. A large tensor that already lies in the receiver's own arena (seen
+    here through ``peer``, e.g. an input returned unchanged) is not copied at all: its payload is
+    ``(offset, nbytes, IN_RECEIVER)``. BYTES tensors are serialised first (Triton's layout).
     """
     metas: List[List[TensorMeta]] = []
     pending: List[Tuple[int, Any]] = []  # (offset, source) for the arena
@@ -263,6 +285,11 @@ def write_tensors(arena: Arena, groups: Sequence[Sequence[Tuple[str, np.ndarray]
             if nbytes <= _SMALL:
                 group_meta.append((name, dtype, array.shape, data if dtype == BYTES else array.tobytes()))
                 continue
+            if peer is not None and dtype != BYTES:
+                offset = peer.offset_of(array)
+                if offset is not None:
+                    group_meta.append((name, dtype, array.shape, (offset, nbytes, IN_RECEIVER)))
+                    continue
             group_meta.append((name, dtype, array.shape, (total, nbytes)))
             pending.append((total, data))
             total = (total + nbytes + _ALIGN - 1) & ~(_ALIGN - 1)
@@ -273,7 +300,9 @@ def write_tensors(arena: Arena, groups: Sequence[Sequence[Tuple[str, np.ndarray]
             if isinstance(data, bytes):
                 buffer[offset : offset + len(data)] = data
             else:
-                np.copyto(np.ndarray(data.shape, dtype=data.dtype, buffer=buffer, offset=offset), data, casting="no")
+                target = np.frombuffer(buffer, dtype=data.dtype, count=data.size, offset=offset).reshape(data.shape)
+                np.copyto(target, data, casting="no")
+                del target  # release the export so the arena can be closed
     return metas
 
 
@@ -292,8 +321,8 @@ def _dtype(code: str) -> np.dtype:
     return dtype
 
 
-def read_tensor(buffer: Any, meta: TensorMeta, copy: bool) -> np.ndarray:
-    """The array ``meta`` describes; ``buffer`` is the sender's arena (needed for large tensors).
+def read_tensor(buffer: Any, meta: TensorMeta, copy: bool, own: Any = None) -> np.ndarray:
+    """The array ``meta`` describes; ``buffer`` is the sender's arena, ``own`` the receiver's.
 
     ``copy=True`` returns memory the caller owns and may keep; ``copy=False`` may return a
     read-only view of the message or of the arena, valid until the next message.
@@ -304,10 +333,15 @@ def read_tensor(buffer: Any, meta: TensorMeta, copy: bool) -> np.ndarray:
             return deserialize_bytes(payload, 0, len(payload), shape)
         array = np.frombuffer(payload, dtype=_dtype(code)).reshape(shape)
         return array.copy() if copy else array
-    offset, nbytes = payload
+    offset, nbytes = payload[0], payload[1]
+    if len(payload) == 3:
+        buffer = own
     if code == BYTES:
         return deserialize_bytes(buffer, offset, nbytes, shape)
-    array = np.ndarray(shape, dtype=_dtype(code), buffer=buffer, offset=offset)
+    dtype = _dtype(code)
+    # np.frombuffer holds a buffer export on the mapping, so it cannot be unmapped under this
+    # array (np.ndarray(buffer=mmap) does not, and a closed mapping would crash the process).
+    array = np.frombuffer(buffer, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(shape)
     return array.copy() if copy else array
 
 

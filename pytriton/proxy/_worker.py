@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import logging
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
@@ -215,28 +216,29 @@ class InstanceWorker:
                 self._loop.close()
 
     def _serve(self, connection: socket.socket) -> None:
+        channel = _wire.Channel(connection)
         while not self._stopping:
             try:
-                message = _wire.recv_message(connection)
+                message = channel.recv()
             except (EOFError, OSError):
                 return
             self.busy = True
             try:
-                reply = self._handle(message, connection)
+                reply = self._handle(message, channel)
             finally:
                 self.busy = False
                 self.last_active = time.monotonic()
             if reply is None:  # the stub went away in the middle of a stream
                 return
             try:
-                _wire.send_message(connection, reply)
+                channel.send(reply)
             except OSError:
                 return
 
-    def _handle(self, message: Any, connection: socket.socket) -> Any:
+    def _handle(self, message: Any, channel: _wire.Channel) -> Any:
         kind = message[0]
         if kind == _wire.INFER:
-            return self._infer(message, connection)
+            return self._infer(message, channel)
         if kind == _wire.HELLO:
             # A new stub process took this slot: it cannot map segments its predecessor unlinked.
             self._arena.close()
@@ -249,17 +251,32 @@ class InstanceWorker:
             return (_wire.OK, None, [])
         return (_wire.ERROR, f"pytriton: unexpected message kind {kind} (NEXT without a stream?)")
 
-    def _decode(self, message: Any) -> List[Request]:
+    def _decode(self, message: Any, views: List[np.ndarray]) -> List[Request]:
+        """Requests from an INFER message.
+
+        Small inputs are copied out of the message. Large ones are views into the stub's arena
+        (no copy); their base arrays are collected in ``views`` so that :meth:`_infer` can tell
+        whether the callable kept any of them (or any view of them).
+        """
         segment, entries = message[1], message[2]
         buffer = self._reader.attach(segment) if segment else None
-        return [
-            Request(_wire.read_tensors(buffer, metas, copy=True), parameters, requested)
-            for metas, parameters, requested in entries
-        ]
+        requests = []
+        for metas, parameters, requested in entries:
+            data = {}
+            for meta in metas:
+                zero_copy = type(meta[3]) is not bytes and meta[1] != _wire.BYTES
+                array = _wire.read_tensor(buffer, meta, copy=not zero_copy)
+                if zero_copy:
+                    # numpy points every view derived from ``array`` (and ``array`` itself) at this
+                    # base, so its reference count shows whether the callable kept any of them.
+                    views.append(array.base if array.base is not None else array)
+                data[meta[0]] = array
+            requests.append(Request(data, parameters, requested))
+        return requests
 
     def _encode(self, result: Any, n_requests: int, kind: int) -> Any:
         groups = self._checker.check(result, n_requests)
-        metas = _wire.write_tensors(self._arena, groups)
+        metas = _wire.write_tensors(self._arena, groups, self._reader)
         return (kind, self._arena.name if _wire.uses_arena(metas) else None, metas)
 
     def _failure(self, exc: BaseException) -> Any:
@@ -273,9 +290,23 @@ class InstanceWorker:
             self._loop = asyncio.new_event_loop()
         return self._loop
 
-    def _infer(self, message: Any, connection: socket.socket) -> Any:
+    def _infer(self, message: Any, channel: _wire.Channel) -> Any:
+        """Run one batch; the final reply carries a trailing flag telling the stub to retire its arena.
+
+        Large inputs are handed to the callable as views into the stub's arena. If the callable
+        still holds any of them once it is done (stored them, or a view of them), the stub must
+        not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
+        """
+        views: List[np.ndarray] = []
+        reply = self._call_callable(message, channel, views)
+        if reply is None:
+            return None
+        retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
+        return (*reply, retire)
+
+    def _call_callable(self, message: Any, channel: _wire.Channel, views: List[np.ndarray]) -> Any:
         try:
-            requests = self._decode(message)
+            requests = self._decode(message, views)
             result = self._infer_func(requests)
             if inspect.iscoroutine(result):
                 result = self._event_loop().run_until_complete(result)
@@ -299,17 +330,19 @@ class InstanceWorker:
                 return self._encode(result, len(requests), _wire.OK)
             except Exception as exc:
                 return self._failure(exc)
-        return self._stream(result if streaming else iter([result]), len(requests), connection)
+        return self._stream(result if streaming else iter([result]), len(requests), channel)
 
     def _next_chunk(self, stream: Any) -> Any:
         if inspect.isasyncgen(stream):
             return self._event_loop().run_until_complete(stream.__anext__())
         return next(stream)
 
-    def _stream(self, stream: Any, n_requests: int, connection: socket.socket) -> Any:
-        """Send each yielded result as a CHUNK, waiting for the stub's NEXT in between.
+    def _stream(self, stream: Any, n_requests: int, channel: _wire.Channel) -> Any:
+        """Send each yielded result as a CHUNK; returns the final reply (END or ERROR), None if the stub left.
 
-        Returns the final reply (END or ERROR), or None if the stub disconnected.
+        Chunks small enough to travel inline are sent back to back (the socket buffer provides
+        back-pressure). A chunk that uses the arena must be acknowledged with NEXT before the
+        arena is written again.
         """
         done: Tuple[Type[BaseException], ...] = (StopIteration, StopAsyncIteration)
         while True:
@@ -321,12 +354,11 @@ class InstanceWorker:
             except Exception as exc:
                 return self._failure(exc)
             try:
-                _wire.send_message(connection, reply)
-                follow_up = _wire.recv_message(connection)
+                channel.send(reply)
+                if reply[1] is None:
+                    continue
+                follow_up = channel.recv()
             except (EOFError, OSError):
                 return None
             if follow_up[0] != _wire.NEXT:
-                return (
-                    _wire.ERROR,
-                    f"pytriton: expected NEXT during a stream, got message kind {follow_up[0]}",
-                )
+                return (_wire.ERROR, f"pytriton: expected NEXT during a stream, got message kind {follow_up[0]}")

@@ -112,6 +112,20 @@ def retaining(requests):
     return [{"y": r["x"]} for r in requests]
 
 
+RETAINED_LARGE: list = []
+
+
+def retaining_large(requests):
+    RETAINED_LARGE.extend(r["x"][::2] for r in requests)  # a view of the input is enough to retain it
+    return [{"y": r["x"]} for r in requests]
+
+
+def in_place(requests):
+    for r in requests:
+        r["x"] += 1
+    return [{"y": r["x"]} for r in requests]
+
+
 def slow(requests):
     time.sleep(float(requests[0]["x"].flat[0]))
     return [{"y": r["x"]} for r in requests]
@@ -177,6 +191,8 @@ def server():
     triton.bind("WrongType", wrong_type, [_t("x")], [_t("y")])
     triton.bind("WrongCount", wrong_count, [_t("x")], [_t("y")])
     triton.bind("Retain", retaining, [_t("x")], [_t("y")])
+    triton.bind("RetainLarge", retaining_large, [_t("x")], [_t("y")])
+    triton.bind("InPlace", in_place, [_t("x")], [_t("y")])
     triton.bind("Slow", [slow, slow], [_t("x")], [_t("y")], config=ModelConfig(max_batch_size=1))
     triton.bind("Strict", strict_bad_dtype, [_t("x")], [_t("y")], strict=True)
     triton.bind(
@@ -330,6 +346,23 @@ def test_retained_inputs_keep_their_values(client):
         infer(client, "Retain", {"x": np.full((1, 64), value, F32)})
     assert [float(array[0, 0]) for array in RETAINED] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert all((array == array[0, 0]).all() for array in RETAINED)
+
+
+def test_retained_large_inputs_keep_their_values(client):
+    # Large inputs reach the callable without a copy; keeping them must still be safe.
+    RETAINED_LARGE.clear()
+    size = 300_000  # 1.2 MB per request: through shared memory
+    for value in range(4):
+        x = np.full((1, size), value, F32)
+        np.testing.assert_array_equal(infer(client, "RetainLarge", {"x": x}).as_numpy("y"), x)
+    assert [float(array[0, 0]) for array in RETAINED_LARGE] == [0.0, 1.0, 2.0, 3.0]
+    assert all((array == array[0, 0]).all() for array in RETAINED_LARGE)
+
+
+def test_large_inputs_modified_in_place(client):
+    for value in range(3):
+        x = np.full((2, 200_000), value, F32)
+        np.testing.assert_array_equal(infer(client, "InPlace", {"x": x}).as_numpy("y"), x + 1)
 
 
 def test_instances_serve_concurrently(server):

@@ -91,19 +91,32 @@ def test_copies_do_not_alias_the_arena(arena):
         assert (first == 1.0).all() and first.flags.writeable
 
 
-def test_messages_over_a_socket_pair():
+def test_channel_frames_over_a_socket_pair():
     import socket
     import threading
 
     left, right = socket.socketpair()
     with left, right:
+        sender, receiver = _wire.Channel(left), _wire.Channel(right)
         big = ("x" * 3_000_000, [1, 2, (3, "y")], None)  # larger than the socket buffer
-        sender = threading.Thread(target=_wire.send_message, args=(left, big))
-        sender.start()
-        assert _wire.recv_message(right) == big
-        sender.join(5)
-        _wire.send_message(right, (1,))
-        assert _wire.recv_message(left, spin_s=0.001) == (1,)
+        thread = threading.Thread(target=sender.send, args=(big,))
+        thread.start()
+        assert receiver.recv() == big
+        thread.join(5)
+        # Several frames in flight at once are split correctly.
+        for index in range(50):
+            sender.send((index, b"z" * index))
+        assert [receiver.recv(spin_s=0.001) for _ in range(50)] == [(i, b"z" * i) for i in range(50)]
         left.close()
         with pytest.raises(EOFError):
-            _wire.recv_message(right)
+            receiver.recv()
+
+
+def test_views_keep_their_mapping_alive(arena):
+    owner, reader = arena
+    data = np.arange(100_000, dtype=np.float64)
+    metas = _wire.write_tensors(owner, [[("x", data)]])
+    view = _wire.read_tensor(reader.attach(owner.name), metas[0][0], copy=False)
+    reader.close()  # the reader lets go, but the view must stay readable (no unmap under it)
+    owner.close()
+    assert view.sum() == data.sum()
