@@ -280,6 +280,13 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                 "proxy_stream", "plain_stream",
             )  # fmt: skip
 
+            print("client overhead ...", flush=True)
+            for protocol, port in (("http", http_port), ("grpc", grpc_port)):
+                scenarios[f"client_overhead_{protocol}"] = load(
+                    {"scenario": "client_overhead", "protocol": protocol, "port": port, "model": "plain_identity",
+                     "count": 1000 if quick else 3000}
+                )  # fmt: skip
+
             print("perf_analyzer ...", flush=True)
             if (PERF_ANALYZER_DIR / "perf_analyzer").exists():
                 for protocol, port, concurrency in (("http", http_port, 1), ("grpc", grpc_port, 32)):

@@ -170,7 +170,52 @@ def stream_grpc(spec: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def client_overhead(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Sequential p50 of raw tritonclient vs pytriton's ModelClient on the same model, interleaved."""
+    from pytriton.client import ModelClient
+
+    protocol, port, model = spec["protocol"], spec["port"], spec["model"]
+    if protocol == "grpc":
+        import tritonclient.grpc as lib
+    else:
+        import tritonclient.http as lib  # type: ignore[no-redef]
+    raw = lib.InferenceServerClient(f"127.0.0.1:{port}")
+    array = np.ones((1, 16), np.float32)
+
+    def raw_call() -> None:
+        tensor = lib.InferInput("INPUT", [1, 16], "FP32")
+        if protocol == "grpc":
+            tensor.set_data_from_numpy(array)
+            outputs = [lib.InferRequestedOutput("OUTPUT")]
+        else:
+            tensor.set_data_from_numpy(array, binary_data=True)
+            outputs = [lib.InferRequestedOutput("OUTPUT", binary_data=True)]
+        raw.infer(model, [tensor], outputs=outputs).as_numpy("OUTPUT")
+
+    client = ModelClient(f"{protocol}://127.0.0.1:{port}", model, lazy_init=False)
+    sample = array[0]
+    timings: Dict[str, List[float]] = {"raw": [], "model_client": []}
+    calls = {"raw": raw_call, "model_client": lambda: client.infer_sample(sample)}
+    for name in calls:
+        for _ in range(200):
+            calls[name]()
+    deadline = time.monotonic() + spec.get("max_s", 10.0)
+    for _ in range(spec.get("count", 2000)):
+        if time.monotonic() > deadline:
+            break
+        for name, call in calls.items():
+            started = time.perf_counter()
+            call()
+            timings[name].append(time.perf_counter() - started)
+    client.close()
+    raw.close()
+    raw_p50 = _percentiles(timings["raw"])["p50_ms"]
+    ours_p50 = _percentiles(timings["model_client"])["p50_ms"]
+    return {"raw_p50_ms": raw_p50, "model_client_p50_ms": ours_p50, "overhead_us": (ours_p50 - raw_p50) * 1e3}
+
+
 SCENARIOS = {
+    "client_overhead": client_overhead,
     "latency_http": latency_http,
     "latency_grpc": latency_grpc,
     "large_http": large_http,

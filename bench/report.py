@@ -61,8 +61,16 @@ def table(results: Dict[str, Any]) -> str:
         if higher_is_better:
             ratio = f"{project / baseline * 100:.0f}% of baseline" if baseline else "n/a"
         else:
-            ratio = f"{project / baseline:.2f}x baseline" if baseline else "n/a"
+            ratio = f"{project / baseline:.3g}x baseline" if baseline else "n/a"
         lines.append(f"| {label} | {_fmt(project)} {unit} | {_fmt(baseline)} {unit} | {ratio} |")
+    for protocol in ("http", "grpc"):
+        entry = scenarios.get(f"client_overhead_{protocol}")
+        if entry:
+            lines.append(
+                f"| ModelClient.infer_sample vs raw tritonclient, {protocol.upper()} p50 | "
+                f"{_fmt(entry['model_client_p50_ms'])} ms | {_fmt(entry['raw_p50_ms'])} ms (raw client) | "
+                f"{entry['overhead_us']:+.0f} us per call |"
+            )
     for name, entry in scenarios.items():
         if isinstance(entry, dict) and "error" in entry:
             lines.append(f"| {name} | not measured: {entry['error'][:200]} | | |")

@@ -97,6 +97,9 @@ class Triton:
         self._repository: Optional[pathlib.Path] = None
         self._model_counter = 0
         self.triton_context = TritonContext()
+        # Even a Triton that is never run owns a workspace (and, once a model is bound, a socket
+        # directory): make sure interpreter exit removes them. stop() unregisters this.
+        atexit.register(self.stop)
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> Triton:
@@ -241,7 +244,6 @@ class Triton:
             self._server = TritonServerProcess(argv, env, log_path=self._config.log_file)
             self._server.register_on_exit(self._on_server_exit)
             self._state = "running"
-            atexit.register(self.stop)
             try:
                 self._server.start()
                 self._start_watchdog()
