@@ -506,21 +506,9 @@ def fill_optionals(**defaults: np.ndarray) -> Any:
                 raise PyTritonBadParameterError(
                     f"@fill_optionals: {name!r} is not an input of model {config.model_name!r} ({sorted(specs)})."
                 )
-            expected_bytes = spec.dtype is np.bytes_
-            if expected_bytes != (value.dtype.kind in "SUO") or (
-                not expected_bytes and value.dtype != np.dtype(spec.dtype)
-            ):
-                raise PyTritonBadParameterError(
-                    f"@fill_optionals: default for {name!r} has dtype {value.dtype}, the input is declared "
-                    f"{'bytes' if expected_bytes else np.dtype(spec.dtype)}."
-                )
-            if value.ndim != len(spec.shape) or any(
-                want not in (-1, got) for want, got in zip(spec.shape, value.shape)
-            ):
-                raise PyTritonBadParameterError(
-                    f"@fill_optionals: default for {name!r} has shape {value.shape}, the input is declared "
-                    f"{spec.shape} (without the batch axis)."
-                )
+            problem = spec.mismatch(value, batch_axis=False)
+            if problem:
+                raise PyTritonBadParameterError(f"@fill_optionals: the default for input {name!r} {problem}.")
 
     @wrapt.decorator
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

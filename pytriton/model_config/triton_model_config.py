@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
+
 from pytriton.model_config.common import DeviceKind, DynamicBatcher
 
 
@@ -21,6 +23,26 @@ class TensorSpec:
     shape: Tuple[int, ...]
     dtype: type
     optional: bool = False
+
+    def mismatch(self, array: np.ndarray, batch_axis: bool) -> Optional[str]:
+        """Why ``array`` does not fit this declaration (dtype, then shape), or None if it does.
+
+        ``batch_axis``: the array carries a leading batch axis that the declaration does not.
+        """
+        declared_bytes = self.dtype is np.bytes_
+        if declared_bytes != (array.dtype.kind in "SUO") or (
+            not declared_bytes and array.dtype != np.dtype(self.dtype)
+        ):
+            return f"has dtype {array.dtype}, declared {'bytes' if declared_bytes else np.dtype(self.dtype)}"
+        shape = array.shape[1:] if batch_axis else array.shape
+        if (
+            (batch_axis and array.ndim == 0)
+            or len(shape) != len(self.shape)
+            or any(want not in (-1, got) for want, got in zip(self.shape, shape))
+        ):
+            axis = " after the batch axis" if batch_axis else ""
+            return f"has shape {array.shape}, declared {self.shape}{axis}"
+        return None
 
 
 @dataclasses.dataclass

@@ -350,42 +350,42 @@ def read_tensors(buffer: Any, metas: Sequence[TensorMeta], copy: bool) -> Dict[s
     return {meta[0]: read_tensor(buffer, meta, copy) for meta in metas}
 
 
+def _shm_names() -> List[str]:
+    try:
+        return os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+
+
+def _unlink_all(names: List[str]) -> List[str]:
+    removed = []
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except (FileNotFoundError, PermissionError):
+            pass
+    return removed
+
+
 def sweep_segments(prefix: str) -> List[str]:
     """Remove every ``/dev/shm`` entry whose name starts with ``prefix``; return the names removed."""
-    removed: List[str] = []
+    return _unlink_all([name for name in _shm_names() if name.startswith(prefix)])
+
+
+def _owner_gone(name: str) -> bool:
+    parts = name.split("-")
+    if len(parts) < 3 or parts[0] != "pytriton" or not parts[1].isdigit():
+        return False
     try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-            except (FileNotFoundError, PermissionError):
-                pass
-    return removed
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def sweep_dead_owners() -> List[str]:
     """Remove pytriton segments whose owning user process no longer exists."""
-    removed: List[str] = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        parts = name.split("-")
-        if len(parts) < 3 or parts[0] != "pytriton" or not parts[1].isdigit():
-            continue
-        try:
-            os.kill(int(parts[1]), 0)
-        except ProcessLookupError:
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-            except (FileNotFoundError, PermissionError):
-                pass
-        except PermissionError:
-            continue
-    return removed
+    return _unlink_all([name for name in _shm_names() if _owner_gone(name)])

@@ -106,28 +106,9 @@ class OutputChecker:
         return value
 
     def _check_strict(self, index: int, spec: TensorSpec, value: np.ndarray) -> None:
-        model = self._model
-        expected_bytes = spec.dtype is np.bytes_
-        if expected_bytes != (value.dtype.kind in "SUO") or (
-            not expected_bytes and value.dtype != np.dtype(spec.dtype)
-        ):
-            raise PyTritonRuntimeError(
-                f"Model {model!r}: output {spec.name!r} of result {index} has dtype {value.dtype}, the config "
-                f"declares {np.dtype(spec.dtype) if not expected_bytes else 'bytes'}."
-            )
-        shape = value.shape[1:] if self._batching else value.shape
-        if self._batching and value.ndim == 0:
-            shape = None  # type: ignore[assignment]
-        if (
-            shape is None
-            or len(shape) != len(spec.shape)
-            or any(want not in (-1, got) for want, got in zip(spec.shape, shape))
-        ):
-            axis = " (after the batch axis)" if self._batching else ""
-            raise PyTritonRuntimeError(
-                f"Model {model!r}: output {spec.name!r} of result {index} has shape {value.shape}; the config declares "
-                f"{spec.shape}{axis}."
-            )
+        problem = spec.mismatch(value, batch_axis=self._batching)
+        if problem:
+            raise PyTritonRuntimeError(f"Model {self._model!r}: output {spec.name!r} of result {index} {problem}.")
 
 
 class InstanceWorker:
