@@ -13,9 +13,9 @@ from typing import Any, AsyncIterator, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from pytriton.client._core import ClientCore, map_error
+from pytriton.client._base import BaseModelClient
+from pytriton.client._core import map_error
 from pytriton.client._drivers import run_sync
-from pytriton.client._url import parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientTimeoutError,
@@ -33,24 +33,27 @@ def _has_outputs(result: Any) -> bool:
     return len(result.get_response().outputs) > 0
 
 
-class _StreamingBase:
-    """URL checks and request preparation shared by the sync and asyncio streaming clients."""
+class _StreamingBase(BaseModelClient):
+    """URL checks and request preparation shared by the streaming clients."""
 
     def __init__(
         self,
         url: str,
         model_name: str,
         model_version: Optional[str],
+        *,
+        lazy_init: bool,
         init_timeout_s: Optional[float],
         inference_timeout_s: Optional[float],
     ):
-        self._url = parse_url(url)
+        super().__init__(
+            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
+            inference_timeout_s=inference_timeout_s,
+        )  # fmt: skip
         if self._url.scheme != "grpc":
             raise PyTritonClientValueError(
                 f"Streaming (decoupled) models need gRPC, but {url!r} is HTTP; use grpc://host:port (default port 8001)."
             )
-        self._core = ClientCore(self._url, model_name, model_version, init_timeout_s, inference_timeout_s)
-        self._closed = False
 
     def _check_config(self, config: TritonModelConfig) -> None:
         if not config.decoupled:
@@ -97,7 +100,10 @@ class DecoupledModelClient(_StreamingBase):
         init_timeout_s: Optional[float] = None,
         inference_timeout_s: Optional[float] = None,
     ):
-        super().__init__(url, model_name, model_version, init_timeout_s, inference_timeout_s)
+        super().__init__(
+            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
+            inference_timeout_s=inference_timeout_s,
+        )  # fmt: skip
         import tritonclient.grpc as lib
 
         self._lib = lib

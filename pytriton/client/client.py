@@ -18,10 +18,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from pytriton.client._core import ClientCore
+from pytriton.client._base import BaseModelClient
 from pytriton.client._decoupled import AsyncioDecoupledModelClient, DecoupledModelClient
 from pytriton.client._drivers import async_clients, run_async, run_sync, sync_clients
-from pytriton.client._url import TritonUrl, parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientQueueFullError,
@@ -37,37 +36,6 @@ __all__ = [
     "FuturesModelClient",
     "ModelClient",
 ]
-
-
-class BaseModelClient:
-    """What every client shares: URL parsing, the model identity, timeouts and the core."""
-
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-    ):
-        self._url: TritonUrl = parse_url(url)
-        self._core = ClientCore(self._url, model_name, model_version, init_timeout_s, inference_timeout_s)
-        self._lazy_init = lazy_init
-        self._closed = False
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise PyTritonClientClosedError("The client is closed.")
-
-    def get_lib(self) -> Any:
-        """The tritonclient module used for the URL's protocol (``tritonclient.http`` or ``.grpc``)."""
-        if self._url.scheme == "grpc":
-            import tritonclient.grpc as lib
-        else:
-            import tritonclient.http as lib  # type: ignore[no-redef]
-        return lib
 
 
 class ModelClient(BaseModelClient):
