@@ -10,11 +10,11 @@ handling, response decoding and error mapping instead of copying them.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
-from typing import Any, Dict, Generator, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 import numpy as np
+from tritonclient.utils import np_to_triton_dtype
 
 from pytriton.client._url import TritonUrl
 from pytriton.client.exceptions import (
@@ -98,7 +98,7 @@ class ClientCore:
         )
         self.config: Optional[TritonModelConfig] = None
         self.grpc = url.scheme == "grpc"
-        self._request_ids = itertools.count(1)
+        self._outputs: Dict[int, List[Any]] = {}  # requested-output objects, built once per lib
 
     # -- operations (generators) ----------------------------------------------------------------
     def wait_for_model(self, timeout_s: float) -> Operation:
@@ -222,8 +222,6 @@ class ClientCore:
         lib: Any,
     ) -> Dict[str, Any]:
         """Keyword arguments of ``lib.InferenceServerClient.infer`` (plus ``inputs``)."""
-        from tritonclient.utils import np_to_triton_dtype
-
         infer_inputs = []
         for name, array in arrays.items():
             datatype = "BYTES" if array.dtype.kind in "SO" else np_to_triton_dtype(array.dtype)
@@ -235,16 +233,14 @@ class ClientCore:
             else:
                 tensor.set_data_from_numpy(array, binary_data=True)
             infer_inputs.append(tensor)
-        if self.grpc:
-            outputs = [lib.InferRequestedOutput(spec.name) for spec in config.outputs]
-        else:
-            outputs = [lib.InferRequestedOutput(spec.name, binary_data=True) for spec in config.outputs]
-        request: Dict[str, Any] = {
-            "inputs": infer_inputs,
-            "model_version": self.model_version,
-            "outputs": outputs,
-            "request_id": str(next(self._request_ids)),
-        }
+        outputs = self._outputs.get(id(lib))
+        if outputs is None:  # the objects are read-only descriptions: build them once
+            if self.grpc:
+                outputs = [lib.InferRequestedOutput(spec.name) for spec in config.outputs]
+            else:
+                outputs = [lib.InferRequestedOutput(spec.name, binary_data=True) for spec in config.outputs]
+            self._outputs[id(lib)] = outputs
+        request: Dict[str, Any] = {"inputs": infer_inputs, "model_version": self.model_version, "outputs": outputs}
         if parameters:
             request["parameters"] = parameters
         if headers:

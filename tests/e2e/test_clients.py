@@ -149,7 +149,7 @@ def test_missing_model_fails_within_init_timeout(url):
     started = time.monotonic()
     with pytest.raises(PyTritonClientTimeoutError, match="not ready"):
         ModelClient(url, "NoSuchModel", lazy_init=False, init_timeout_s=1.0)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 4.0
 
 
 def test_wait_for_model(url):
@@ -162,8 +162,8 @@ def test_inference_timeout_sync(url):
         client.wait_for_model(5.0)
         started = time.monotonic()
         with pytest.raises(PyTritonClientTimeoutError):
-            client.infer_sample(np.array([2.0], np.float32))
-        assert time.monotonic() - started < 1.9
+            client.infer_sample(np.array([3.0], np.float32))
+        assert time.monotonic() - started < 2.5  # the timeout fired, not the 3 s reply
 
 
 def test_inference_timeout_futures(url):
