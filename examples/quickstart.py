@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from pytriton.client import ModelClient
 from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig  # ports: 8000-8002, or PYTRITON_TRITON_CONFIG_*_PORT
 
 
 @batch
@@ -24,7 +24,7 @@ def add_sub(a, b):
 
 def main() -> None:
     started = time.monotonic()
-    with Triton(config=TritonConfig(http_port=8000, grpc_port=8001, metrics_port=8002)) as triton:
+    with Triton(config=TritonConfig()) as triton:
         triton.bind(
             model_name="AddSub",
             infer_func=add_sub,
@@ -46,7 +46,7 @@ def main() -> None:
             print(f"{url:24s} a + b = {result['add']}   a - b = {result['sub']}")
 
         # Any KServe v2 client works too, e.g. raw tritonclient:
-        raw = httpclient.InferenceServerClient("127.0.0.1:8000")
+        raw = httpclient.InferenceServerClient(triton.http_url.split("://")[1])
         inputs = [httpclient.InferInput("a", [1, 3], "FP32"), httpclient.InferInput("b", [1, 3], "FP32")]
         inputs[0].set_data_from_numpy(a[None])
         inputs[1].set_data_from_numpy(b[None])

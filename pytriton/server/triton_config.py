@@ -9,6 +9,7 @@ fields can be set through ``PYTRITON_TRITON_CONFIG_<FIELD>`` environment variabl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import pathlib
@@ -224,3 +225,19 @@ def _coerce(kind: str, value: Any) -> Any:
 
 
 _TYPE_HINTS = typing.get_type_hints(TritonConfig)
+
+
+def _keyword_only_init(cls: Any) -> None:
+    """Reject positional arguments (``dataclass(kw_only=True)`` needs Python 3.10)."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise TypeError(f"{cls.__name__} takes keyword arguments only, e.g. {cls.__name__}(http_port=8000)")
+        generated(self, **kwargs)
+
+    cls.__init__ = __init__
+
+
+_keyword_only_init(TritonConfig)

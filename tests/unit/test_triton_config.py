@@ -96,8 +96,10 @@ def test_dict_round_trip_and_unknown_keys():
         TritonConfig.from_dict({"bogus": 1})
 
 
-def test_config_is_keyword_only_by_usage_and_defaults_none():
+def test_config_is_keyword_only_and_defaults_none():
     assert all(value is None for value in TritonConfig().to_dict().values())
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        TritonConfig("my-id")
 
 
 def test_parse_bool_rejects_other_ints():

@@ -1,0 +1,31 @@
+"""The examples run and print what they promise."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import triton_ports
+
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        ("quickstart.py", "a + b = [1.5 2.5 3.5]"),
+        ("streaming.py", "6 time"),
+        ("instances.py", "y = [0. 2. 4.]"),
+    ],
+)
+def test_example_runs(script, expected):
+    env = dict(os.environ)
+    for field, port in triton_ports().items():
+        env[f"PYTRITON_TRITON_CONFIG_{field.upper()}"] = str(port)
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert expected in completed.stdout
