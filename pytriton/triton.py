@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
+    PyTritonBadParameterError,
     PyTritonInvalidOperationError,
     PyTritonModelConfigError,
     PyTritonServerError,
@@ -96,6 +97,7 @@ class Triton:
         self._watchdog: Optional[subprocess.Popen[bytes]] = None
         self._repository: Optional[pathlib.Path] = None
         self._model_counter = 0
+        self._stub_numpy2 = False
         self.triton_context = TritonContext()
         # Even a Triton that is never run owns a workspace (and, once a model is bound, a socket
         # directory): make sure interpreter exit removes them. stop() unregisters this.
@@ -178,8 +180,17 @@ class Triton:
             except (AttributeError, TypeError):
                 LOGGER.debug("Cannot attach the Triton context to %r; decorators needing it will fail.", func)
 
+    def _check_stub_support(self, model: BoundModel) -> None:
+        if self._stub_numpy2 and model.has_bytes_tensors:
+            raise PyTritonBadParameterError(
+                f"Model {model.name!r} declares BYTES (string) tensors, which Triton's Python backend stub cannot "
+                f"handle with numpy 2, and numpy 1.x does not exist for Python {sys.version_info.major}."
+                f"{sys.version_info.minor}. Use Python 3.9-3.12 for string tensors."
+            )
+
     def _load_live(self, model: BoundModel) -> None:
         assert self._repository is not None
+        self._check_stub_support(model)
         model.write_repository(self._repository)
         model.start_workers()
         if self._options.get("allow_http", True):
@@ -220,6 +231,9 @@ class Triton:
             distribution = find_server(self._config.tritonserver_dir)
             libpython = shared_libpython_dir()
             stub_env = stub_environment()
+            self._stub_numpy2 = stub_env.numpy2
+            for model in self._models.values():
+                self._check_stub_support(model)
             self._check_ports()
             _wire.sweep_dead_owners()
             self._binding_context()

@@ -9,6 +9,8 @@ import re
 import shutil
 from typing import Any, Callable, List, Sequence, Union
 
+import numpy as np
+
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config.common import DeviceKind
 from pytriton.model_config.generator import to_pbtxt
@@ -153,6 +155,11 @@ class BoundModel:
             )
             worker.start()
             self._workers.append(worker)
+
+    @property
+    def has_bytes_tensors(self) -> bool:
+        """True if an input or output is declared as BYTES (strings)."""
+        return any(spec.dtype is np.bytes_ for spec in (*self.config.inputs, *self.config.outputs))
 
     @property
     def connected(self) -> bool:

@@ -23,12 +23,32 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 try:  # the copy placed next to model.py by Triton.bind
     import _pytriton_wire as _wire  # type: ignore[import-not-found]
 except ImportError:  # imported from the package (tests, type checking)
     from pytriton.proxy import _wire
+
+
+# The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
+# exists; on Python 3.13 (no numpy 1.x build) it runs with numpy 2, whose ABI breaks the stub's
+# own numpy conversions (empty float tensors, crashes on strings) while DLPack still works.
+# Triton.bind refuses BYTES tensors in that mode (DLPack cannot carry them).
+_NUMPY2 = int(np.__version__.split(".")[0]) >= 2
+
+
+def _input_array(tensor: Any) -> Any:
+    return np.from_dlpack(tensor) if _NUMPY2 else tensor.as_numpy()
+
+
+def _output_tensor(name: str, array: Any) -> Any:
+    if not _NUMPY2:
+        return pb_utils.Tensor(name, array)
+    if not (array.flags.writeable and array.flags.c_contiguous):
+        array = np.array(array, copy=True, order="C")  # DLPack exports writable, contiguous arrays only
+    return pb_utils.Tensor.from_dlpack(name, array)
 
 
 class UserProcessGone(RuntimeError):
@@ -108,7 +128,7 @@ class TritonPythonModel:
         groups = []
         entries = []
         for request, names in zip(requests, requested):
-            groups.append([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
+            groups.append([(tensor.name(), _input_array(tensor)) for tensor in request.inputs()])
             raw_parameters = request.parameters()
             entries.append((json.loads(raw_parameters) if raw_parameters != "{}" else None, names))
         metas = _wire.write_tensors(self._arena, groups)
@@ -118,7 +138,7 @@ class TritonPythonModel:
     def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
         buffer = self._reader.attach(reply[1]) if reply[1] else None
         own = self._arena.buffer
-        Tensor = pb_utils.Tensor
+        Tensor = _output_tensor
         read = _wire.read_tensor
         responses = []
         for metas, names in zip(reply[2], requested):

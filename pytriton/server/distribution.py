@@ -170,6 +170,7 @@ class StubEnvironment:
 
     bin_dir: pathlib.Path
     own: bool  # True: pytriton's private env; False: the user's own environment
+    numpy2: bool = False  # the stub will run with numpy 2 (Python 3.13+): no BYTES tensors
 
 
 def stub_env_dir(home: Optional[pathlib.Path] = None) -> pathlib.Path:
@@ -202,7 +203,11 @@ def stub_environment(home: Optional[pathlib.Path] = None) -> StubEnvironment:
         )
     import numpy
 
-    if int(numpy.__version__.split(".")[0]) >= 2:
+    numpy2 = int(numpy.__version__.split(".")[0]) >= 2
+    if numpy2 and sys.version_info >= (3, 13):
+        # numpy 1.x does not exist for this Python: the stub converts numeric tensors via DLPack.
+        return StubEnvironment(bin_dir=pathlib.Path(sys.executable).parent, own=False, numpy2=True)
+    if numpy2:
         raise PyTritonServerError(
             f"This environment has numpy {numpy.__version__}, but Triton's Python backend stub only works with "
             f"numpy 1.x, and pytriton's private stub environment for Python {python_tag()} is missing "
