@@ -39,13 +39,7 @@ except ImportError:  # imported from the package (tests, type checking)
 _NUMPY2 = int(np.__version__.split(".")[0]) >= 2
 
 
-def _input_array(tensor: Any) -> Any:
-    return np.from_dlpack(tensor) if _NUMPY2 else tensor.as_numpy()
-
-
-def _output_tensor(name: str, array: Any) -> Any:
-    if not _NUMPY2:
-        return pb_utils.Tensor(name, array)
+def _dlpack_output(name: str, array: Any) -> Any:
     if not (array.flags.writeable and array.flags.c_contiguous):
         array = np.array(array, copy=True, order="C")  # DLPack exports writable, contiguous arrays only
     return pb_utils.Tensor.from_dlpack(name, array)
@@ -128,7 +122,10 @@ class TritonPythonModel:
         groups = []
         entries = []
         for request, names in zip(requests, requested):
-            groups.append([(tensor.name(), _input_array(tensor)) for tensor in request.inputs()])
+            if _NUMPY2:
+                groups.append([(tensor.name(), np.from_dlpack(tensor)) for tensor in request.inputs()])
+            else:
+                groups.append([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
             raw_parameters = request.parameters()
             entries.append((json.loads(raw_parameters) if raw_parameters != "{}" else None, names))
         metas = _wire.write_tensors(self._arena, groups)
@@ -138,7 +135,7 @@ class TritonPythonModel:
     def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
         buffer = self._reader.attach(reply[1]) if reply[1] else None
         own = self._arena.buffer
-        Tensor = _output_tensor
+        Tensor = _dlpack_output if _NUMPY2 else pb_utils.Tensor
         read = _wire.read_tensor
         responses = []
         for metas, names in zip(reply[2], requested):

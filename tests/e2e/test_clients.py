@@ -68,7 +68,8 @@ def _t(name, shape=(-1,), dtype=np.float32):
 @pytest.fixture(scope="module")
 def urls():
     ports = triton_ports()
-    with Triton(config=TritonConfig(**ports)) as triton:
+    config = TritonConfig(http_header_forward_pattern="x-.*", grpc_header_forward_pattern="x-.*", **ports)
+    with Triton(config=config) as triton:
         triton.bind(
             "AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")], config=ModelConfig(max_batch_size=64)
         )
@@ -126,9 +127,10 @@ def test_mixing_positional_and_named_inputs_is_rejected(url):
 def test_parameters_and_headers_reach_the_model(url):
     with ModelClient(url, "Params") as client:
         result = client.infer_sample(
-            np.ones(1, np.float32), parameters={"mode": "fast", "k": 2}, headers={"x-trace": "1"}
+            np.ones(1, np.float32), parameters={"mode": "fast", "k": 2}, headers={"x-trace": "abc", "other": "no"}
         )
-        assert json.loads(result["params"][0]) == {"k": 2, "mode": "fast"}
+        # Headers matching *_header_forward_pattern arrive as parameters, next to the request's own.
+        assert json.loads(result["params"][0]) == {"k": 2, "mode": "fast", "x-trace": "abc"}
 
 
 def test_non_batching_model(url):
