@@ -122,7 +122,7 @@ class BoundModel:
                 "pytriton.slots": str(len(funcs)),
                 "pytriton.shm_prefix": self.shm_prefix,
                 # How long the stub polls for the reply before sleeping; see docs/performance.md.
-                "pytriton.spin_us": os.environ.get("PYTRITON_PROXY_SPIN_US", "300"),
+                "pytriton.spin_us": os.environ.get("PYTRITON_PROXY_SPIN_US", "1000"),
             },
         )
         if not self.config.outputs:
