@@ -5,5 +5,5 @@
 runs inside Triton's Python-backend stub), ``_worker`` (the user-side loop that calls the bound
 callable) and ``_binding`` (one bound model: config, repository files, workers).
 
-This package must stay importable inside the stub (numpy and pyzmq only): keep imports lazy here.
+This package must stay importable inside the stub (standard library and numpy only): keep imports lazy here.
 """

@@ -1,8 +1,8 @@
 """The proxy model that runs inside Triton's Python-backend stub.
 
 ``Triton.bind`` copies this file as ``model.py`` (and ``_wire.py`` beside it as
-``_pytriton_wire.py``) into the model repository. Only the standard library, numpy and pyzmq are
-available here, so nothing else from pytriton may be imported.
+``_pytriton_wire.py``) into the model repository. Only the standard library and numpy are
+available here (the stub's own environment), so nothing else from pytriton may be imported.
 
 Per model instance (one stub process each) the proxy claims a free *slot* of the model by taking
 an exclusive ``flock`` on ``slot-<n>.lock``; the kernel releases it when the stub exits, however it
@@ -60,7 +60,6 @@ class TritonPythonModel:
         self._endpoint_dir = params["pytriton.endpoint_dir"]
         slots = int(params["pytriton.slots"])
         self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
-        self._output_names = [output["name"] for output in config.get("output", [])]
         self._max_spin_s = float(params.get("pytriton.spin_us", "0")) / 1e6
         self._typical_reply_s = 0.0  # moving average of how long the worker takes to answer
         self._lock_fd = self._claim_slot(slots)
