@@ -76,6 +76,8 @@ def urls():
         triton.bind("Params", params_echo, [_t("x")], [_t("params", (1,), bytes)])
         triton.bind("NoBatch", no_batch, [_t("x", (3,))], [_t("y", (3,))], config=ModelConfig(batching=False))
         triton.bind("Slow", slow, [_t("x", (1,))], [_t("y", (1,))])
+        # A model of its own for the queue test, so it never waits behind the timeout tests' sleeps.
+        triton.bind("QueueProbe", slow, [_t("x", (1,))], [_t("y", (1,))])
         triton.bind("Fails", fails, [_t("x")], [_t("y")])
         triton.bind(
             "Tokens",
@@ -195,11 +197,11 @@ def test_many_concurrent_futures(url):
 
 
 def test_futures_closed_and_queue_full(url):
-    client = FuturesModelClient(url, "Slow", max_workers=1, max_queue_size=1, non_blocking=True)
+    client = FuturesModelClient(url, "QueueProbe", max_workers=1, max_queue_size=1, non_blocking=True)
     first = client.infer_sample(np.array([0.3], np.float32))
     with pytest.raises(PyTritonClientQueueFullError):
         client.infer_sample(np.array([0.0], np.float32))
-    first.result(timeout=10)
+    first.result(timeout=30)
     client.close()
     with pytest.raises(PyTritonClientClosedError):
         client.infer_sample(np.array([0.0], np.float32))
