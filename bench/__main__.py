@@ -137,13 +137,16 @@ def startup_plain(repeats: int) -> Dict[str, Any]:
             )  # fmt: skip
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
+                connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=1)
                 try:
-                    connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=1)
                     connection.request("GET", "/v2/health/ready")
                     if connection.getresponse().status == 200:
                         break
                 except OSError:
                     pass
+                finally:
+                    # An open connection would make Triton's SIGINT wait for it (up to its exit timeout).
+                    connection.close()
                 time.sleep(0.005)
             ready.append(time.monotonic() - started)
             stopping = time.monotonic()
