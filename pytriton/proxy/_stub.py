@@ -135,8 +135,7 @@ class TritonPythonModel:
                 groups.append([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
             raw_parameters = request.parameters()
             entries.append((json.loads(raw_parameters) if raw_parameters != "{}" else None, names))
-        metas = _wire.write_tensors(self._arena, groups)
-        segment = self._arena.name if _wire.uses_arena(metas) else None
+        segment, metas = _wire.write_tensors(self._arena, groups)
         return (_wire.INFER, segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)])
 
     def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:

@@ -41,10 +41,12 @@ INFER = 2  # (INFER, segment, requests) requests: [(inputs, parameters, requeste
 NEXT = 3  # (NEXT,)  ask for the next chunk of a stream
 BYE = 4  # (BYE,)
 # user -> stub
-OK = 10  # (OK, segment, results) results: [outputs] one per request
-ERROR = 11  # (ERROR, message)  the whole batch failed
+# The last reply for a batch (OK, ERROR or END) ends with ``retire``: True if the callable kept
+# views of the stub's arena, which must then not be written again.
+OK = 10  # (OK, segment, results, retire) results: [outputs] one per request
+ERROR = 11  # (ERROR, message[, retire])  the whole batch failed
 CHUNK = 12  # (CHUNK, segment, results) one streamed response per request, more follow
-END = 13  # (END,)  stream finished
+END = 13  # (END, retire)  stream finished
 WELCOME = 14  # (WELCOME, slot)
 
 BYTES = "BYTES"
@@ -52,9 +54,7 @@ SHM_DIR = "/dev/shm"
 _ALIGN = 64
 _SMALL = 1 << 16  # tensors up to this size travel inside the message
 IN_RECEIVER = 1  # payload marker: the bytes are already in the receiver's own arena
-_LENGTH = struct.Struct("<I")
-
-_FRAME = struct.Struct("<I")
+_UINT32 = struct.Struct("<I")  # frame lengths and BYTES element lengths
 
 
 class Channel:
@@ -72,7 +72,7 @@ class Channel:
     def send(self, message: Any) -> None:
         """Send one frame."""
         payload = marshal.dumps(message)
-        self.sock.sendall(_FRAME.pack(len(payload)) + payload)
+        self.sock.sendall(_UINT32.pack(len(payload)) + payload)
 
     def recv(self, spin_s: float = 0.0) -> Any:
         """Receive one frame; raise ``EOFError`` if the peer closed the connection.
@@ -83,7 +83,7 @@ class Channel:
         buffer = self._buffer
         while True:
             if len(buffer) >= 4:
-                end = 4 + _FRAME.unpack_from(buffer)[0]
+                end = 4 + _UINT32.unpack_from(buffer)[0]
                 if len(buffer) >= end:
                     with memoryview(buffer) as view:
                         message = marshal.loads(view[4:end])
@@ -220,7 +220,7 @@ class ArenaReader:
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Triton's BYTES layout: each element as a 4-byte little-endian length and its bytes."""
-    pack = _LENGTH.pack
+    pack = _UINT32.pack
     parts: List[bytes] = []
     for item in array.reshape(-1).tolist():
         if isinstance(item, str):
@@ -240,7 +240,7 @@ def deserialize_bytes(buffer: Any, offset: int, nbytes: int, shape: Tuple[int, .
         count *= dim
     items: List[bytes] = []
     position = 0
-    unpack = _LENGTH.unpack_from
+    unpack = _UINT32.unpack_from
     for _ in range(count):
         (length,) = unpack(view, position)
         position += 4
@@ -252,15 +252,13 @@ def deserialize_bytes(buffer: Any, offset: int, nbytes: int, shape: Tuple[int, .
     return result.reshape(shape)
 
 
-def is_bytes_array(array: np.ndarray) -> bool:
-    """True if the array holds strings/bytes (Triton BYTES)."""
-    return array.dtype.kind in "SUO"
-
-
 def write_tensors(
     arena: Arena, groups: Sequence[Sequence[Tuple[str, np.ndarray]]], peer: Optional[ArenaReader] = None
-) -> List[List[TensorMeta]]:
+) -> Tuple[Optional[str], List[List[TensorMeta]]]:
     """Describe every tensor of every group, group by group, copying large ones into ``arena``.
+
+    Returns the arena's segment name if anything was written to it (the receiver must map it),
+    else None, and the tensors' headers group by group.
 
     Small tensors travel inline (their bytes are the payload). Large numeric tensors are copied
     by numpy straight from their source, even non-contiguous or Fortran-ordered, into the arena,
@@ -294,21 +292,17 @@ def write_tensors(
             pending.append((total, data))
             total = (total + nbytes + _ALIGN - 1) & ~(_ALIGN - 1)
         metas.append(group_meta)
-    if pending:
-        buffer = arena.reserve(total)
-        for offset, data in pending:
-            if isinstance(data, bytes):
-                buffer[offset : offset + len(data)] = data
-            else:
-                target = np.frombuffer(buffer, dtype=data.dtype, count=data.size, offset=offset).reshape(data.shape)
-                np.copyto(target, data, casting="no")
-                del target  # release the export so the arena can be closed
-    return metas
-
-
-def uses_arena(metas: Sequence[Sequence[TensorMeta]]) -> bool:
-    """True if any tensor of the message lives in the sender's arena."""
-    return any(type(meta[3]) is not bytes for group in metas for meta in group)
+    if not pending:
+        return None, metas
+    buffer = arena.reserve(total)
+    for offset, data in pending:
+        if isinstance(data, bytes):
+            buffer[offset : offset + len(data)] = data
+        else:
+            target = np.frombuffer(buffer, dtype=data.dtype, count=data.size, offset=offset).reshape(data.shape)
+            np.copyto(target, data, casting="no")
+            del target  # release the export so the arena can be closed
+    return arena.name, metas
 
 
 _DTYPES: Dict[str, np.dtype] = {}
@@ -343,11 +337,6 @@ def read_tensor(buffer: Any, meta: TensorMeta, copy: bool, own: Any = None) -> n
     # array (np.ndarray(buffer=mmap) does not, and a closed mapping would crash the process).
     array = np.frombuffer(buffer, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(shape)
     return array.copy() if copy else array
-
-
-def read_tensors(buffer: Any, metas: Sequence[TensorMeta], copy: bool) -> Dict[str, np.ndarray]:
-    """All tensors of one group, keyed by name."""
-    return {meta[0]: read_tensor(buffer, meta, copy) for meta in metas}
 
 
 def _shm_names() -> List[str]:

@@ -257,8 +257,8 @@ class InstanceWorker:
 
     def _encode(self, result: Any, n_requests: int, kind: int) -> Any:
         groups = self._checker.check(result, n_requests)
-        metas = _wire.write_tensors(self._arena, groups, self._reader)
-        return (kind, self._arena.name if _wire.uses_arena(metas) else None, metas)
+        segment, metas = _wire.write_tensors(self._arena, groups, self._reader)
+        return (kind, segment, metas)
 
     def _failure(self, exc: BaseException) -> Any:
         LOGGER.error("Model %s: inference callable failed", self._config.model_name, exc_info=exc)
@@ -295,11 +295,10 @@ class InstanceWorker:
             return self._failure(exc)
         streaming = inspect.isgenerator(result) or inspect.isasyncgen(result)
         if streaming and not self._decoupled:
-            close = getattr(result, "close", None) or getattr(result, "aclose", None)
             if inspect.isgenerator(result):
                 result.close()
-            elif close is not None:
-                self._event_loop().run_until_complete(close())
+            else:
+                self._event_loop().run_until_complete(result.aclose())
             return self._failure(
                 PyTritonRuntimeError(
                     f"Model {self._config.model_name!r} returned a generator but is not decoupled; "

@@ -35,9 +35,9 @@ def arena():
 
 def _round_trip(arena, tensors):
     owner, reader = arena
-    metas = _wire.write_tensors(owner, [list(tensors.items())])
-    buffer = reader.attach(owner.name) if _wire.uses_arena(metas) else None
-    return _wire.read_tensors(buffer, metas[0], copy=True)
+    segment, metas = _wire.write_tensors(owner, [list(tensors.items())])
+    buffer = reader.attach(segment) if segment else None
+    return {meta[0]: _wire.read_tensor(buffer, meta, copy=True) for meta in metas[0]}
 
 
 @pytest.mark.parametrize("rows", [3, 20_000], ids=["inline", "arena"])
@@ -115,8 +115,8 @@ def test_channel_frames_over_a_socket_pair():
 def test_views_keep_their_mapping_alive(arena):
     owner, reader = arena
     data = np.arange(100_000, dtype=np.float64)
-    metas = _wire.write_tensors(owner, [[("x", data)]])
-    view = _wire.read_tensor(reader.attach(owner.name), metas[0][0], copy=False)
+    segment, metas = _wire.write_tensors(owner, [[("x", data)]])
+    view = _wire.read_tensor(reader.attach(segment), metas[0][0], copy=False)
     reader.close()  # the reader lets go, but the view must stay readable (no unmap under it)
     owner.close()
     assert view.sum() == data.sum()
