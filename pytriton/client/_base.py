@@ -26,6 +26,13 @@ class BaseModelClient:
         self._core = ClientCore(self._url, model_name, model_version, init_timeout_s, inference_timeout_s)
         self._lazy_init = lazy_init
         self._closed = False
+        self._open()
+
+    def _open(self) -> None:
+        """Create the connections; called once, at the end of ``__init__``.
+
+        Subclasses that do blocking work here (``lazy_init=False``) close themselves if it fails.
+        """
 
     def _check_open(self) -> None:
         if self._closed:

@@ -36,23 +36,11 @@ def _has_outputs(result: Any) -> bool:
 class _StreamingBase(BaseModelClient):
     """URL checks and request preparation shared by the streaming clients."""
 
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str],
-        *,
-        lazy_init: bool,
-        init_timeout_s: Optional[float],
-        inference_timeout_s: Optional[float],
-    ):
-        super().__init__(
-            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
-            inference_timeout_s=inference_timeout_s,
-        )  # fmt: skip
+    def _open(self) -> None:
         if self._url.scheme != "grpc":
             raise PyTritonClientValueError(
-                f"Streaming (decoupled) models need gRPC, but {url!r} is HTTP; use grpc://host:port (default port 8001)."
+                f"Streaming (decoupled) models need gRPC, but {str(self._url)!r} is HTTP; use grpc://host:port "
+                "(default port 8001)."
             )
 
     def _check_config(self, config: TritonModelConfig) -> None:
@@ -90,26 +78,14 @@ class DecoupledModelClient(_StreamingBase):
     response is bounded by ``inference_timeout_s``.
     """
 
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-    ):
-        super().__init__(
-            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
-            inference_timeout_s=inference_timeout_s,
-        )  # fmt: skip
+    def _open(self) -> None:
+        super()._open()
         import tritonclient.grpc as lib
 
         self._lib = lib
         self._client = lib.InferenceServerClient(self._url.address)
         self._lock = threading.Lock()
-        if not lazy_init:
+        if not self._lazy_init:
             try:
                 self._check_config(run_sync(self._core.ensure_config(), self._client, self._client))
             except BaseException:

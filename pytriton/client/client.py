@@ -48,24 +48,11 @@ class ModelClient(BaseModelClient):
     ``PyTritonClientTimeoutError`` past it.
     """
 
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-    ):
-        super().__init__(
-            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
-            inference_timeout_s=inference_timeout_s,
-        )  # fmt: skip
+    def _open(self) -> None:
         self._lib, self._control, self._infer_client = sync_clients(
             self._url, min(self._core.init_timeout_s, 60.0), self._core.inference_timeout_s
         )
-        if not lazy_init:
+        if not self._lazy_init:
             try:
                 run_sync(self._core.ensure_config(), self._control, self._infer_client)
             except BaseException:
@@ -253,20 +240,7 @@ class AsyncioModelClient(BaseModelClient):
     ``__aenter__`` with ``lazy_init=False``) each inference is a single server round trip.
     """
 
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-    ):
-        super().__init__(
-            url, model_name, model_version, lazy_init=lazy_init, init_timeout_s=init_timeout_s,
-            inference_timeout_s=inference_timeout_s,
-        )  # fmt: skip
+    def _open(self) -> None:
         self._lib, self._client = async_clients(self._url)
 
     async def __aenter__(self) -> AsyncioModelClient:
