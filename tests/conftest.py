@@ -7,7 +7,24 @@ import socket
 import time
 from typing import Dict, List
 
+import numpy as np
 import pytest
+
+# Every numeric dtype Triton carries (BYTES is tested separately).
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
 
 
 def free_ports(count: int) -> List[int]:

@@ -18,22 +18,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from pytriton.exceptions import PyTritonUnrecoverableError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
-from tests.conftest import triton_ports
+from tests.conftest import DTYPES, triton_ports
 
-DTYPES = [
-    np.bool_,
-    np.int8,
-    np.int16,
-    np.int32,
-    np.int64,
-    np.uint8,
-    np.uint16,
-    np.uint32,
-    np.uint64,
-    np.float16,
-    np.float32,
-    np.float64,
-]
 BIG_BYTES = 256 * 1024 * 1024
 RETAINED: list = []
 

@@ -6,21 +6,7 @@ import numpy as np
 import pytest
 
 from pytriton.proxy import _wire
-
-DTYPES = [
-    np.bool_,
-    np.int8,
-    np.int16,
-    np.int32,
-    np.int64,
-    np.uint8,
-    np.uint16,
-    np.uint32,
-    np.uint64,
-    np.float16,
-    np.float32,
-    np.float64,
-]
+from tests.conftest import DTYPES
 
 
 @pytest.fixture()
