@@ -199,6 +199,10 @@ class ArenaReader:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             self.name = name
+            self.size = len(self.buffer)
+            probe = np.frombuffer(self.buffer, dtype=np.uint8, count=1)
+            self.address = probe.__array_interface__["data"][0]
+            del probe  # release the buffer export so the mapping can be closed later
         return self.buffer
 
     def close(self) -> None:
@@ -214,7 +218,7 @@ class ArenaReader:
         """Offset of ``array``'s memory in the peer's arena if it lies there (contiguously), else None."""
         if self.buffer is None or not array.flags.c_contiguous:
             return None
-        start = int(array.ctypes.data) - self.address
+        start = array.__array_interface__["data"][0] - self.address
         return start if start >= 0 and start + array.nbytes <= self.size else None
 
 

@@ -106,3 +106,30 @@ def test_views_keep_their_mapping_alive(arena):
     reader.close()  # the reader lets go, but the view must stay readable (no unmap under it)
     owner.close()
     assert view.sum() == data.sum()
+
+
+def test_outputs_lying_in_the_receivers_arena_are_referenced_not_copied(arena):
+    """An input returned as is (or a contiguous slice of it) goes back as an offset into the sender's arena."""
+    owner, reader = arena
+    data = np.arange(50_000, dtype=np.float32).reshape(2, 25_000)
+    segment, metas = _wire.write_tensors(owner, [[("x", data)]])
+    view = _wire.read_tensor(reader.attach(segment), metas[0][0], copy=False)  # what the callable gets
+    answer = _wire.Arena(f"pytriton-{os.getpid()}-unittest-answer")
+    try:
+        outputs = [("same", view), ("row", view[1]), ("strided", view[:, ::2]), ("fresh", view * 2)]
+        answer_segment, answer_metas = _wire.write_tensors(answer, [outputs], peer=reader)
+        payloads = {meta[0]: meta[3] for meta in answer_metas[0]}
+        assert payloads["same"] == (metas[0][0][3][0], data.nbytes, _wire.IN_RECEIVER)
+        assert payloads["row"] == (metas[0][0][3][0] + data.nbytes // 2, data.nbytes // 2, _wire.IN_RECEIVER)
+        assert len(payloads["strided"]) == 2 and len(payloads["fresh"]) == 2  # copied into the answer arena
+        assert answer_segment == answer.name
+        # The original writer resolves the references against its own arena.
+        own = owner.buffer
+        back = {m[0]: _wire.read_tensor(answer.buffer, m, copy=True, own=own) for m in answer_metas[0]}
+        np.testing.assert_array_equal(back["same"], data)
+        np.testing.assert_array_equal(back["row"], data[1])
+        np.testing.assert_array_equal(back["strided"], data[:, ::2])
+        np.testing.assert_array_equal(back["fresh"], data * 2)
+        del view, outputs, back
+    finally:
+        answer.close()
