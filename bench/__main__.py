@@ -296,7 +296,7 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                     try:
                         scenarios[f"perf_analyzer_{protocol}_c{concurrency}"] = pair(
                             lambda m, proto=protocol, p=port, c=concurrency: perf_analyzer(proto, p, m, c, 3000),
-                            "proxy_identity", "plain_identity", rounds=1,
+                            "proxy_identity", "plain_identity", rounds=1 if quick else 3,
                         )  # fmt: skip
                     except Exception as exc:  # reported, never hidden
                         scenarios[f"perf_analyzer_{protocol}_c{concurrency}"] = {"error": str(exc)[-500:]}
@@ -307,8 +307,9 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
     finally:
         shutil.rmtree(repository, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    results["targets"] = report.check_targets(results)
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    table = report.table(results)
+    table = report.table(results) + "\nTargets:\n\n" + report.targets_table(results["targets"])
     (out / "results.md").write_text(table)
     report.chart(results, out / "results.png")
     print(table)

@@ -31,6 +31,51 @@ ROWS: List[Tuple[str, str, str, str, bool]] = [
 ]
 
 
+# The data-path targets (issue: bind + proxy), each checked with every tool that measures it.
+# (label, limit, kind, [(scenario, metric, tool)]) with kind "ratio" (project/baseline at most
+# ``limit``) or "share" (project/baseline at least ``limit``).
+TARGETS: List[Tuple[str, float, str, List[Tuple[str, str, str]]]] = [
+    ("sequential HTTP p50, [1,16] fp32", 1.5, "ratio", [
+        ("perf_analyzer_http_c1", "p50_ms", "perf_analyzer"),
+        ("latency_http", "p50_ms", "lean Python HTTP client")]),
+    ("gRPC throughput, 32 in flight", 0.70, "share", [
+        ("perf_analyzer_grpc_c32", "requests_per_s", "perf_analyzer"),
+        ("throughput_grpc_c32", "requests_per_s", "2 Python asyncio client processes")]),
+    ("16 MiB identity throughput, HTTP", 0.85, "share", [
+        ("large_16mib_http", "mb_per_s", "lean Python HTTP client")]),
+]  # fmt: skip
+
+
+def check_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each target with each tool's measured ratio and whether it is met (missing figures are listed as such)."""
+    checks = []
+    for label, limit, kind, sources in TARGETS:
+        for scenario, metric, tool in sources:
+            entry = results["scenarios"].get(scenario, {})
+            if "project" not in entry or not entry["baseline"].get(metric):
+                checks.append({"target": label, "tool": tool, "ratio": None, "met": None})
+                continue
+            ratio = entry["project"][metric] / entry["baseline"][metric]
+            met = ratio <= limit if kind == "ratio" else ratio >= limit
+            checks.append({"target": label, "tool": tool, "ratio": ratio, "limit": limit, "kind": kind, "met": met})
+    return checks
+
+
+def targets_table(checks: List[Dict[str, Any]]) -> str:
+    """Markdown table of :func:`check_targets`."""
+    lines = ["| target | measured with | pytriton / baseline | limit | met |", "| --- | --- | ---: | ---: | --- |"]
+    for check in checks:
+        if check["ratio"] is None:
+            lines.append(f"| {check['target']} | {check['tool']} | not measured | | |")
+            continue
+        if check["kind"] == "ratio":
+            value, limit = f"{check['ratio']:.2f}x", f"at most {check['limit']}x"
+        else:
+            value, limit = f"{check['ratio'] * 100:.0f}%", f"at least {check['limit'] * 100:.0f}%"
+        lines.append(f"| {check['target']} | {check['tool']} | {value} | {limit} | {'yes' if check['met'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(value: float) -> str:
     if value >= 100:
         return f"{value:,.0f}"
