@@ -75,12 +75,18 @@ def parallel_load(spec: Dict[str, Any], processes: int) -> Dict[str, Any]:
     }
 
 
-def model_stats(port: int, model: str) -> Dict[str, int]:
+def model_stats(port: int, model: str) -> Dict[str, Any]:
+    """Triton's counters for ``model``: inferences, executions and the mean µs per request of each phase."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     connection.request("GET", f"/v2/models/{model}/stats")
     stats = json.loads(connection.getresponse().read())["model_stats"][0]
     connection.close()
-    return {"inferences": int(stats["inference_count"]), "executions": int(stats["execution_count"])}
+    phases = stats["inference_stats"]
+    result: Dict[str, Any] = {"inferences": int(stats["inference_count"]), "executions": int(stats["execution_count"])}
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        count = int(phases[phase]["count"])
+        result[f"{phase}_us"] = int(phases[phase]["ns"]) / count / 1e3 if count else 0.0
+    return result
 
 
 def load_plain_models(port: int, names: List[str]) -> None:
@@ -181,7 +187,8 @@ def perf_analyzer(protocol: str, port: int, model: str, concurrency: int, interv
 # -- the run ---------------------------------------------------------------------------------------------
 def pair(measure: Any, project_model: str, plain_model: str, rounds: int = 2) -> Dict[str, Any]:
     """Measure project and baseline alternately (ABAB...) and keep each side's median round."""
-    project, plain = [], []
+    project: List[Dict[str, Any]] = []
+    plain: List[Dict[str, Any]] = []
     for index in range(rounds):
         order = [(project_model, project), (plain_model, plain)]
         for model, sink in order if index % 2 == 0 else reversed(order):
@@ -233,6 +240,13 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                                                             "count": count}),
                     "proxy_identity", "plain_identity", rounds=2 if quick else 3,
                 )  # fmt: skip
+            # Where the time goes inside the server, as Triton itself accounts it (means over the
+            # sequential runs above): compute_infer is the model's execute(), i.e. the proxy's round
+            # trip to the user's process for pytriton.
+            scenarios["latency_server_side"] = {
+                "project": model_stats(http_port, "proxy_identity"),
+                "baseline": model_stats(http_port, "plain_identity"),
+            }
 
             print("throughput ...", flush=True)
             for protocol, port in (("http", http_port), ("grpc", grpc_port)):
@@ -249,7 +263,7 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                 scenarios[f"large_{mib}mib_http"] = pair(
                     lambda m, size=mib: load({"scenario": "large_http", "port": http_port, "model": m,
                                               "bytes": size << 20, "count": 30 if size < 64 else 10}),
-                    "proxy_large", "plain_large",
+                    "proxy_large", "plain_large", rounds=2 if quick else 3,
                 )  # fmt: skip
 
             print("dynamic batching ...", flush=True)

@@ -13,6 +13,8 @@ ROWS: List[Tuple[str, str, str, str, bool]] = [
     ("latency_http", "p99_ms", "sequential [1,16] fp32, HTTP p99", "ms", False),
     ("latency_grpc", "p50_ms", "sequential [1,16] fp32, gRPC p50", "ms", False),
     ("latency_grpc", "p99_ms", "sequential [1,16] fp32, gRPC p99", "ms", False),
+    ("latency_server_side", "queue_us", "sequential: Triton queue time per request (mean)", "us", False),
+    ("latency_server_side", "compute_infer_us", "sequential: Triton compute_infer per request (mean)", "us", False),
     ("throughput_http_c8", "requests_per_s", "throughput, HTTP, 8 in flight", "req/s", True),
     ("throughput_http_c32", "requests_per_s", "throughput, HTTP, 32 in flight", "req/s", True),
     ("throughput_grpc_c8", "requests_per_s", "throughput, gRPC, 8 in flight", "req/s", True),
@@ -48,7 +50,7 @@ TARGETS: List[Tuple[str, float, str, List[Tuple[str, str, str]]]] = [
 
 def check_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each target with each tool's measured ratio and whether it is met (missing figures are listed as such)."""
-    checks = []
+    checks: List[Dict[str, Any]] = []
     for label, limit, kind, sources in TARGETS:
         for scenario, metric, tool in sources:
             entry = results["scenarios"].get(scenario, {})

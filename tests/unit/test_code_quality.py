@@ -23,5 +23,5 @@ def test_ruff_format():
 
 
 def test_mypy():
-    result = _run("mypy", "pytriton")
+    result = _run("mypy", "pytriton", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
