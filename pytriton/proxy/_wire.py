@@ -8,7 +8,8 @@ alternating (the stub asks, the user's worker answers). A message is a 4-byte le
 ``marshal``-encoded tuple (both ends run the same Python version, so the format matches, and it is
 several times faster than JSON). A plain socket is used rather than ZeroMQ because ZeroMQ routes
 every message through its I/O threads: on the 2-core reference machine a ZeroMQ ``ipc://`` round
-trip took 93 us against 21.5 us for the socket (``python -m bench.transport_pingpong``).
+trip took 88 us against 24 us for the socket, and 188 us against 58 us after 600 us of idleness
+(``python -m bench.transport_pingpong``, docs/architecture.md).
 
 Each tensor is described by ``(name, dtype, shape, payload)``. Small tensors (up to 64 KiB) carry
 their bytes in ``payload`` inside the message: measured inside the stub, that is cheaper than any
