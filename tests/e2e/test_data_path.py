@@ -86,6 +86,27 @@ def streamer(requests):
         raise RuntimeError("stream broke at the end")
 
 
+def big_streamer(requests):
+    # Chunks of 400 kB: each goes through the worker's arena, which is reused for the next one.
+    for step in range(int(requests[0]["n"].flat[0])):
+        yield [{"chunk": np.full((1, 100_000), step, dtype=np.float32)} for _ in requests]
+
+
+def large_layouts(requests):
+    """Large outputs in every layout: the input itself, a slice of it, Fortran order, strided, strings."""
+    results = []
+    for r in requests:
+        x = r["x"]
+        results.append({
+            "same": x,
+            "tail": x[:, x.shape[1] // 2 :],
+            "fortran": np.asfortranarray(np.repeat(x * 2, 2, axis=0)[: len(x)]),
+            "strided": x[:, ::2],
+            "text": np.array([[b"%d" % int(v) for v in row[:20_000]] for row in x], dtype=object),
+        })  # fmt: skip
+    return results
+
+
 def failing(requests):
     raise ValueError("bad thing happened")
 
@@ -177,6 +198,20 @@ def server():
         [_t("n", (1,), np.int32), _t("fail", (1,), np.int32)],
         [_t("step", (1,), np.int32)],
         config=ModelConfig(decoupled=True),
+    )
+    triton.bind(
+        "BigStream",
+        big_streamer,
+        [_t("n", (1,), np.int32)],
+        [_t("chunk", (-1,), np.float32)],
+        config=ModelConfig(decoupled=True),
+    )
+    triton.bind(
+        "Layouts",
+        large_layouts,
+        [_t("x")],
+        [_t("same"), _t("tail"), _t("fortran"), _t("strided"), _t("text", (-1,), bytes)],
+        config=ModelConfig(max_batch_size=1),
     )
     triton.bind("Fails", failing, [_t("x")], [_t("y")])
     triton.bind("WrongType", wrong_type, [_t("x")], [_t("y")])
@@ -463,6 +498,50 @@ def test_decoupled_error_mid_stream(server):
     steps, errors = _stream(ports, 2, 1)
     assert steps == [0, 1]
     assert len(errors) == 1 and "RuntimeError: stream broke at the end" in errors[0]
+
+
+def test_large_streamed_chunks_arrive_intact(server):
+    _, ports = server
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+    results: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    n = grpcclient.InferInput("n", [1, 1], "INT32")
+    n.set_data_from_numpy(np.array([[6]], dtype=np.int32))
+    c.async_stream_infer("BigStream", [n], enable_empty_final_response=True)
+    chunks = []
+    for _ in range(20):  # 6 chunks and the final flag
+        result, error = results.get(timeout=30)
+        assert error is None, error
+        response = result.get_response()
+        if response.outputs:
+            chunks.append(result.as_numpy("chunk"))
+        if "triton_final_response" in response.parameters and response.parameters["triton_final_response"].bool_param:
+            break
+    c.stop_stream()
+    c.close()
+    assert [chunk.shape for chunk in chunks] == [(1, 100_000)] * 6
+    for step, chunk in enumerate(chunks):
+        assert (chunk == step).all(), f"chunk {step} was overwritten"
+
+
+def test_large_outputs_in_every_layout(client):
+    rng = np.random.default_rng(7)
+    for _ in range(3):  # repeated: the arenas are reused between requests
+        x = rng.integers(0, 1000, size=(1, 120_000)).astype(F32)
+        result = infer(client, "Layouts", {"x": x})
+        np.testing.assert_array_equal(result.as_numpy("same"), x)
+        np.testing.assert_array_equal(result.as_numpy("tail"), x[:, 60_000:])
+        np.testing.assert_array_equal(result.as_numpy("fortran"), x * 2)
+        np.testing.assert_array_equal(result.as_numpy("strided"), x[:, ::2])
+        text = result.as_numpy("text")
+        assert (
+            text.shape == (1, 20_000)
+            and text[0, 5] == b"%d" % int(x[0, 5])
+            and text[0, -1] == b"%d" % int(x[0, 19_999])
+        )
+    subset = infer(client, "Layouts", {"x": x}, outputs=["tail", "strided"])
+    np.testing.assert_array_equal(subset.as_numpy("tail"), x[:, 60_000:])
+    assert subset.as_numpy("same") is None
 
 
 def test_model_ready_endpoints(server):
