@@ -174,11 +174,18 @@ class TritonPythonModel:
                 self._settle(reply)
         senders = [request.get_response_sender() for request in requests]
         try:
+            unacknowledged = 0
             while reply[0] == _wire.CHUNK:
                 for sender, response in zip(senders, self._responses(reply, requested)):
                     sender.send(response)
-                # Only a chunk in the worker's arena needs an acknowledgement; inline ones keep coming.
-                reply = self._call((_wire.NEXT,)) if reply[1] else self._receive()
+                # The worker waits for NEXT after a chunk in its arena and after every window of
+                # inline chunks; it sends the others without waiting.
+                unacknowledged += 1
+                if reply[1] or unacknowledged >= _wire.STREAM_WINDOW:
+                    unacknowledged = 0
+                    reply = self._call((_wire.NEXT,))
+                else:
+                    reply = self._receive()
             if reply[0] == _wire.ERROR:
                 for sender in senders:
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(reply[1])))

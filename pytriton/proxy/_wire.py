@@ -55,6 +55,10 @@ SHM_DIR = "/dev/shm"
 _ALIGN = 64
 _SMALL = 1 << 16  # tensors up to this size travel inside the message
 IN_RECEIVER = 1  # payload marker: the bytes are already in the receiver's own arena
+# Streamed chunks the worker may send before it waits for the stub's NEXT. Without a limit a fast
+# generator runs far ahead of the stub and takes the CPU the first responses need to reach the
+# client; an arena chunk is always acknowledged (its memory is reused for the next one).
+STREAM_WINDOW = 16
 _UINT32 = struct.Struct("<I")  # frame lengths and BYTES element lengths
 
 

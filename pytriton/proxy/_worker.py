@@ -320,11 +320,12 @@ class InstanceWorker:
     def _stream(self, stream: Any, n_requests: int, channel: _wire.Channel) -> Any:
         """Send each yielded result as a CHUNK; returns the final reply (END or ERROR), None if the stub left.
 
-        Chunks small enough to travel inline are sent back to back (the socket buffer provides
-        back-pressure). A chunk that uses the arena must be acknowledged with NEXT before the
-        arena is written again.
+        Chunks small enough to travel inline are sent back to back, up to ``STREAM_WINDOW`` of
+        them before the stub acknowledges with NEXT. A chunk that uses the arena must be
+        acknowledged before the arena is written again.
         """
         done: Tuple[Type[BaseException], ...] = (StopIteration, StopAsyncIteration)
+        unacknowledged = 0
         while True:
             try:
                 chunk = self._next_chunk(stream)
@@ -335,8 +336,10 @@ class InstanceWorker:
                 return self._failure(exc)
             try:
                 channel.send(reply)
-                if reply[1] is None:
+                unacknowledged += 1
+                if reply[1] is None and unacknowledged < _wire.STREAM_WINDOW:
                     continue
+                unacknowledged = 0
                 follow_up = channel.recv()
             except (EOFError, OSError):
                 return None

@@ -493,10 +493,18 @@ def test_decoupled_streaming(server):
     assert steps == [0, 1, 2, 3, 4] and errors == []
 
 
-def test_decoupled_error_mid_stream(server):
+def test_long_stream_of_small_responses(server):
+    # More chunks than the stream window: the worker pauses for acknowledgements along the way.
     _, ports = server
-    steps, errors = _stream(ports, 2, 1)
-    assert steps == [0, 1]
+    steps, errors = _stream(ports, 100, 0)
+    assert steps == list(range(100)) and errors == []
+
+
+@pytest.mark.parametrize("count", [2, 40])
+def test_decoupled_error_mid_stream(server, count):
+    _, ports = server
+    steps, errors = _stream(ports, count, 1)
+    assert steps == list(range(count))
     assert len(errors) == 1 and "RuntimeError: stream broke at the end" in errors[0]
 
 
