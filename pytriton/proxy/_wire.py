@@ -3,8 +3,9 @@
 This module is imported on both sides. Inside the stub only the standard library and numpy 1.x
 are available, so it must not import anything else from pytriton.
 
-Transport: one Unix stream socket per model instance, one message each way per batch, strictly
-alternating (the stub asks, the user's worker answers). A message is a 4-byte length followed by a
+Transport: one Unix stream socket per model instance, one message each way per batch (the stub
+asks, the user's worker answers; a streamed batch gets one reply per yielded result, see
+``STREAM_WINDOW``). A message is a 4-byte length followed by a
 ``marshal``-encoded tuple (both ends run the same Python version, so the format matches, and it is
 several times faster than JSON). A plain socket is used rather than ZeroMQ because ZeroMQ routes
 every message through its I/O threads: on the 2-core reference machine a ZeroMQ ``ipc://`` round
