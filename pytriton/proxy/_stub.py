@@ -45,6 +45,11 @@ def _dlpack_output(name: str, array: Any) -> Any:
     return pb_utils.Tensor.from_dlpack(name, array)
 
 
+def _errors(message: str, requests: List[Any]) -> List[Any]:
+    """One error response per request."""
+    return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
+
+
 class UserProcessGone(RuntimeError):
     """The process that bound the model is no longer running."""
 
@@ -172,33 +177,62 @@ class TritonPythonModel:
                 return self._fail(requests, reply[1] if reply[0] == _wire.ERROR else "pytriton: unexpected reply")
             finally:
                 self._settle(reply)
+        self._stream(requests, requested, reply)
+        return None
+
+    def _stream(self, requests: List[Any], requested: List[Any], reply: Any) -> None:
+        """Send each streamed chunk to its clients as it arrives, then the final flag.
+
+        A client that cancelled (checked at every acknowledgement, each ``STREAM_WINDOW`` chunks at
+        most) or whose response Triton refused gets nothing more; once no client of the batch is
+        left, the worker is told to stop the generator. Whatever happens, the stream's messages are
+        read to the end, so the next batch starts in step.
+        """
         senders = [request.get_response_sender() for request in requests]
+        live = [True] * len(senders)
         try:
             unacknowledged = 0
             while reply[0] == _wire.CHUNK:
-                for sender, response in zip(senders, self._responses(reply, requested)):
-                    sender.send(response)
-                # The worker waits for NEXT after a chunk in its arena and after every window of
-                # inline chunks; it sends the others without waiting.
+                if any(live):
+                    try:
+                        responses = self._responses(reply, requested)
+                    except Exception as exc:  # e.g. Triton could not allocate the output: end the stream
+                        responses = _errors(f"pytriton proxy could not build a streamed response: {exc}", senders)
+                        self._send(senders, live, responses)
+                        live = [False] * len(senders)
+                    else:
+                        self._send(senders, live, responses)
                 unacknowledged += 1
                 if reply[1] or unacknowledged >= _wire.STREAM_WINDOW:
                     unacknowledged = 0
-                    reply = self._call((_wire.NEXT,))
+                    for index, sender in enumerate(senders):
+                        live[index] = live[index] and not sender.is_cancelled()
+                    reply = self._call((_wire.NEXT,) if any(live) else (_wire.CANCEL,))
                 else:
                     reply = self._receive()
             if reply[0] == _wire.ERROR:
-                for sender in senders:
-                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(reply[1])))
+                self._send(senders, live, _errors(reply[1], senders))
             self._settle(reply)
         except UserProcessGone as exc:
-            for sender in senders:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+            self._send(senders, live, _errors(str(exc), senders))
         for sender in senders:
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
+            try:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # already closed by Triton (e.g. cancelled); nothing left to release
+                pass
+
+    @staticmethod
+    def _send(senders: List[Any], live: List[bool], responses: List[Any]) -> None:
+        """Send one response per live client; a client whose response Triton refuses is dropped."""
+        for index, (sender, response) in enumerate(zip(senders, responses)):
+            if live[index]:
+                try:
+                    sender.send(response)
+                except Exception:
+                    live[index] = False
 
     def _fail(self, requests: List[Any], message: str) -> Optional[List[Any]]:
-        responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
+        responses = _errors(message, requests)
         if not self._decoupled:
             return responses
         for request, response in zip(requests, responses):

@@ -42,6 +42,7 @@ HELLO = 1  # (HELLO, stub_pid)
 INFER = 2  # (INFER, segment, requests) requests: [(inputs, parameters, requested_outputs)]
 NEXT = 3  # (NEXT,)  ask for the next chunk of a stream
 BYE = 4  # (BYE,)
+CANCEL = 5  # (CANCEL,)  instead of NEXT: nobody wants the rest of this stream; close the generator
 # user -> stub
 # The last reply for a batch (OK, ERROR or END) ends with ``retire``: True if the callable kept
 # views of the stub's arena, which must then not be written again.
@@ -56,9 +57,10 @@ SHM_DIR = "/dev/shm"
 _ALIGN = 64
 _SMALL = 1 << 16  # tensors up to this size travel inside the message
 IN_RECEIVER = 1  # payload marker: the bytes are already in the receiver's own arena
-# Streamed chunks the worker may send before it waits for the stub's NEXT. Without a limit a fast
-# generator runs far ahead of the stub and takes the CPU the first responses need to reach the
-# client; an arena chunk is always acknowledged (its memory is reused for the next one).
+# Streamed chunks the worker may send before it waits for the stub's NEXT (or CANCEL). Without a
+# limit a fast generator runs far ahead of the stub and takes the CPU the first responses need to
+# reach the client, and it could not be stopped; an arena chunk is always acknowledged (its memory
+# is reused for the next one).
 STREAM_WINDOW = 16
 _UINT32 = struct.Struct("<I")  # frame lengths and BYTES element lengths
 

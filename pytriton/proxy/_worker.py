@@ -295,10 +295,7 @@ class InstanceWorker:
             return self._failure(exc)
         streaming = inspect.isgenerator(result) or inspect.isasyncgen(result)
         if streaming and not self._decoupled:
-            if inspect.isgenerator(result):
-                result.close()
-            else:
-                self._event_loop().run_until_complete(result.aclose())
+            self._close_stream(result)
             return self._failure(
                 PyTritonRuntimeError(
                     f"Model {self._config.model_name!r} returned a generator but is not decoupled; "
@@ -310,7 +307,23 @@ class InstanceWorker:
                 return self._encode(result, len(requests), _wire.OK)
             except Exception as exc:
                 return self._failure(exc)
-        return self._stream(result if streaming else iter([result]), len(requests), channel)
+        if not streaming:
+            return self._stream(iter([result]), len(requests), channel)
+        try:
+            return self._stream(result, len(requests), channel)
+        finally:
+            # Run the generator's clean-up (finally blocks, context managers) now, on this thread,
+            # whether it finished, failed, was cancelled or lost its stub.
+            self._close_stream(result)
+
+    def _close_stream(self, stream: Any) -> None:
+        try:
+            if inspect.isasyncgen(stream):
+                self._event_loop().run_until_complete(stream.aclose())
+            else:
+                stream.close()
+        except Exception:
+            LOGGER.exception("Model %s: closing the generator failed", self._config.model_name)
 
     def _next_chunk(self, stream: Any) -> Any:
         if inspect.isasyncgen(stream):
@@ -322,7 +335,8 @@ class InstanceWorker:
 
         Chunks small enough to travel inline are sent back to back, up to ``STREAM_WINDOW`` of
         them before the stub acknowledges with NEXT. A chunk that uses the arena must be
-        acknowledged before the arena is written again.
+        acknowledged before the arena is written again. The stub answers CANCEL instead of NEXT
+        when no client wants the rest of the stream; the stream then ends there.
         """
         done: Tuple[Type[BaseException], ...] = (StopIteration, StopAsyncIteration)
         unacknowledged = 0
@@ -343,5 +357,8 @@ class InstanceWorker:
                 follow_up = channel.recv()
             except (EOFError, OSError):
                 return None
+            if follow_up[0] == _wire.CANCEL:
+                LOGGER.debug("Model %s: stream cancelled by the client", self._config.model_name)
+                return (_wire.END,)
             if follow_up[0] != _wire.NEXT:
                 return (_wire.ERROR, f"pytriton: expected NEXT during a stream, got message kind {follow_up[0]}")

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from pytriton.exceptions import PyTritonUnrecoverableError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
-from tests.conftest import DTYPES, triton_ports
+from tests.conftest import DTYPES, triton_ports, wait_for
 
 BIG_BYTES = 256 * 1024 * 1024
 RETAINED: list = []
@@ -105,6 +105,20 @@ def large_layouts(requests):
             "text": np.array([[b"%d" % int(v) for v in row[:20_000]] for row in x], dtype=object),
         })  # fmt: skip
     return results
+
+
+CANCELLABLE = {"steps": 0, "closed": False}
+
+
+def cancellable_stream(requests):
+    CANCELLABLE.update(steps=0, closed=False)
+    try:
+        for step in range(int(requests[0]["n"].flat[0])):
+            time.sleep(0.005)
+            CANCELLABLE["steps"] = step + 1
+            yield [{"step": np.array([[step]], dtype=np.int32)} for _ in requests]
+    finally:
+        CANCELLABLE["closed"] = True
 
 
 def failing(requests):
@@ -205,6 +219,13 @@ def server():
         [_t("n", (1,), np.int32)],
         [_t("chunk", (-1,), np.float32)],
         config=ModelConfig(decoupled=True),
+    )
+    triton.bind(
+        "Cancellable",
+        cancellable_stream,
+        [_t("n", (1,), np.int32)],
+        [_t("step", (1,), np.int32)],
+        config=ModelConfig(max_batch_size=1, decoupled=True),
     )
     triton.bind(
         "Layouts",
@@ -462,15 +483,20 @@ def test_256_mib_tensor(server):
 
 
 def _stream(ports, n, fail):
+    return _stream_model(ports, "Stream", {"n": n, "fail": fail})
+
+
+def _stream_model(ports, model, values):
+    """Stream one request of [1, 1] int32 inputs; the ``step`` outputs in order and the errors."""
     results: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
     c.start_stream(callback=lambda result, error: results.put((result, error)))
     inputs = []
-    for name, value in (("n", n), ("fail", fail)):
+    for name, value in values.items():
         tensor = grpcclient.InferInput(name, [1, 1], "INT32")
         tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
         inputs.append(tensor)
-    c.async_stream_infer("Stream", inputs, enable_empty_final_response=True)
+    c.async_stream_infer(model, inputs, enable_empty_final_response=True)
     steps, errors = [], []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -498,6 +524,27 @@ def test_long_stream_of_small_responses(server):
     _, ports = server
     steps, errors = _stream(ports, 100, 0)
     assert steps == list(range(100)) and errors == []
+
+
+def test_cancelled_stream_stops_the_generator(server):
+    _, ports = server
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+    results: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    n = grpcclient.InferInput("n", [1, 1], "INT32")
+    n.set_data_from_numpy(np.array([[1000]], dtype=np.int32))
+    c.async_stream_infer("Cancellable", [n])
+    for _ in range(3):
+        result, error = results.get(timeout=30)
+        assert error is None, error
+    c.stop_stream(cancel_requests=True)
+    c.close()
+    # The generator is stopped at the next acknowledgement and its finally block runs.
+    assert wait_for(lambda: CANCELLABLE["closed"], timeout_s=20)
+    assert CANCELLABLE["steps"] < 100, CANCELLABLE
+    # The model keeps serving: the next stream is complete and in order.
+    steps, errors = _stream_model(ports, "Cancellable", {"n": 5})
+    assert steps == [0, 1, 2, 3, 4] and errors == []
 
 
 @pytest.mark.parametrize("count", [2, 40])
