@@ -317,6 +317,7 @@ class InstanceWorker:
             self._close_stream(result)
 
     def _close_stream(self, stream: Any) -> None:
+        """Close a generator or async generator (a no-op once it is exhausted); errors are logged."""
         try:
             if inspect.isasyncgen(stream):
                 self._event_loop().run_until_complete(stream.aclose())
