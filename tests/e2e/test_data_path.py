@@ -547,6 +547,21 @@ def test_cancelled_stream_stops_the_generator(server):
     assert steps == [0, 1, 2, 3, 4] and errors == []
 
 
+def test_leaving_a_decoupled_client_loop_stops_the_generator(server):
+    from pytriton.client import DecoupledModelClient
+
+    _, ports = server
+    with DecoupledModelClient(f"grpc://127.0.0.1:{ports['grpc_port']}", "Cancellable") as client:
+        received = []
+        for partial in client.infer_sample(n=np.array([1000], dtype=np.int32)):
+            received.append(int(partial["step"][0]))
+            if len(received) == 3:
+                break
+    assert received == [0, 1, 2]
+    assert wait_for(lambda: CANCELLABLE["closed"], timeout_s=20)
+    assert CANCELLABLE["steps"] < 100, CANCELLABLE
+
+
 @pytest.mark.parametrize("count", [2, 40])
 def test_decoupled_error_mid_stream(server, count):
     _, ports = server
