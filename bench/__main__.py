@@ -335,6 +335,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke runs)")
     args = parser.parse_args(argv)
+    # Turn SIGTERM into SystemExit so that an interrupted run still stops its servers and removes
+    # its temporary model repository (the finally blocks run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     run(args.out, args.quick)
     print(f"bench finished in {time.monotonic() - started:.0f} s; results in {args.out}")
