@@ -240,6 +240,10 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                                                             "count": count}),
                     "proxy_identity", "plain_identity", rounds=2 if quick else 3,
                 )  # fmt: skip
+            scenarios["latency_http_busy_reference"] = pair(
+                lambda m: load({"scenario": "latency_http", "port": http_port, "model": m, "count": count}),
+                "plain_busy", "plain_identity", rounds=2 if quick else 3,
+            )  # fmt: skip
             # Where the time goes inside the server, as Triton itself accounts it (means over the
             # sequential runs above): compute_infer is the model's execute(), i.e. the proxy's round
             # trip to the user's process for pytriton.

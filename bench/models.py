@@ -83,6 +83,18 @@ class TritonPythonModel:
         ]
 """
 
+# A plain model that spends BUSY_US of CPU in execute() before answering: a reference for what a
+# given amount of extra per-batch time costs end to end on this machine.
+BUSY_US = 150
+_PLAIN_BUSY = _PLAIN_IDENTITY.replace(
+    "    def execute(self, requests):\n",
+    "    def execute(self, requests):\n"
+    "        import time\n"
+    f"        end = time.perf_counter() + {BUSY_US}e-6\n"
+    "        while time.perf_counter() < end:\n"
+    "            pass\n",
+)
+
 _PLAIN_STREAM = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -118,6 +130,7 @@ def write_plain_models(repository: pathlib.Path) -> list:
     """Write the baseline models into ``repository``; returns their names."""
     models = {
         "plain_identity": (_PLAIN_IDENTITY, _config("plain_identity", "16", "TYPE_FP32", 32)),
+        "plain_busy": (_PLAIN_BUSY, _config("plain_busy", "16", "TYPE_FP32", 32)),
         "plain_large": (_PLAIN_IDENTITY, _config("plain_large", "-1", "TYPE_UINT8", 1)),
         "plain_batched": (
             _PLAIN_IDENTITY,

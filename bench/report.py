@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Dict, List, Tuple
 
+from bench.models import BUSY_US
+
 # (scenario, metric, label, unit, higher_is_better)
 ROWS: List[Tuple[str, str, str, str, bool]] = [
     ("startup", "ready_s", "start-up: process start to model ready", "s", False),
@@ -13,6 +15,13 @@ ROWS: List[Tuple[str, str, str, str, bool]] = [
     ("latency_http", "p99_ms", "sequential [1,16] fp32, HTTP p99", "ms", False),
     ("latency_grpc", "p50_ms", "sequential [1,16] fp32, gRPC p50", "ms", False),
     ("latency_grpc", "p99_ms", "sequential [1,16] fp32, gRPC p99", "ms", False),
+    (
+        "latency_http_busy_reference",
+        "p50_ms",
+        f"reference: plain model busy {BUSY_US} us per batch, HTTP p50",
+        "ms",
+        False,
+    ),
     ("latency_server_side", "queue_us", "sequential: Triton queue time per request (mean)", "us", False),
     ("latency_server_side", "compute_infer_us", "sequential: Triton compute_infer per request (mean)", "us", False),
     ("throughput_http_c8", "requests_per_s", "throughput, HTTP, 8 in flight", "req/s", True),
