@@ -95,6 +95,9 @@ _PLAIN_BUSY = _PLAIN_IDENTITY.replace(
     "            pass\n",
 )
 
+if _PLAIN_BUSY == _PLAIN_IDENTITY:  # the busy-wait must really be in there, or the reference row lies
+    raise RuntimeError("bench: could not build the busy reference model from the identity model")
+
 _PLAIN_STREAM = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
