@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from bench import report
+from bench import host, report
 from bench.models import BatchCounter, bind_project_models, write_plain_models
 from pytriton.triton import Triton, TritonConfig
 
@@ -215,6 +215,8 @@ def environment() -> Dict[str, Any]:
 def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
     results: Dict[str, Any] = {"environment": environment(), "command": "make bench", "scenarios": {}}
     scenarios = results["scenarios"]
+    steal = host.StealMeter()
+    results["host"] = {"before": host.probe()}
     repeats = 2 if quick else 3
     print("start-up ...", flush=True)
     scenarios["startup"] = {"project": startup_project(repeats), "baseline": startup_plain(repeats)}
@@ -324,6 +326,8 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                 }
     finally:
         shutil.rmtree(repository, ignore_errors=True)
+    results["host"]["after"] = host.probe()
+    results["host"]["steal_percent"] = steal.percent()
     out.mkdir(parents=True, exist_ok=True)
     results["targets"] = report.check_targets(results)
     (out / "results.json").write_text(json.dumps(results, indent=2))

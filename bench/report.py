@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from bench.models import BUSY_US
 
@@ -95,6 +95,20 @@ def _fmt(value: float) -> str:
     return f"{value:.3f}"
 
 
+def _host_lines(probe: Optional[Dict[str, Any]]) -> List[str]:
+    """One line on the host's state, which moves every sequential-latency ratio (bench/host.py)."""
+    if not probe:
+        return []
+    before, after = probe.get("before", {}), probe.get("after", {})
+    return [
+        "Host state: round trip between two processes after 500 us idle, on two CPUs / one CPU: "
+        f"{before.get('wake_rtt_us')} / {before.get('same_cpu_rtt_us')} us before the runs, "
+        f"{after.get('wake_rtt_us')} / {after.get('same_cpu_rtt_us')} us after; "
+        f"CPU time stolen by the hypervisor: {probe.get('steal_percent')}%.",
+        "",
+    ]
+
+
 def table(results: Dict[str, Any]) -> str:
     """Markdown table: each project figure next to the baseline's, with the ratio."""
     env = results["environment"]
@@ -105,6 +119,7 @@ def table(results: Dict[str, Any]) -> str:
         "Baseline: a plain Python-backend model doing the same work inside Triton's stub (no second process), "
         "served by the same tritonserver in the same run.",
         "",
+        *_host_lines(results.get("host")),
         "| scenario | pytriton | plain Python backend | ratio |",
         "| --- | ---: | ---: | ---: |",
     ]
