@@ -55,3 +55,19 @@ def test_the_report_states_the_host_conditions() -> None:
     assert "80.0 / 20.0 us after" in lines[0]
     assert "9.5%" in lines[0]
     assert report._host_lines(None) == []
+
+
+def test_the_cold_path_probe_times_every_step_of_a_real_exchange() -> None:
+    from bench import cold_path
+
+    results = cold_path.measure(rounds=5, gap_us=50)
+    assert set(results) == {
+        "request over the socket (send + receive)",
+        "decode into Request objects",
+        "the callable (identity)",
+        "check + encode the outputs",
+        "reply over the socket (send + receive)",
+        "whole exchange",
+    }
+    for figures in results.values():
+        assert figures["hot"] > 0 and figures["after_idle"] > 0
