@@ -65,6 +65,9 @@ class TritonPythonModel:
         self._endpoint_dir = params["pytriton.endpoint_dir"]
         slots = int(params["pytriton.slots"])
         self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        # With one declared output there is nothing to filter (Triton rejects unknown names before
+        # execute), so the per-request call for the requested names can be skipped.
+        self._single_output = len(config.get("output", [])) == 1
         self._max_spin_s = float(params.get("pytriton.spin_us", "0")) / 1e6
         self._typical_reply_s = 0.0  # moving average of how long the worker takes to answer
         self._lock_fd = self._claim_slot(slots)
@@ -161,7 +164,10 @@ class TritonPythonModel:
 
     def execute(self, requests: List[Any]) -> Optional[List[Any]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
-        requested = [request.requested_output_names() or None for request in requests]
+        if self._single_output:
+            requested: List[Any] = [None] * len(requests)
+        else:
+            requested = [request.requested_output_names() or None for request in requests]
         try:
             message = self._encode(requests, requested)
         except Exception as exc:  # malformed input we cannot forward

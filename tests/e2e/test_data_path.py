@@ -374,6 +374,15 @@ def test_strict_mode_checks_output_dtype(client):
         infer(client, "Strict", {"x": np.ones((1, 1), F32)})
 
 
+def test_single_output_model_rejects_an_unknown_requested_output(client):
+    # The proxy does not filter the outputs of a single-output model; this holds because Triton
+    # rejects an unknown requested name before the model runs.
+    x = np.ones((1, 2, 1), F32)
+    with pytest.raises(InferenceServerException, match="nope"):
+        infer(client, "Dynamic", {"x": x}, outputs=["nope"])
+    np.testing.assert_array_equal(infer(client, "Dynamic", {"x": x}, outputs=["x"]).as_numpy("x"), x)
+
+
 def test_bad_inputs_get_clean_errors(client):
     with pytest.raises(InferenceServerException):
         infer(client, "AddSub", {"a": np.ones((1, 2), F32)})  # missing required input
