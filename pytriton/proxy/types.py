@@ -28,7 +28,8 @@ class Request:
         data: input tensors by name (absent optional inputs are simply missing).
         parameters: request parameters sent by the client, plus headers forwarded by Triton's
             ``*_header_forward_pattern`` options (``None`` when there are none).
-        requested_output_names: outputs the client asked for (``None`` means all).
+        requested_output_names: outputs the client asked for (``None`` means all; always
+            ``None`` for a model with a single output, where there is nothing to choose).
     """
 
     __slots__ = ("data", "parameters", "requested_output_names")
