@@ -491,6 +491,24 @@ def test_256_mib_tensor(server):
     c.close()
 
 
+def test_1_gib_tensor_over_http(server):
+    # The size floor. HTTP with binary data keeps the client's own copies to about three
+    # (the array, the request body, the response); peak memory of the whole test is about 7 GiB.
+    _, ports = server
+    c = httpclient.InferenceServerClient(
+        f"127.0.0.1:{ports['http_port']}", network_timeout=300.0, connection_timeout=300.0
+    )
+    pattern = np.random.default_rng(4).integers(0, 255, size=(1 << 20,), dtype=np.uint8)
+    x = np.tile(pattern, 1024)[None, :]  # 1 GiB, non-repeating within each MiB
+    x[0, ::4099] ^= 0x5A  # and no two MiB blocks alike
+    tensor = httpclient.InferInput("x", list(x.shape), "UINT8")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    result = c.infer("Big", [tensor])
+    del tensor
+    assert np.array_equal(result.as_numpy("x"), x)
+    c.close()
+
+
 def _stream(ports, n, fail):
     return _stream_model(ports, "Stream", {"n": n, "fail": fail})
 
