@@ -33,6 +33,22 @@ def validate_model_name(name: Any) -> str:
     return name
 
 
+def poll_window_us(variable: str, default: int) -> int:
+    """A polling window in microseconds from the environment (see docs/configuration.md)."""
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 1_000_000:
+        raise PyTritonValidationError(
+            f"{variable}={raw!r} is not a polling window: give whole microseconds from 0 (off) to 1000000."
+        )
+    return value
+
+
 def _resolve_tensors(tensors: Sequence[Tensor], prefix: str, model: str) -> List[TensorSpec]:
     specs = []
     for index, tensor in enumerate(tensors, start=1):
@@ -122,11 +138,13 @@ class BoundModel:
                 "pytriton.slots": str(len(funcs)),
                 "pytriton.shm_prefix": self.shm_prefix,
                 # How long the stub polls for the reply before sleeping; see docs/performance.md.
-                "pytriton.spin_us": os.environ.get("PYTRITON_PROXY_SPIN_US", "1000"),
+                "pytriton.spin_us": str(poll_window_us("PYTRITON_PROXY_SPIN_US", 1000)),
             },
         )
         if not self.config.outputs:
             raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
+        # Off by default: a worker polling between requests keeps a CPU busy while traffic lasts.
+        self._worker_poll_s = poll_window_us("PYTRITON_WORKER_SPIN_US", 0) / 1e6
         self._workers: List[InstanceWorker] = []
 
     def write_repository(self, repository: pathlib.Path) -> None:
@@ -152,6 +170,7 @@ class BoundModel:
                 shm_prefix=f"{self.shm_prefix}-w{slot}",
                 on_unrecoverable=self._context.on_unrecoverable,
                 name=f"{self.name}-{slot}",
+                poll_s=self._worker_poll_s,
             )
             worker.start()
             self._workers.append(worker)

@@ -68,12 +68,12 @@ class TritonPythonModel:
         # With one declared output there is nothing to filter (Triton rejects unknown names before
         # execute), so the per-request call for the requested names can be skipped.
         self._single_output = len(config.get("output", [])) == 1
-        self._max_spin_s = float(params.get("pytriton.spin_us", "0")) / 1e6
-        self._typical_reply_s = 0.0  # moving average of how long the worker takes to answer
         self._lock_fd = self._claim_slot(slots)
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
-        self._channel = _wire.Channel(self._socket)
+        # Poll for replies instead of sleeping (only while they usually come within the window): a
+        # fast callable then answers without paying for a wake-up of this process.
+        self._channel = _wire.Channel(self._socket, poll_s=float(params.get("pytriton.spin_us", "0")) / 1e6)
         self._arena = _wire.Arena(f"{params['pytriton.shm_prefix']}-s{self._slot}")
         self._reader = _wire.ArenaReader()
         reply = self._call((_wire.HELLO, os.getpid()))
@@ -114,22 +114,15 @@ class TritonPythonModel:
         There is no timeout: a callable may legitimately run for a long time, and if the user's
         process dies the kernel closes the socket, which ends the wait at once.
         """
-        # Poll for the reply instead of sleeping only while replies usually come within the poll
-        # window: a fast callable then answers without paying for a wake-up of this process, and a
-        # slow one costs no CPU spent polling in vain.
-        spin_s = self._max_spin_s if self._typical_reply_s < self._max_spin_s else 0.0
         try:
-            started = time.perf_counter()
             self._channel.send(message)
-            reply = self._channel.recv(spin_s)
+            return self._channel.recv()
         except (EOFError, OSError):
             raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
-        self._typical_reply_s = 0.9 * self._typical_reply_s + 0.1 * (time.perf_counter() - started)
-        return reply
 
     def _receive(self) -> Any:
         try:
-            return self._channel.recv(self._max_spin_s)
+            return self._channel.recv()
         except (EOFError, OSError):
             raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
 

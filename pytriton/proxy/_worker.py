@@ -128,6 +128,7 @@ class InstanceWorker:
         shm_prefix: str,
         on_unrecoverable: Callable[[BaseException], None],
         name: str,
+        poll_s: float = 0.0,
     ):
         self._path = path
         self._infer_func = infer_func
@@ -138,6 +139,7 @@ class InstanceWorker:
         self._reader = _wire.ArenaReader()
         self._on_unrecoverable = on_unrecoverable
         self._name = name
+        self._poll_s = poll_s  # how long to poll for the next message before sleeping (0: never)
         self._thread: Optional[threading.Thread] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._listener: Optional[socket.socket] = None
@@ -197,7 +199,7 @@ class InstanceWorker:
                 self._loop.close()
 
     def _serve(self, connection: socket.socket) -> None:
-        channel = _wire.Channel(connection)
+        channel = _wire.Channel(connection, poll_s=self._poll_s)
         while not self._stopping:
             try:
                 message = channel.recv()

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,6 +78,29 @@ def test_start_serve_stop_leaves_nothing(ports):
     assert not triton.is_alive()
     _assert_clean(*info)
     triton.stop()  # idempotent
+
+
+def test_polling_worker_serves_and_stops_promptly(ports, monkeypatch):
+    # Both polling windows at their maximum: the worker polls between the sequential requests
+    # below, and stop() must still end it at once (shutdown wakes a polling recv as well).
+    monkeypatch.setenv("PYTRITON_WORKER_SPIN_US", "1000000")
+    monkeypatch.setenv("PYTRITON_PROXY_SPIN_US", "1000000")
+    triton = Triton(config=TritonConfig(**ports))
+    _bind_echo(triton)
+    triton.run()
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+    for step in range(100):
+        x = np.full((1, 3), step, dtype=np.float32)
+        tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        np.testing.assert_array_equal(client.infer("Echo", [tensor]).as_numpy("x"), x)
+    client.close()
+    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+    stopping = time.monotonic()
+    triton.stop()
+    assert time.monotonic() - stopping < 5.0
+    _assert_clean(*info)
+    assert not [t for t in threading.enumerate() if t.name.startswith("pytriton-Echo")], "worker thread left"
 
 
 def test_two_servers_in_one_process():

@@ -105,3 +105,19 @@ def test_config_is_keyword_only_and_defaults_none():
 def test_parse_bool_rejects_other_ints():
     with pytest.raises(ValueError):
         parse_bool(2)
+
+
+@pytest.mark.parametrize("variable", ["PYTRITON_PROXY_SPIN_US", "PYTRITON_WORKER_SPIN_US"])
+def test_polling_windows_from_the_environment(monkeypatch, variable):
+    from pytriton.proxy._binding import poll_window_us
+
+    monkeypatch.delenv(variable, raising=False)
+    assert poll_window_us(variable, 1000) == 1000
+    monkeypatch.setenv(variable, " 250 ")
+    assert poll_window_us(variable, 1000) == 250
+    monkeypatch.setenv(variable, "0")
+    assert poll_window_us(variable, 1000) == 0
+    for bad in ("1ms", "-5", "2000000", "0.5"):
+        monkeypatch.setenv(variable, bad)
+        with pytest.raises(PyTritonValidationError, match=rf"{variable}='{bad}'.*microseconds"):
+            poll_window_us(variable, 1000)

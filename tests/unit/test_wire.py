@@ -1,6 +1,7 @@
 """The proxy's wire format and shared-memory arenas, without a server."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ def test_channel_frames_over_a_socket_pair():
 
     left, right = socket.socketpair()
     with left, right:
-        sender, receiver = _wire.Channel(left), _wire.Channel(right)
+        sender, receiver = _wire.Channel(left), _wire.Channel(right, poll_s=0.001)
         big = ("x" * 3_000_000, [1, 2, (3, "y")], None)  # larger than the socket buffer
         thread = threading.Thread(target=sender.send, args=(big,))
         thread.start()
@@ -92,10 +93,44 @@ def test_channel_frames_over_a_socket_pair():
         # Several frames in flight at once are split correctly.
         for index in range(50):
             sender.send((index, b"z" * index))
-        assert [receiver.recv(spin_s=0.001) for _ in range(50)] == [(i, b"z" * i) for i in range(50)]
+        assert [receiver.recv() for _ in range(50)] == [(i, b"z" * i) for i in range(50)]
         left.close()
         with pytest.raises(EOFError):
             receiver.recv()
+
+
+def _cpu_spent_waiting(channel, sock, delay_s):
+    """Thread CPU seconds ``channel.recv()`` burns while the peer answers after ``delay_s``."""
+    import threading
+
+    timer = threading.Timer(delay_s, lambda: _wire.Channel(sock).send(("late",)))
+    timer.start()
+    started = time.thread_time()
+    assert channel.recv() == ("late",)
+    spent = time.thread_time() - started
+    timer.join(5)
+    return spent
+
+
+def test_channel_polls_only_while_messages_come_within_the_window():
+    import socket
+
+    left, right = socket.socketpair()
+    with left, right:
+        receiver = _wire.Channel(right, poll_s=0.5)
+        # Fresh channel: messages are assumed to come fast, so it polls (on the CPU) until one does.
+        assert _cpu_spent_waiting(receiver, left, 0.1) > 0.05
+        # Once waits are usually longer than the window, it sleeps instead of polling.
+        receiver._typical_wait_s = 1.0
+        assert _cpu_spent_waiting(receiver, left, 0.1) < 0.05
+        # A run of quick exchanges brings polling back (a moving average, not a one-off switch).
+        for _ in range(40):
+            receiver.send(("ping",))
+            _wire.Channel(left).send(("pong",))
+            assert receiver.recv() == ("pong",)
+        assert receiver._typical_wait_s < 0.5
+        # Polling off: no CPU spent waiting, however fast messages come.
+        assert _cpu_spent_waiting(_wire.Channel(right), left, 0.1) < 0.05
 
 
 def test_views_keep_their_mapping_alive(arena):
