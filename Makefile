@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-unit test-e2e server bench lint clean
+.PHONY: demo test test-numpy1 test-unit test-e2e server bench lint clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,20 @@ demo: server
 test: server
 	$(PY) -m pytest -q tests
 
+# The same suite with numpy 1.x in the user's environment (.venv has numpy 2). There is no
+# numpy 1.x for Python 3.13 and later, so there the target says so and does nothing.
+NP1_VENV ?= .venv-numpy1
+test-numpy1: server
+	@if ! $(PYTHON) -c 'import sys; sys.exit(sys.version_info >= (3, 13))'; then \
+		echo "test-numpy1: numpy 1.x does not exist for this Python; nothing to run"; exit 0; fi; \
+	set -e; \
+	if [ ! -f $(NP1_VENV)/.deps ] || [ pyproject.toml -nt $(NP1_VENV)/.deps ]; then \
+		$(PYTHON) -m venv $(NP1_VENV); \
+		$(NP1_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 'numpy<2'; \
+		touch $(NP1_VENV)/.deps; fi; \
+	$(NP1_VENV)/bin/python -c 'import numpy; print("numpy", numpy.__version__)'; \
+	$(NP1_VENV)/bin/python -m pytest -q tests
+
 test-unit: $(VENV)/.test-deps
 	$(PY) -m pytest -q tests/unit
 
@@ -38,4 +52,4 @@ lint: $(VENV)/.dev-deps
 	$(VENV)/bin/mypy pytriton
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(NP1_VENV) build *.egg-info
