@@ -50,33 +50,43 @@ class LeanHttp:
             raise RuntimeError(f"bad response {response.status}: {data[:200]!r}")
 
 
-def latency_http(spec: Dict[str, Any]) -> Dict[str, Any]:
-    client = LeanHttp(spec["port"], spec["model"], np.ones((1, 16), np.float32), "FP32")
-    return _timed_loop(client.call, spec)
-
-
-def latency_grpc(spec: Dict[str, Any]) -> Dict[str, Any]:
+def _sequential_call(protocol: str, port: int, model: str) -> Any:
+    """One sequential ``[1,16]`` float32 request to ``model`` per call, with little client overhead."""
+    if protocol == "http":
+        return LeanHttp(port, model, np.ones((1, 16), np.float32), "FP32").call
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{spec['port']}")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     tensor = grpcclient.InferInput("INPUT", [1, 16], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
     outputs = [grpcclient.InferRequestedOutput("OUTPUT")]
-    result = _timed_loop(lambda: client.infer(spec["model"], [tensor], outputs=outputs), spec)
-    client.close()
-    return result
+    return lambda: client.infer(model, [tensor], outputs=outputs)
 
 
-def _timed_loop(call: Any, spec: Dict[str, Any]) -> Dict[str, Any]:
-    for _ in range(spec.get("warmup", 200)):
-        call()
-    samples: List[float] = []
-    deadline = time.monotonic() + spec.get("max_s", 10.0)
-    while len(samples) < spec.get("count", 3000) and time.monotonic() < deadline:
-        started = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - started)
-    return _percentiles(samples)
+def latency_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Sequential latency of several models, measured in alternating blocks of ``block`` requests.
+
+    A virtual machine's speed drifts within seconds; alternating short blocks (in reversed order
+    every other round) exposes every model to the same drift, so their ratio measures the models
+    rather than the moment each was measured. Returns percentiles per model.
+    """
+    calls = {model: _sequential_call(spec["protocol"], spec["port"], model) for model in spec["models"]}
+    for call in calls.values():
+        for _ in range(spec.get("warmup", 200)):
+            call()
+    samples: Dict[str, List[float]] = {model: [] for model in calls}
+    order = list(calls)
+    block, count = spec.get("block", 50), spec.get("count", 3000)
+    deadline = time.monotonic() + spec.get("max_s", 60.0)
+    while min(len(s) for s in samples.values()) < count and time.monotonic() < deadline:
+        for model in order:
+            call, sink = calls[model], samples[model]
+            for _ in range(block):
+                started = time.perf_counter()
+                call()
+                sink.append(time.perf_counter() - started)
+        order.reverse()
+    return {model: _percentiles(s) for model, s in samples.items()}
 
 
 def large_http(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -216,8 +226,7 @@ def client_overhead(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 SCENARIOS = {
     "client_overhead": client_overhead,
-    "latency_http": latency_http,
-    "latency_grpc": latency_grpc,
+    "latency_interleaved": latency_interleaved,
     "large_http": large_http,
     "throughput": throughput,
     "stream_grpc": stream_grpc,

@@ -1,4 +1,4 @@
-"""The benchmark's diagnostic helpers: trace splitting and the host-state line (no server needed)."""
+"""The benchmark's helpers: trace splitting, the host-state line, the cold-path probe, interleaving (no server)."""
 
 from __future__ import annotations
 
@@ -71,3 +71,18 @@ def test_the_cold_path_probe_times_every_step_of_a_real_exchange() -> None:
     }
     for figures in results.values():
         assert figures["hot"] > 0 and figures["after_idle"] > 0
+
+
+def test_sequential_latency_alternates_blocks_between_models(monkeypatch) -> None:
+    from bench import load
+
+    order: list = []
+    monkeypatch.setattr(load, "_sequential_call", lambda protocol, port, model: lambda: order.append(model))
+    result = load.latency_interleaved(
+        {"protocol": "http", "port": 1, "models": ["a", "b"], "warmup": 3, "block": 5, "count": 12}
+    )
+    measured = order[6:]  # after 3 warm-up calls per model
+    blocks = [measured[i : i + 5] for i in range(0, len(measured), 5)]
+    assert [block[0] for block in blocks] == ["a", "b", "b", "a", "a", "b"]
+    assert all(len(set(block)) == 1 for block in blocks)
+    assert result["a"]["count"] == result["b"]["count"] == 15
