@@ -21,6 +21,7 @@ def _percentiles(samples: List[float]) -> Dict[str, float]:
     ordered = sorted(samples)
     return {
         "p50_ms": ordered[len(ordered) // 2] * 1e3,
+        "p90_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))] * 1e3,
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
         "mean_ms": statistics.fmean(ordered) * 1e3,
         "count": len(ordered),

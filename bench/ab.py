@@ -1,0 +1,92 @@
+"""A/B runs of proxy settings against each other and the plain baseline, in one server.
+
+Usage::
+
+    python -m bench.ab '{"default": {}, "worker_poll_2ms": {"PYTRITON_WORKER_SPIN_US": "2000"}}' [COUNT]
+
+Each key names a variant: the same ``[1,16]`` float32 identity callable bound with the given
+environment variables set while it is bound (``PYTRITON_PROXY_SPIN_US``, ``PYTRITON_WORKER_SPIN_US``
+are read then). Models are bound after the server started, so every variant gets its own worker
+threads and stubs. One client process then measures every variant and ``plain_identity`` in
+alternating blocks of 50 sequential HTTP requests (``bench.load.latency_interleaved``) and the
+script prints p50, p90 and the ratio to the plain model, and writes them to
+``bench/results/ab.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import tempfile
+from typing import Any, Dict
+
+import numpy as np
+
+from bench.__main__ import ROOT, free_ports, load, load_plain_models
+from bench.models import identity, write_plain_models
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+
+def run(variants: Dict[str, Dict[str, str]], count: int = 3000) -> Dict[str, Any]:
+    """Measure every variant and the plain model; returns percentiles and ratios per model."""
+    if "plain_identity" in variants:
+        raise ValueError("'plain_identity' is the baseline's name; pick another variant name")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    repository = pathlib.Path(tempfile.mkdtemp(prefix="pytriton-bench-ab-"))
+    write_plain_models(repository)
+    config = TritonConfig(
+        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, model_repository=repository
+    )
+    with Triton(config=config) as triton:
+        triton.run()
+        for name, environment in variants.items():
+            saved = {key: os.environ.get(key) for key in environment}
+            os.environ.update(environment)
+            try:
+                triton.bind(
+                    name,
+                    identity,
+                    [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
+                    [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
+                    config=ModelConfig(max_batch_size=32),
+                )
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+        load_plain_models(http_port, ["plain_identity"])
+        models = [*variants, "plain_identity"]
+        measured = load(
+            {"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "models": models,
+             "count": count, "max_s": 300.0},
+            timeout_s=400.0,
+        )  # fmt: skip
+    baseline = measured["plain_identity"]["p50_ms"]
+    for result in measured.values():
+        result["ratio"] = result["p50_ms"] / baseline
+    return {"variants": variants, "count": count, "results": measured}
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    variants = json.loads(sys.argv[1])
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
+    results = run(variants, count)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ab.json").write_text(json.dumps(results, indent=2))
+    print(f"{'model':24s} {'p50 ms':>8s} {'p90 ms':>8s} {'ratio':>6s}   ({count} requests each)")
+    for model, result in results["results"].items():
+        print(f"{model:24s} {result['p50_ms']:8.3f} {result['p90_ms']:8.3f} {result['ratio']:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

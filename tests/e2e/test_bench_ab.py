@@ -1,0 +1,21 @@
+"""The A/B tool of the benchmark against a real server (small counts: it checks the tool, not speed)."""
+
+import pytest
+
+from bench import ab
+
+
+def test_ab_measures_every_variant_next_to_the_plain_model():
+    result = ab.run({"default": {}, "no_stub_poll": {"PYTRITON_PROXY_SPIN_US": "0"}}, count=100)
+    measured = result["results"]
+    assert set(measured) == {"default", "no_stub_poll", "plain_identity"}
+    for model in measured.values():
+        assert model["count"] >= 100
+        assert 0 < model["p50_ms"] <= model["p90_ms"] <= model["p99_ms"]
+    assert measured["plain_identity"]["ratio"] == 1.0
+    assert measured["default"]["ratio"] == measured["default"]["p50_ms"] / measured["plain_identity"]["p50_ms"]
+
+
+def test_ab_refuses_the_baselines_name():
+    with pytest.raises(ValueError, match="plain_identity"):
+        ab.run({"plain_identity": {}})
