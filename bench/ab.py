@@ -34,8 +34,17 @@ def run(variants: Dict[str, Dict[str, str]], count: int = 3000) -> Dict[str, Any
     """Measure every variant and the plain model; returns percentiles and ratios per model."""
     if "plain_identity" in variants:
         raise ValueError("'plain_identity' is the baseline's name; pick another variant name")
+    with tempfile.TemporaryDirectory(prefix="pytriton-bench-ab-") as directory:
+        measured = _measure(variants, count, pathlib.Path(directory))
+    baseline = measured["plain_identity"]["p50_ms"]
+    for result in measured.values():
+        result["ratio"] = result["p50_ms"] / baseline
+    return {"variants": variants, "count": count, "results": measured}
+
+
+def _measure(variants: Dict[str, Dict[str, str]], count: int, repository: pathlib.Path) -> Dict[str, Any]:
+    """Serve the variants and the plain model from ``repository`` and measure them."""
     http_port, grpc_port, metrics_port = free_ports(3)
-    repository = pathlib.Path(tempfile.mkdtemp(prefix="pytriton-bench-ab-"))
     write_plain_models(repository)
     config = TritonConfig(
         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, model_repository=repository
@@ -61,15 +70,12 @@ def run(variants: Dict[str, Dict[str, str]], count: int = 3000) -> Dict[str, Any
                         os.environ[key] = value
         load_plain_models(http_port, ["plain_identity"])
         models = [*variants, "plain_identity"]
-        measured = load(
+        measured: Dict[str, Any] = load(
             {"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "models": models,
              "count": count, "max_s": 300.0},
             timeout_s=400.0,
         )  # fmt: skip
-    baseline = measured["plain_identity"]["p50_ms"]
-    for result in measured.values():
-        result["ratio"] = result["p50_ms"] / baseline
-    return {"variants": variants, "count": count, "results": measured}
+    return measured
 
 
 def main() -> int:

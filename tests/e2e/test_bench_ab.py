@@ -1,11 +1,19 @@
 """The A/B tool of the benchmark against a real server (small counts: it checks the tool, not speed)."""
 
+import pathlib
+import tempfile
+
 import pytest
 
 from bench import ab
 
 
+def _leftovers():
+    return set(pathlib.Path(tempfile.gettempdir()).glob("pytriton-bench-ab-*"))
+
+
 def test_ab_measures_every_variant_next_to_the_plain_model():
+    before = _leftovers()
     result = ab.run({"default": {}, "no_stub_poll": {"PYTRITON_PROXY_SPIN_US": "0"}}, count=100)
     measured = result["results"]
     assert set(measured) == {"default", "no_stub_poll", "plain_identity"}
@@ -14,6 +22,7 @@ def test_ab_measures_every_variant_next_to_the_plain_model():
         assert 0 < model["p50_ms"] <= model["p90_ms"] <= model["p99_ms"]
     assert measured["plain_identity"]["ratio"] == 1.0
     assert measured["default"]["ratio"] == measured["default"]["p50_ms"] / measured["plain_identity"]["p50_ms"]
+    assert _leftovers() == before, "the A/B run left its model repository behind"
 
 
 def test_ab_refuses_the_baselines_name():
