@@ -43,6 +43,7 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.proxy import _wire
 from pytriton.proxy._binding import BindingContext, BoundModel, short_socket_dir, validate_model_name
+from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server.command import LaunchSettings, build_command, effective_options
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 from pytriton.server.process import TritonServerProcess, check_ports_free, grpc_ready_probe, http_ready_probe
@@ -98,6 +99,7 @@ class Triton:
         self._repository: Optional[pathlib.Path] = None
         self._model_counter = 0
         self._stub_numpy2 = False
+        self._scratch = ScratchDirTracker()  # the Python backend's /tmp directory (server/_scratch.py)
         self.triton_context = TritonContext()
         # Even a Triton that is never run owns a workspace (and, once a model is bound, a socket
         # directory): make sure interpreter exit removes them. stop() unregisters this.
@@ -193,6 +195,15 @@ class Triton:
         self._check_stub_support(model)
         model.write_repository(self._repository)
         model.start_workers()
+        self._scratch.before_first_load()
+        loaded = False
+        try:
+            self._request_load(model)
+            loaded = True
+        finally:
+            self._claim_scratch(loaded)
+
+    def _request_load(self, model: BoundModel) -> None:
         if self._options.get("allow_http", True):
             host, port = self._options["http_address"], self._options["http_port"]
             connection = http.client.HTTPConnection(_client_host(host), port, timeout=STARTUP_TIMEOUT_S)
@@ -258,13 +269,17 @@ class Triton:
             self._server = TritonServerProcess(argv, env, log_path=self._config.log_file)
             self._server.register_on_exit(self._on_server_exit)
             self._state = "running"
+            if self._models:
+                self._scratch.before_first_load()
             try:
                 self._server.start()
                 self._start_watchdog()
                 self._server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to start")
             except BaseException:
+                self._claim_scratch(False)
                 self.stop()
                 raise
+            self._claim_scratch(True)
             LOGGER.info("Triton ready with %d model(s) in %.2f s", len(self._models), time.monotonic() - started)
 
     def _check_ports(self) -> None:
@@ -283,6 +298,13 @@ class Triton:
         if self._options.get("allow_http", True):
             return http_ready_probe(_client_host(self._options["http_address"]), self._options["http_port"])
         return grpc_ready_probe(_client_host(self._options["grpc_address"]), self._options["grpc_port"])
+
+    def _claim_scratch(self, loaded: bool) -> None:
+        """End the first-load window; hand a claimed scratch directory to the watchdog as well."""
+        known = self._scratch.path
+        path = self._scratch.after_first_load(loaded)
+        if path is not None and path != known and self._watchdog_fd is not None:
+            os.write(self._watchdog_fd, f"scratch {path}\n".encode())
 
     def _start_watchdog(self) -> None:
         assert self._server is not None and self._server.pid is not None
@@ -345,6 +367,7 @@ class Triton:
         if self._server is not None:
             grace = float(self._config.exit_timeout_secs if self._config.exit_timeout_secs is not None else 30)
             self._server.stop(grace_s=grace, wait_idle=self._wait_models_detached)
+            self._scratch.remove()
         for model in self._models.values():
             model.stop_workers()
         _wire.sweep_segments(self._shm_prefix)
@@ -382,7 +405,7 @@ class Triton:
     def _release_watchdog(self) -> None:
         if self._watchdog_fd is not None:
             try:
-                os.write(self._watchdog_fd, b"done")
+                os.write(self._watchdog_fd, b"done\n")
             finally:
                 os.close(self._watchdog_fd)
                 self._watchdog_fd = None

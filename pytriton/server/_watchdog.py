@@ -1,9 +1,11 @@
 """Clean-up guard: removes a ``Triton`` instance's leftovers if its process dies without stopping.
 
 Started by ``Triton.run`` as ``python -m pytriton.server._watchdog``. It blocks reading a pipe whose
-write end only the user's process holds. ``Triton.stop`` writes ``b"done"`` (nothing left to do);
-if the pipe closes without it, the user's process died (e.g. SIGKILL) and the watchdog kills the
-server's process group, then removes the shared-memory segments, socket directory and workspace.
+write end only the user's process holds, which sends newline-terminated lines: ``scratch PATH``
+once the Python backend's scratch directory is known (server/_scratch.py), and ``done`` from
+``Triton.stop`` (nothing left to do). If the pipe closes without ``done``, the user's process died
+(e.g. SIGKILL) and the watchdog kills the server's process group, then removes the shared-memory
+segments, socket directory, workspace and (if empty) the scratch directory.
 Arguments: ``READ_FD SERVER_PGID SHM_PREFIX PATH...``.
 """
 
@@ -26,7 +28,8 @@ def main(argv: list) -> int:
         if not chunk:
             break
         data += chunk
-    if data.startswith(b"done"):
+    lines = data.decode(errors="replace").splitlines()
+    if "done" in lines:
         return 0
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -37,6 +40,10 @@ def main(argv: list) -> int:
                 os.unlink(os.path.join("/dev/shm", name))
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
+    for line in lines:
+        if line.startswith("scratch /tmp/python_env_"):
+            with contextlib.suppress(OSError):
+                os.rmdir(line[len("scratch ") :])  # only ever removes an empty directory
     return 0
 
 

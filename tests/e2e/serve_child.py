@@ -25,6 +25,7 @@ def main() -> None:
         "socket_dir": str(triton._socket_dir),
         "workspace": str(triton._workspace.path),
         "watchdog_pid": triton._watchdog.pid,
+        "scratch": triton._scratch.path,
     }
     print(json.dumps(info), flush=True)
     triton.serve(monitoring_period_sec=0.2)

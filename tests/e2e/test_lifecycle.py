@@ -50,8 +50,10 @@ def _call(port, model="Echo"):
     np.testing.assert_array_equal(result, x)
 
 
-def _assert_clean(server_pid, shm_prefix, socket_dir, workspace):
+def _assert_clean(server_pid, shm_prefix, socket_dir, workspace, scratch=None):
     assert wait_for(lambda: not process_group_alive(server_pid), 10), "server or stub processes left behind"
+    if scratch is not None:  # the Python backend's /tmp/python_env_* directory (server/_scratch.py)
+        assert wait_for(lambda: not pathlib.Path(scratch).exists(), 10), f"{scratch} left behind"
     assert wait_for(lambda: not shm_entries(shm_prefix), 10), f"/dev/shm leftovers: {shm_entries(shm_prefix)}"
     assert not pathlib.Path(socket_dir).exists(), "socket directory left behind"
     assert not pathlib.Path(workspace).exists(), "workspace left behind"
@@ -68,8 +70,9 @@ def test_start_serve_stop_leaves_nothing(ports):
     # A client holding a keep-alive connection must not delay the stop.
     client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
     assert client.is_server_live()
-    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path, triton._scratch.path)
     assert shm_entries(triton._shm_prefix), "the python backend and the arenas should have segments while running"
+    assert triton._scratch.path and pathlib.Path(triton._scratch.path).is_dir(), "backend scratch directory not found"
     stopping = time.monotonic()
     triton.stop()
     stop_s = time.monotonic() - stopping
@@ -101,6 +104,22 @@ def test_polling_worker_serves_and_stops_promptly(ports, monkeypatch):
     assert time.monotonic() - stopping < 5.0
     _assert_clean(*info)
     assert not [t for t in threading.enumerate() if t.name.startswith("pytriton-Echo")], "worker thread left"
+
+
+def test_live_binding_claims_the_backend_scratch_directory(ports):
+    # No model at start-up: the Python backend starts with the first live bind, and its /tmp
+    # directory must be found then, and removed at stop.
+    triton = Triton(config=TritonConfig(**ports))
+    triton.run()
+    assert triton._scratch.path is None
+    _bind_echo(triton)
+    scratch = triton._scratch.path
+    assert scratch and pathlib.Path(scratch).is_dir()
+    _call(ports["http_port"])
+    _bind_echo(triton, "Second")  # a later bind claims nothing new
+    assert triton._scratch.path == scratch
+    triton.stop()
+    assert not pathlib.Path(scratch).exists()
 
 
 def test_two_servers_in_one_process():
@@ -191,7 +210,8 @@ def test_sigkill_of_user_process_leaves_nothing(ports):
     _call(ports["http_port"])
     process.kill()
     process.wait(10)
-    _assert_clean(info["server_pid"], info["shm_prefix"], info["socket_dir"], info["workspace"])
+    assert info["scratch"] and pathlib.Path(info["scratch"]).is_dir()
+    _assert_clean(info["server_pid"], info["shm_prefix"], info["socket_dir"], info["workspace"], info["scratch"])
     assert wait_for(lambda: not _pid_alive(info["watchdog_pid"]), 10)
 
 
