@@ -513,8 +513,9 @@ def _stream(ports, n, fail):
     return _stream_model(ports, "Stream", {"n": n, "fail": fail})
 
 
-def _stream_model(ports, model, values):
-    """Stream one request of [1, 1] int32 inputs; the ``step`` outputs in order and the errors."""
+def _open_stream(ports, model, values, **kwargs):
+    """Open a gRPC stream and send one request of [1, 1] int32 inputs; returns the client and a
+    queue of its ``(result, error)`` callbacks. The caller stops the stream and closes the client."""
     results: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
     c.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -523,7 +524,13 @@ def _stream_model(ports, model, values):
         tensor = grpcclient.InferInput(name, [1, 1], "INT32")
         tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
         inputs.append(tensor)
-    c.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    c.async_stream_infer(model, inputs, **kwargs)
+    return c, results
+
+
+def _stream_model(ports, model, values):
+    """Stream one request of [1, 1] int32 inputs; the ``step`` outputs in order and the errors."""
+    c, results = _open_stream(ports, model, values, enable_empty_final_response=True)
     steps, errors = [], []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -555,12 +562,7 @@ def test_long_stream_of_small_responses(server):
 
 def test_cancelled_stream_stops_the_generator(server):
     _, ports = server
-    c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
-    results: queue.Queue = queue.Queue()
-    c.start_stream(callback=lambda result, error: results.put((result, error)))
-    n = grpcclient.InferInput("n", [1, 1], "INT32")
-    n.set_data_from_numpy(np.array([[1000]], dtype=np.int32))
-    c.async_stream_infer("Cancellable", [n])
+    c, results = _open_stream(ports, "Cancellable", {"n": 1000})
     for _ in range(3):
         result, error = results.get(timeout=30)
         assert error is None, error
@@ -599,12 +601,7 @@ def test_decoupled_error_mid_stream(server, count):
 
 def test_large_streamed_chunks_arrive_intact(server):
     _, ports = server
-    c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
-    results: queue.Queue = queue.Queue()
-    c.start_stream(callback=lambda result, error: results.put((result, error)))
-    n = grpcclient.InferInput("n", [1, 1], "INT32")
-    n.set_data_from_numpy(np.array([[6]], dtype=np.int32))
-    c.async_stream_infer("BigStream", [n], enable_empty_final_response=True)
+    c, results = _open_stream(ports, "BigStream", {"n": 6}, enable_empty_final_response=True)
     chunks = []
     for _ in range(20):  # 6 chunks and the final flag
         result, error = results.get(timeout=30)
