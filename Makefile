@@ -1,11 +1,13 @@
 # Two entry points that work on a fresh Linux machine with python3 (3.9-3.13, with shared libpython):
 #   make demo   set everything up, start a server with a model, call it, print the result
 #   make test   set everything up and run the test suite
+# Another interpreter: make test PYTHON=python3.13 VENV=.venv-py3.13 (one venv per interpreter; the
+# server install in $PYTRITON_HOME is shared, the stub environment is made per interpreter).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-numpy1 test-unit test-e2e server bench lint clean
+.PHONY: demo test test-numpy1 test-unit test-e2e server bench soak soak-short lint clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,10 +48,18 @@ bench: server $(VENV)/.dev-deps
 	PYTHON=$(PY) bash bench/setup_perf_analyzer.sh
 	$(PY) -m bench
 
+# Soak and fault suite (bench/soak.py): bit-exact load, memory over time, fault probes; JSON + plot
+# in bench/results/soak/. soak-short is the bounded version CI runs (about 2 minutes).
+soak: server $(VENV)/.dev-deps
+	$(PY) -m bench.soak
+
+soak-short: server
+	$(PY) -m bench.soak --short
+
 lint: $(VENV)/.dev-deps
 	$(VENV)/bin/ruff check pytriton tests bench examples
 	$(VENV)/bin/ruff format --check pytriton tests bench examples
 	$(VENV)/bin/mypy pytriton
 
 clean:
-	rm -rf $(VENV) $(NP1_VENV) build *.egg-info
+	rm -rf $(VENV) $(NP1_VENV) .venv-py3.* build *.egg-info

@@ -75,10 +75,15 @@ def parallel_load(spec: Dict[str, Any], processes: int) -> Dict[str, Any]:
     }
 
 
-def model_stats(port: int, model: str) -> Dict[str, Any]:
+def _auth(token: Optional[str]) -> Dict[str, str]:
+    """The header that passes the server's restricted endpoints (statistics, model repository)."""
+    return {"triton-access-token": token} if token else {}
+
+
+def model_stats(port: int, model: str, token: Optional[str] = None) -> Dict[str, Any]:
     """Triton's counters for ``model``: inferences, executions and the mean µs per request of each phase."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    connection.request("GET", f"/v2/models/{model}/stats")
+    connection.request("GET", f"/v2/models/{model}/stats", headers=_auth(token))
     stats = json.loads(connection.getresponse().read())["model_stats"][0]
     connection.close()
     phases = stats["inference_stats"]
@@ -89,10 +94,10 @@ def model_stats(port: int, model: str) -> Dict[str, Any]:
     return result
 
 
-def load_plain_models(port: int, names: List[str]) -> None:
+def load_plain_models(port: int, names: List[str], token: Optional[str] = None) -> None:
     for name in names:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        connection.request("POST", f"/v2/repository/models/{name}/load", body=b"{}")
+        connection.request("POST", f"/v2/repository/models/{name}/load", body=b"{}", headers=_auth(token))
         response = connection.getresponse()
         body = response.read()
         connection.close()
@@ -232,7 +237,7 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
         with Triton(config=config) as triton:
             bind_project_models(triton, counter)
             triton.run()
-            load_plain_models(http_port, plain_names)
+            load_plain_models(http_port, plain_names, triton.get_access_token())
             count = 1500 if quick else 5000
 
             print("sequential latency ...", flush=True)
@@ -257,8 +262,8 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
             # sequential runs above): compute_infer is the model's execute(), i.e. the proxy's round
             # trip to the user's process for pytriton.
             scenarios["latency_server_side"] = {
-                "project": model_stats(http_port, "proxy_identity"),
-                "baseline": model_stats(http_port, "plain_identity"),
+                "project": model_stats(http_port, "proxy_identity", triton.get_access_token()),
+                "baseline": model_stats(http_port, "plain_identity", triton.get_access_token()),
             }
 
             print("throughput ...", flush=True)
@@ -282,7 +287,7 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
             print("dynamic batching ...", flush=True)
             batching: Dict[str, Any] = {}
             for side, model in (("project", "proxy_batched"), ("baseline", "plain_batched")):
-                before = model_stats(http_port, model)
+                before = model_stats(http_port, model, triton.get_access_token())
                 measured = parallel_load(
                     {
                         "scenario": "throughput",
@@ -294,7 +299,7 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                     },
                     processes=2,
                 )
-                after = model_stats(http_port, model)
+                after = model_stats(http_port, model, triton.get_access_token())
                 executions = max(1, after["executions"] - before["executions"])
                 measured["avg_batch_size"] = (after["inferences"] - before["inferences"]) / executions
                 batching[side] = measured

@@ -68,7 +68,7 @@ def _measure(variants: Dict[str, Dict[str, str]], count: int, repository: pathli
                         os.environ.pop(key, None)
                     else:
                         os.environ[key] = value
-        load_plain_models(http_port, ["plain_identity"])
+        load_plain_models(http_port, ["plain_identity"], triton.get_access_token())
         models = [*variants, "plain_identity"]
         measured: Dict[str, Any] = load(
             {"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "models": models,

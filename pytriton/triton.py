@@ -17,11 +17,14 @@ if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) rem
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import http.client
 import json
 import logging
 import os
 import pathlib
+import queue
 import secrets
 import shutil
 import signal
@@ -29,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
@@ -41,20 +44,52 @@ from pytriton.exceptions import (
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy import _wire
-from pytriton.proxy._binding import BindingContext, BoundModel, short_socket_dir, validate_model_name
+from pytriton.proxy import _stub_bytes, _wire
+from pytriton.proxy._binding import (
+    BindingContext,
+    BoundModel,
+    backend_region_prefix,
+    short_socket_dir,
+    validate_model_name,
+)
+from pytriton.server import _recycle
 from pytriton.server._scratch import ScratchDirTracker
+from pytriton.server._shm_guard import ShmGuard
 from pytriton.server.command import LaunchSettings, build_command, effective_options
-from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
-from pytriton.server.process import TritonServerProcess, check_ports_free, grpc_ready_probe, http_ready_probe
-from pytriton.server.triton_config import TritonConfig
+from pytriton.server.distribution import (
+    check_python_supported,
+    find_server,
+    shared_libpython_dir,
+    stub_environment,
+)
+from pytriton.server.process import (
+    TritonServerProcess,
+    check_ports_free,
+    describe_exit,
+    grpc_ready_probe,
+    http_ready_probe,
+    kill_stub,
+)
+from pytriton.server.security import (  # noqa: F401  (the constants are importable from here, as in NVIDIA PyTriton)
+    DEFAULT_PROTECTED_ENDPOINTS,
+    TRITON_ACCESS_HEADER,
+    VALID_TRITON_ENDPOINTS,
+    AccessPolicy,
+    TritonSecurityConfig,
+)
+from pytriton.server.triton_config import DEFAULT_MAX_REQUEST_BYTES, TritonConfig
 from pytriton.server.workspace import Workspace, cleanup_paths
 
-__all__ = ["Triton", "TritonConfig", "Workspace"]
+__all__ = ["Triton", "TritonConfig", "TritonSecurityConfig", "Workspace"]
 
 LOGGER = logging.getLogger("pytriton.triton")
 MONITORING_PERIOD_SEC = 5.0
 STARTUP_TIMEOUT_S = 120.0
+# Python-backend regions that grew past this are given back once their model is idle (_recycle.py).
+RECYCLE_BYTE_SIZE = 16 << 20
+RECYCLE_IDLE_S = 10.0
+# glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
+SERVER_MALLOC_ARENA_MAX = 1
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
 
@@ -74,6 +109,14 @@ class Triton:
             environment variables, then to defaults.
         workspace: directory for the model repository and other files (see :class:`Workspace`);
             a temporary one under ``$PYTRITON_HOME`` when ``None``. Removed by :meth:`stop`.
+        security_config: which endpoints need an access token (see :class:`TritonSecurityConfig`).
+            ``None``: the model-repository, shared-memory, statistics, trace and logging endpoints
+            need a generated token (:meth:`get_access_token`); inference, health, metadata and
+            model configs stay open.
+        max_server_restarts: how many times ``tritonserver`` is restarted after dying on its own
+            within ``restart_window_s`` seconds; one more crash in that window gives up (see
+            :meth:`serve`). 0 disables restarts.
+        restart_window_s: the window for ``max_server_restarts``.
     """
 
     def __init__(
@@ -81,9 +124,27 @@ class Triton:
         *,
         config: Optional[TritonConfig] = None,
         workspace: Union[Workspace, str, pathlib.Path, None] = None,
+        security_config: Optional[TritonSecurityConfig] = None,
+        max_server_restarts: int = 5,
+        restart_window_s: float = 60.0,
     ):
+        check_python_supported()  # no backend stub for this Python: fail now, not at run()
+        if isinstance(max_server_restarts, bool) or not isinstance(max_server_restarts, int) or max_server_restarts < 0:
+            raise PyTritonBadParameterError(f"max_server_restarts must be an int >= 0, got {max_server_restarts!r}.")
+        if (
+            isinstance(restart_window_s, bool)
+            or not isinstance(restart_window_s, (int, float))
+            or restart_window_s <= 0
+        ):
+            raise PyTritonBadParameterError(f"restart_window_s must be a positive number, got {restart_window_s!r}.")
         self._config = _merge_config(config)
         self._options = effective_options(self._config)
+        if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
+            raise PyTritonBadParameterError(
+                f"security_config must be a TritonSecurityConfig, got {type(security_config).__name__}."
+            )
+        self._security = security_config if security_config is not None else TritonSecurityConfig()
+        self._access = AccessPolicy(self._config, self._security)  # also validates the config's own restrictions
         self._workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         self._token = secrets.token_hex(4)
         self._pid = os.getpid()
@@ -100,6 +161,26 @@ class Triton:
         self._model_counter = 0
         self._stub_numpy2 = False
         self._scratch = ScratchDirTracker()  # the Python backend's /tmp directory (server/_scratch.py)
+        self._shm_guard = ShmGuard(backend_region_prefix(self._shm_prefix))  # 0600 backend regions (security)
+        # Self-healing (docs/architecture.md): a supervisor thread restarts a dead server and
+        # replaces dead stubs, one event at a time.
+        self._max_restarts = max_server_restarts
+        self._restart_window_s = float(restart_window_s)
+        self._launch: Optional[Tuple[List[str], Dict[str, str]]] = None
+        self._events: queue.Queue[Tuple[str, Any]] = queue.Queue()
+        self._supervisor: Optional[threading.Thread] = None
+        self._crashes: Deque[float] = collections.deque()
+        self._restarts = 0
+        self._restarting = False
+        self._healing: Set[str] = set()  # names of models whose stubs are being replaced
+        self._failure: Optional[PyTritonServerError] = None
+        self._startup_models: List[str] = []
+        # Giving grown Python-backend regions back (server/_recycle.py): model -> when it was recycled.
+        self._recycled_at: Dict[str, float] = {}
+        recycle_bytes = self._config.python_backend_shm_recycle_byte_size
+        recycle_idle = self._config.python_backend_shm_recycle_idle_secs
+        self._recycle_bytes = RECYCLE_BYTE_SIZE if recycle_bytes is None else max(0, recycle_bytes)
+        self._recycle_idle_s = RECYCLE_IDLE_S if recycle_idle is None else max(1.0, float(recycle_idle))
         self.triton_context = TritonContext()
         # Even a Triton that is never run owns a workspace (and, once a model is bound, a socket
         # directory): make sure interpreter exit removes them. stop() unregisters this.
@@ -122,6 +203,8 @@ class Triton:
             shm_prefix=self._shm_prefix,
             socket_dir=self._socket_dir,
             on_unrecoverable=self._on_unrecoverable,
+            max_request_bytes=_max_request_bytes(self._config),
+            on_stub_lost=self._on_stub_lost,
         )
 
     def bind(
@@ -184,11 +267,12 @@ class Triton:
 
     def _check_stub_support(self, model: BoundModel) -> None:
         if self._stub_numpy2 and model.has_bytes_tensors:
-            raise PyTritonBadParameterError(
-                f"Model {model.name!r} declares BYTES (string) tensors, which Triton's Python backend stub cannot "
-                f"handle with numpy 2, and numpy 1.x does not exist for Python {sys.version_info.major}."
-                f"{sys.version_info.minor}. Use Python 3.9-3.12 for string tensors."
-            )
+            problem = _stub_bytes.numpy2_problem()  # the stub runs with this process's numpy
+            if problem:
+                raise PyTritonBadParameterError(
+                    f"Model {model.name!r} declares BYTES (string) tensors, which Triton's Python backend stub "
+                    f"cannot handle here: {problem}"
+                )
 
     def _load_live(self, model: BoundModel) -> None:
         assert self._repository is not None
@@ -204,18 +288,35 @@ class Triton:
             self._claim_scratch(loaded)
 
     def _request_load(self, model: BoundModel) -> None:
+        self._repository_request("load", model.name)
+        _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
+
+    def _repository_request(self, action: str, model_name: str) -> None:
+        """``POST /v2/repository/models/<model_name>/<action>`` (``load``/``unload``), over HTTP or gRPC.
+
+        Every model-repository call pytriton makes goes through here: it carries the header that the
+        server's restriction expects (see :class:`~pytriton.server.security.AccessPolicy`).
+        """
         if self._options.get("allow_http", True):
             host, port = self._options["http_address"], self._options["http_port"]
             connection = http.client.HTTPConnection(_client_host(host), port, timeout=STARTUP_TIMEOUT_S)
             try:
-                connection.request("POST", f"/v2/repository/models/{model.name}/load", body=b"{}")
+                connection.request(
+                    "POST",
+                    f"/v2/repository/models/{model_name}/{action}",
+                    body=b"{}",
+                    headers=self._access.http_headers("model-repository"),
+                )
                 response = connection.getresponse()
                 body = response.read()
             finally:
                 connection.close()
             if response.status != 200:
-                detail = json.loads(body or b"{}").get("error", body.decode(errors="replace"))
-                raise PyTritonModelConfigError(f"Triton could not load model {model.name!r}: {detail}")
+                try:
+                    detail = json.loads(body or b"{}").get("error", body.decode(errors="replace"))
+                except ValueError:
+                    detail = body.decode(errors="replace")
+                raise PyTritonModelConfigError(f"Triton could not {action} model {model_name!r}: {detail}")
         else:
             import tritonclient.grpc as grpcclient
             from tritonclient.utils import InferenceServerException
@@ -224,9 +325,12 @@ class Triton:
                 f"{_client_host(self._options['grpc_address'])}:{self._options['grpc_port']}"
             )
             try:
-                client.load_model(model.name)
+                call = client.load_model if action == "load" else client.unload_model
+                call(model_name, headers=self._access.grpc_headers("model-repository"))
             except InferenceServerException as exc:
-                raise PyTritonModelConfigError(f"Triton could not load model {model.name!r}: {exc.message()}") from None
+                raise PyTritonModelConfigError(
+                    f"Triton could not {action} model {model_name!r}: {exc.message()}"
+                ) from None
             finally:
                 client.close()
 
@@ -260,18 +364,26 @@ class Triton:
                     model_repository=self._repository,
                     backend_directory=distribution.backend_dir,
                     cache_directory=distribution.cache_dir,
-                    shm_region_prefix=f"{self._shm_prefix}-pb",
+                    shm_region_prefix=backend_region_prefix(self._shm_prefix),
                     startup_models=list(self._models),
+                    access=self._access,
                 ),
             )
             argv = [arg for arg in argv if not arg.startswith("--log-file=")]
-            env = _server_environment(stub_env.bin_dir, [libpython, *distribution.library_dirs])
+            env = _server_environment(
+                stub_env.bin_dir,
+                [libpython, *distribution.library_dirs],
+                malloc_arena_max=self._config.server_malloc_arena_max,
+            )
+            self._launch = (argv, env)
+            self._startup_models = list(self._models)
             self._server = TritonServerProcess(argv, env, log_path=self._config.log_file)
             self._server.register_on_exit(self._on_server_exit)
             self._state = "running"
             if self._models:
                 self._scratch.before_first_load()
             try:
+                self._shm_guard.start()
                 self._server.start()
                 self._start_watchdog()
                 self._server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to start")
@@ -280,6 +392,11 @@ class Triton:
                 self.stop()
                 raise
             self._claim_scratch(True)
+            _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stubs did; a second line
+            self._supervisor = threading.Thread(
+                target=self._supervise, name=f"pytriton-supervisor-{self._token}", daemon=True
+            )
+            self._supervisor.start()
             LOGGER.info("Triton ready with %d model(s) in %.2f s", len(self._models), time.monotonic() - started)
 
     def _check_ports(self) -> None:
@@ -296,15 +413,17 @@ class Triton:
 
     def _ready_probe(self) -> Callable[[], bool]:
         if self._options.get("allow_http", True):
-            return http_ready_probe(_client_host(self._options["http_address"]), self._options["http_port"])
-        return grpc_ready_probe(_client_host(self._options["grpc_address"]), self._options["grpc_port"])
+            host, port = _client_host(self._options["http_address"]), self._options["http_port"]
+            return http_ready_probe(host, port, headers=self._access.http_headers("health"))
+        host, port = _client_host(self._options["grpc_address"]), self._options["grpc_port"]
+        return grpc_ready_probe(host, port, headers=self._access.grpc_headers("health"))
 
     def _claim_scratch(self, loaded: bool) -> None:
         """End the first-load window; hand a claimed scratch directory to the watchdog as well."""
         known = self._scratch.path
         path = self._scratch.after_first_load(loaded)
-        if path is not None and path != known and self._watchdog_fd is not None:
-            os.write(self._watchdog_fd, f"scratch {path}\n".encode())
+        if path is not None and path != known:
+            self._tell_watchdog(f"scratch {path}")
 
     def _start_watchdog(self) -> None:
         assert self._server is not None and self._server.pid is not None
@@ -332,9 +451,15 @@ class Triton:
         self._watchdog_fd = write_fd
 
     def serve(self, monitoring_period_sec: float = MONITORING_PERIOD_SEC) -> None:
-        """Run the server and block until SIGINT/SIGTERM, an unrecoverable error or server death.
+        """Run the server and block until SIGINT/SIGTERM, an unrecoverable error or a fatal server failure.
 
-        Always stops the server before returning.
+        A server that dies on its own is restarted (see ``max_server_restarts``); while it
+        restarts, ``serve()`` keeps waiting. Always stops the server before returning.
+
+        Raises:
+            PyTritonServerError: the server kept crashing (more than ``max_server_restarts``
+                times within ``restart_window_s``) or could not be restarted; raised after
+                everything was stopped, so a program ending here exits with a non-zero status.
         """
         self.run()
         previous: Dict[int, Any] = {}
@@ -343,18 +468,30 @@ class Triton:
                 previous[int(signum)] = signal.signal(signum, lambda *_: self._wakeup.set())
         try:
             while not self._wakeup.wait(monitoring_period_sec):
-                if not self.is_alive():
-                    LOGGER.error("Triton is no longer alive; stopping.")
+                if self._failure is not None:
                     break
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
             self.stop()
+        if self._failure is not None:
+            raise self._failure
 
     def is_alive(self) -> bool:
-        """True while the server runs and every model's workers are up."""
+        """True while the server runs and is not being restarted."""
         with self._lock:
-            return self._state == "running" and self._server is not None and self._server.is_alive()
+            return (
+                self._state == "running"
+                and not self._restarting
+                and self._failure is None
+                and self._server is not None
+                and self._server.is_alive()
+            )
+
+    @property
+    def server_restarts(self) -> int:
+        """How many times ``tritonserver`` was restarted after dying on its own."""
+        return self._restarts
 
     def stop(self) -> None:
         """Stop the server and release every resource. Idempotent; safe from any thread."""
@@ -362,12 +499,22 @@ class Triton:
             if self._state == "stopped":
                 return
             self._state = "stopped"
+            server = self._server  # a restart in progress starts no further server once stopped
         atexit.unregister(self.stop)
         started = time.monotonic()
-        if self._server is not None:
+        self._events.put(("stop", None))
+        if server is not None:
             grace = float(self._config.exit_timeout_secs if self._config.exit_timeout_secs is not None else 30)
-            self._server.stop(grace_s=grace, wait_idle=self._wait_models_detached)
-            self._scratch.remove()
+            server.stop(grace_s=grace, wait_idle=self._wait_models_detached)
+        supervisor = self._supervisor
+        if supervisor is not None and supervisor is not threading.current_thread():
+            supervisor.join(10.0)  # ends within moments once the server is gone (its waits check the state)
+            if supervisor.is_alive():
+                LOGGER.warning("The pytriton supervisor thread did not end; leaving it behind.")
+        if self._server is not None and self._server is not server:
+            self._server.stop(grace_s=0.0)  # started by a restart right before stop()
+        self._scratch.remove()
+        self._shm_guard.stop()
         for model in self._models.values():
             model.stop_workers()
         _wire.sweep_segments(self._shm_prefix)
@@ -393,7 +540,14 @@ class Triton:
             if self._server is None or not self._server.is_alive():
                 return False
             models = list(self._models.values())
-            if not any(model.busy for model in models):
+            # A batch cannot legitimately run past its model's execution timeout: stop waiting then.
+            busy = [
+                model
+                for model in models
+                if model.busy
+                and (model.execution_timeout_s is None or time.monotonic() - signalled < model.execution_timeout_s)
+            ]
+            if not busy:
                 if not any(model.connected for model in models):
                     return True
                 last = max([signalled, *(model.last_active for model in models)])
@@ -416,9 +570,220 @@ class Triton:
                 self._watchdog.kill()
             self._watchdog = None
 
+    # -- self-healing ----------------------------------------------------------------------
     def _on_server_exit(self, returncode: int) -> None:
-        LOGGER.error("tritonserver exited with code %s; serve() will stop.", returncode)
+        """The server died on its own (called on its log reader thread): let the supervisor restart it."""
+        self._events.put(("server", returncode))
+
+    def _on_stub_lost(self, model_name: str, generation: int, server_pid: int) -> None:
+        """A stub died without saying goodbye (called on a worker thread): let the supervisor replace it."""
+        with self._lock:
+            server = self._server
+            if self._state != "running" or model_name in self._healing or self._restarting:
+                return
+            if server is None or server.pid != server_pid or not server.is_alive():
+                return  # its server died or was replaced: restarting the server handles it
+            self._healing.add(model_name)
+        LOGGER.error(
+            "Model %s: a stub process died (generation %d); replacing the model's instances.", model_name, generation
+        )
+        self._events.put(("stub", (model_name, generation)))
+
+    def _supervise(self) -> None:
+        """Handle server deaths and stub deaths one at a time, until :meth:`stop`.
+
+        This thread also spawns every replacement server: ``PR_SET_PDEATHSIG`` fires when the
+        *thread* that forked the server ends, so that thread must live as long as the server.
+        """
+        # Between events the supervisor looks for grown shared-memory regions of idle models.
+        poll_s = self._recycle_idle_s / 4 if self._recycle_bytes else None
+        while True:
+            try:
+                kind, payload = self._events.get(timeout=poll_s)
+            except queue.Empty:
+                kind, payload = "recycle", None
+            if kind == "stop" or self._state != "running":
+                return
+            if kind == "recycle":
+                try:
+                    self._recycle_grown_models()
+                except Exception:  # noqa: BLE001 - memory upkeep must never stop the supervisor
+                    LOGGER.exception("pytriton: checking the Python backend's shared memory failed")
+                continue
+            try:
+                if kind == "server":
+                    self._restart_server(int(payload))
+                else:
+                    self._replace_stubs(*payload)
+            except Exception:  # noqa: BLE001 - keep supervising
+                LOGGER.exception("pytriton: recovering from a %s failure failed", kind)
+
+    def _count_crash(self, reason: str) -> bool:
+        """Record a crash; False (and ``serve()`` woken to raise) once the restart budget is spent."""
+        now = time.monotonic()
+        self._crashes.append(now)
+        while self._crashes and now - self._crashes[0] > self._restart_window_s:
+            self._crashes.popleft()
+        if len(self._crashes) <= self._max_restarts:
+            return True
+        self._failure = PyTritonServerError(
+            f"tritonserver failed {len(self._crashes)} times within {self._restart_window_s:g} s "
+            f"(max_server_restarts={self._max_restarts}); giving up. Last failure: {reason}"
+        )
+        LOGGER.error("%s", self._failure)
         self._wakeup.set()
+        return False
+
+    def _restart_server(self, returncode: int) -> None:
+        """Start a new server with the same command line after the old one died; wait until it is ready."""
+        old = self._server
+        assert old is not None and self._launch is not None
+        if old.is_alive():
+            return  # a late report about a server that was already replaced
+        # Its stubs may outlive it, holding their slot locks, its ports and its output pipe: end the
+        # whole process group first (that also lets the log reader catch the server's last lines).
+        old.stop(grace_s=0.0)
+        errors = old.crash_lines()
+        reason = describe_exit(returncode) + ("; its last error lines:\n  " + "\n  ".join(errors) if errors else "")
+        if not self._count_crash(reason):
+            return
+        LOGGER.error("tritonserver died (%s); restarting it.", reason)
+        started = time.monotonic()
+        with self._lock:
+            if self._state != "running":
+                return
+            self._restarting = True
+        try:
+            while True:
+                old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
+                self._scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
+                _wire.sweep_segments(f"{self._shm_prefix}-pb")  # its Python-backend regions
+                argv, env = self._launch
+                with self._lock:
+                    if self._state != "running":
+                        return
+                    server = TritonServerProcess(argv, env, log_path=self._config.log_file)
+                    server.register_on_exit(self._on_server_exit)
+                    self._scratch = ScratchDirTracker()
+                    if self._models:
+                        self._scratch.before_first_load()
+                    server.start()
+                    self._server = server
+                self._tell_watchdog(f"pgid {server.pid}")
+                try:
+                    server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to restart")
+                    for model in list(self._models.values()):
+                        if model.name not in self._startup_models:  # bound after run(): load it again
+                            self._request_load(model)
+                except PyTritonServerError as exc:
+                    self._claim_scratch(False)
+                    if self._state != "running" or not self._count_crash(str(exc)):
+                        return
+                    LOGGER.error("Restarting tritonserver failed (%s); trying again.", exc)
+                    old = server
+                    continue
+                self._claim_scratch(True)
+                break
+        finally:
+            with self._lock:
+                self._restarting = False
+        self._restarts += 1
+        LOGGER.warning(
+            "tritonserver restarted in %.2f s (restart %d; pid %s).",
+            time.monotonic() - started,
+            self._restarts,
+            server.pid,
+        )
+
+    def _replace_stubs(self, model_name: str, generation: int) -> None:
+        """Reload a model whose stub died, then retire the old generation's stubs.
+
+        Triton 2.51's Python backend neither restarts a dead stub nor unloads a model that has
+        sent requests to one (the unload never completes), so pytriton loads a new generation of
+        the model next to the old one (its stubs take their own slot locks, see proxy/_stub.py);
+        Triton switches traffic to it once it is ready. The old generation's surviving stubs are
+        then ended once idle (Triton may never finalize them).
+        """
+        try:
+            model = self._models.get(model_name)
+            server = self._server
+            if model is None or model.generation != generation or server is None or not server.is_alive():
+                return  # unbound, already replaced, or the server itself died (restarted as a whole)
+            if self._restarting or self._state != "running":
+                return
+            assert self._repository is not None
+            started = time.monotonic()
+            failure = self._load_next_generation(model)
+            if failure is not None:
+                LOGGER.error("Model %s: replacing its dead stub failed: %s", model_name, failure)
+                return
+            pids = model.retire_generation()
+            deadline = time.monotonic() + 5.0
+            while model.retired_busy and time.monotonic() < deadline and self._state == "running":
+                time.sleep(0.01)
+            for pid in pids:
+                kill_stub(pid)
+            LOGGER.warning(
+                "Model %s: a stub process died; loaded generation %d of the model in %.2f s and ended %d old stub(s).",
+                model_name,
+                model.generation,
+                time.monotonic() - started,
+                len(pids),
+            )
+        finally:
+            with self._lock:
+                self._healing.discard(model_name)
+
+    def _load_next_generation(self, model: BoundModel) -> Optional[Exception]:
+        """Load the model again with its generation raised (new stubs next to the old); the error if it failed."""
+        assert self._repository is not None
+        model.generation += 1
+        model.write_repository(self._repository)
+        try:
+            self._request_load(model)
+        except Exception as exc:  # noqa: BLE001 - reported by the caller, the old generation keeps serving
+            model.generation -= 1
+            return exc
+        return None
+
+    def _recycle_grown_models(self) -> None:
+        """Reload idle models whose Python-backend region grew past the limit, giving its memory back.
+
+        A region never shrinks (server/_recycle.py); a new generation of the model gets new stubs
+        with new regions, and Triton unloads the old generation, whose stubs then exit normally and
+        whose regions are removed. Runs on the supervisor thread, so it never overlaps a restart or
+        a stub replacement; a model that served a batch since its last recycle is eligible again.
+        """
+        server, repository = self._server, self._repository
+        if server is None or server.pid is None or repository is None or self._restarting:
+            return
+        regions = _recycle.stub_regions(server.pid, repository, backend_region_prefix(self._shm_prefix))
+        now = time.monotonic()
+        for name, resident in _recycle.grown_models(regions, self._recycle_bytes).items():
+            model = self._models.get(name)
+            if model is None or name in self._healing or model.busy or self._state != "running":
+                continue
+            if now - model.last_active < self._recycle_idle_s or model.last_active <= self._recycled_at.get(name, 0.0):
+                continue  # still in use, or nothing ran since the last recycle (old stubs still exiting)
+            self._recycled_at[name] = now
+            started = time.monotonic()
+            failure = self._load_next_generation(model)
+            if failure is not None:
+                LOGGER.warning("Model %s: reloading it to give back shared memory failed: %s", name, failure)
+                continue
+            LOGGER.info(
+                "Model %s: its Python-backend shared memory had grown to %.0f MiB; reloaded its instances "
+                "(generation %d) in %.2f s to give it back.",
+                name,
+                resident / (1 << 20),
+                model.generation,
+                time.monotonic() - started,
+            )
+
+    def _tell_watchdog(self, line: str) -> None:
+        if self._watchdog_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._watchdog_fd, f"{line}\n".encode())
 
     def _on_unrecoverable(self, exc: BaseException) -> None:
         LOGGER.error("Unrecoverable error in an inference callable (%s); stopping Triton.", exc)
@@ -426,6 +791,14 @@ class Triton:
         threading.Thread(target=self.stop, name="pytriton-unrecoverable-stop", daemon=True).start()
 
     # -- introspection ---------------------------------------------------------------------
+    def get_access_token(self) -> Optional[str]:
+        """The token restricted endpoints require (``None`` when the security config restricts nothing).
+
+        Clients send it with ``access_token=``; raw HTTP clients as the ``triton-access-token`` header,
+        gRPC clients as ``triton-grpc-protocol-triton-access-token`` metadata.
+        """
+        return self._security.access_token
+
     @property
     def server_log(self) -> List[str]:
         """The last lines the server printed."""
@@ -447,9 +820,27 @@ def _client_host(address: str) -> str:
     return "127.0.0.1" if address in ("0.0.0.0", "", "::") else address
 
 
-def _server_environment(stub_bin: pathlib.Path, library_dirs: List[pathlib.Path]) -> Dict[str, str]:
-    """Environment of the server: the stub's python3 first on PATH, this libpython first to load."""
+def _max_request_bytes(config: TritonConfig) -> int:
+    """The request-size limit the proxies enforce (0: none)."""
+    limit = config.max_request_bytes
+    return DEFAULT_MAX_REQUEST_BYTES if limit is None else limit
+
+
+def _server_environment(
+    stub_bin: pathlib.Path, library_dirs: List[pathlib.Path], malloc_arena_max: Optional[int] = None
+) -> Dict[str, str]:
+    """Environment of the server: the stub's python3 first on PATH, this libpython first to load.
+
+    ``malloc_arena_max`` (``None``: :data:`SERVER_MALLOC_ARENA_MAX`; 0: glibc's own default) sets
+    ``MALLOC_ARENA_MAX`` for the server and its stubs only, unless your environment sets it.
+    """
     env = dict(os.environ)
+    arenas = SERVER_MALLOC_ARENA_MAX if malloc_arena_max is None else malloc_arena_max
+    if arenas > 0:
+        # With one malloc arena, the heap the server grew for large tensors is trimmed back when they
+        # are freed; with glibc's per-thread arenas it stayed 38 MiB up after 1 KiB-8 MiB traffic
+        # (docs/architecture.md, "Memory after large requests").
+        env.setdefault("MALLOC_ARENA_MAX", str(arenas))
     # The stub's embedded interpreter must see its own environment only.
     for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV"):
         env.pop(name, None)

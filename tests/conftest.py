@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -25,6 +26,40 @@ DTYPES = [
     np.float32,
     np.float64,
 ]
+
+
+def stub_numpy_status() -> Tuple[str, Optional[str]]:
+    """How this interpreter's backend stub gets numpy, and why string tensors cannot work, if so."""
+    import numpy
+
+    from pytriton.proxy import _stub_bytes
+    from pytriton.server.distribution import stub_environment
+
+    try:
+        env = stub_environment()
+    except Exception as exc:  # reported by the tests that start a server
+        return f"stub environment unusable: {exc}", None
+    if env.own:
+        return "numpy 1.x in pytriton's private stub environment", None
+    if env.numpy2:
+        text = f"numpy {numpy.__version__} from this environment (numeric via DLPack, strings via _stub_bytes)"
+        return text, _stub_bytes.numpy2_problem()
+    return f"numpy {numpy.__version__} from this environment", None
+
+
+STUB_NUMPY, STUB_STRINGS_PROBLEM = stub_numpy_status()
+# For tests that need string (BYTES) tensors through the stub: skipped, with the reason, where the
+# stub cannot carry them (none of the supported Pythons today; see README "Python versions").
+needs_stub_strings = pytest.mark.skipif(
+    STUB_STRINGS_PROBLEM is not None, reason=f"string tensors unavailable: {STUB_STRINGS_PROBLEM}"
+)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """End every run (``-q`` included) with the Python and the stub numpy it tested."""
+    version = ".".join(str(part) for part in sys.version_info[:3])
+    strings = "available" if STUB_STRINGS_PROBLEM is None else f"UNAVAILABLE ({STUB_STRINGS_PROBLEM})"
+    terminalreporter.write_line(f"pytriton: Python {version}; backend stub: {STUB_NUMPY}; string tensors {strings}")
 
 
 def free_ports(count: int) -> List[int]:

@@ -6,11 +6,17 @@ from typing import Any, Optional
 
 from pytriton.client._core import ClientCore
 from pytriton.client._url import TritonUrl, parse_url
+from pytriton.client.auth import ClientSecurity, PathLike
 from pytriton.client.exceptions import PyTritonClientClosedError
 
 
 class BaseModelClient:
-    """What every client shares: URL parsing, the model identity, timeouts and the core."""
+    """What every client shares: URL parsing, the model identity, timeouts, security and the core.
+
+    ``access_token`` (``Triton.get_access_token()``) is sent with every call; ``grpcs://`` URLs use
+    TLS, with ``root_certificates`` / ``private_key`` / ``certificate_chain`` PEM files (see
+    :mod:`pytriton.client.auth`).
+    """
 
     def __init__(
         self,
@@ -21,8 +27,14 @@ class BaseModelClient:
         lazy_init: bool = True,
         init_timeout_s: Optional[float] = None,
         inference_timeout_s: Optional[float] = None,
+        access_token: Optional[str] = None,
+        root_certificates: Optional[PathLike] = None,
+        private_key: Optional[PathLike] = None,
+        certificate_chain: Optional[PathLike] = None,
     ):
         self._url: TritonUrl = parse_url(url)
+        self._security = ClientSecurity(access_token, root_certificates, private_key, certificate_chain)
+        self._security.check(self._url)
         self._core = ClientCore(self._url, model_name, model_version, init_timeout_s, inference_timeout_s)
         self._lazy_init = lazy_init
         self._closed = False
@@ -40,7 +52,7 @@ class BaseModelClient:
 
     def get_lib(self) -> Any:
         """The tritonclient module used for the URL's protocol (``tritonclient.http`` or ``.grpc``)."""
-        if self._url.scheme == "grpc":
+        if self._url.protocol == "grpc":
             import tritonclient.grpc as lib
         else:
             import tritonclient.http as lib  # type: ignore[no-redef]

@@ -97,7 +97,7 @@ class ClientCore:
             DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else float(inference_timeout_s)
         )
         self.config: Optional[TritonModelConfig] = None
-        self.grpc = url.scheme == "grpc"
+        self.grpc = url.protocol == "grpc"
         self._outputs: Dict[int, List[Any]] = {}  # requested-output objects, built once per lib
 
     # -- operations (generators) ----------------------------------------------------------------

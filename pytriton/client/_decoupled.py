@@ -16,6 +16,7 @@ import numpy as np
 from pytriton.client._base import BaseModelClient
 from pytriton.client._core import map_error
 from pytriton.client._drivers import run_sync
+from pytriton.client.auth import PathLike
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientTimeoutError,
@@ -37,7 +38,7 @@ class _StreamingBase(BaseModelClient):
     """URL checks and request preparation shared by the streaming clients."""
 
     def _open(self) -> None:
-        if self._url.scheme != "grpc":
+        if self._url.protocol != "grpc":
             raise PyTritonClientValueError(
                 f"Streaming (decoupled) models need gRPC, but {str(self._url)!r} is HTTP; use grpc://host:port "
                 "(default port 8001)."
@@ -83,7 +84,9 @@ class DecoupledModelClient(_StreamingBase):
         import tritonclient.grpc as lib
 
         self._lib = lib
-        self._client = lib.InferenceServerClient(self._url.address)
+        self._client = self._security.apply(
+            lib.InferenceServerClient(self._url.address, **self._security.grpc_options(self._url)), self._url
+        )
         self._lock = threading.Lock()
         if not self._lazy_init:
             try:
@@ -190,10 +193,15 @@ class AsyncioDecoupledModelClient:
         lazy_init: bool = True,
         init_timeout_s: Optional[float] = None,
         inference_timeout_s: Optional[float] = None,
+        access_token: Optional[str] = None,
+        root_certificates: Optional[PathLike] = None,
+        private_key: Optional[PathLike] = None,
+        certificate_chain: Optional[PathLike] = None,
     ):
         self._sync = DecoupledModelClient(
             url, model_name, model_version, lazy_init=True, init_timeout_s=init_timeout_s,
-            inference_timeout_s=inference_timeout_s,
+            inference_timeout_s=inference_timeout_s, access_token=access_token, root_certificates=root_certificates,
+            private_key=private_key, certificate_chain=certificate_chain,
         )  # fmt: skip
         self._lazy_init = lazy_init
 

@@ -8,18 +8,19 @@ from typing import Any
 
 from pytriton.client._core import Call, Operation
 from pytriton.client._url import TritonUrl
+from pytriton.client.auth import ClientSecurity
 
 
-def sync_clients(url: TritonUrl, control_timeout_s: float, inference_timeout_s: float) -> Any:
-    """``(lib, control_client, infer_client)`` for blocking use.
+def sync_clients(url: TritonUrl, security: ClientSecurity, control_timeout_s: float, inference_timeout_s: float) -> Any:
+    """``(lib, control_client, infer_client)`` for blocking use, sending ``security``'s token on every call.
 
     HTTP timeouts are properties of a client's connections, so HTTP gets one client per timeout;
     gRPC takes a deadline per call and needs only one.
     """
-    if url.scheme == "grpc":
+    if url.protocol == "grpc":
         import tritonclient.grpc as lib
 
-        client = lib.InferenceServerClient(url.address)
+        client = security.apply(lib.InferenceServerClient(url.address, **security.grpc_options(url)), url)
         return lib, client, client
     import tritonclient.http as lib
 
@@ -29,16 +30,18 @@ def sync_clients(url: TritonUrl, control_timeout_s: float, inference_timeout_s: 
     infer = lib.InferenceServerClient(
         url.address, connection_timeout=inference_timeout_s, network_timeout=inference_timeout_s
     )
-    return lib, control, infer
+    return lib, security.apply(control, url), security.apply(infer, url)
 
 
-def async_clients(url: TritonUrl) -> Any:
+def async_clients(url: TritonUrl, security: ClientSecurity) -> Any:
     """``(lib, client)`` for asyncio use (one client; timeouts are applied per call)."""
-    if url.scheme == "grpc":
+    if url.protocol == "grpc":
         import tritonclient.grpc.aio as lib
-    else:
-        import tritonclient.http.aio as lib  # type: ignore[no-redef]
-    return lib, lib.InferenceServerClient(url.address)
+
+        return lib, security.apply(lib.InferenceServerClient(url.address, **security.grpc_options(url)), url)
+    import tritonclient.http.aio as lib  # type: ignore[no-redef]
+
+    return lib, security.apply(lib.InferenceServerClient(url.address), url)
 
 
 def run_sync(operation: Operation, control: Any, infer: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Parsing of server URLs: ``grpc://host:port``, ``http://host:port``, ``host:port``, ``host``."""
+"""Parsing of server URLs: ``grpc://host:port``, ``grpcs://`` (gRPC over TLS), ``http://host:port``, ``host[:port]``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 from pytriton.client.exceptions import PyTritonClientInvalidUrlError
 
-DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "grpcs": 8001}
 _URL = re.compile(
     r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+)(?::(?P<port>\d+))?/?$"
 )
@@ -22,6 +22,16 @@ class TritonUrl:
     port: int
 
     @property
+    def protocol(self) -> str:
+        """``"grpc"`` (also for ``grpcs``) or ``"http"``: which tritonclient module speaks to it."""
+        return "grpc" if self.scheme in ("grpc", "grpcs") else "http"
+
+    @property
+    def tls(self) -> bool:
+        """True for ``grpcs://`` (gRPC over TLS)."""
+        return self.scheme == "grpcs"
+
+    @property
     def address(self) -> str:
         """``host:port`` as tritonclient expects it."""
         return f"{self.host}:{self.port}"
@@ -31,17 +41,19 @@ class TritonUrl:
 
 
 def parse_url(url: str) -> TritonUrl:
-    """Parse ``url``; no scheme means HTTP, no port means the scheme's default (8000 / 8001)."""
+    """Parse ``url``; no scheme means HTTP, no port means the scheme's default (8000 / 8001 / 8001)."""
     if not isinstance(url, str):
         raise PyTritonClientInvalidUrlError(f"The server URL must be a string, got {type(url).__name__}.")
     match = _URL.match(url.strip())
     if match is None:
         raise PyTritonClientInvalidUrlError(
-            f"Invalid server URL {url!r}: expected [http://|grpc://]host[:port], e.g. grpc://localhost:8001."
+            f"Invalid server URL {url!r}: expected [http://|grpc://|grpcs://]host[:port], e.g. grpc://localhost:8001."
         )
     scheme = (match.group("scheme") or "http").lower()
     if scheme not in DEFAULT_PORTS:
-        raise PyTritonClientInvalidUrlError(f"Invalid server URL {url!r}: scheme must be http or grpc, not {scheme!r}.")
+        raise PyTritonClientInvalidUrlError(
+            f"Invalid server URL {url!r}: scheme must be http, grpc or grpcs, not {scheme!r}."
+        )
     port = int(match.group("port")) if match.group("port") else DEFAULT_PORTS[scheme]
     if not 0 < port < 65536:
         raise PyTritonClientInvalidUrlError(f"Invalid server URL {url!r}: port {port} is out of range.")

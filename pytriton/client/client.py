@@ -6,8 +6,9 @@ Typical use::
         outputs = client.infer_sample(a, b)                  # positional, in the model's input order
         outputs = client.infer_batch(a=batch_a, b=batch_b)   # or by name (never both)
 
-URLs: ``grpc://host:port``, ``http://host:port``, ``host:port`` or ``host`` (HTTP by default;
-default ports 8000 for HTTP and 8001 for gRPC).
+URLs: ``grpc://host:port``, ``grpcs://host:port`` (TLS), ``http://host:port``, ``host:port`` or
+``host`` (HTTP by default; default ports 8000 for HTTP and 8001 for gRPC). ``access_token=`` (from
+``Triton.get_access_token()``) is sent with every call; see :mod:`pytriton.client.auth`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from pytriton.client._base import BaseModelClient
 from pytriton.client._decoupled import AsyncioDecoupledModelClient, DecoupledModelClient
 from pytriton.client._drivers import async_clients, run_async, run_sync, sync_clients
+from pytriton.client.auth import PathLike
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientQueueFullError,
@@ -50,7 +52,7 @@ class ModelClient(BaseModelClient):
 
     def _open(self) -> None:
         self._lib, self._control, self._infer_client = sync_clients(
-            self._url, min(self._core.init_timeout_s, 60.0), self._core.inference_timeout_s
+            self._url, self._security, min(self._core.init_timeout_s, 60.0), self._core.inference_timeout_s
         )
         if not self._lazy_init:
             try:
@@ -66,6 +68,7 @@ class ModelClient(BaseModelClient):
         client = cls(
             str(existing_client._url), core.model_name, core.model_version or None,
             init_timeout_s=core.init_timeout_s, inference_timeout_s=core.inference_timeout_s,
+            **existing_client._security.as_kwargs(),
         )  # fmt: skip
         client._core.config = core.config
         return client
@@ -143,10 +146,16 @@ class FuturesModelClient(BaseModelClient):
         inference_timeout_s: Optional[float] = None,
         max_queue_size: Optional[int] = None,
         non_blocking: bool = False,
+        access_token: Optional[str] = None,
+        root_certificates: Optional[PathLike] = None,
+        private_key: Optional[PathLike] = None,
+        certificate_chain: Optional[PathLike] = None,
     ):
         super().__init__(
-            url, model_name, model_version, init_timeout_s=init_timeout_s, inference_timeout_s=inference_timeout_s
-        )
+            url, model_name, model_version, init_timeout_s=init_timeout_s, inference_timeout_s=inference_timeout_s,
+            access_token=access_token, root_certificates=root_certificates, private_key=private_key,
+            certificate_chain=certificate_chain,
+        )  # fmt: skip
         if max_workers is not None and max_workers < 1:
             raise PyTritonClientValueError("max_workers must be at least 1.")
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pytriton-client")
@@ -169,6 +178,7 @@ class FuturesModelClient(BaseModelClient):
             client = ModelClient(
                 str(self._url), core.model_name, core.model_version or None,
                 init_timeout_s=core.init_timeout_s, inference_timeout_s=core.inference_timeout_s,
+                **self._security.as_kwargs(),
             )  # fmt: skip
             client._core = core  # one shared core: the model config is read once for all threads
             self._local.client = client
@@ -241,7 +251,7 @@ class AsyncioModelClient(BaseModelClient):
     """
 
     def _open(self) -> None:
-        self._lib, self._client = async_clients(self._url)
+        self._lib, self._client = async_clients(self._url, self._security)
 
     async def __aenter__(self) -> AsyncioModelClient:
         if not self._lazy_init:

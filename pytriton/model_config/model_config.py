@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from pytriton.model_config.common import DynamicBatcher
 
@@ -17,6 +18,10 @@ class ModelConfig:
         batcher: dynamic batcher settings (used when ``batching`` is on).
         response_cache: let Triton cache responses (needs ``TritonConfig(cache_config=[...])``).
         decoupled: streaming model; the callable yields any number of responses per request.
+        execution_timeout_s: if set (seconds, > 0), a batch whose callable has not answered within
+            this time fails with an error naming the timeout, and the instance is freed for the
+            next batch (the hung call keeps running on its own thread; its result is discarded).
+            For a decoupled model it bounds the wait for each next response. ``None``: no limit.
     """
 
     batching: bool = True
@@ -24,3 +29,4 @@ class ModelConfig:
     batcher: DynamicBatcher = dataclasses.field(default_factory=DynamicBatcher)
     response_cache: bool = False
     decoupled: bool = False
+    execution_timeout_s: Optional[float] = None

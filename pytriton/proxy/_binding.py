@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import pathlib
 import re
 import shutil
-from typing import Any, Callable, List, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -22,6 +24,11 @@ from pytriton.proxy._worker import InstanceWorker
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
+
+
+def backend_region_prefix(shm_prefix: str) -> str:
+    """Name prefix of the Python backend's shared-memory regions for one ``Triton`` instance."""
+    return f"{shm_prefix}-pb"
 
 
 def validate_model_name(name: Any) -> str:
@@ -76,6 +83,9 @@ class BindingContext:
     shm_prefix: str
     socket_dir: pathlib.Path
     on_unrecoverable: Callable[[BaseException], None]
+    max_request_bytes: int = 0  # 0: no limit (TritonConfig.max_request_bytes)
+    # Called with (model name, stub generation, server pid) when a stub process died without saying goodbye.
+    on_stub_lost: Optional[Callable[[str, int, int], None]] = None
 
 
 class BoundModel:
@@ -114,6 +124,8 @@ class BoundModel:
             raise PyTritonBadParameterError(f"Model {model_name!r}: config must be a ModelConfig.")
         if config.batching and config.max_batch_size < 1:
             raise PyTritonBadParameterError(f"Model {model_name!r}: max_batch_size must be >= 1 when batching.")
+        self.execution_timeout_s = _execution_timeout(config.execution_timeout_s, model_name)
+        self.generation = 0  # grows with each reload that replaces a dead stub (see proxy/_stub.py)
         self.infer_funcs = funcs
         self.strict = strict
         self._context = context
@@ -132,15 +144,24 @@ class BoundModel:
             inputs=_resolve_tensors(inputs, "INPUT", model_name),
             outputs=_resolve_tensors(outputs, "OUTPUT", model_name),
             response_cache=config.response_cache,
-            backend_parameters={
-                "pytriton.user_pid": str(context.user_pid),
-                "pytriton.endpoint_dir": str(self.endpoint_dir),
-                "pytriton.slots": str(len(funcs)),
-                "pytriton.shm_prefix": self.shm_prefix,
-                # How long the stub polls for the reply before sleeping; see docs/performance.md.
-                "pytriton.spin_us": str(poll_window_us("PYTRITON_PROXY_SPIN_US", 1000)),
-            },
+            # Public on purpose (an integer, no path or pid): a new value makes Triton reload the
+            # model, which replaces a dead stub (write_repository, docs/architecture.md).
+            backend_parameters={"pytriton.generation": "0"},
         )
+        # Read by the stub from its version directory (_wire.PRIVATE_FILE, mode 0600); the served
+        # model config holds nothing of this, as any client may read it.
+        self._private = {
+            "user_pid": context.user_pid,
+            "endpoint_dir": str(self.endpoint_dir),
+            "slots": len(funcs),
+            "shm_prefix": self.shm_prefix,
+            "backend_shm_prefix": backend_region_prefix(context.shm_prefix),
+            # How long the stub polls for the reply before sleeping; see docs/performance.md.
+            "spin_us": poll_window_us("PYTRITON_PROXY_SPIN_US", 1000),
+            # Larger requests get an error in the stub, before any copy (docs/configuration.md).
+            "max_request_bytes": context.max_request_bytes,
+            "execution_timeout_s": self.execution_timeout_s or 0.0,
+        }
         if not self.config.outputs:
             raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
         # Off by default: a worker polling between requests keeps a CPU busy while traffic lasts.
@@ -149,12 +170,20 @@ class BoundModel:
 
     def write_repository(self, repository: pathlib.Path) -> None:
         """Write ``config.pbtxt`` and the proxy's ``model.py`` under ``repository/<name>``."""
+        self.config.backend_parameters["pytriton.generation"] = str(self.generation)
         model_dir = repository / self.name
         version_dir = model_dir / str(self.version)
-        version_dir.mkdir(parents=True, exist_ok=True)
+        # Private to the user: nothing in here is for other local users to read or change.
+        model_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        version_dir.mkdir(mode=0o700, exist_ok=True)
         (model_dir / "config.pbtxt").write_text(to_pbtxt(self.config))
+        private = os.open(version_dir / _wire.PRIVATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(private, "w") as file:
+            os.fchmod(file.fileno(), 0o600)  # also when the file existed with other bits
+            json.dump(self._private, file)
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub.py"), version_dir / "model.py")
         shutil.copyfile(_wire.__file__, version_dir / "_pytriton_wire.py")
+        shutil.copyfile(pathlib.Path(__file__).with_name("_stub_bytes.py"), version_dir / "_pytriton_stub_bytes.py")
 
     def start_workers(self) -> None:
         """Start one worker per instance slot (before Triton loads the model)."""
@@ -171,9 +200,24 @@ class BoundModel:
                 on_unrecoverable=self._context.on_unrecoverable,
                 name=f"{self.name}-{slot}",
                 poll_s=self._worker_poll_s,
+                on_stub_lost=self._stub_lost,
             )
             worker.start()
             self._workers.append(worker)
+
+    def _stub_lost(self, generation: int, server_pid: int) -> None:
+        callback = self._context.on_stub_lost
+        if callback is not None and generation == self.generation:  # older generations are being replaced
+            callback(self.name, generation, server_pid)
+
+    def retire_generation(self) -> List[int]:
+        """Mark every connection of an older generation as retired; return the pids of its stubs."""
+        return [pid for worker in self._workers for pid in worker.retire(self.generation)]
+
+    @property
+    def retired_busy(self) -> bool:
+        """True while a stub of an older generation still processes a batch."""
+        return any(worker.retired_busy() for worker in self._workers)
 
     @property
     def has_bytes_tensors(self) -> bool:
@@ -212,6 +256,17 @@ class BoundModel:
     def remove_files(self, repository: pathlib.Path) -> None:
         """Delete the model's repository directory."""
         shutil.rmtree(repository / self.name, ignore_errors=True)
+
+
+def _execution_timeout(value: Any, model: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: execution_timeout_s must be a positive number of seconds or None (no limit), "
+            f"got {value!r}."
+        )
+    return float(value)
 
 
 def short_socket_dir(user_pid: int, token: str) -> pathlib.Path:

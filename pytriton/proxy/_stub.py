@@ -5,10 +5,18 @@
 available here (the stub's own environment), so nothing else from pytriton may be imported.
 
 Per model instance (one stub process each) the proxy claims a free *slot* of the model by taking
-an exclusive ``flock`` on ``slot-<n>.lock``; the kernel releases it when the stub exits, however it
-exits, so a restarted instance finds its slot free again without any handshake timeout. It then
-talks to that slot's worker thread in the user's process over one Unix stream socket; if the
-user's process dies, the socket closes and pending requests fail at once.
+an exclusive ``flock`` on ``slot-<n>-g<generation>.lock``; the kernel releases it when the stub
+exits, however it exits, so a restarted instance finds its slot free again without any handshake
+timeout. The generation (a model parameter) grows each time pytriton reloads the model to replace
+a dead stub: the new generation's stubs then pick their slots among their own lock files while the
+old generation still holds its locks. The stub talks to its slot's worker thread in the user's
+process over one Unix stream socket; if the user's process dies, the socket closes and pending
+requests fail at once.
+
+With an execution timeout (``ModelConfig.execution_timeout_s``) the stub waits that long for each
+reply. When it expires, the batch fails with an error naming the timeout, and the stub drops the
+connection (and its arena, which the hung call may still read) and connects again: the worker
+serves the new connection on a fresh thread and discards the hung call's late result.
 """
 
 from __future__ import annotations
@@ -26,23 +34,51 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-try:  # the copy placed next to model.py by Triton.bind
+try:  # the copies placed next to model.py by Triton.bind
+    import _pytriton_stub_bytes as _stub_bytes  # type: ignore[import-not-found]
     import _pytriton_wire as _wire  # type: ignore[import-not-found]
 except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _wire
+    from pytriton.proxy import _stub_bytes, _wire
 
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
 # exists; on Python 3.13 (no numpy 1.x build) it runs with numpy 2, whose ABI breaks the stub's
-# own numpy conversions (empty float tensors, crashes on strings) while DLPack still works.
-# Triton.bind refuses BYTES tensors in that mode (DLPack cannot carry them).
+# own numpy conversions of numeric tensors (empty outputs), while DLPack still works. String
+# (BYTES) tensors are passed through serialized, with either numpy (_stub_bytes).
 _NUMPY2 = int(np.__version__.split(".")[0]) >= 2
+_stub_bytes.install(pb_utils)  # before the stub first converts an array (see _stub_bytes)
+
+
+def _read_input(tensor: Any) -> Any:
+    """An input as numpy (numeric) or as the serialized tensor (BYTES, see _stub_bytes)."""
+    array = tensor.as_numpy()
+    if array.dtype.kind == "O":  # a 0-d array holding the tensor's _wire.SerializedBytes
+        return _stub_bytes.input_payload(array)
+    return np.from_dlpack(tensor) if _NUMPY2 else array
 
 
 def _dlpack_output(name: str, array: Any) -> Any:
     if not (array.flags.writeable and array.flags.c_contiguous):
         array = np.array(array, copy=True, order="C")  # DLPack exports writable, contiguous arrays only
+    if array.size == 0:
+        array = _empty_with_c_strides(array)
     return pb_utils.Tensor.from_dlpack(name, array)
+
+
+def _empty_with_c_strides(array: Any) -> Any:
+    """numpy 2 gives empty arrays all-zero strides, which the stub rejects as not C-ordered."""
+    strides: List[int] = []
+    step = array.itemsize
+    for dim in reversed(array.shape):
+        strides.insert(0, step)
+        step *= dim
+    base = np.empty(1, dtype=array.dtype)
+    return np.lib.stride_tricks.as_strided(base, shape=array.shape, strides=strides, writeable=True)
+
+
+def _bytes_output(meta: Any, buffer: Any) -> Any:
+    """A BYTES output straight from its serialized form on the wire (nothing parsed)."""
+    return _stub_bytes.output_tensor(pb_utils, meta[0], _wire.bytes_payload(buffer, meta), meta[2])
 
 
 def _errors(message: str, requests: List[Any]) -> List[Any]:
@@ -50,8 +86,40 @@ def _errors(message: str, requests: List[Any]) -> List[Any]:
     return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
 
 
+def _input_bytes(tensors: List[Any]) -> int:
+    """Bytes of one request's inputs, strings counted as Triton serialises them (4-byte length + data)."""
+    total = 0
+    for _, array in tensors:
+        if isinstance(array, _wire.SerializedBytes):  # already in that layout (see _read_input)
+            total += memoryview(array.data).nbytes
+        elif array.dtype.kind == "O":
+            total += 4 * array.size + sum(map(len, array.flat))
+        else:
+            total += array.nbytes
+    return total
+
+
+def _size_text(nbytes: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit} ({nbytes} bytes)"
+    return f"{nbytes} bytes"
+
+
+class RequestsTooLarge(Exception):
+    """Some requests of a batch exceed the size limit: ``rejected`` maps their index to the error text."""
+
+    def __init__(self, rejected: Dict[int, str]):
+        super().__init__(rejected)
+        self.rejected = rejected
+
+
 class UserProcessGone(RuntimeError):
     """The process that bound the model is no longer running."""
+
+
+class ExecutionTimedOut(RuntimeError):
+    """The worker did not reply within the model's execution timeout."""
 
 
 class TritonPythonModel:
@@ -60,31 +128,71 @@ class TritonPythonModel:
     def initialize(self, args: Dict[str, Any]) -> None:
         """Claim a slot, connect to its worker and say hello (waits for the worker, no fixed timeout)."""
         config = json.loads(args["model_config"])
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        self._user_pid = int(params["pytriton.user_pid"])
-        self._endpoint_dir = params["pytriton.endpoint_dir"]
-        slots = int(params["pytriton.slots"])
+        # What locates the worker lives in a 0600 file, not in the model config clients can read.
+        with open(os.path.join(args["model_repository"], args["model_version"], _wire.PRIVATE_FILE)) as file:
+            params = json.load(file)
+        # The backend created this instance's region 0644 just before starting us; no request has
+        # used it yet. Close it (and any sibling's) to other users before the model can be ready.
+        _wire.make_private(params["backend_shm_prefix"])
+        self._user_pid = int(params["user_pid"])
+        self._endpoint_dir = params["endpoint_dir"]
+        slots = int(params["slots"])
         self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         # With one declared output there is nothing to filter (Triton rejects unknown names before
         # execute), so the per-request call for the requested names can be skipped.
         self._single_output = len(config.get("output", [])) == 1
-        self._lock_fd = self._claim_slot(slots)
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
+        self._model_name = args["model_name"]
+        self._max_request_bytes = int(params.get("max_request_bytes", 0))  # 0: no limit
+        # The generation is in the public config on purpose: a new value makes Triton reload the
+        # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
+        public = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        self._generation = int(public.get("pytriton.generation", "0"))
+        timeout_s = float(params.get("execution_timeout_s", 0.0))
+        self._timeout_s: Optional[float] = timeout_s if timeout_s > 0 else None
         # Poll for replies instead of sleeping (only while they usually come within the window): a
         # fast callable then answers without paying for a wake-up of this process.
-        self._channel = _wire.Channel(self._socket, poll_s=float(params.get("pytriton.spin_us", "0")) / 1e6)
-        self._arena = _wire.Arena(f"{params['pytriton.shm_prefix']}-s{self._slot}")
+        self._poll_s = float(params.get("spin_us", 0)) / 1e6
+        self._lock_fd = self._claim_slot(slots)
+        self._arena = _wire.Arena(f"{params['shm_prefix']}-s{self._slot}")
         self._reader = _wire.ArenaReader()
-        reply = self._call((_wire.HELLO, os.getpid()))
+        # After a large request, both arenas give their memory back once this instance is idle.
+        self._releaser = _wire.IdleReleaser(lambda: (self._arena, self._reader))
+        self._connect()
+
+    def _connect(self) -> None:
+        """Connect to the slot's worker and say hello."""
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
+        if self._timeout_s is not None:
+            # With a timeout every receive waits in poll() first, so the reply polling of Channel
+            # turns into a plain bounded wait: no spinning, and a late reply raises socket.timeout.
+            self._socket.settimeout(self._timeout_s)
+        self._channel = _wire.Channel(self._socket, poll_s=self._poll_s)
+        reply = self._call((_wire.HELLO, os.getpid(), self._generation))
         if reply[0] != _wire.WELCOME:
             raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply[0]}")
+
+    def _abandon(self) -> str:
+        """After an execution timeout: drop the connection and the arenas, connect again; returns the error text."""
+        message = (
+            f"pytriton: model {self._model_name!r} did not answer within its execution timeout of "
+            f"{self._timeout_s:g} s (ModelConfig.execution_timeout_s); the request was abandoned."
+        )
+        self._socket.close()
+        self._arena.close()  # the hung call may still read it: the next batch gets a fresh segment
+        self._reader.close()
+        try:
+            self._connect()
+        except Exception:  # noqa: BLE001 - the next batch reports the user's process as gone
+            pass
+        return message
 
     def _claim_slot(self, slots: int) -> int:
         deadline = time.monotonic() + 60.0
         while True:
             for slot in range(slots):
-                fd = os.open(os.path.join(self._endpoint_dir, f"slot-{slot}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                lock_name = f"slot-{slot}-g{self._generation}.lock"
+                fd = os.open(os.path.join(self._endpoint_dir, lock_name), os.O_RDWR | os.O_CREAT, 0o600)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -111,33 +219,69 @@ class TritonPythonModel:
     def _call(self, message: Any) -> Any:
         """Send one message and wait for the reply.
 
-        There is no timeout: a callable may legitimately run for a long time, and if the user's
-        process dies the kernel closes the socket, which ends the wait at once.
+        The wait is bounded only by the model's execution timeout, if it has one: a callable may
+        legitimately run for a long time, and if the user's process dies the kernel closes the
+        socket, which ends the wait at once.
         """
         try:
             self._channel.send(message)
             return self._channel.recv()
+        except socket.timeout:
+            raise ExecutionTimedOut() from None
         except (EOFError, OSError):
             raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
 
     def _receive(self) -> Any:
         try:
             return self._channel.recv()
+        except socket.timeout:
+            raise ExecutionTimedOut() from None
         except (EOFError, OSError):
             raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
 
     def _encode(self, requests: List[Any], requested: List[Any]) -> Any:
+        """The INFER message for a batch; raises ``RequestsTooLarge`` (before any copy) if needed."""
         groups = []
         entries = []
-        for request, names in zip(requests, requested):
-            if _NUMPY2:
-                groups.append([(tensor.name(), np.from_dlpack(tensor)) for tensor in request.inputs()])
-            else:
-                groups.append([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
+        limit = self._max_request_bytes
+        rejected: Dict[int, str] = {}
+        for index, (request, names) in enumerate(zip(requests, requested)):
+            tensors = [(tensor.name(), _read_input(tensor)) for tensor in request.inputs()]
+            if limit:
+                nbytes = _input_bytes(tensors)
+                if nbytes > limit:
+                    rejected[index] = self._too_large(nbytes)
+            groups.append(tensors)
             raw_parameters = request.parameters()
             entries.append((json.loads(raw_parameters) if raw_parameters != "{}" else None, names))
+        if rejected:
+            raise RequestsTooLarge(rejected)
         segment, metas = _wire.write_tensors(self._arena, groups)
         return (_wire.INFER, segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)])
+
+    def _too_large(self, nbytes: int) -> str:
+        return (
+            f"pytriton: the request to model {self._model_name!r} holds {_size_text(nbytes)} of inputs, more than "
+            f"the server's limit of {_size_text(self._max_request_bytes)}; send smaller requests "
+            "(the limit is TritonConfig.max_request_bytes on the server)"
+        )
+
+    def _reject(self, requests: List[Any], rejected: Dict[int, str]) -> Optional[List[Any]]:
+        """Answer the oversized requests with their error and run the rest of the batch as usual."""
+        kept = [request for index, request in enumerate(requests) if index not in rejected]
+        errors = {
+            index: pb_utils.InferenceResponse(error=pb_utils.TritonError(text)) for index, text in rejected.items()
+        }
+        if self._decoupled:
+            for index, response in errors.items():
+                requests[index].get_response_sender().send(
+                    response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
+            if kept:
+                self._execute(kept)
+            return None
+        responses = iter(self._execute(kept) or []) if kept else iter([])
+        return [errors[index] if index in errors else next(responses) for index in range(len(requests))]
 
     def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
         buffer = self._reader.attach(reply[1]) if reply[1] else None
@@ -146,7 +290,11 @@ class TritonPythonModel:
         read = _wire.read_tensor
         responses = []
         for metas, names in zip(reply[2], requested):
-            tensors = [Tensor(m[0], read(buffer, m, False, own)) for m in metas if names is None or m[0] in names]
+            tensors = [
+                _bytes_output(m, buffer) if m[1] == _wire.BYTES else Tensor(m[0], read(buffer, m, False, own))
+                for m in metas
+                if names is None or m[0] in names
+            ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
 
@@ -157,18 +305,29 @@ class TritonPythonModel:
 
     def execute(self, requests: List[Any]) -> Optional[List[Any]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
+        self._releaser.enter()  # no arena memory is released while a batch is in flight
+        try:
+            return self._execute(requests)
+        finally:
+            self._releaser.leave()
+
+    def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
         if self._single_output:
             requested: List[Any] = [None] * len(requests)
         else:
             requested = [request.requested_output_names() or None for request in requests]
         try:
             message = self._encode(requests, requested)
+        except RequestsTooLarge as exc:
+            return self._reject(requests, exc.rejected)
         except Exception as exc:  # malformed input we cannot forward
             return self._fail(requests, f"pytriton proxy could not read the request: {exc}")
         try:
             reply = self._call(message)
         except UserProcessGone as exc:
             return self._fail(requests, str(exc))
+        except ExecutionTimedOut:
+            return self._fail(requests, self._abandon())
         if not self._decoupled:
             try:
                 if reply[0] == _wire.OK:
@@ -214,6 +373,8 @@ class TritonPythonModel:
             self._settle(reply)
         except UserProcessGone as exc:
             self._send(senders, live, _errors(str(exc), senders))
+        except ExecutionTimedOut:
+            self._send(senders, live, _errors(self._abandon(), senders))
         for sender in senders:
             try:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -248,6 +409,7 @@ class TritonPythonModel:
         except (EOFError, OSError):
             pass
         self._socket.close()
+        self._releaser.close()
         self._arena.close()
         self._reader.close()
         os.close(self._lock_fd)

@@ -17,105 +17,104 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, List, Optional, Tuple, Type
 
 import numpy as np
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
-from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
+from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _wire
+from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import Request
 
 LOGGER = logging.getLogger("pytriton.proxy")
 
 
-_ALLOWED_KINDS = frozenset("biufSUO")
-
-
 def error_text(exc: BaseException) -> str:
-    """What a client sees for a failed request: the exception type and message, no traceback."""
-    message = str(exc)
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    """What a client sees for a failed request: the exception type and message, no traceback.
+
+    Never raises: an exception whose ``__str__`` fails is named by its type alone.
+    """
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except BaseException:  # noqa: BLE001 - a broken __str__ must not take the worker down
+        return f"{name} (its message could not be printed)"
+    return f"{name}: {message}" if message else name
 
 
-class OutputChecker:
-    """Validates what a callable returned before it is written to shared memory."""
+def _proc_stat(pid: int) -> List[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then ppid); [] if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
 
-    def __init__(self, config: TritonModelConfig, strict: bool):
-        self._model = config.model_name
-        self._outputs: Dict[str, TensorSpec] = {spec.name: spec for spec in config.outputs}
-        self._batching = config.batching
-        self._strict = strict
 
-    def check(self, result: Any, n_requests: int) -> List[List[Tuple[str, np.ndarray]]]:
-        """Return the outputs as ``[(name, array), ...]`` per request or raise ``PyTritonRuntimeError``."""
-        model = self._model
-        if not isinstance(result, (list, tuple)):
-            raise PyTritonRuntimeError(
-                f"Model {model!r}: the inference callable returned {type(result).__name__}; it must return a list "
-                f"with one dict of output arrays per request ({n_requests} here)."
-            )
-        if len(result) != n_requests:
-            raise PyTritonRuntimeError(
-                f"Model {model!r}: the inference callable returned {len(result)} results for {n_requests} requests; "
-                "return exactly one dict of outputs per request, in request order."
-            )
-        groups = []
-        outputs_spec = self._outputs
-        strict = self._strict
-        for index, outputs in enumerate(result):
-            if type(outputs) is not dict and not isinstance(outputs, dict):
-                raise PyTritonRuntimeError(
-                    f"Model {model!r}: result {index} is {type(outputs).__name__}, expected a dict of output arrays."
-                )
-            group = []
-            for name, value in outputs.items():
-                # Fast path: a declared output holding a plain ndarray of a carried dtype.
-                if (
-                    not strict
-                    and type(value) is np.ndarray
-                    and name in outputs_spec
-                    and value.dtype.kind in _ALLOWED_KINDS
-                ):
-                    group.append((name, value))
-                else:
-                    group.append((name, self._check_array(index, name, value)))
-            groups.append(group)
-        return groups
+def _process_running(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie (a killed stub stays a zombie until Triton reaps it)."""
+    fields = _proc_stat(pid)
+    return bool(fields) and fields[0] not in (b"Z", b"X")
 
-    def _check_array(self, index: int, name: Any, value: Any) -> np.ndarray:
-        model = self._model
-        spec = self._outputs.get(name)
-        if spec is None:
-            raise PyTritonRuntimeError(
-                f"Model {model!r}: result {index} has output {name!r}, which is not among the declared outputs "
-                f"{sorted(self._outputs)}."
-            )
-        if isinstance(value, np.generic):
-            value = np.asarray(value)
-        if not isinstance(value, np.ndarray):
-            raise PyTritonRuntimeError(
-                f"Model {model!r}: output {name!r} of result {index} is {type(value).__name__}, expected numpy.ndarray."
-            )
-        if value.dtype.kind not in _ALLOWED_KINDS:
-            raise PyTritonRuntimeError(
-                f"Model {model!r}: output {name!r} of result {index} has dtype {value.dtype}, which Triton cannot carry."
-            )
-        if self._strict:
-            self._check_strict(index, spec, value)
-        return value
 
-    def _check_strict(self, index: int, spec: TensorSpec, value: np.ndarray) -> None:
-        problem = spec.mismatch(value, batch_axis=self._batching)
-        if problem:
-            raise PyTritonRuntimeError(f"Model {self._model!r}: output {spec.name!r} of result {index} {problem}.")
+class _Session:
+    """One connection from a stub process, served on its own thread.
+
+    Owns the worker-side arena (outputs), the reader that maps the stub's arena (inputs) and, for
+    ``async`` callables, an event loop; :meth:`close` releases all of them when the connection ends.
+    """
+
+    def __init__(self, number: int, sock: Optional[socket.socket], arena_prefix: str):
+        self.number = number
+        self.sock = sock
+        self.arena = _wire.Arena(f"{arena_prefix}-c{number}")
+        self.reader = _wire.ArenaReader()
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.thread: Optional[threading.Thread] = None
+        self.stub_pid = 0
+        self.server_pid = 0  # the stub's parent: tells a stub death from the death of a whole server
+        self.generation = 0
+        self.busy = False
+        self.connected = False  # between HELLO and BYE
+        self.said_bye = False
+        # Its stub stopped waiting for the batch (execution timeout) and reconnected: whatever the
+        # callable returns here is discarded.
+        self.abandoned = False
+        # Its stub belongs to a model generation that was replaced (see InstanceWorker.retire).
+        self.retired = False
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop
+
+    def drop_loop(self) -> None:
+        """Forget the event loop (after a BaseException escaped it, its state is not to be trusted)."""
+        if self.loop is not None:
+            with contextlib.suppress(Exception):
+                self.loop.close()
+            self.loop = None
+
+    def close(self) -> None:
+        self.arena.close()
+        self.reader.close()
+        self.drop_loop()
 
 
 class InstanceWorker:
-    """Serves one instance slot of a bound model on a dedicated thread.
+    """Serves one instance slot of a bound model.
 
-    Lifetime: :meth:`start` binds the socket and starts the thread; :meth:`stop` ends the thread and
-    releases the socket and the shared-memory arena.
+    Threads: an accept thread (``pytriton-<model>-<slot>``) waits for stub connections on the
+    slot's socket and serves each on a thread of its own (``...-c<n>``). Normally one stub is
+    connected at a time; a second connection appears when a stub gave up waiting for a hung
+    callable (execution timeout) and reconnected, or while a replacement generation of the model
+    loads next to the old one. The callable is then called from the newer connection's thread
+    while the hung call keeps its own (a Python thread cannot be interrupted).
+
+    Lifetime: :meth:`start` binds the socket and starts the accept thread; :meth:`stop` ends the
+    threads (leaving behind, as daemon threads, only callables that do not return) and releases
+    the socket and the shared-memory arenas.
     """
 
     def __init__(
@@ -129,88 +128,196 @@ class InstanceWorker:
         on_unrecoverable: Callable[[BaseException], None],
         name: str,
         poll_s: float = 0.0,
+        on_stub_lost: Optional[Callable[[int, int], None]] = None,
     ):
         self._path = path
         self._infer_func = infer_func
         self._config = config
         self._decoupled = config.decoupled
         self._checker = OutputChecker(config, strict)
-        self._arena = _wire.Arena(shm_prefix)
-        self._reader = _wire.ArenaReader()
+        self._shm_prefix = shm_prefix
         self._on_unrecoverable = on_unrecoverable
+        # Called with (generation, server pid) of a stub that died without saying goodbye.
+        self._on_stub_lost = on_stub_lost
         self._name = name
         self._poll_s = poll_s  # how long to poll for the next message before sleeping (0: never)
         self._thread: Optional[threading.Thread] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._listener: Optional[socket.socket] = None
-        self._connection: Optional[socket.socket] = None
+        self._sessions: List[_Session] = []
+        self._sessions_lock = threading.Lock()
+        self._session_count = 0
+        self._direct: Optional[_Session] = None
         self._stopping = False
-        self.connected = False
-        self.busy = False
         self.last_active = 0.0  # time.monotonic() when the last batch finished
+
+    @property
+    def connected(self) -> bool:
+        """True while a stub is attached (a stub that stopped waiting for a hung call does not count)."""
+        return any(session.connected and not session.abandoned for session in self._sessions)
+
+    @property
+    def busy(self) -> bool:
+        """True while a batch is being processed for a stub that still waits for it."""
+        return any(session.busy and not session.abandoned for session in self._sessions)
 
     def start(self) -> None:
         """Listen on the slot's socket and start serving."""
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self._path)
         self._listener.listen(4)
-        self._thread = threading.Thread(target=self._run, name=f"pytriton-{self._name}", daemon=True)
+        self._thread = threading.Thread(target=self._accept, name=f"pytriton-{self._name}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread (after the batch in progress, if any) and free resources. Idempotent."""
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop the threads and free resources. Idempotent.
+
+        Waits up to ``timeout_s`` for idle connections to close. A connection whose callable is
+        still running (hung: the server is already gone when this is called) is not waited for
+        beyond a short moment: its daemon thread is left behind, and logged.
+        """
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
         if self._thread is None:
             return
         self._stopping = True
-        # shutdown() wakes the thread from a blocking accept() or recv() at once.
-        for sock in (self._listener, self._connection):
-            if sock is not None:
+        deadline = time.monotonic() + timeout_s
+        # shutdown() wakes a blocking accept() or recv() at once.
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        with self._sessions_lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            if session.sock is not None:
                 with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            LOGGER.warning("Worker %s is still running its inference callable; leaving it behind.", self._name)
-            return
+                    session.sock.shutdown(socket.SHUT_RDWR)
+        hung = 0
+        for session in sessions:
+            if session.thread is None:
+                continue
+            session.thread.join(0.1 if session.busy else max(0.0, deadline - time.monotonic()))
+            if session.thread.is_alive():
+                hung += 1
+        if hung:
+            LOGGER.warning(
+                "Worker %s: %d inference call(s) still running at stop; a Python thread cannot be interrupted, so "
+                "their daemon thread(s) are left behind (their results are discarded).",
+                self._name,
+                hung,
+            )
         self._thread = None
 
-    def _run(self) -> None:
-        """Serve one stub connection at a time; a new stub of this slot connects after the old one exits."""
-        assert self._listener is not None
+    def retire(self, generation: int) -> List[int]:
+        """Mark the connections of stubs older than ``generation``; return those stubs' pids.
+
+        Used after the model was reloaded: the old generation's stubs are no longer sent work,
+        and their end is expected (no ``on_stub_lost``).
+        """
+        pids = []
+        with self._sessions_lock:
+            for session in self._sessions:
+                if session.generation < generation and session.stub_pid:
+                    session.retired = True
+                    pids.append(session.stub_pid)
+        return pids
+
+    def retired_busy(self) -> bool:
+        """True while a retired connection still processes a batch."""
+        return any(session.busy and session.retired and not session.abandoned for session in self._sessions)
+
+    # -- threads -------------------------------------------------------------------------
+    def _accept(self) -> None:
+        """Wait for stub connections; serve each on a thread of its own."""
+        listener = self._listener
+        assert listener is not None
         try:
             while not self._stopping:
                 try:
-                    connection, _ = self._listener.accept()
+                    sock, _ = listener.accept()
                 except OSError:
                     return
-                self._connection = connection
-                try:
-                    self._serve(connection)
-                finally:
-                    self._connection = None
-                    self.connected = False
-                    connection.close()
-        except Exception:
+                with self._sessions_lock:
+                    if self._stopping:
+                        sock.close()
+                        return
+                    self._session_count += 1
+                    session = _Session(self._session_count, sock, self._shm_prefix)
+                    self._sessions.append(session)
+                session.thread = threading.Thread(
+                    target=self._run_session,
+                    args=(session,),
+                    name=f"pytriton-{self._name}-c{session.number}",
+                    daemon=True,
+                )
+                session.thread.start()
+        except BaseException:  # noqa: BLE001 - log whatever ends this thread
+            LOGGER.exception("Worker %s: accepting connections failed", self._name)
+        finally:
+            listener.close()
+
+    def _run_session(self, session: _Session) -> None:
+        try:
+            self._serve(session)
+        except BaseException:  # noqa: BLE001 - log whatever ends this thread
             LOGGER.exception("Worker %s crashed", self._name)
         finally:
-            self._listener.close()
-            self._arena.close()
-            self._reader.close()
-            if self._loop is not None:
-                self._loop.close()
+            with self._sessions_lock:
+                self._sessions.remove(session)
+            assert session.sock is not None
+            session.sock.close()
+            session.close()
+        if session.stub_pid and not session.said_bye and self._stub_died(session):
+            # Also the normal end of a stub when a server is killed: the owner decides what it means.
+            LOGGER.debug(
+                "Model %s: the stub process (pid %s) of instance %s died without saying goodbye.",
+                self._config.model_name,
+                session.stub_pid,
+                self._name,
+            )
+            if self._on_stub_lost is not None:
+                self._on_stub_lost(session.generation, session.server_pid)
 
-    def _serve(self, connection: socket.socket) -> None:
-        channel = _wire.Channel(connection, poll_s=self._poll_s)
+    def _stub_died(self, session: _Session) -> bool:
+        """After a connection ended without BYE: True if its stub process died.
+
+        A killed process closes its sockets before it turns into a zombie, so the end of the
+        connection can be seen while the process still looks alive: wait a moment for it. A live
+        stub that dropped the connection (execution timeout) reconnects instead, which marks this
+        session abandoned.
+        """
+        deadline = time.monotonic() + 2.0
+        while not (session.abandoned or session.retired or self._stopping):
+            if not _process_running(session.stub_pid):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return False
+
+    def _serve(self, session: _Session) -> None:
+        assert session.sock is not None
+        channel = _wire.Channel(session.sock, poll_s=self._poll_s)
         while not self._stopping:
             try:
                 message = channel.recv()
             except (EOFError, OSError):
                 return
-            self.busy = True
+            session.busy = True
             try:
-                reply = self._handle(message, channel)
+                reply = self._handle(session, message, channel)
             finally:
-                self.busy = False
+                session.busy = False
                 self.last_active = time.monotonic()
+            if session.abandoned:
+                LOGGER.warning(
+                    "Model %s: instance %s finished a batch after its stub had stopped waiting (execution timeout); "
+                    "the result is discarded.",
+                    self._config.model_name,
+                    self._name,
+                )
+                return
             if reply is None:  # the stub went away in the middle of a stream
                 return
             try:
@@ -218,31 +325,66 @@ class InstanceWorker:
             except OSError:
                 return
 
-    def _handle(self, message: Any, channel: _wire.Channel) -> Any:
+    def _handle(self, session: _Session, message: Any, channel: _wire.Channel) -> Any:
         kind = message[0]
         if kind == _wire.INFER:
-            return self._infer(message, channel)
+            return self._infer_on(session, message, channel)
         if kind == _wire.HELLO:
-            # A new stub process took this slot: it cannot map segments its predecessor unlinked.
-            self._arena.close()
-            self._reader.close()
-            self.connected = True
-            LOGGER.debug("Worker %s: stub pid %s connected", self._name, message[1])
+            self._hello(session, message)
             return (_wire.WELCOME, self._name)
         if kind == _wire.BYE:
-            self.connected = False
+            session.connected = False
+            session.said_bye = True
             return (_wire.OK, None, [])
         return (_wire.ERROR, f"pytriton: unexpected message kind {kind} (NEXT without a stream?)")
 
+    def _hello(self, session: _Session, message: Any) -> None:
+        session.stub_pid = int(message[1])
+        fields = _proc_stat(session.stub_pid)
+        session.server_pid = int(fields[1]) if len(fields) > 1 else 0
+        session.generation = int(message[2]) if len(message) > 2 else 0
+        session.connected = True
+        hung = 0
+        with self._sessions_lock:
+            for other in self._sessions:
+                # The same stub process connecting again gave up on its previous connection.
+                if other is not session and other.stub_pid == session.stub_pid and not other.abandoned:
+                    other.abandoned = True
+                    hung += other.busy
+        if hung:
+            LOGGER.warning(
+                "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout) and "
+                "reconnected; the running call keeps its thread and its result will be discarded.",
+                self._config.model_name,
+                self._name,
+            )
+        LOGGER.debug("Worker %s: stub pid %s (generation %s) connected", self._name, message[1], session.generation)
+
+    # -- one batch -----------------------------------------------------------------------
+    def _direct_session(self) -> _Session:
+        """A session with no connection, for benchmarks and tests that drive one message at a time."""
+        if self._direct is None:
+            self._direct = _Session(0, None, self._shm_prefix)
+        return self._direct
+
     def _decode(self, message: Any, views: List[np.ndarray]) -> List[Request]:
+        return self._decode_on(self._direct_session(), message, views)
+
+    def _infer(self, message: Any, channel: _wire.Channel) -> Any:
+        return self._infer_on(self._direct_session(), message, channel)
+
+    def _encode(self, result: Any, n_requests: int, kind: int, requests: Optional[List[Request]] = None) -> Any:
+        return self._encode_on(self._direct_session(), result, n_requests, kind, requests)
+
+    def _decode_on(self, session: _Session, message: Any, views: List[np.ndarray]) -> List[Request]:
         """Requests from an INFER message.
 
         Small inputs are copied out of the message. Large ones are views into the stub's arena
-        (no copy); their base arrays are collected in ``views`` so that :meth:`_infer` can tell
-        whether the callable kept any of them (or any view of them).
+        (no copy); their base arrays are collected in ``views`` so that :meth:`_infer_on` can
+        tell whether the callable kept any of them (or any view of them).
         """
         segment, entries = message[1], message[2]
-        buffer = self._reader.attach(segment) if segment else None
+        buffer = session.reader.attach(segment) if segment else None
         requests = []
         for metas, parameters, requested in entries:
             data = {}
@@ -257,23 +399,26 @@ class InstanceWorker:
             requests.append(Request(data, parameters, requested))
         return requests
 
-    def _encode(self, result: Any, n_requests: int, kind: int) -> Any:
-        groups = self._checker.check(result, n_requests)
-        segment, metas = _wire.write_tensors(self._arena, groups, self._reader)
+    def _encode_on(
+        self, session: _Session, result: Any, n_requests: int, kind: int, requests: Optional[List[Request]] = None
+    ) -> Any:
+        """Check the outputs (requested ones must be present when ``requests`` is given) and write them."""
+        requested = None if requests is None else [request.requested_output_names for request in requests]
+        groups = self._checker.check(result, n_requests, requested)
+        segment, metas = _wire.write_tensors(session.arena, groups, session.reader)
         return (kind, segment, metas)
 
     def _failure(self, exc: BaseException) -> Any:
-        LOGGER.error("Model %s: inference callable failed", self._config.model_name, exc_info=exc)
+        """Log a failed batch with its traceback and build the error reply (never raises)."""
+        try:
+            LOGGER.error("Model %s: inference callable failed", self._config.model_name, exc_info=exc)
+        except Exception:  # noqa: BLE001 - e.g. a handler that cannot format the exception
+            LOGGER.error("Model %s: inference callable failed with %s", self._config.model_name, type(exc).__name__)
         if isinstance(exc, PyTritonUnrecoverableError):
             self._on_unrecoverable(exc)
         return (_wire.ERROR, error_text(exc))
 
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop
-
-    def _infer(self, message: Any, channel: _wire.Channel) -> Any:
+    def _infer_on(self, session: _Session, message: Any, channel: _wire.Channel) -> Any:
         """Run one batch; the final reply carries a trailing flag telling the stub to retire its arena.
 
         Large inputs are handed to the callable as views into the stub's arena. If the callable
@@ -281,25 +426,28 @@ class InstanceWorker:
         not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
         """
         views: List[np.ndarray] = []
-        reply = self._call_callable(message, channel, views)
+        reply = self._call_callable(session, message, channel, views)
         if reply is None:
             return None
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
         return (*reply, retire)
 
-    def _call_callable(self, message: Any, channel: _wire.Channel, views: List[np.ndarray]) -> Any:
+    def _call_callable(self, session: _Session, message: Any, channel: _wire.Channel, views: List[np.ndarray]) -> Any:
+        # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the
+        # callable fails this batch only: this thread belongs to pytriton, not to the callable, and
+        # a real Ctrl-C is delivered to the main thread, never here.
         try:
-            requests = self._decode(message, views)
+            requests = self._decode_on(session, message, views)
             result = self._infer_func(requests)
             # A plain list is by far the common answer: skip the inspect calls for it (each costs a
             # few microseconds right after the thread wakes up, see docs/performance.md).
             if type(result) is not list and inspect.iscoroutine(result):
-                result = self._event_loop().run_until_complete(result)
-        except Exception as exc:
+                result = self._run_async(session, result)
+        except BaseException as exc:  # noqa: BLE001
             return self._failure(exc)
         streaming = type(result) is not list and (inspect.isgenerator(result) or inspect.isasyncgen(result))
         if streaming and not self._decoupled:
-            self._close_stream(result)
+            self._close_stream(session, result)
             return self._failure(
                 PyTritonRuntimeError(
                     f"Model {self._config.model_name!r} returned a generator but is not decoupled; "
@@ -308,34 +456,44 @@ class InstanceWorker:
             )
         if not self._decoupled:
             try:
-                return self._encode(result, len(requests), _wire.OK)
-            except Exception as exc:
+                return self._encode_on(session, result, len(requests), _wire.OK, requests)
+            except BaseException as exc:  # noqa: BLE001
                 return self._failure(exc)
         if not streaming:
-            return self._stream(iter([result]), len(requests), channel)
+            return self._stream(session, iter([result]), len(requests), channel)
         try:
-            return self._stream(result, len(requests), channel)
+            return self._stream(session, result, len(requests), channel)
         finally:
             # Run the generator's clean-up (finally blocks, context managers) now, on this thread,
             # whether it finished, failed, was cancelled or lost its stub.
-            self._close_stream(result)
+            self._close_stream(session, result)
 
-    def _close_stream(self, stream: Any) -> None:
+    @staticmethod
+    def _run_async(session: _Session, awaitable: Any) -> Any:
+        try:
+            return session.event_loop().run_until_complete(awaitable)
+        except Exception:
+            raise
+        except BaseException:
+            session.drop_loop()  # asyncio re-raises SystemExit/KeyboardInterrupt out of a loop it then abandons
+            raise
+
+    def _close_stream(self, session: _Session, stream: Any) -> None:
         """Close a generator or async generator (a no-op once it is exhausted); errors are logged."""
         try:
             if inspect.isasyncgen(stream):
-                self._event_loop().run_until_complete(stream.aclose())
+                self._run_async(session, stream.aclose())
             else:
                 stream.close()
-        except Exception:
+        except BaseException:  # noqa: BLE001
             LOGGER.exception("Model %s: closing the generator failed", self._config.model_name)
 
-    def _next_chunk(self, stream: Any) -> Any:
+    def _next_chunk(self, session: _Session, stream: Any) -> Any:
         if inspect.isasyncgen(stream):
-            return self._event_loop().run_until_complete(stream.__anext__())
+            return self._run_async(session, stream.__anext__())
         return next(stream)
 
-    def _stream(self, stream: Any, n_requests: int, channel: _wire.Channel) -> Any:
+    def _stream(self, session: _Session, stream: Any, n_requests: int, channel: _wire.Channel) -> Any:
         """Send each yielded result as a CHUNK; returns the final reply (END or ERROR), None if the stub left.
 
         Chunks small enough to travel inline are sent back to back, up to ``STREAM_WINDOW`` of
@@ -347,12 +505,14 @@ class InstanceWorker:
         unacknowledged = 0
         while True:
             try:
-                chunk = self._next_chunk(stream)
-                reply = self._encode(chunk, n_requests, _wire.CHUNK)
+                chunk = self._next_chunk(session, stream)
+                reply = self._encode_on(session, chunk, n_requests, _wire.CHUNK)
             except done:
                 return (_wire.END,)
-            except Exception as exc:
+            except BaseException as exc:  # noqa: BLE001 - fails this stream only, see _call_callable
                 return self._failure(exc)
+            if session.abandoned:
+                return None
             try:
                 channel.send(reply)
                 unacknowledged += 1

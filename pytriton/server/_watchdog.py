@@ -2,10 +2,13 @@
 
 Started by ``Triton.run`` as ``python -m pytriton.server._watchdog``. It blocks reading a pipe whose
 write end only the user's process holds, which sends newline-terminated lines: ``scratch PATH``
-once the Python backend's scratch directory is known (server/_scratch.py), and ``done`` from
-``Triton.stop`` (nothing left to do). If the pipe closes without ``done``, the user's process died
-(e.g. SIGKILL) and the watchdog kills the server's process group, then removes the shared-memory
-segments, socket directory, workspace and (if empty) the scratch directory.
+once a Python backend's scratch directory is known (server/_scratch.py), ``pgid N`` when a
+restarted server runs in process group N, and ``done`` from ``Triton.stop`` (nothing left to do).
+If the pipe closes without ``done``, the user's process died (e.g. SIGKILL) and the watchdog kills
+the current server's process group (the last ``pgid`` line, else the one it started with: earlier
+groups were ended before their replacement started, and their number may have been reused since),
+then removes the shared-memory segments, socket directory, workspace and (if empty) every scratch
+directory.
 Arguments: ``READ_FD SERVER_PGID SHM_PREFIX PATH...``.
 """
 
@@ -31,6 +34,9 @@ def main(argv: list) -> int:
     lines = data.decode(errors="replace").splitlines()
     if "done" in lines:
         return 0
+    for line in lines:
+        if line.startswith("pgid ") and line[5:].isdigit():
+            pgid = int(line[5:])
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     time.sleep(0.2)  # let the killed stubs release their mappings before sweeping names

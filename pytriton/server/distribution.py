@@ -22,7 +22,7 @@ import pathlib
 import platform
 import sys
 import sysconfig
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledError
 
@@ -37,6 +37,9 @@ SOURCE_WHEEL_SHA256: Dict[str, str] = {
 NGC_DIR = pathlib.Path("/opt/tritonserver")
 INSTALL_COMMAND = "pytriton install-server"
 STUB_NUMPY_REQUIREMENT = "numpy>=1.21,<2"
+# Pythons pytriton runs on: the server bundles a backend stub for 3.8 to 3.13 (none for 3.14), and
+# the package needs 3.9 or later. Keep in step with requires-python in pyproject.toml.
+SUPPORTED_PYTHONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((3, 9), (3, 13))
 _COMPLETE_MARKER = ".pytriton-complete"
 
 
@@ -51,9 +54,39 @@ def install_dir(home: Optional[pathlib.Path] = None) -> pathlib.Path:
     return (home or pytriton_home()) / "tritonserver" / TRITON_VERSION
 
 
+def python_version() -> Tuple[int, int]:
+    """``(major, minor)`` of the running interpreter (one place, so tests can pretend another)."""
+    return (sys.version_info.major, sys.version_info.minor)
+
+
 def python_tag() -> str:
     """``major.minor`` of the running interpreter, e.g. ``3.11``."""
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
+    major, minor = python_version()
+    return f"{major}.{minor}"
+
+
+def supported_pythons_text() -> str:
+    """The supported interpreter range in words, e.g. ``3.9 to 3.13``."""
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED_PYTHONS
+    return f"{low_major}.{low_minor} to {high_major}.{high_minor}"
+
+
+def check_python_supported(version: Optional[Tuple[int, int]] = None) -> None:
+    """Raise ``PyTritonServerError`` at once if pytriton cannot serve models from this Python.
+
+    Triton's Python backend runs each model instance in a stub that embeds CPython; the bundled
+    Triton 2.51 ships that stub for a fixed set of versions only (none for 3.14), so nothing
+    could be served later on.
+    """
+    version = version or python_version()
+    low, high = SUPPORTED_PYTHONS
+    if low <= version <= high:
+        return
+    raise PyTritonServerError(
+        f"pytriton supports Python {supported_pythons_text()}; this is Python {version[0]}.{version[1]}. "
+        f"Triton {TRITON_VERSION}'s Python backend ships its model stub (which embeds CPython) for those "
+        "versions only. Create the environment with one of them, e.g. `python3.13 -m venv .venv`."
+    )
 
 
 def machine_arch() -> str:
@@ -170,7 +203,9 @@ class StubEnvironment:
 
     bin_dir: pathlib.Path
     own: bool  # True: pytriton's private env; False: the user's own environment
-    numpy2: bool = False  # the stub will run with numpy 2 (Python 3.13+): no BYTES tensors
+    # The stub will run with numpy 2 (Python 3.13+): numeric tensors go through DLPack and BYTES
+    # tensors through the workaround in proxy/_stub_bytes.py.
+    numpy2: bool = False
 
 
 def stub_env_dir(home: Optional[pathlib.Path] = None) -> pathlib.Path:
@@ -204,7 +239,7 @@ def stub_environment(home: Optional[pathlib.Path] = None) -> StubEnvironment:
     import numpy
 
     numpy2 = int(numpy.__version__.split(".")[0]) >= 2
-    if numpy2 and sys.version_info >= (3, 13):
+    if numpy2 and python_version() >= (3, 13):
         # numpy 1.x does not exist for this Python: the stub converts numeric tensors via DLPack.
         return StubEnvironment(bin_dir=pathlib.Path(sys.executable).parent, own=False, numpy2=True)
     if numpy2:

@@ -14,7 +14,8 @@ copied. The result is::
         python_backend_stubs/3.X/
 
 plus a private virtual environment for the stub with numpy 1.x
-(``$PYTRITON_HOME/stub-env/``). The install is idempotent and atomic: files are unpacked into a
+(``$PYTRITON_HOME/stub-env/py3.X-<hash of the interpreter path>``, one per interpreter; none on
+Python 3.13, for which numpy 1.x does not exist). The install is idempotent and atomic: files are unpacked into a
 temporary directory that is renamed into place only when complete.
 """
 
@@ -166,8 +167,11 @@ def create_stub_environment(
     (3.13+); the stub then uses the user's environment.
     """
     env_dir = dist.stub_env_dir(home)
-    if sys.version_info >= (3, 13):
-        progress(f"numpy 1.x has no build for Python {dist.python_tag()}; the stub will use this environment.")
+    if dist.python_version() >= (3, 13):
+        progress(
+            f"numpy 1.x has no build for Python {dist.python_tag()}: the stub will use this environment's numpy "
+            "(numpy 2 works through pytriton's workarounds, see docs/architecture.md)."
+        )
         return None
     python = env_dir / "bin" / "python3"
     if python.exists() and dist._site_packages_has(env_dir, "numpy"):
@@ -212,8 +216,10 @@ def install_server(
     """Install the server into ``$PYTRITON_HOME/tritonserver/<version>`` and return that path.
 
     Idempotent: an existing complete install is kept unless ``force``. A failed install leaves
-    no partial directory behind.
+    no partial directory behind. On a Python the server has no stub for, fails at once
+    (``dist.check_python_supported``), before downloading anything.
     """
+    dist.check_python_supported()
     target = dist.install_dir(home)
     arch = dist.machine_arch()
     marker = target / dist._COMPLETE_MARKER

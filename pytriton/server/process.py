@@ -34,6 +34,9 @@ _ERROR_LINE = re.compile(
 )
 # Lines every CPU-only machine prints; they say nothing about why a start failed.
 _HARMLESS = ("NVML", "CudaDriverHelper", "DCGM", "CUDA driver version is insufficient", "cuda")
+# What a crashing server prints before its backtrace (C++ exception, fatal signal).
+_CRASH_LINE = re.compile(r"terminate called|what\(\):|Signal \(\d+\) received|Segmentation fault|Aborted")
+_BACKTRACE_LINE = re.compile(r"^\s*\d+# ")
 _IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
@@ -51,6 +54,51 @@ _PRCTL = _load_prctl()  # resolved before fork: the child must not load librarie
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def describe_exit(returncode: int) -> str:
+    """``"killed by SIGKILL"`` or ``"exit code 1"``: how a process ended, from its return code."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def kill_stub(pid: int) -> bool:
+    """SIGKILL ``pid`` if it is a running Python-backend stub; True if a signal was sent.
+
+    Checks the command line first, so a pid reused by another process is never touched.
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"triton_python_backend_stub" not in cmdline.read():
+                return False
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs (zombies, which hold no locks or sockets, do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+    return False
 
 
 def check_ports_free(ports: Dict[str, int], address: str = "127.0.0.1") -> None:
@@ -92,6 +140,7 @@ class TritonServerProcess:
         self._lines: Deque[str] = collections.deque(maxlen=log_buffer_lines)
         self._process: Optional[subprocess.Popen[bytes]] = None
         self._reader: Optional[threading.Thread] = None
+        self._waiter: Optional[threading.Thread] = None
         self._on_exit: List[Callable[[int], None]] = []
         self._stopping = False
         self._ready = False  # exit callbacks fire only for a server that had come up
@@ -115,8 +164,22 @@ class TritonServerProcess:
             if _ERROR_LINE.search(line) and not any(word in line for word in _HARMLESS)
         ][-limit:]
 
+    def crash_lines(self, limit: int = 5) -> List[str]:
+        """Why the server died, in its own words: error and crash lines, else its last lines (no backtrace)."""
+        lines = [line.strip() for line in self._lines if line.strip() and not _BACKTRACE_LINE.search(line)]
+        chosen = [
+            line
+            for line in lines
+            if _CRASH_LINE.search(line) or (_ERROR_LINE.search(line) and not any(word in line for word in _HARMLESS))
+        ]
+        return (chosen or lines)[-limit:]
+
     def register_on_exit(self, callback: Callable[[int], None]) -> None:
-        """Call ``callback(returncode)`` from a helper thread when the server exits on its own."""
+        """Call ``callback(returncode)`` from a helper thread when the server exits on its own.
+
+        Only for a server that had come up (:meth:`wait_until` succeeded) and that :meth:`stop`
+        did not end; the callback runs on the log reader thread, so it must return quickly.
+        """
         self._on_exit.append(callback)
 
     def start(self) -> None:
@@ -134,6 +197,10 @@ class TritonServerProcess:
         )
         self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)
         self._reader.start()
+        # Death is detected by waiting for the process, not by the end of its output: its stubs
+        # inherit the output pipe and may outlive a killed server for a long time.
+        self._waiter = threading.Thread(target=self._wait_exit, name="pytriton-server-wait", daemon=True)
+        self._waiter.start()
 
     def _read_output(self) -> None:
         assert self._process is not None and self._process.stdout is not None
@@ -152,6 +219,9 @@ class TritonServerProcess:
         finally:
             if sink is not None:
                 sink.close()
+
+    def _wait_exit(self) -> None:
+        assert self._process is not None
         returncode = self._process.wait()
         with self._lock:
             report = self._ready and not self._stopping
@@ -226,8 +296,14 @@ class TritonServerProcess:
                 LOGGER.warning("tritonserver did not stop within %.1f s; killing it", grace_s)
         self._kill_group(process.pid)
         process.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5.0)
+        # Stubs are reaped by whoever inherits them; wait until they are gone, so that their slot
+        # locks, sockets and mappings are released when this returns (a restart relies on it).
+        deadline = time.monotonic() + 5.0
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for thread in (self._reader, self._waiter):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=5.0)
         if process.stdout is not None:
             process.stdout.close()
 
@@ -237,13 +313,15 @@ class TritonServerProcess:
             os.killpg(pgid, signal.SIGKILL)
 
 
-def http_ready_probe(host: str, port: int, path: str = "/v2/health/ready") -> Callable[[], bool]:
-    """A probe that is True when ``GET path`` answers 200."""
+def http_ready_probe(
+    host: str, port: int, path: str = "/v2/health/ready", headers: Optional[Dict[str, str]] = None
+) -> Callable[[], bool]:
+    """A probe that is True when ``GET path`` (sent with ``headers``) answers 200."""
 
     def probe() -> bool:
         connection = http.client.HTTPConnection(host, port, timeout=1.0)
         try:
-            connection.request("GET", path)
+            connection.request("GET", path, headers=headers or {})
             return connection.getresponse().status == 200
         except OSError:
             return False
@@ -253,15 +331,15 @@ def http_ready_probe(host: str, port: int, path: str = "/v2/health/ready") -> Ca
     return probe
 
 
-def grpc_ready_probe(host: str, port: int) -> Callable[[], bool]:
-    """A probe that is True when the gRPC endpoint reports the server ready."""
+def grpc_ready_probe(host: str, port: int, headers: Optional[Dict[str, str]] = None) -> Callable[[], bool]:
+    """A probe that is True when the gRPC endpoint reports the server ready (asked with ``headers``)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(f"{host}:{port}")
 
     def probe() -> bool:
         try:
-            return bool(client.is_server_ready(client_timeout=1.0))
+            return bool(client.is_server_ready(headers=headers, client_timeout=1.0))
         except Exception:  # connection refused while starting
             return False
 

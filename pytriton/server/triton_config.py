@@ -22,6 +22,11 @@ LOGGER = logging.getLogger("pytriton.triton")
 
 ENV_PREFIX = "PYTRITON_TRITON_CONFIG_"
 
+# The default request-size limit: gRPC cannot carry a larger message at all (tritonclient and
+# Triton cap it at 2 GiB), so the default only bounds HTTP to the same size and keeps the two
+# protocols alike, while the documented 1 GiB tensors still pass.
+DEFAULT_MAX_REQUEST_BYTES = 2 * 1024**3
+
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", "n", "f"})
 
@@ -40,8 +45,18 @@ class TritonConfig:
       ``PYTRITON_TRITONSERVER_DIR``) instead of searching for one.
     * ``python_backend_shm_default_byte_size`` / ``python_backend_shm_growth_byte_size``: size of the
       shared-memory region Triton's Python backend gives each model instance, and its growth step.
+    * ``python_backend_shm_recycle_byte_size`` / ``python_backend_shm_recycle_idle_secs``: once
+      such a region has grown past the byte size (default 16 MiB; 0 turns this off) and its model
+      has been idle for the seconds given (default 10), the model's instances are reloaded so
+      that the memory is given back (the region never shrinks otherwise).
+    * ``server_malloc_arena_max``: ``MALLOC_ARENA_MAX`` for ``tritonserver`` and its stubs (default
+      1, so memory freed after large requests goes back to the system; 0 keeps glibc's default).
     * ``disable_auto_complete_config``: pytriton sends complete model configs, so Triton's config
       auto-completion (one extra stub start per model load) is off unless this is set to ``False``.
+    * ``max_request_bytes``: the largest request (the sum of its input tensors' bytes, strings
+      counted as Triton serialises them) that is forwarded to a bound callable; a larger one gets
+      an error response naming the limit. ``None``: 2 GiB (``DEFAULT_MAX_REQUEST_BYTES``);
+      ``0``: no limit. See docs/configuration.md, "Request size".
     """
 
     id: Optional[str] = None
@@ -99,6 +114,10 @@ class TritonConfig:
     disable_auto_complete_config: Optional[bool] = None
     python_backend_shm_default_byte_size: Optional[int] = None
     python_backend_shm_growth_byte_size: Optional[int] = None
+    python_backend_shm_recycle_byte_size: Optional[int] = None
+    python_backend_shm_recycle_idle_secs: Optional[int] = None
+    server_malloc_arena_max: Optional[int] = None
+    max_request_bytes: Optional[int] = None
     tritonserver_dir: Optional[pathlib.Path] = None
 
     def __post_init__(self) -> None:
@@ -116,6 +135,15 @@ class TritonConfig:
             raise PyTritonValidationError(
                 "TritonConfig allows neither HTTP nor gRPC; enable at least one of "
                 "allow_http and allow_grpc (clients and pytriton itself need an endpoint)."
+            )
+        if self.grpc_use_ssl and self.allow_http is False:
+            raise PyTritonValidationError(
+                "TritonConfig(grpc_use_ssl=True) needs allow_http: pytriton checks readiness and loads models "
+                "over the HTTP endpoint (on loopback by default) when gRPC accepts TLS clients only."
+            )
+        if self.max_request_bytes is not None and self.max_request_bytes < 0:
+            raise PyTritonValidationError(
+                f"TritonConfig.max_request_bytes={self.max_request_bytes} is negative; give a byte count (0: no limit)."
             )
         for port_field in ("http_port", "grpc_port", "metrics_port", "sagemaker_port", "vertex_ai_port"):
             port = getattr(self, port_field)

@@ -86,3 +86,27 @@ def test_sequential_latency_alternates_blocks_between_models(monkeypatch) -> Non
     assert [block[0] for block in blocks] == ["a", "b", "b", "a", "a", "b"]
     assert all(len(set(block)) == 1 for block in blocks)
     assert result["a"]["count"] == result["b"]["count"] == 15
+
+
+def test_memory_probe_reads_rss_and_sees_a_shared_segment() -> None:
+    import mmap
+    import os
+
+    from bench import memory
+
+    assert memory._status_kib(os.getpid(), "VmRSS")["VmRSS"] > 0
+    path = f"/dev/shm/pytriton-{os.getpid()}-benchtest"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, 4 << 20)
+        first, second = mmap.mmap(fd, 4 << 20), mmap.mmap(fd, 4 << 20)
+        first[:] = b"\x01" * (4 << 20)  # 4 MiB resident, seen through two mappings
+        second[0]
+        seen: dict = {}
+        memory._shared_by_inode(os.getpid(), seen)
+        assert seen[os.fstat(fd).st_ino] >= 4 * 1024  # KiB, at least once
+        first.close()
+        second.close()
+    finally:
+        os.close(fd)
+        os.unlink(path)

@@ -12,6 +12,8 @@ from pytriton.client.exceptions import PyTritonClientError, PyTritonClientInvali
         ("localhost:1234", ("http", "localhost", 1234)),
         ("localhost", ("http", "localhost", 8000)),
         ("grpc://server", ("grpc", "server", 8001)),
+        ("grpcs://server", ("grpcs", "server", 8001)),
+        ("GRPCS://server:443", ("grpcs", "server", 443)),
         ("HTTP://Host", ("http", "Host", 8000)),
         ("http://[::1]:8000", ("http", "[::1]", 8000)),
     ],
@@ -22,7 +24,7 @@ def test_accepted_urls(url, expected):
 
 
 @pytest.mark.parametrize(
-    "url", ["ftp://host", "http://", "host:port", "http://host:99999", "a b", "", "grpc://h:1/x/y"]
+    "url", ["ftp://host", "https://host", "http://", "host:port", "http://host:99999", "a b", "", "grpc://h:1/x/y"]
 )
 def test_rejected_urls(url):
     with pytest.raises(PyTritonClientInvalidUrlError) as info:

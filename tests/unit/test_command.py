@@ -1,3 +1,4 @@
+import dataclasses
 import pathlib
 
 from pytriton.server.command import LaunchSettings, build_command
@@ -70,3 +71,35 @@ def test_pytriton_only_fields_are_not_flags():
     argv = _argv(TritonConfig(python_backend_shm_default_byte_size=1 << 20, tritonserver_dir=pathlib.Path("/x")))
     assert not any(arg.startswith(("--tritonserver-dir", "--python-backend")) for arg in argv)
     assert "--backend-config=python,shm-default-byte-size=1048576" in argv
+
+
+def test_restriction_flags_come_from_the_access_policy():
+    from pytriton.server.security import AccessPolicy, TritonSecurityConfig
+
+    config = TritonConfig(http_restricted_api="statistics:k=v")
+    # Without a policy, the config's own restriction is written once, as given.
+    argv = _argv(config)
+    assert [arg for arg in argv if "restricted" in arg] == ["--http-restricted-api=statistics:k=v"]
+    launch = dataclasses.replace(LAUNCH, access=AccessPolicy(config, TritonSecurityConfig(access_token="t")))
+    argv = build_command(pathlib.Path("/srv/bin/tritonserver"), config, launch)
+    assert [arg for arg in argv if "restricted" in arg] == [
+        "--http-restricted-api=statistics:k=v",
+        "--http-restricted-api=shared-memory,model-repository,trace,logging:triton-access-token=t",
+        "--grpc-restricted-protocol=shared-memory,model-repository,statistics,trace,logging:triton-access-token=t",
+    ]
+    opted_out = dataclasses.replace(
+        LAUNCH, access=AccessPolicy(TritonConfig(), TritonSecurityConfig(restricted_endpoints=[]))
+    )
+    assert not [arg for arg in build_command(pathlib.Path("/x"), TritonConfig(), opted_out) if "restricted" in arg]
+
+
+def test_grpc_allocation_pool_is_off_unless_configured():
+    # Pooled gRPC objects keep the buffers of the largest tensors they carried (docs/architecture.md).
+    assert "--grpc-infer-allocation-pool-size=0" in _argv(TritonConfig())
+    argv = _argv(TritonConfig(grpc_infer_allocation_pool_size=8))
+    assert "--grpc-infer-allocation-pool-size=8" in argv and "--grpc-infer-allocation-pool-size=0" not in argv
+
+
+def test_request_size_limit_is_not_a_server_flag():
+    argv = _argv(TritonConfig(max_request_bytes=1024))
+    assert not any("max-request-bytes" in arg for arg in argv)

@@ -4,9 +4,44 @@ import importlib
 
 import pytest
 
+# The legacy tensorrtserver.api layer: the same names under both import paths.
+LEGACY = [
+    "DataType",
+    "InferContext",
+    "InferRequestHeader",
+    "InferenceServerException",
+    "ModelConfig",
+    "ModelControlContext",
+    "ModelInput",
+    "ModelOutput",
+    "ModelReadyState",
+    "ModelRepositoryContext",
+    "ModelRepositoryIndex",
+    "ModelStatus",
+    "ProtocolType",
+    "ResultFormat",
+    "ServerHealthContext",
+    "ServerReadyState",
+    "ServerStatus",
+    "ServerStatusContext",
+    "SharedMemoryControlContext",
+    "SharedMemoryStatus",
+    "serialize_string_tensor",
+]
+LEGACY_SHM = [
+    "SharedMemoryException",
+    "SharedMemoryHandle",
+    "create_shared_memory_region",
+    "destroy_shared_memory_region",
+    "get_contents_as_numpy",
+    "mapped_shared_memory_regions",
+    "set_shared_memory_region",
+]
+
 EXPECTED = {
     "pytriton": ["__version__"],
-    "pytriton.triton": ["Triton", "TritonConfig", "Workspace"],
+    "pytriton.triton": ["Triton", "TritonConfig", "TritonSecurityConfig", "Workspace"],
+    "pytriton.client.auth": ["create_auth_headers", "extract_access_token_from_headers"],
     "pytriton.model_config": ["DeviceKind", "DynamicBatcher", "ModelConfig", "QueuePolicy", "Tensor", "TimeoutAction"],
     "pytriton.client": [
         "AsyncioDecoupledModelClient",
@@ -61,6 +96,10 @@ EXPECTED = {
         "PyTritonClientQueueFullError",
         "PyTritonClientRuntimeError",
     ],
+    "pytriton.client.legacy": LEGACY,
+    "tensorrtserver.api": LEGACY,
+    "pytriton.client.legacy.shared_memory": LEGACY_SHM,
+    "tensorrtserver.shared_memory": LEGACY_SHM,
     "pytriton.proxy.types": [
         "Request",
         "Requests",
@@ -87,6 +126,27 @@ def test_spec_module_paths_resolve():
     from pytriton.model_config.common import DeviceKind, DynamicBatcher, QueuePolicy, TimeoutAction  # noqa: F401
     from pytriton.model_config.model_config import ModelConfig  # noqa: F401
     from pytriton.model_config.tensor import Tensor  # noqa: F401
+
+
+def test_security_names_resolve_where_nvidia_pytriton_has_them():
+    from pytriton.triton import (  # noqa: F401
+        DEFAULT_PROTECTED_ENDPOINTS,
+        TRITON_ACCESS_HEADER,
+        VALID_TRITON_ENDPOINTS,
+        Triton,
+        TritonSecurityConfig,
+    )
+
+    assert TRITON_ACCESS_HEADER == "triton-access-token"
+    assert callable(Triton.get_access_token)
+
+
+def test_legacy_star_import_and_alias_identity():
+    namespace: dict = {}
+    exec("from tensorrtserver.api import *", namespace)
+    import pytriton.client.legacy as legacy
+
+    assert all(namespace[name] is getattr(legacy, name) for name in LEGACY)
 
 
 def test_package_root_stays_light():

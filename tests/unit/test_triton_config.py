@@ -80,6 +80,8 @@ def test_env_bad_value_names_the_variable(name, raw):
 def test_http_and_grpc_cannot_both_be_disabled():
     with pytest.raises(PyTritonValidationError, match="allow_http"):
         TritonConfig(allow_http=False, allow_grpc=False)
+    with pytest.raises(PyTritonValidationError, match=r"grpc_use_ssl=True\) needs allow_http"):
+        TritonConfig(allow_http=False, grpc_use_ssl=True)
 
 
 def test_bad_port_and_bad_types():
@@ -121,3 +123,14 @@ def test_polling_windows_from_the_environment(monkeypatch, variable):
         monkeypatch.setenv(variable, bad)
         with pytest.raises(PyTritonValidationError, match=rf"{variable}='{bad}'.*microseconds"):
             poll_window_us(variable, 1000)
+
+
+def test_max_request_bytes_from_field_and_environment():
+    from pytriton.triton import _max_request_bytes
+
+    assert _max_request_bytes(TritonConfig()) == 2 * 1024**3
+    assert _max_request_bytes(TritonConfig(max_request_bytes=0)) == 0  # no limit
+    config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_MAX_REQUEST_BYTES": "1048576"})
+    assert _max_request_bytes(config) == 1 << 20
+    with pytest.raises(PyTritonValidationError, match="max_request_bytes=-1 is negative"):
+        TritonConfig(max_request_bytes=-1)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pytriton.proxy import _wire
-from tests.conftest import DTYPES
+from tests.conftest import DTYPES, wait_for
 
 
 @pytest.fixture()
@@ -168,3 +168,53 @@ def test_outputs_lying_in_the_receivers_arena_are_referenced_not_copied(arena):
         del view, outputs, back
     finally:
         answer.close()
+
+
+def _allocated(fd):
+    return os.fstat(fd).st_blocks * 512
+
+
+def test_arena_release_gives_pages_back_and_stays_usable(arena):
+    owner, reader = arena
+    data = np.arange(2 << 20, dtype=np.float32)  # 8 MiB
+    segment, metas = _wire.write_tensors(owner, [[("x", data)]])
+    fd = os.open(os.path.join(_wire.SHM_DIR, segment), os.O_RDONLY)  # to watch the segment after unlinking
+    try:
+        buffer = reader.attach(segment)  # the reader unlinks the name
+        assert _allocated(fd) >= data.nbytes
+        assert owner.release(1 << 20) >= data.nbytes - (1 << 20)
+        assert _allocated(fd) <= (1 << 20) + 4096
+        np.testing.assert_array_equal(_wire.read_tensor(buffer, metas[0][0], copy=True)[: 1 << 18], data[: 1 << 18])
+        # The segment is reused as before: new data arrives intact, pages are faulted in again.
+        segment_again, metas = _wire.write_tensors(owner, [[("x", data * 2)]])
+        assert segment_again == segment and _allocated(fd) >= data.nbytes
+        np.testing.assert_array_equal(_wire.read_tensor(buffer, metas[0][0], copy=True), data * 2)
+        # The reader can release the peer's pages too (between messages), for both processes.
+        assert reader.release(0) >= data.nbytes
+        assert _allocated(fd) == 0
+    finally:
+        os.close(fd)
+    assert owner.release(owner.size) == 0  # nothing past the end
+
+
+def test_idle_releaser_waits_for_idleness(arena):
+    owner, reader = arena
+    data = np.ones(1 << 20, dtype=np.float64)  # 8 MiB
+    releaser = _wire.IdleReleaser(lambda: (owner, reader), idle_s=0.05, keep=1 << 20)
+    try:
+        releaser.enter()
+        segment, _ = _wire.write_tensors(owner, [[("x", data)]])
+        reader.attach(segment)
+        time.sleep(0.3)
+        assert releaser.released == 0  # a message in flight: never released under it
+        releaser.leave()
+        assert wait_for(lambda: releaser.released > 0, timeout_s=10)
+        released = releaser.released
+        time.sleep(0.3)
+        assert releaser.released == released  # nothing used since: no second release
+        releaser.enter()
+        _wire.write_tensors(owner, [[("x", data)]])
+        releaser.leave()
+        assert wait_for(lambda: releaser.released > released, timeout_s=10)
+    finally:
+        releaser.close()

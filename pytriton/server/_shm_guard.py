@@ -1,0 +1,110 @@
+"""Close the Python backend's shared-memory regions to other users the moment they appear.
+
+Triton's Python backend creates one region per model instance in ``/dev/shm`` and sets its mode to
+0644 itself (a umask does not help), so any local user could open it and read the request tensors
+that later pass through it. The stub's ``initialize`` makes the regions 0600 before the model can
+serve, but the stub needs most of a second to start. :class:`ShmGuard` shortens that window to the
+time an inotify event takes to reach a thread of the user's process: it watches ``/dev/shm`` for
+names with the backend's prefix being created or having their mode changed, and sets 0600.
+
+A process that opened a region while it was still 0644 keeps its descriptor; see
+docs/configuration.md (Security) for this residual window.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import select
+import struct
+import threading
+from typing import Optional
+
+from pytriton.proxy import _wire
+
+LOGGER = logging.getLogger(__name__)
+
+_IN_ATTRIB = 0x00000004
+_IN_CREATE = 0x00000100
+_IN_Q_OVERFLOW = 0x00004000
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
+
+
+class ShmGuard:
+    """A thread that ``chmod 0600``s ``/dev/shm/<prefix>*`` entries as soon as they are created.
+
+    Lifetime: :meth:`start` opens an inotify descriptor, a pipe and a daemon thread; :meth:`stop`
+    ends the thread and closes both. Both are idempotent. Where inotify is unavailable, ``start``
+    logs it and returns False (the stub's own ``chmod`` still applies).
+    """
+
+    def __init__(self, prefix: str):
+        self._prefix = prefix.encode()
+        self._inotify: Optional[int] = None
+        self._wake: Optional[tuple] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> bool:
+        """Start watching; False if inotify is unavailable here."""
+        if self._thread is not None:
+            return True
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            descriptor = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+            if descriptor < 0:
+                raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+            if libc.inotify_add_watch(descriptor, _wire.SHM_DIR.encode(), _IN_CREATE | _IN_ATTRIB) < 0:
+                error = ctypes.get_errno()
+                os.close(descriptor)
+                raise OSError(error, f"cannot watch {_wire.SHM_DIR}")
+        except (OSError, AttributeError) as exc:
+            LOGGER.info("Cannot watch %s (%s); backend regions are made private by the stubs only.", _wire.SHM_DIR, exc)
+            return False
+        self._inotify = descriptor
+        self._wake = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="pytriton-shm-guard", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        assert self._inotify is not None and self._wake is not None
+        while True:
+            ready, _, _ = select.select([self._inotify, self._wake[0]], [], [])
+            if self._wake[0] in ready:
+                return
+            try:
+                data = os.read(self._inotify, 64 * 1024)
+            except BlockingIOError:
+                continue
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                _, mask, _, length = _EVENT.unpack_from(data, offset)
+                name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
+                offset += _EVENT.size + length
+                if mask & _IN_Q_OVERFLOW:
+                    _wire.make_private(self._prefix.decode())  # events were lost: sweep instead
+                elif name.startswith(self._prefix):
+                    self._make_private(name.decode(errors="replace"))
+
+    @staticmethod
+    def _make_private(name: str) -> None:
+        path = os.path.join(_wire.SHM_DIR, name)
+        try:
+            if os.stat(path).st_mode & 0o077:
+                os.chmod(path, 0o600)  # our own chmod comes back as IN_ATTRIB, then as a no-op
+        except (FileNotFoundError, PermissionError):
+            pass
+
+    def stop(self) -> None:
+        """Stop the thread and close the descriptors."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        assert self._wake is not None and self._inotify is not None
+        os.write(self._wake[1], b"x")
+        thread.join(timeout=5.0)
+        for descriptor in (*self._wake, self._inotify):
+            os.close(descriptor)
+        self._wake = None
+        self._inotify = None

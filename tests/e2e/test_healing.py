@@ -1,0 +1,480 @@
+"""Self-healing and execution timeouts, against a real server (docs/architecture.md, Self-healing).
+
+- the server killed (SIGKILL) is restarted with its models; repeated crashes give up, and the
+  serving program then exits non-zero; nothing is left behind either way;
+- a killed stub is replaced and its model serves again;
+- a callable raising any ``BaseException`` (or an exception whose ``__str__`` raises) fails that
+  request only, with the traceback in the log;
+- a callable running past ``execution_timeout_s`` fails cleanly, the next request is served, and
+  ``stop()`` does not wait for the hung call.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import pathlib
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from pytriton.exceptions import PyTritonServerError
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import process_group_alive, shm_entries, triton_ports, wait_for
+
+CHILD = pathlib.Path(__file__).with_name("healing_child.py")
+REPO = pathlib.Path(__file__).parents[2]
+HANG = threading.Event()  # set at teardown: lets the deliberately hung callables return
+
+
+class CustomBase(BaseException):
+    pass
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("this exception cannot be printed")
+
+
+RAISES = [
+    ("SystemExit", lambda: SystemExit(3)),
+    ("KeyboardInterrupt", lambda: KeyboardInterrupt("pressed inside")),
+    ("GeneratorExit", lambda: GeneratorExit("closed inside")),
+    ("CustomBase", lambda: CustomBase("a custom BaseException")),
+    ("BadStr", BadStr),
+]
+
+
+def echo(requests):
+    return [dict(r.items()) for r in requests]
+
+
+def raiser(requests):
+    kind = int(requests[0]["k"].flat[0])
+    if kind >= 0:
+        raise RAISES[kind][1]()
+    return [{"y": r["k"]} for r in requests]
+
+
+def raising_stream(requests):
+    yield [{"y": r["k"]} for r in requests]
+    kind = int(requests[0]["k"].flat[0])
+    if kind >= 0:
+        raise RAISES[kind][1]()
+
+
+def sleeper(requests):
+    millis = int(requests[0]["k"].flat[0])
+    if millis < 0:
+        HANG.wait(120)  # "hangs" until the module is done
+    else:
+        time.sleep(millis / 1000)
+    return [{"y": r["k"]} for r in requests]
+
+
+def slow_stream(requests):
+    yield [{"y": r["k"]} for r in requests]
+    if int(requests[0]["k"].flat[0]) < 0:
+        HANG.wait(120)
+    yield [{"y": r["k"] + 1} for r in requests]
+
+
+K = [Tensor(name="k", shape=(1,), dtype=np.int32)]
+Y = [Tensor(name="y", shape=(1,), dtype=np.int32)]
+X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+
+
+def _bind_all(triton):
+    triton.bind("Echo2", [echo, echo], X, X)
+    triton.bind("Raiser", raiser, K, Y)
+    triton.bind("RaisingStream", raising_stream, K, Y, config=ModelConfig(decoupled=True))
+    triton.bind("Slow", sleeper, K, Y, config=ModelConfig(execution_timeout_s=1.0))
+    triton.bind("SlowStream", slow_stream, K, Y, config=ModelConfig(decoupled=True, execution_timeout_s=1.0))
+
+
+@pytest.fixture(scope="module")
+def server():
+    ports = triton_ports()
+    triton = Triton(config=TritonConfig(**ports))
+    _bind_all(triton)
+    triton.run()
+    yield triton, ports
+    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path, triton._scratch.path)
+    triton.stop()  # with calls still hung (HANG not set yet): stop must not wait for them
+    HANG.set()
+    # After killed stubs, replaced generations and abandoned calls: nothing may be left.
+    _assert_clean(*info)
+
+
+def _client(ports):
+    return httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}", network_timeout=60)
+
+
+def _echo(ports, model="Echo2"):
+    """One request; None if it succeeded with the right answer, else the error text."""
+    client = _client(ports)
+    x = np.arange(4, dtype=np.float32)[None]
+    tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    try:
+        np.testing.assert_array_equal(client.infer(model, [tensor]).as_numpy("x"), x)
+        return None
+    except InferenceServerException as exc:
+        return str(exc)
+    except Exception as exc:  # connection refused while the server restarts
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+
+
+def _k(ports, model, value):
+    """Send k=value; returns ("ok", y) or ("error", text)."""
+    client = _client(ports)
+    tensor = httpclient.InferInput("k", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    try:
+        return "ok", int(client.infer(model, [tensor]).as_numpy("y")[0, 0])
+    except InferenceServerException as exc:
+        return "error", exc.message()
+    finally:
+        client.close()
+
+
+def _wait_serving(ports, model="Echo2", timeout_s=60.0, streak=10):
+    """True once ``streak`` requests in a row succeed; bounded by ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    good = 0
+    while time.monotonic() < deadline:
+        good = good + 1 if _echo(ports, model) is None else 0
+        if good >= streak:
+            return True
+        if not good:
+            time.sleep(0.05)
+    return False
+
+
+def _stubs(server_pid, model):
+    """Pids of the running stub processes of ``model`` under the server."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                args = cmdline.read()
+        except OSError:
+            continue
+        is_stub = b"triton_python_backend_stub" in args and f"/{model}/".encode() in args
+        if is_stub and int(fields[1]) == server_pid and fields[0] != b"Z":
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def _error_records(caplog, type_name):
+    """Log records carrying an exception of that type (with its traceback)."""
+    return [
+        record
+        for record in caplog.records
+        if record.exc_info and record.exc_info[1] is not None and type(record.exc_info[1]).__name__ == type_name
+    ]
+
+
+# -- BaseException in the callable ---------------------------------------------------------------
+@pytest.mark.parametrize("index", range(len(RAISES)), ids=[name for name, _ in RAISES])
+def test_base_exception_fails_only_its_request(server, caplog, index):
+    triton, ports = server
+    name = RAISES[index][0]
+    caplog.set_level(logging.ERROR, logger="pytriton.proxy")
+    status, text = _k(ports, "Raiser", index)
+    assert status == "error" and name in text, text
+    assert "closed the connection" not in text
+    for value in (-1, -2, -3):  # the instance keeps serving
+        assert _k(ports, "Raiser", value) == ("ok", value)
+    records = _error_records(caplog, name)
+    assert records, f"no log record with the {name} traceback"
+    formatted = logging.Formatter().formatException(records[0].exc_info)
+    assert "Traceback" in formatted and "in raiser" in formatted
+    assert triton.is_alive()
+
+
+def _stream(ports, model, value):
+    """Stream one request; the ``y`` values received and the error texts."""
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    tensor = grpcclient.InferInput("k", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    client.async_stream_infer(model, [tensor], enable_empty_final_response=True)
+    values, errors = [], []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            result, error = results.get(timeout=30)
+            if error is not None:
+                errors.append(str(error))
+                continue
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+            values.append(int(result.as_numpy("y")[0, 0]))
+    finally:
+        client.stop_stream()
+        client.close()
+    return values, errors
+
+
+@pytest.mark.parametrize("index", range(len(RAISES)), ids=[name for name, _ in RAISES])
+def test_base_exception_in_a_generator_fails_only_its_stream(server, caplog, index):
+    _, ports = server
+    name = RAISES[index][0]
+    caplog.set_level(logging.ERROR, logger="pytriton.proxy")
+    values, errors = _stream(ports, "RaisingStream", index)
+    assert values == [index] and len(errors) == 1 and name in errors[0], (values, errors)
+    assert _stream(ports, "RaisingStream", -5) == ([-5], [])
+    assert _error_records(caplog, name), f"no log record with the {name} traceback"
+
+
+# -- execution timeout ---------------------------------------------------------------------------
+def test_execution_timeout_fails_cleanly_and_the_next_request_is_served(server, caplog):
+    _, ports = server
+    caplog.set_level(logging.WARNING, logger="pytriton.proxy")
+    assert _k(ports, "Slow", 10) == ("ok", 10)
+    started = time.monotonic()
+    status, text = _k(ports, "Slow", -1)  # hangs until the module ends
+    waited = time.monotonic() - started
+    assert status == "error" and "execution timeout of 1 s" in text and "execution_timeout_s" in text, text
+    assert waited < 30, f"the timed-out request took {waited:.1f} s"
+    for value in (20, 30):  # served on a fresh connection while the hung call keeps its thread
+        assert _k(ports, "Slow", value) == ("ok", value)
+    assert any("stopped waiting" in record.getMessage() for record in caplog.records)
+
+
+def test_execution_timeout_ends_a_stalled_stream_cleanly(server):
+    _, ports = server
+    values, errors = _stream(ports, "SlowStream", -1)  # one response, then the generator hangs
+    assert values == [-1] and len(errors) == 1 and "execution timeout of 1 s" in errors[0], (values, errors)
+    assert _stream(ports, "SlowStream", 5) == ([5, 6], [])
+
+
+def test_stop_does_not_wait_for_a_hung_callable(ports, caplog):
+    caplog.set_level(logging.WARNING, logger="pytriton.proxy")
+    release = threading.Event()
+
+    def hang(requests):
+        release.wait(60)
+        return [{"y": r["k"]} for r in requests]
+
+    triton = Triton(config=TritonConfig(**ports))
+    try:
+        triton.bind("Hung", hang, K, Y, config=ModelConfig(execution_timeout_s=0.5))
+        triton.run()
+        assert _k(ports, "Hung", 1)[0] == "error"
+        info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+        started = time.monotonic()
+        triton.stop()
+        took = time.monotonic() - started
+        assert took < 10, f"stop() took {took:.1f} s with a hung callable"
+        assert any("left behind" in record.getMessage() for record in caplog.records)
+        _assert_clean(*info)
+    finally:
+        release.set()
+        triton.stop()
+
+
+# -- stub death ----------------------------------------------------------------------------------
+def test_killed_stub_is_replaced(server):
+    triton, ports = server
+    assert _echo(ports) is None
+    for round_ in range(2):  # twice: the replacement generation heals too
+        stubs = _stubs(triton._server.pid, "Echo2")
+        assert len(stubs) == 2, stubs
+        os.kill(stubs[0], signal.SIGKILL)
+        started = time.monotonic()
+        assert _wait_serving(ports, timeout_s=60), f"round {round_}: Echo2 did not recover"
+        print(f"round {round_}: serving again after {time.monotonic() - started:.2f} s")
+        assert wait_for(lambda: len(_stubs(triton._server.pid, "Echo2")) == 2, 20), _stubs(triton._server.pid, "Echo2")
+        assert stubs[0] not in _stubs(triton._server.pid, "Echo2")
+        assert triton.is_alive()
+    assert all(_echo(ports) is None for _ in range(20))
+
+
+# -- server death --------------------------------------------------------------------------------
+def _assert_clean(server_pid, shm_prefix, socket_dir, workspace, scratch=None):
+    assert wait_for(lambda: not process_group_alive(server_pid), 10), "server or stub processes left behind"
+    if scratch is not None:
+        assert wait_for(lambda: not pathlib.Path(scratch).exists(), 10), f"{scratch} left behind"
+    assert wait_for(lambda: not shm_entries(shm_prefix), 10), f"/dev/shm leftovers: {shm_entries(shm_prefix)}"
+    assert not pathlib.Path(socket_dir).exists(), "socket directory left behind"
+    assert not pathlib.Path(workspace).exists(), "workspace left behind"
+
+
+def test_killed_server_is_restarted_with_its_models(ports):
+    triton = Triton(config=TritonConfig(**ports))
+    try:
+        triton.bind("Echo", echo, X, X)
+        triton.run()
+        triton.bind("Late", echo, X, X)  # bound after run(): must be loaded again after a restart
+        first_pid, first_scratch = triton._server.pid, triton._scratch.path
+        assert _echo(ports, "Echo") is None and _echo(ports, "Late") is None
+        os.kill(first_pid, signal.SIGKILL)
+        started = time.monotonic()
+        assert _wait_serving(ports, "Echo", timeout_s=60), "Echo not served again after the server was killed"
+        assert _wait_serving(ports, "Late", timeout_s=30), "Late not served again after the server was killed"
+        print(f"serving again {time.monotonic() - started:.2f} s after SIGKILL")
+        assert triton.server_restarts == 1 and triton.is_alive()
+        assert triton._server.pid != first_pid
+        assert wait_for(lambda: not process_group_alive(first_pid), 10), "the old server's stubs were left"
+        if first_scratch:
+            assert not pathlib.Path(first_scratch).exists(), "the dead server's scratch directory was left"
+        info = (
+            triton._server.pid,
+            triton._shm_prefix,
+            triton._socket_dir,
+            triton._workspace.path,
+            triton._scratch.path,
+        )
+    finally:
+        triton.stop()
+    _assert_clean(*info)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.1, 0.3])
+def test_stop_during_a_restart_leaves_nothing(ports, delay_s):
+    triton = Triton(config=TritonConfig(**ports))
+    triton.bind("Echo", echo, X, X)
+    triton.run()
+    first = triton._server.pid
+    info = (triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+    os.kill(first, signal.SIGKILL)
+    time.sleep(delay_s)  # stop() lands before, during or after the restart
+    started = time.monotonic()
+    triton.stop()
+    took = time.monotonic() - started
+    assert took < 15, f"stop() took {took:.1f} s during a restart"
+    last = triton._server.pid
+    assert not triton.is_alive()
+    for pid in {first, last}:
+        _assert_clean(pid, *info)
+    names = ("pytriton-Echo-", f"pytriton-supervisor-{triton._token}")
+    assert wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith(names)], 10), [
+        t.name for t in threading.enumerate()
+    ]
+
+
+def test_a_request_that_crashes_the_server_is_survived(ports, caplog):
+    # Triton 2.51 aborts (std::bad_alloc) on a ~100-byte JSON body declaring a huge shape.
+    caplog.set_level(logging.ERROR, logger="pytriton.triton")
+    triton = Triton(config=TritonConfig(**ports))
+    try:
+        triton.bind("Echo", echo, X, X)
+        triton.run()
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2**33], "datatype": "FP32", "data": [1]}]})
+        connection = http.client.HTTPConnection("127.0.0.1", ports["http_port"], timeout=30)
+        try:
+            connection.request("POST", "/v2/models/Echo/infer", body=body.encode())
+            connection.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            pass  # the server died while answering
+        finally:
+            connection.close()
+        assert _wait_serving(ports, "Echo", timeout_s=60), "Echo not served again after the crash"
+        assert triton.server_restarts == 1
+        died = [record.getMessage() for record in caplog.records if "tritonserver died" in record.getMessage()]
+        assert died and "SIGABRT" in died[0] and "bad_alloc" in died[0], died
+    finally:
+        triton.stop()
+
+
+def _spawn_child(ports, max_restarts):
+    process = subprocess.Popen(
+        [sys.executable, str(CHILD), *(str(ports[key]) for key in ("http_port", "grpc_port", "metrics_port"))]
+        + [str(max_restarts)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    return process
+
+
+def _next_report(process, timeout_s=60.0):
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
+    line = lines.get(timeout=timeout_s)
+    assert line, "the child printed nothing more: " + (process.stderr.read() if process.poll() is not None else "")
+    return json.loads(line)
+
+
+def test_repeated_crashes_give_up_and_the_program_exits_non_zero(ports):
+    process = _spawn_child(ports, max_restarts=1)
+    try:
+        first = _next_report(process)
+        assert _echo(ports, "Echo") is None
+        os.kill(first["server_pid"], signal.SIGKILL)
+        second = _next_report(process)  # printed once restarted
+        assert second["restarts"] == 1 and second["server_pid"] != first["server_pid"]
+        assert _echo(ports, "Echo") is None
+        os.kill(second["server_pid"], signal.SIGKILL)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode != 0
+    assert "giving up" in err and "killed by SIGKILL" in err, err[-2000:]
+    for info in (first, second):
+        _assert_clean(info["server_pid"], info["shm_prefix"], info["socket_dir"], info["workspace"], info["scratch"])
+
+
+def test_user_process_killed_after_a_restart_leaves_nothing(ports):
+    # The watchdog learns the restarted server's process group and ends it.
+    process = _spawn_child(ports, max_restarts=5)
+    try:
+        first = _next_report(process)
+        os.kill(first["server_pid"], signal.SIGKILL)
+        second = _next_report(process)
+        assert _echo(ports, "Echo") is None
+    finally:
+        process.kill()
+        process.communicate(timeout=30)
+    _assert_clean(second["server_pid"], second["shm_prefix"], second["socket_dir"], second["workspace"])
+    if second["scratch"]:
+        assert wait_for(lambda: not pathlib.Path(second["scratch"]).exists(), 10)
+
+
+def test_give_up_raises_from_serve(ports):
+    triton = Triton(config=TritonConfig(**ports), max_server_restarts=0)
+    triton.bind("Echo", echo, X, X)
+    triton.run()
+    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+    errors: queue.Queue = queue.Queue()
+
+    def serve():
+        try:
+            triton.serve(monitoring_period_sec=0.1)
+            errors.put(None)
+        except PyTritonServerError as exc:
+            errors.put(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    os.kill(triton._server.pid, signal.SIGKILL)
+    error = errors.get(timeout=30)
+    thread.join(10)
+    assert isinstance(error, PyTritonServerError) and "giving up" in str(error), error
+    assert not triton.is_alive()
+    _assert_clean(*info)

@@ -1,0 +1,132 @@
+"""Self-healing pieces without a server: exit descriptions, crash lines, the restart budget, the
+watchdog's ``pgid`` lines, the guard that only ever kills stub processes, and the validation of
+``ModelConfig.execution_timeout_s``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.server import _watchdog
+from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
+from pytriton.triton import Triton
+from tests.conftest import process_group_alive, wait_for
+
+
+def test_describe_exit():
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(-signal.SIGABRT) == "killed by SIGABRT"
+    assert describe_exit(1) == "exit code 1"
+
+
+def test_crash_lines_quote_the_reason_not_the_backtrace():
+    process = TritonServerProcess(["tritonserver"], {})
+    for line in [
+        'I1123 12:00:00.000 1 http_server.cc:4713] "Started HTTPService at 127.0.0.1:8000"',
+        'E1123 12:00:00.000 1 server.cc:241] "CudaDriverHelper has not been initialized."',
+        "terminate called after throwing an instance of 'std::bad_alloc'",
+        "  what():  std::bad_alloc",
+        "Signal (6) received.",
+        " 0# 0x000055BA3551F52D in /opt/tritonserver/bin/tritonserver",
+        " 1# abort in /lib/x86_64-linux-gnu/libc.so.6",
+    ]:
+        process._lines.append(line)
+    assert process.crash_lines() == [
+        "terminate called after throwing an instance of 'std::bad_alloc'",
+        "what():  std::bad_alloc",
+        "Signal (6) received.",
+    ]
+    quiet = TritonServerProcess(["tritonserver"], {})
+    quiet._lines.extend(["one", "", "two", " 3# frame"])
+    assert quiet.crash_lines() == ["one", "two"]
+
+
+def test_restart_budget_gives_up_after_too_many_crashes_in_the_window():
+    triton = Triton(max_server_restarts=2, restart_window_s=60)
+    try:
+        assert triton._count_crash("first") and triton._count_crash("second")
+        assert triton._failure is None
+        assert not triton._count_crash("third: killed by SIGKILL")
+        assert isinstance(triton._failure, PyTritonServerError)
+        assert "3 times within 60 s" in str(triton._failure) and "third: killed by SIGKILL" in str(triton._failure)
+        assert not triton.is_alive()
+    finally:
+        triton.stop()
+
+
+def test_old_crashes_leave_the_window():
+    triton = Triton(max_server_restarts=1, restart_window_s=60)
+    try:
+        assert triton._count_crash("long ago")
+        triton._crashes[0] -= 61  # as if it happened 61 s ago
+        assert triton._count_crash("now")
+        assert triton._failure is None
+    finally:
+        triton.stop()
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_server_restarts": -1}, {"max_server_restarts": True}, {"restart_window_s": 0}]
+)
+def test_restart_settings_are_validated(kwargs):
+    with pytest.raises(Exception, match=next(iter(kwargs))):
+        Triton(**kwargs)
+
+
+def _sleeper_group():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+
+def test_watchdog_kills_the_server_group_it_was_told_about_last(tmp_path):
+    first, restarted = _sleeper_group(), _sleeper_group()
+    read_fd, write_fd = os.pipe()
+    watchdog = subprocess.Popen(
+        [
+            sys.executable,
+            "-S",
+            _watchdog.__file__,
+            str(read_fd),
+            str(first.pid),
+            "pytriton-0-unit",
+            str(tmp_path / "x"),
+        ],
+        pass_fds=(read_fd,),
+    )
+    os.close(read_fd)
+    try:
+        os.write(write_fd, f"pgid {restarted.pid}\n".encode())
+    finally:
+        os.close(write_fd)  # the user's process "died" without sending done
+    assert watchdog.wait(20) == 0
+    restarted.wait(10)
+    assert wait_for(lambda: not process_group_alive(restarted.pid), 10)
+    # The first group belongs to a server that a restart already ended; its number may have been
+    # reused by then, so the watchdog leaves it alone.
+    assert first.poll() is None
+    first.kill()
+    first.wait()
+
+
+def test_kill_stub_leaves_other_processes_alone():
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert kill_stub(other.pid) is False
+        assert other.poll() is None
+        assert kill_stub(2**22 + 12345) is False  # no such process
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "2", True])
+def test_execution_timeout_is_validated_at_bind(bad):
+    x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+    with Triton() as triton, pytest.raises(PyTritonBadParameterError, match="execution_timeout_s"):
+        triton.bind("Bad", lambda requests: [], x, x, config=ModelConfig(execution_timeout_s=bad))

@@ -1,0 +1,233 @@
+"""InstanceWorker driven over its real Unix socket by a fake stub (no server).
+
+Covers what the worker must survive: any BaseException from the callable (sync, async, generator),
+a stub that gives up on a hung call and reconnects (execution timeout), stop() with a hung call,
+and telling a dead stub from one that said goodbye.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pytriton.model_config.tensor import Tensor
+from pytriton.model_config.triton_model_config import TritonModelConfig
+from pytriton.proxy import _wire
+from pytriton.proxy._binding import _resolve_tensors
+from pytriton.proxy._worker import InstanceWorker, error_text
+from tests.conftest import shm_entries, wait_for
+
+
+class CustomBase(BaseException):
+    pass
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("cannot print")
+
+
+RAISES = [SystemExit(2), KeyboardInterrupt("inside"), GeneratorExit("inside"), CustomBase("custom"), BadStr()]
+
+
+def _config(decoupled=False):
+    return TritonModelConfig(
+        model_name="Unit",
+        batching=True,
+        max_batch_size=4,
+        decoupled=decoupled,
+        inputs=_resolve_tensors([Tensor(name="k", shape=(1,), dtype=np.int32)], "INPUT", "Unit"),
+        outputs=_resolve_tensors([Tensor(name="y", shape=(1,), dtype=np.int32)], "OUTPUT", "Unit"),
+    )
+
+
+@pytest.fixture()
+def make_worker(tmp_path):
+    workers = []
+    prefix = f"pytriton-{os.getpid()}-unit{secrets.token_hex(3)}"
+
+    def make(func, decoupled=False):
+        lost = []
+        worker = InstanceWorker(
+            path=str(tmp_path / f"slot-{len(workers)}.sock"),
+            infer_func=func,
+            config=_config(decoupled),
+            strict=False,
+            shm_prefix=prefix,
+            on_unrecoverable=lambda exc: None,
+            name=f"Unit-{len(workers)}",
+            on_stub_lost=lambda generation, server_pid: lost.append(generation),
+        )
+        worker.start()
+        workers.append(worker)
+        return worker, lost
+
+    yield make
+    for worker in workers:
+        worker.stop()
+    assert not shm_entries(prefix)
+
+
+def _connect(worker, pid=None, generation=0):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(worker._path)
+    channel = _wire.Channel(sock)
+    channel.send((_wire.HELLO, os.getpid() if pid is None else pid, generation))
+    assert channel.recv()[0] == _wire.WELCOME
+    return sock, channel
+
+
+def _infer(channel, value):
+    segment, metas = _wire.write_tensors(_wire.Arena("pytriton-unit-unused"), [[("k", np.array([[value]], np.int32))]])
+    channel.send((_wire.INFER, segment, [(metas[0], None, None)]))
+    return channel.recv()
+
+
+def _value(reply):
+    assert reply[0] == _wire.OK, reply
+    return int(np.frombuffer(reply[2][0][0][3], dtype=np.int32)[0])
+
+
+def _exception_records(caplog, kind):
+    return [r for r in caplog.records if r.exc_info and r.exc_info[1] is not None and type(r.exc_info[1]) is kind]
+
+
+def test_error_text_survives_a_broken_str():
+    assert error_text(BadStr()) == "BadStr (its message could not be printed)"
+    assert error_text(SystemExit(3)) == "SystemExit: 3"
+    assert error_text(KeyboardInterrupt()) == "KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("exc", RAISES, ids=lambda exc: type(exc).__name__)
+def test_base_exception_fails_only_its_batch(make_worker, caplog, exc):
+    def func(requests):
+        if int(requests[0]["k"].flat[0]) < 0:
+            raise exc
+        return [{"y": r["k"]} for r in requests]
+
+    worker, lost = make_worker(func)
+    sock, channel = _connect(worker)
+    with caplog.at_level(logging.ERROR, logger="pytriton.proxy"):
+        reply = _infer(channel, -1)
+    assert reply[0] == _wire.ERROR and reply[1].startswith(type(exc).__name__), reply
+    assert _value(_infer(channel, 7)) == 7  # same connection, same thread: still serving
+    assert _exception_records(caplog, type(exc)), "traceback not logged"
+    sock.close()
+    assert lost == []
+
+
+def test_async_callable_raising_keyboard_interrupt_keeps_serving(make_worker):
+    async def func(requests):
+        await asyncio.sleep(0)
+        if int(requests[0]["k"].flat[0]) < 0:
+            raise KeyboardInterrupt("async")
+        return [{"y": r["k"]} for r in requests]
+
+    worker, _ = make_worker(func)
+    sock, channel = _connect(worker)
+    assert _infer(channel, -1)[0] == _wire.ERROR
+    assert _value(_infer(channel, 3)) == 3
+    sock.close()
+
+
+@pytest.mark.parametrize("exc", RAISES, ids=lambda exc: type(exc).__name__)
+def test_base_exception_in_a_generator_ends_only_its_stream(make_worker, exc):
+    def func(requests):
+        yield [{"y": r["k"]} for r in requests]
+        if int(requests[0]["k"].flat[0]) < 0:
+            raise exc
+
+    worker, _ = make_worker(func, decoupled=True)
+    sock, channel = _connect(worker)
+    first = _infer(channel, -1)
+    assert first[0] == _wire.CHUNK
+    final = channel.recv()
+    assert final[0] == _wire.ERROR and final[1].startswith(type(exc).__name__), final
+    assert _infer(channel, 4)[0] == _wire.CHUNK and channel.recv()[0] == _wire.END
+    sock.close()
+
+
+def test_a_stub_reconnecting_abandons_its_hung_call(make_worker, caplog):
+    release = threading.Event()
+
+    def func(requests):
+        if int(requests[0]["k"].flat[0]) < 0:
+            release.wait(30)
+        return [{"y": r["k"]} for r in requests]
+
+    worker, lost = make_worker(func)
+    caplog.set_level(logging.WARNING, logger="pytriton.proxy")
+    first_sock, first = _connect(worker)
+    segment, metas = _wire.write_tensors(_wire.Arena("pytriton-unit-unused"), [[("k", np.array([[-1]], np.int32))]])
+    first.send((_wire.INFER, segment, [(metas[0], None, None)]))
+    assert wait_for(lambda: worker.busy, 10)
+    first_sock.close()  # what the stub does when its execution timeout expires ...
+    second_sock, second = _connect(worker)  # ... before it connects again
+    assert not worker.busy, "an abandoned call must not count as in flight (stop() would wait for it)"
+    assert _value(_infer(second, 5)) == 5  # served while the hung call still runs
+    release.set()
+    assert wait_for(lambda: any("discarded" in r.getMessage() for r in caplog.records), 10)
+    assert _value(_infer(second, 6)) == 6
+    second_sock.close()
+    assert lost == []
+
+
+def test_stop_leaves_a_hung_call_behind_and_says_so(make_worker, caplog):
+    release = threading.Event()
+    worker, _ = make_worker(lambda requests: release.wait(60) and [])
+    sock, channel = _connect(worker)
+    segment, metas = _wire.write_tensors(_wire.Arena("pytriton-unit-unused"), [[("k", np.array([[1]], np.int32))]])
+    channel.send((_wire.INFER, segment, [(metas[0], None, None)]))
+    assert wait_for(lambda: worker.busy, 10)
+    caplog.set_level(logging.WARNING, logger="pytriton.proxy")
+    started = time.monotonic()
+    worker.stop()
+    assert time.monotonic() - started < 10  # not the 60 s the call would take
+    assert any("left behind" in r.getMessage() for r in caplog.records)
+    release.set()
+    sock.close()
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_dead_stub_is_reported_once_and_a_goodbye_is_not(make_worker):
+    worker, lost = make_worker(lambda requests: [{"y": r["k"]} for r in requests])
+    sock, channel = _connect(worker, pid=_dead_pid(), generation=3)
+    assert _value(_infer(channel, 1)) == 1
+    sock.close()  # connection ends without BYE, and the pid is gone: a dead stub
+    assert wait_for(lambda: lost == [3], 10), lost
+
+    sock, channel = _connect(worker, pid=_dead_pid(), generation=4)
+    channel.send((_wire.BYE,))
+    channel.recv()
+    sock.close()
+    sock, _ = _connect(worker)  # a live stub (this process) that drops its connection
+    sock.close()
+    time.sleep(0.2)
+    assert lost == [3]
+
+
+def test_retired_connections_are_not_reported(make_worker):
+    worker, lost = make_worker(lambda requests: [{"y": r["k"]} for r in requests])
+    dead = _dead_pid()
+    sock, _ = _connect(worker, pid=dead, generation=0)
+    assert wait_for(lambda: worker.connected, 5)
+    assert worker.retire(1) == [dead]
+    sock.close()
+    time.sleep(0.2)
+    assert lost == []
