@@ -63,7 +63,7 @@ def measure(rounds: int = ROUNDS, gap_us: int = GAP_US) -> Dict[str, Dict[str, f
         try:
             stub, user = _wire.Channel(stub_end), _wire.Channel(worker_end)
             segment, metas = _wire.write_tensors(_wire.Arena("unused"), [[("INPUT", np.ones((1, 16), np.float32))]])
-            message = (_wire.INFER, segment, [(metas[0], None, None)])
+            message = _wire.infer(segment, [(metas[0], None, None)])
             requests = worker._decode(message, [])
             result = identity(requests)
             reply = worker._infer(message, user)
@@ -85,7 +85,7 @@ def measure(rounds: int = ROUNDS, gap_us: int = GAP_US) -> Dict[str, Dict[str, f
                 "request over the socket (send + receive)": request_over_socket,
                 "decode into Request objects": lambda: worker._decode(message, []),
                 "the callable (identity)": lambda: identity(requests),
-                "check + encode the outputs": lambda: worker._encode(result, 1, _wire.OK),
+                "check + encode the outputs": lambda: worker._encode(result, 1),
                 "reply over the socket (send + receive)": reply_over_socket,
                 "whole exchange": whole_exchange,
             }

@@ -168,9 +168,9 @@ class TritonPythonModel:
             # turns into a plain bounded wait: no spinning, and a late reply raises socket.timeout.
             self._socket.settimeout(self._timeout_s)
         self._channel = _wire.Channel(self._socket, poll_s=self._poll_s)
-        reply = self._call((_wire.HELLO, os.getpid(), self._generation))
-        if reply[0] != _wire.WELCOME:
-            raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply[0]}")
+        reply = self._call(_wire.hello(os.getpid(), self._generation))
+        if reply[_wire.KIND] != _wire.WELCOME:
+            raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply[_wire.KIND]}")
 
     def _abandon(self) -> str:
         """After an execution timeout: drop the connection and the arenas, connect again; returns the error text."""
@@ -257,7 +257,7 @@ class TritonPythonModel:
         if rejected:
             raise RequestsTooLarge(rejected)
         segment, metas = _wire.write_tensors(self._arena, groups)
-        return (_wire.INFER, segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)])
+        return _wire.infer(segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)])
 
     def _too_large(self, nbytes: int) -> str:
         return (
@@ -284,12 +284,13 @@ class TritonPythonModel:
         return [errors[index] if index in errors else next(responses) for index in range(len(requests))]
 
     def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
-        buffer = self._reader.attach(reply[1]) if reply[1] else None
+        segment = reply[_wire.SEGMENT]
+        buffer = self._reader.attach(segment) if segment is not None else None
         own = self._arena.buffer
         Tensor = _dlpack_output if _NUMPY2 else pb_utils.Tensor
         read = _wire.read_tensor
         responses = []
-        for metas, names in zip(reply[2], requested):
+        for metas, names in zip(reply[_wire.BODY], requested):
             tensors = [
                 _bytes_output(m, buffer) if m[1] == _wire.BYTES else Tensor(m[0], read(buffer, m, False, own))
                 for m in metas
@@ -298,9 +299,9 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
 
-    def _settle(self, reply: Any) -> None:
-        """The worker's last reply for a batch ends with True if the callable kept views of our arena."""
-        if reply[-1] is True:
+    def _settle(self, final: Any) -> None:
+        """After the last reply of a batch: a fresh segment if the callable kept views of our arena."""
+        if final[_wire.KIND] in _wire.FINAL_KINDS and _wire.retires(final):
             self._arena.close()  # the next batch gets a fresh segment; the kept arrays keep the old one
 
     def execute(self, requests: List[Any]) -> Optional[List[Any]]:
@@ -330,9 +331,10 @@ class TritonPythonModel:
             return self._fail(requests, self._abandon())
         if not self._decoupled:
             try:
-                if reply[0] == _wire.OK:
+                if reply[_wire.KIND] == _wire.OK:
                     return self._responses(reply, requested)
-                return self._fail(requests, reply[1] if reply[0] == _wire.ERROR else "pytriton: unexpected reply")
+                text = reply[_wire.TEXT] if reply[_wire.KIND] == _wire.ERROR else "pytriton: unexpected reply"
+                return self._fail(requests, text)
             finally:
                 self._settle(reply)
         self._stream(requests, requested, reply)
@@ -350,7 +352,7 @@ class TritonPythonModel:
         live = [True] * len(senders)
         try:
             unacknowledged = 0
-            while reply[0] == _wire.CHUNK:
+            while reply[_wire.KIND] == _wire.CHUNK:
                 if any(live):
                     try:
                         responses = self._responses(reply, requested)
@@ -361,15 +363,15 @@ class TritonPythonModel:
                     else:
                         self._send(senders, live, responses)
                 unacknowledged += 1
-                if reply[1] or unacknowledged >= _wire.STREAM_WINDOW:
+                if _wire.must_acknowledge(reply, unacknowledged):
                     unacknowledged = 0
                     for index, sender in enumerate(senders):
                         live[index] = live[index] and not sender.is_cancelled()
-                    reply = self._call((_wire.NEXT,) if any(live) else (_wire.CANCEL,))
+                    reply = self._call(_wire.NEXT_MESSAGE if any(live) else _wire.CANCEL_MESSAGE)
                 else:
                     reply = self._receive()
-            if reply[0] == _wire.ERROR:
-                self._send(senders, live, _errors(reply[1], senders))
+            if reply[_wire.KIND] == _wire.ERROR:
+                self._send(senders, live, _errors(reply[_wire.TEXT], senders))
             self._settle(reply)
         except UserProcessGone as exc:
             self._send(senders, live, _errors(str(exc), senders))
@@ -404,7 +406,7 @@ class TritonPythonModel:
         """Tell the worker this instance is going away and release every resource."""
         try:
             self._socket.settimeout(1.0)
-            self._channel.send((_wire.BYE,))
+            self._channel.send(_wire.BYE_MESSAGE)
             self._channel.recv()
         except (EOFError, OSError):
             pass

@@ -41,20 +41,90 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-# Message kinds. stub -> user
+# -- messages ---------------------------------------------------------------------------------
+# Every message is a tuple whose first field is its kind. Build them with the functions below and
+# read them through the field constants and parsers: both ends then agree on one definition.
+# stub -> user
 HELLO = 1  # (HELLO, stub_pid, generation)
-INFER = 2  # (INFER, segment, requests) requests: [(inputs, parameters, requested_outputs)]
-NEXT = 3  # (NEXT,)  ask for the next chunk of a stream
-BYE = 4  # (BYE,)
+INFER = 2  # (INFER, segment, entries)  entries: [(inputs, parameters, requested_outputs)] per request
+NEXT = 3  # (NEXT,)  acknowledges streamed chunks: send more
+BYE = 4  # (BYE,)  the instance is going away
 CANCEL = 5  # (CANCEL,)  instead of NEXT: nobody wants the rest of this stream; close the generator
 # user -> stub
-# The last reply for a batch (OK, ERROR or END) ends with ``retire``: True if the callable kept
-# views of the stub's arena, which must then not be written again.
-OK = 10  # (OK, segment, results, retire) results: [outputs] one per request
-ERROR = 11  # (ERROR, message[, retire])  the whole batch failed
-CHUNK = 12  # (CHUNK, segment, results) one streamed response per request, more follow
-END = 13  # (END, retire)  stream finished
+OK = 10  # (OK, segment, results, retire)  results: [outputs] one per request
+ERROR = 11  # (ERROR, text, retire)  the whole batch failed
+CHUNK = 12  # (CHUNK, segment, results)  one streamed response per request, more follow
+END = 13  # (END, retire)  the stream finished
 WELCOME = 14  # (WELCOME, slot)
+
+KIND = 0
+SEGMENT = 1  # INFER, OK, CHUNK: the sender's arena segment to map, or None if every tensor is inline
+BODY = 2  # INFER: the entries; OK, CHUNK: the results
+TEXT = 1  # ERROR: the error text for every request of the batch
+RETIRE = -1  # OK, ERROR, END (the final reply of a batch): see ``retires``
+FINAL_KINDS = (OK, ERROR, END)
+
+NEXT_MESSAGE = (NEXT,)
+CANCEL_MESSAGE = (CANCEL,)
+BYE_MESSAGE = (BYE,)
+
+
+def hello(stub_pid: int, generation: int) -> Tuple[int, int, int]:
+    return (HELLO, stub_pid, generation)
+
+
+def parse_hello(message: Sequence[Any]) -> Tuple[int, int]:
+    """``(stub_pid, generation)`` of a HELLO message."""
+    return int(message[1]), int(message[2])
+
+
+def welcome(slot: Any) -> Tuple[int, Any]:
+    return (WELCOME, slot)
+
+
+def infer(segment: Optional[str], entries: List[Any]) -> Tuple[int, Optional[str], List[Any]]:
+    return (INFER, segment, entries)
+
+
+def ok(segment: Optional[str], results: List[Any], retire: bool = False) -> Tuple[int, Optional[str], List[Any], bool]:
+    return (OK, segment, results, retire)
+
+
+def error(text: str, retire: bool = False) -> Tuple[int, str, bool]:
+    return (ERROR, text, retire)
+
+
+def chunk(segment: Optional[str], results: List[Any]) -> Tuple[int, Optional[str], List[Any]]:
+    return (CHUNK, segment, results)
+
+
+def end(retire: bool = False) -> Tuple[int, bool]:
+    return (END, retire)
+
+
+def with_retire(final: Tuple[Any, ...], retire: bool) -> Tuple[Any, ...]:
+    """``final`` (an OK, ERROR or END reply) with its retire flag set to ``retire``."""
+    return (*final[:-1], retire)
+
+
+def retires(final: Sequence[Any]) -> bool:
+    """True if the stub must not write its arena again after this final reply.
+
+    The worker sets it when the callable kept views of the stub's arena (large inputs are handed
+    over without a copy): the stub then moves to a fresh segment and the kept arrays stay valid.
+    """
+    return final[RETIRE] is True
+
+
+def must_acknowledge(chunk_message: Sequence[Any], unacknowledged: int) -> bool:
+    """The streaming window, applied by both ends after each CHUNK.
+
+    ``unacknowledged`` counts the chunks since the last acknowledgement, this one included. The
+    worker then waits for NEXT or CANCEL and the stub sends one: always after a chunk that used the
+    arena (its memory is reused for the next chunk), and after ``STREAM_WINDOW`` inline chunks.
+    """
+    return chunk_message[SEGMENT] is not None or unacknowledged >= STREAM_WINDOW
+
 
 BYTES = "BYTES"
 SHM_DIR = "/dev/shm"

@@ -58,6 +58,10 @@ def _process_running(pid: int) -> bool:
     return bool(fields) and fields[0] not in (b"Z", b"X")
 
 
+class _StubLeft(Exception):
+    """The stub closed the connection, or stopped waiting, in the middle of a stream."""
+
+
 class _Session:
     """One connection from a stub process, served on its own thread.
 
@@ -68,6 +72,8 @@ class _Session:
     def __init__(self, number: int, sock: Optional[socket.socket], arena_prefix: str):
         self.number = number
         self.sock = sock
+        # Set by the serving thread (or a direct caller): a stream talks to its stub through it.
+        self.channel: Optional[_wire.Channel] = None
         self.arena = _wire.Arena(f"{arena_prefix}-c{number}")
         self.reader = _wire.ArenaReader()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -298,7 +304,7 @@ class InstanceWorker:
 
     def _serve(self, session: _Session) -> None:
         assert session.sock is not None
-        channel = _wire.Channel(session.sock, poll_s=self._poll_s)
+        channel = session.channel = _wire.Channel(session.sock, poll_s=self._poll_s)
         while not self._stopping:
             try:
                 message = channel.recv()
@@ -306,7 +312,9 @@ class InstanceWorker:
                 return
             session.busy = True
             try:
-                reply = self._handle(session, message, channel)
+                reply = self._handle(session, message)
+            except _StubLeft:
+                reply = None
             finally:
                 session.busy = False
                 self.last_active = time.monotonic()
@@ -325,24 +333,23 @@ class InstanceWorker:
             except OSError:
                 return
 
-    def _handle(self, session: _Session, message: Any, channel: _wire.Channel) -> Any:
-        kind = message[0]
+    def _handle(self, session: _Session, message: Any) -> Any:
+        kind = message[_wire.KIND]
         if kind == _wire.INFER:
-            return self._infer_on(session, message, channel)
+            return self._infer_on(session, message)
         if kind == _wire.HELLO:
             self._hello(session, message)
-            return (_wire.WELCOME, self._name)
+            return _wire.welcome(self._name)
         if kind == _wire.BYE:
             session.connected = False
             session.said_bye = True
-            return (_wire.OK, None, [])
-        return (_wire.ERROR, f"pytriton: unexpected message kind {kind} (NEXT without a stream?)")
+            return _wire.ok(None, [])
+        return _wire.error(f"pytriton: unexpected message kind {kind} (NEXT without a stream?)")
 
     def _hello(self, session: _Session, message: Any) -> None:
-        session.stub_pid = int(message[1])
+        session.stub_pid, session.generation = _wire.parse_hello(message)
         fields = _proc_stat(session.stub_pid)
         session.server_pid = int(fields[1]) if len(fields) > 1 else 0
-        session.generation = int(message[2]) if len(message) > 2 else 0
         session.connected = True
         hung = 0
         with self._sessions_lock:
@@ -358,7 +365,9 @@ class InstanceWorker:
                 self._config.model_name,
                 self._name,
             )
-        LOGGER.debug("Worker %s: stub pid %s (generation %s) connected", self._name, message[1], session.generation)
+        LOGGER.debug(
+            "Worker %s: stub pid %s (generation %s) connected", self._name, session.stub_pid, session.generation
+        )
 
     # -- one batch -----------------------------------------------------------------------
     def _direct_session(self) -> _Session:
@@ -371,10 +380,14 @@ class InstanceWorker:
         return self._decode_on(self._direct_session(), message, views)
 
     def _infer(self, message: Any, channel: _wire.Channel) -> Any:
-        return self._infer_on(self._direct_session(), message, channel)
+        session = self._direct_session()
+        session.channel = channel
+        return self._infer_on(session, message)
 
-    def _encode(self, result: Any, n_requests: int, kind: int, requests: Optional[List[Request]] = None) -> Any:
-        return self._encode_on(self._direct_session(), result, n_requests, kind, requests)
+    def _encode(
+        self, result: Any, n_requests: int, requests: Optional[List[Request]] = None
+    ) -> Tuple[Optional[str], List[Any]]:
+        return self._encode_on(self._direct_session(), result, n_requests, requests)
 
     def _decode_on(self, session: _Session, message: Any, views: List[np.ndarray]) -> List[Request]:
         """Requests from an INFER message.
@@ -383,7 +396,7 @@ class InstanceWorker:
         (no copy); their base arrays are collected in ``views`` so that :meth:`_infer_on` can
         tell whether the callable kept any of them (or any view of them).
         """
-        segment, entries = message[1], message[2]
+        segment, entries = message[_wire.SEGMENT], message[_wire.BODY]
         buffer = session.reader.attach(segment) if segment else None
         requests = []
         for metas, parameters, requested in entries:
@@ -396,17 +409,19 @@ class InstanceWorker:
                     # base, so its reference count shows whether the callable kept any of them.
                     views.append(array.base if array.base is not None else array)
                 data[meta[0]] = array
-            requests.append(Request(data, parameters, requested))
+            requests.append(Request(data, parameters, requested_output_names=requested))
         return requests
 
     def _encode_on(
-        self, session: _Session, result: Any, n_requests: int, kind: int, requests: Optional[List[Request]] = None
-    ) -> Any:
-        """Check the outputs (requested ones must be present when ``requests`` is given) and write them."""
+        self, session: _Session, result: Any, n_requests: int, requests: Optional[List[Request]] = None
+    ) -> Tuple[Optional[str], List[Any]]:
+        """Check the outputs (requested ones must be present when ``requests`` is given) and write them.
+
+        Returns the segment and the results of an OK or CHUNK reply.
+        """
         requested = None if requests is None else [request.requested_output_names for request in requests]
         groups = self._checker.check(result, n_requests, requested)
-        segment, metas = _wire.write_tensors(session.arena, groups, session.reader)
-        return (kind, segment, metas)
+        return _wire.write_tensors(session.arena, groups, session.reader)
 
     def _failure(self, exc: BaseException) -> Any:
         """Log a failed batch with its traceback and build the error reply (never raises)."""
@@ -416,23 +431,21 @@ class InstanceWorker:
             LOGGER.error("Model %s: inference callable failed with %s", self._config.model_name, type(exc).__name__)
         if isinstance(exc, PyTritonUnrecoverableError):
             self._on_unrecoverable(exc)
-        return (_wire.ERROR, error_text(exc))
+        return _wire.error(error_text(exc))
 
-    def _infer_on(self, session: _Session, message: Any, channel: _wire.Channel) -> Any:
-        """Run one batch; the final reply carries a trailing flag telling the stub to retire its arena.
+    def _infer_on(self, session: _Session, message: Any) -> Any:
+        """Run one batch; its final reply carries the retire flag (``_wire.retires``).
 
         Large inputs are handed to the callable as views into the stub's arena. If the callable
         still holds any of them once it is done (stored them, or a view of them), the stub must
         not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
         """
         views: List[np.ndarray] = []
-        reply = self._call_callable(session, message, channel, views)
-        if reply is None:
-            return None
+        reply = self._call_callable(session, message, views)
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
-        return (*reply, retire)
+        return _wire.with_retire(reply, retire) if retire else reply
 
-    def _call_callable(self, session: _Session, message: Any, channel: _wire.Channel, views: List[np.ndarray]) -> Any:
+    def _call_callable(self, session: _Session, message: Any, views: List[np.ndarray]) -> Any:
         # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the
         # callable fails this batch only: this thread belongs to pytriton, not to the callable, and
         # a real Ctrl-C is delivered to the main thread, never here.
@@ -456,13 +469,13 @@ class InstanceWorker:
             )
         if not self._decoupled:
             try:
-                return self._encode_on(session, result, len(requests), _wire.OK, requests)
+                return _wire.ok(*self._encode_on(session, result, len(requests), requests))
             except BaseException as exc:  # noqa: BLE001
                 return self._failure(exc)
         if not streaming:
-            return self._stream(session, iter([result]), len(requests), channel)
+            return self._stream(session, iter([result]), len(requests))
         try:
-            return self._stream(session, result, len(requests), channel)
+            return self._stream(session, result, len(requests))
         finally:
             # Run the generator's clean-up (finally blocks, context managers) now, on this thread,
             # whether it finished, failed, was cancelled or lost its stub.
@@ -493,8 +506,10 @@ class InstanceWorker:
             return self._run_async(session, stream.__anext__())
         return next(stream)
 
-    def _stream(self, session: _Session, stream: Any, n_requests: int, channel: _wire.Channel) -> Any:
-        """Send each yielded result as a CHUNK; returns the final reply (END or ERROR), None if the stub left.
+    def _stream(self, session: _Session, stream: Any, n_requests: int) -> Any:
+        """Send each yielded result as a CHUNK; returns the final reply (END or ERROR).
+
+        Raises ``_StubLeft`` if the stub went away (or stopped waiting) in the middle.
 
         Chunks small enough to travel inline are sent back to back, up to ``STREAM_WINDOW`` of
         them before the stub acknowledges with NEXT. A chunk that uses the arena must be
@@ -502,28 +517,30 @@ class InstanceWorker:
         when no client wants the rest of the stream; the stream then ends there.
         """
         done: Tuple[Type[BaseException], ...] = (StopIteration, StopAsyncIteration)
+        channel = session.channel
+        assert channel is not None, "a stream needs the session's channel"
         unacknowledged = 0
         while True:
             try:
                 chunk = self._next_chunk(session, stream)
-                reply = self._encode_on(session, chunk, n_requests, _wire.CHUNK)
+                reply = _wire.chunk(*self._encode_on(session, chunk, n_requests))
             except done:
-                return (_wire.END,)
+                return _wire.end()
             except BaseException as exc:  # noqa: BLE001 - fails this stream only, see _call_callable
                 return self._failure(exc)
             if session.abandoned:
-                return None
+                raise _StubLeft()
             try:
                 channel.send(reply)
                 unacknowledged += 1
-                if reply[1] is None and unacknowledged < _wire.STREAM_WINDOW:
+                if not _wire.must_acknowledge(reply, unacknowledged):
                     continue
                 unacknowledged = 0
                 follow_up = channel.recv()
             except (EOFError, OSError):
-                return None
-            if follow_up[0] == _wire.CANCEL:
+                raise _StubLeft() from None
+            if follow_up[_wire.KIND] == _wire.CANCEL:
                 LOGGER.debug("Model %s: stream cancelled by the client", self._config.model_name)
-                return (_wire.END,)
-            if follow_up[0] != _wire.NEXT:
-                return (_wire.ERROR, f"pytriton: expected NEXT during a stream, got message kind {follow_up[0]}")
+                return _wire.end()
+            if follow_up[_wire.KIND] != _wire.NEXT:
+                return _wire.error(f"pytriton: expected NEXT during a stream, got message kind {follow_up[_wire.KIND]}")
