@@ -84,7 +84,7 @@ def _config_key(infer_callable: Any) -> Any:
     return id(target)
 
 
-class ModelConfigDict(MutableMapping):
+class ModelConfigDict(MutableMapping[Any, TritonModelConfig]):
     """Model configurations keyed by inference callable.
 
     Lookups see through decorators and bound methods: ``d[decorated]``, ``d[inner]`` and

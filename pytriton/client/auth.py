@@ -61,7 +61,7 @@ def extract_access_token_from_headers(headers: Optional[Mapping[str, str]]) -> O
     return http_token if http_token is not None else grpc_token
 
 
-class _HeaderPlugin(InferenceServerClientPlugin):
+class _HeaderPlugin(InferenceServerClientPlugin):  # type: ignore[misc]  # tritonclient is untyped
     """Adds fixed headers to every call of a tritonclient client (sync or asyncio, HTTP or gRPC)."""
 
     def __init__(self, headers: Dict[str, str]):

@@ -144,13 +144,13 @@ class OutputChecker:
             value = np.asarray(value)
         if not isinstance(value, np.ndarray):
             raise PyTritonRuntimeError(f"{where} is {type(value).__name__}, expected numpy.ndarray.")
-        value = self._convert(where, spec, value, strict)
-        shape = value.shape
-        if value.ndim != spec.ndim or any(shape[axis] != size for axis, size in spec.fixed):
+        converted = self._convert(where, spec, value, strict)
+        shape = converted.shape
+        if converted.ndim != spec.ndim or any(shape[axis] != size for axis, size in spec.fixed):
             axis = " after the batch axis" if self._batching else ""
             declared = "(" + ", ".join(str(size) for size in spec.shape) + ("," if len(spec.shape) == 1 else "") + ")"
             raise PyTritonRuntimeError(f"{where} has shape {shape}, declared {declared}{axis} (-1: any size).")
-        return value
+        return converted
 
     @staticmethod
     def _convert(where: str, spec: _Declared, value: np.ndarray, strict: bool) -> np.ndarray:

@@ -19,7 +19,7 @@ import os
 import select
 import struct
 import threading
-from typing import Optional
+from typing import Optional, Tuple
 
 from pytriton.proxy import _wire
 
@@ -42,7 +42,7 @@ class ShmGuard:
     def __init__(self, prefix: str):
         self._prefix = prefix.encode()
         self._inotify: Optional[int] = None
-        self._wake: Optional[tuple] = None
+        self._wake: Optional[Tuple[int, int]] = None
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> bool:

@@ -20,9 +20,10 @@ import shutil
 import signal
 import sys
 import time
+from typing import List
 
 
-def main(argv: list) -> int:
+def main(argv: List[str]) -> int:
     read_fd, pgid, shm_prefix, paths = int(argv[0]), int(argv[1]), argv[2], argv[3:]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     data = b""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from pytriton.client.legacy._errors import InferenceServerException
 from pytriton.client.legacy._messages import (
@@ -125,7 +125,7 @@ class ServerStatusContext(_Context):
                     f"no status for unknown model '{self._model_name}'", server_id=self._conn.url, request_id=rid
                 )
         stats = self._json("get_inference_statistics", "", request_id=rid, what="inference statistics")
-        by_version: Dict[tuple, Dict[str, Any]] = {
+        by_version: Dict[Tuple[Any, str], Dict[str, Any]] = {
             (entry.get("name"), str(entry.get("version", ""))): entry for entry in stats.get("model_stats", [])
         }
         status = ServerStatus(

@@ -17,7 +17,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from pytriton.client.legacy._errors import InferenceServerException, describe
 from pytriton.client.legacy._requests import (
@@ -90,7 +90,7 @@ class InferContext:
         self._async: Dict[int, _Pending] = {}
         self._ready: Deque[int] = collections.deque()
         self._stream_pending: Dict[int, _Pending] = {}
-        self._last: tuple = (None, None, None)
+        self._last: Tuple[Optional[int], Optional[str], Optional[int]] = (None, None, None)
         self._stats = {
             "completed_request_count": 0,
             "cumulative_total_request_time_ns": 0,

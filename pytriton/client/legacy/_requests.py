@@ -63,7 +63,8 @@ def serialize_string_tensor(input_tensor: Any) -> np.ndarray:
         data = item if isinstance(item, bytes) else str(item).encode("utf-8")
         chunks.append(struct.pack("<I", len(data)))
         chunks.append(data)
-    return np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
+    serialized: np.ndarray = np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
+    return serialized
 
 
 def numpy_dtype(datatype: str) -> Any:
