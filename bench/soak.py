@@ -295,7 +295,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         finally:
             sampler.stop()
             report["stop"] = _stop_server(child, info, seen)
-            report["server_log_tail"] = log_path.read_text(errors="replace").splitlines()[-40:]
+            server_log = log_path.read_text(errors="replace")
+            report["server_log_tail"] = server_log.splitlines()[-40:]
+            (out / "server.log").write_text(server_log)  # the whole log, thread dumps included
     report["samples"] = sampler.rows
     failed_requests = report["phases"]["fixed"]["failed"] + report["phases"]["mixed"]["failed"]
     failed_probes = sorted(name for name, probe in report["probes"].items() if not probe["passed"])
@@ -369,6 +371,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     for line in _summary_lines(report):
         print(line)
     print(f"report: {pathlib.Path(args.out) / 'soak.json'}" + (f", plot: {report['plot']}" if report["plot"] else ""))
+    if not report["passed"]:  # the evidence where CI shows it, not only in the report file
+        print(f"the serving process's last log lines (all of it: {pathlib.Path(args.out) / 'server.log'}):")
+        for line in report["server_log_tail"]:
+            print(f"  | {line}")
     return 0 if report["passed"] else 1
 
 

@@ -53,8 +53,19 @@ class Target:
         return None
 
 
+def dump_server_threads(target: Target) -> None:
+    """Ask the serving process to write every thread's stack into its log (see bench/soak_server.py)."""
+    try:
+        os.kill(target.info["pid"], signal.SIGUSR1)
+    except ProcessLookupError:
+        return
+    time.sleep(0.5)  # faulthandler writes from a signal handler: give it a moment before the log is read
+
+
 def _recovery(target: Target, what: str, extra: Optional[Dict[str, Any]] = None) -> Probe:
     seconds = target.wait_recovered()
+    if seconds is None:
+        dump_server_threads(target)
     result: Probe = dict(extra or {})
     result["passed"] = seconds is not None
     result["recovered_after_s"] = None if seconds is None else round(seconds, 2)

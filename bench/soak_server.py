@@ -8,10 +8,12 @@ the soak measure the user's process (this one) apart from the load generator.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import pathlib
+import signal
 import socket
 import sys
 from typing import Any, Dict, List
@@ -65,6 +67,9 @@ def _free_ports(count: int) -> List[int]:
 
 
 def main(info_path: pathlib.Path) -> int:
+    # The soak sends SIGUSR1 when the server does not recover from a probe: every thread's stack
+    # then lands in this process's log, which the soak keeps (what was pytriton waiting for?).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=logging.WARNING, format="soak-server %(levelname)s %(name)s: %(message)s")
     http_port, grpc_port, metrics_port = _free_ports(3)
     config = TritonConfig(
