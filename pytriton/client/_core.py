@@ -9,7 +9,10 @@ handling, response decoding and error mapping instead of copying them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import enum
+import socket
 import time
 from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
@@ -30,7 +33,24 @@ from pytriton.model_config.triton_model_config import TritonModelConfig
 
 DEFAULT_INIT_TIMEOUT_S = 300.0
 DEFAULT_INFERENCE_TIMEOUT_S = 60.0
-_UNAVAILABLE_MARKERS = ("unknown model", "is not found", "unavailable", "not ready", "no version")
+DEFAULT_NETWORK_TIMEOUT_S = 60.0
+DEFAULT_SERVER_READY_TIMEOUT_S = 60.0
+LATEST_MODEL_VERSION = "<latest>"
+
+# Transport status codes (gRPC ``StatusCode`` names, HTTP status numbers) and their meaning.
+_TIMEOUT_STATUSES = frozenset({"StatusCode.DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED", "408", "504"})
+_UNAVAILABLE_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND", "UNAVAILABLE", "404", "503"})
+_PARAMETER_TYPES = (str, int, float, bool)
+_HEADER_TYPES = (str, int, bool)
+
+
+class ModelState(enum.Enum):
+    """A model version's state in the server's repository index."""
+
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+    READY = "READY"
 
 
 @dataclasses.dataclass
@@ -50,25 +70,154 @@ class Call:
 Operation = Generator[Call, Any, Any]
 
 
+def _status(exc: BaseException) -> Optional[str]:
+    """The transport status of ``exc``: tritonclient's ``status()``, or a gRPC error's ``code()``."""
+    status = getattr(exc, "status", None)
+    if callable(status):
+        try:
+            value = status()
+        except Exception:  # a foreign exception whose status() needs arguments
+            value = None
+        if value is not None:
+            return str(value)
+    code = getattr(exc, "code", None)
+    if callable(code):
+        try:
+            value = code()
+        except Exception:
+            value = None
+        if value is not None:
+            return str(value)
+    return None
+
+
 def is_timeout(exc: BaseException) -> bool:
-    """True for the many ways a transport reports a timeout (socket, gevent, gRPC deadline, asyncio)."""
-    if isinstance(exc, TimeoutError):
+    """True when ``exc`` is a transport timeout: by type (socket, asyncio, gevent) or by status (deadline)."""
+    if isinstance(exc, (TimeoutError, socket.timeout, asyncio.TimeoutError)):
         return True
-    name = type(exc).__name__.lower()
-    text = str(exc).lower()
-    return "timeout" in name or "deadline" in text or "timed out" in text
+    kind = type(exc)
+    if kind.__module__.split(".")[0] == "gevent" and kind.__name__ == "Timeout":
+        return True
+    return _status(exc) in _TIMEOUT_STATUSES
 
 
 def map_error(exc: BaseException, what: str) -> PyTritonClientError:
-    """Translate a tritonclient/transport exception into the matching pytriton client error."""
+    """Translate a tritonclient/transport exception into the matching pytriton client error.
+
+    Decided by exception type and transport status code, not by the words of the message: timeouts
+    become ``PyTritonClientTimeoutError``; an unreachable server, an unknown model or an unavailable
+    one (gRPC ``UNAVAILABLE``/``NOT_FOUND``, HTTP 404/503, refused connections)
+    ``PyTritonClientModelUnavailableError``; anything else ``PyTritonClientInferenceServerError``.
+    """
     if isinstance(exc, PyTritonClientError):
         return exc
-    if is_timeout(exc):
-        return PyTritonClientTimeoutError(f"{what} timed out: {exc}")
     message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
-    if any(marker in (message or "").lower() for marker in _UNAVAILABLE_MARKERS):
+    if is_timeout(exc):
+        return PyTritonClientTimeoutError(f"{what} timed out: {message}")
+    if isinstance(exc, ConnectionError) or _status(exc) in _UNAVAILABLE_STATUSES:
         return PyTritonClientModelUnavailableError(f"{what} failed: {message}")
     return PyTritonClientInferenceServerError(f"{what} failed: {message}")
+
+
+def check_parameters(values: Any, what: str) -> None:
+    """``PyTritonClientValueError`` unless ``values`` is None or a dict of str to a carried scalar type.
+
+    Request parameters may be ``str``, ``int``, ``float`` or ``bool``; headers ``str``, ``int`` or
+    ``bool`` (sent as text).
+    """
+    if values is None:
+        return
+    allowed = _PARAMETER_TYPES if what == "parameters" else _HEADER_TYPES
+    names = ", ".join(t.__name__ for t in allowed)
+    if not isinstance(values, dict):
+        raise PyTritonClientValueError(f"Request {what} must be a dict, got {type(values).__name__}.")
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise PyTritonClientValueError(f"Request {what}: key {key!r} is not a string.")
+        if not isinstance(value, allowed):
+            raise PyTritonClientValueError(
+                f"Request {what}: value of {key!r} has type {type(value).__name__}; allowed types are {names}."
+            )
+
+
+def control_call(method: str, grpc: bool, remaining_s: float, *args: Any, **kwargs: Any) -> Call:
+    """A control-plane call bounded by ``remaining_s`` (gRPC per call, asyncio drivers by ``timeout_s``)."""
+    bound = max(0.05, remaining_s)
+    if grpc:
+        kwargs["client_timeout"] = bound
+    return Call(method, args, kwargs, timeout_s=bound)
+
+
+def wait_for_server(timeout_s: float, grpc: bool, what: str = "the server") -> Operation:
+    """Poll until the server reports ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    last_error: Optional[BaseException] = None
+    while True:
+        try:
+            if (yield control_call("is_server_ready", grpc, deadline - time.monotonic())):
+                return None
+        except Exception as exc:  # the server may still be starting
+            last_error = exc
+        if time.monotonic() + delay > deadline:
+            detail = f" ({last_error})" if last_error else ""
+            raise PyTritonClientTimeoutError(f"Waited {timeout_s:.1f} s: {what} is not ready{detail}.")
+        yield Call("sleep", (delay,))
+        delay = min(delay * 2, 0.5)
+
+
+def wait_for_model(timeout_s: float, grpc: bool, model_name: str, model_version: str, where: str) -> Operation:
+    """Poll until the server and the model are ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    yield from wait_for_server(timeout_s, grpc, f"the server at {where}")
+    delay = 0.02
+    while True:
+        try:
+            if (yield control_call("is_model_ready", grpc, deadline - time.monotonic(), model_name, model_version)):
+                return None
+        except Exception:  # a model still loading can make readiness calls fail
+            pass
+        if time.monotonic() + delay > deadline:
+            version = f" version {model_version}" if model_version else ""
+            raise PyTritonClientTimeoutError(
+                f"Waited {timeout_s:.1f} s: the server is up but model {model_name!r}{version} is not ready."
+            )
+        yield Call("sleep", (delay,))
+        delay = min(delay * 2, 0.5)
+
+
+def read_config(timeout_s: float, grpc: bool, model_name: str, model_version: str) -> Operation:
+    """The model's config as a typed ``TritonModelConfig`` (one call, no readiness wait)."""
+    kwargs = {"as_json": True} if grpc else {}
+    try:
+        raw = yield control_call("get_model_config", grpc, timeout_s, model_name, model_version, **kwargs)
+    except Exception as exc:
+        raise map_error(exc, f"Reading the config of model {model_name!r}") from None
+    if grpc:
+        raw = raw.get("config", raw)
+    return from_dict(raw)
+
+
+def model_state(grpc: bool, timeout_s: float, model_name: str, model_version: Optional[str]) -> Operation:
+    """The state of ``model_name`` (its highest version when ``model_version`` is None) in the repository index."""
+    kwargs = {"as_json": True} if grpc else {}
+    try:
+        index = yield control_call("get_model_repository_index", grpc, timeout_s, **kwargs)
+    except Exception as exc:
+        raise map_error(exc, "Reading the model repository index") from None
+    entries = index.get("models", []) if isinstance(index, dict) else index
+    states: Dict[str, ModelState] = {}
+    for entry in entries or []:
+        if entry.get("name") != model_name or not entry.get("version"):
+            continue
+        state = entry.get("state")
+        states[str(entry["version"])] = ModelState(state) if state in ModelState.__members__ else ModelState.LOADING
+    if model_version is not None and model_version not in ("", LATEST_MODEL_VERSION):
+        return states.get(str(model_version), ModelState.UNAVAILABLE)
+    numeric = [version for version in states if version.isdigit()]
+    if not numeric:
+        return ModelState.UNAVAILABLE
+    return states[max(numeric, key=int)]
 
 
 class ClientCore:
@@ -76,7 +225,8 @@ class ClientCore:
 
     Lifetime: created by a client; holds no sockets itself (the driver's ``tritonclient`` objects
     do). The model config is fetched once and cached, so after initialisation an inference costs
-    exactly one server round trip.
+    exactly one server round trip. A config given up front (``model_config=``) is used as is; with
+    ``ensure_model_is_ready=True`` the first call still waits for the model to be ready.
     """
 
     def __init__(
@@ -86,9 +236,16 @@ class ClientCore:
         model_version: Optional[str],
         init_timeout_s: Optional[float],
         inference_timeout_s: Optional[float],
+        model_config: Optional[TritonModelConfig] = None,
+        ensure_model_is_ready: bool = True,
     ):
         if not isinstance(model_name, str) or not model_name:
             raise PyTritonClientValueError(f"model_name must be a non-empty string, got {model_name!r}.")
+        if model_config is not None and not isinstance(model_config, TritonModelConfig):
+            raise PyTritonClientValueError(
+                f"model_config must be a TritonModelConfig (e.g. another client's model_config), "
+                f"got {type(model_config).__name__}."
+            )
         self.url = url
         self.model_name = model_name
         self.model_version = "" if model_version is None else str(model_version)
@@ -96,62 +253,74 @@ class ClientCore:
         self.inference_timeout_s = (
             DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else float(inference_timeout_s)
         )
-        self.config: Optional[TritonModelConfig] = None
+        self.config: Optional[TritonModelConfig] = model_config
+        self.ready = model_config is not None and not ensure_model_is_ready
         self.grpc = url.protocol == "grpc"
         self._outputs: Dict[int, List[Any]] = {}  # requested-output objects, built once per lib
 
     # -- operations (generators) ----------------------------------------------------------------
     def wait_for_model(self, timeout_s: float) -> Operation:
         """Wait until the server and the model are ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        delay = 0.02
-        server_ready = False
-        last_error: Optional[BaseException] = None
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                server_ready = bool((yield self._control("is_server_ready", remaining)))
-                if server_ready and (
-                    yield self._control("is_model_ready", remaining, self.model_name, self.model_version)
-                ):
-                    return None
-            except Exception as exc:  # the server may still be starting
-                last_error = exc
-            if time.monotonic() + delay > deadline:
-                state = (
-                    f"the server is up but model {self.model_name!r}"
-                    f"{' version ' + self.model_version if self.model_version else ''} is not ready"
-                    if server_ready
-                    else f"the server at {self.url} is not ready" + (f" ({last_error})" if last_error else "")
-                )
-                raise PyTritonClientTimeoutError(f"Waited {timeout_s:.1f} s: {state}.")
-            yield Call("sleep", (delay,))
-            delay = min(delay * 2, 0.5)
+        yield from wait_for_model(timeout_s, self.grpc, self.model_name, self.model_version, str(self.url))
+        self.ready = True
+
+    def wait_for_server(self, timeout_s: float) -> Operation:
+        """Wait until the server is ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
+        yield from wait_for_server(timeout_s, self.grpc, f"the server at {self.url}")
 
     def ensure_config(self) -> Operation:
-        """The model's config, fetched (after waiting for readiness) on first use."""
-        if self.config is None:
+        """The model's config: waits for readiness (once, within ``init_timeout_s``) and reads it on first use."""
+        if not self.ready:
             yield from self.wait_for_model(self.init_timeout_s)
-            try:
-                raw = yield self._control("get_model_config", self.init_timeout_s, self.model_name, self.model_version)
-            except Exception as exc:
-                raise map_error(exc, f"Reading the config of model {self.model_name!r}") from None
-            if self.grpc:
-                raw = raw.get("config", raw)
-            self.config = from_dict(raw)
+        if self.config is None:
+            self.config = yield from read_config(self.init_timeout_s, self.grpc, self.model_name, self.model_version)
         return self.config
+
+    def load_model(self, config: Optional[str], files: Optional[Dict[str, bytes]]) -> Operation:
+        """Ask the server to (re)load the model; the cached config is dropped and read again on next use."""
+        kwargs: Dict[str, Any] = {}
+        if config is not None:
+            kwargs["config"] = config if isinstance(config, str) else str(config)
+        if files is not None:
+            kwargs["files"] = files
+        try:
+            yield control_call("load_model", self.grpc, self.init_timeout_s, self.model_name, **kwargs)
+        except Exception as exc:
+            raise map_error(exc, f"Loading model {self.model_name!r}") from None
+        self.forget()
+
+    def unload_model(self) -> Operation:
+        """Ask the server to unload the model; the cached config is dropped."""
+        try:
+            yield control_call("unload_model", self.grpc, self.init_timeout_s, self.model_name)
+        except Exception as exc:
+            raise map_error(exc, f"Unloading model {self.model_name!r}") from None
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the cached config and readiness, so that the next call reads them again."""
+        self.config = None
+        self.ready = False
+        self._outputs = {}
 
     def infer(
         self,
         inputs: Sequence[Any],
         named_inputs: Dict[str, Any],
         parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, str]],
+        headers: Optional[Dict[str, Any]],
         batch: bool,
         lib: Any,
     ) -> Operation:
         """One inference: ``infer_batch`` (``batch=True``) or ``infer_sample``."""
+        check_parameters(parameters, "parameters")
+        check_parameters(headers, "headers")
         config = yield from self.ensure_config()
+        if config.decoupled:
+            raise PyTritonClientInferenceServerError(
+                f"Model {self.model_name!r} is decoupled (it streams its responses); "
+                "use DecoupledModelClient / AsyncioDecoupledModelClient for it."
+            )
         arrays, add_axis = self.prepare_inputs(inputs, named_inputs, batch, config)
         request = self.build_request(arrays, config, parameters, headers, lib)
         try:
@@ -167,14 +336,6 @@ class ClientCore:
         return self.decode(result, config, add_axis)
 
     # -- pure helpers ------------------------------------------------------------------------------
-    def _control(self, method: str, remaining_s: float, *args: Any) -> Call:
-        kwargs: Dict[str, Any] = {}
-        if self.grpc:
-            kwargs["client_timeout"] = max(0.05, remaining_s)
-            if method == "get_model_config":
-                kwargs["as_json"] = True
-        return Call(method, args, kwargs, timeout_s=max(0.05, remaining_s))
-
     def prepare_inputs(
         self, inputs: Sequence[Any], named_inputs: Dict[str, Any], batch: bool, config: TritonModelConfig
     ) -> Tuple[Dict[str, np.ndarray], bool]:
@@ -218,7 +379,7 @@ class ClientCore:
         arrays: Dict[str, np.ndarray],
         config: TritonModelConfig,
         parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, str]],
+        headers: Optional[Dict[str, Any]],
         lib: Any,
     ) -> Dict[str, Any]:
         """Keyword arguments of ``lib.InferenceServerClient.infer`` (plus ``inputs``)."""
@@ -244,7 +405,7 @@ class ClientCore:
         if parameters:
             request["parameters"] = parameters
         if headers:
-            request["headers"] = headers
+            request["headers"] = {key: str(value) for key, value in headers.items()}
         if self.grpc:
             request["client_timeout"] = self.inference_timeout_s
         return request

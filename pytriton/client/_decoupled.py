@@ -1,28 +1,45 @@
-"""Streaming clients for decoupled models (gRPC bidirectional streaming).
+"""Streaming clients for decoupled models: gRPC bidirectional streaming, or HTTP server-sent events.
+
+Over ``grpc://`` a stream is a gRPC bidirectional stream; over ``http://`` it is Triton's
+``generate_stream`` endpoint (see ``_sse``), which carries one sample per request (a batch axis of
+1 for batching models) and JSON-encoded values.
 
 Each call returns a generator (or async generator) that yields one dict of outputs per response
 the model sends, and ends when the server marks the stream complete. An error response raises
 ``PyTritonClientInferenceServerError`` with the server's message.
+
+Timeouts (as in NVIDIA PyTriton 0.7): ``init_timeout_s`` bounds waiting for the model and reading
+its config. On :class:`DecoupledModelClient` ``inference_timeout_s`` does not bound a stream: a
+model may take as long as it needs between responses, and the stream ends when the model ends it,
+fails, or the caller leaves the loop or calls :meth:`DecoupledModelClient.close` (from any thread).
+On :class:`AsyncioDecoupledModelClient` ``inference_timeout_s`` bounds each wait for the next
+response.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
-from typing import Any, AsyncIterator, Dict, Iterator, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from pytriton.client._base import BaseModelClient
-from pytriton.client._core import map_error
+from pytriton.client._core import check_parameters, map_error
 from pytriton.client._drivers import run_sync
-from pytriton.client.auth import PathLike
+from pytriton.client._sse import HttpStream, decode_event, encode_request
+from pytriton.client.auth import create_auth_headers
+from pytriton.client.client import AsyncioModelClient, ModelClient
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
+    PyTritonClientError,
+    PyTritonClientInferenceServerError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
 from pytriton.model_config.triton_model_config import TritonModelConfig
+
+_Event = Tuple[Any, Any]  # (result, error) as tritonclient's stream callback receives them
 
 
 def _is_final(result: Any) -> bool:
@@ -34,106 +51,66 @@ def _has_outputs(result: Any) -> bool:
     return len(result.get_response().outputs) > 0
 
 
-class _StreamingBase(BaseModelClient):
-    """URL checks and request preparation shared by the streaming clients."""
-
-    def _open(self) -> None:
-        if self._url.protocol != "grpc":
-            raise PyTritonClientValueError(
-                f"Streaming (decoupled) models need gRPC, but {str(self._url)!r} is HTTP; use grpc://host:port "
-                "(default port 8001)."
-            )
-
-    def _check_config(self, config: TritonModelConfig) -> None:
-        if not config.decoupled:
-            raise PyTritonClientValueError(
-                f"Model {config.model_name!r} is not decoupled; use ModelClient / AsyncioModelClient for it."
-            )
-
-    def _stream_request(
-        self,
-        config: TritonModelConfig,
-        inputs: Any,
-        named_inputs: Dict[str, Any],
-        parameters: Optional[Dict[str, Any]],
-        batch: bool,
-        lib: Any,
-    ) -> Tuple[Dict[str, Any], bool]:
-        self._check_config(config)
-        arrays, add_axis = self._core.prepare_inputs(inputs, named_inputs, batch, config)
-        request = self._core.build_request(arrays, config, parameters, None, lib)
-        request.pop("client_timeout", None)
-        request["model_name"] = self._core.model_name
-        request["enable_empty_final_response"] = True
-        return request, add_axis
-
-    def _decode(self, result: Any, remove_axis: bool) -> Dict[str, np.ndarray]:
-        assert self._core.config is not None
-        return self._core.decode(result, self._core.config, remove_axis)
+def check_decoupled(config: TritonModelConfig) -> None:
+    """``PyTritonClientInferenceServerError`` (the type the reference raises) for a non-decoupled model."""
+    if not config.decoupled:
+        raise PyTritonClientInferenceServerError(
+            f"Model {config.model_name!r} is not decoupled (it sends one response per request); "
+            "use ModelClient / AsyncioModelClient for it."
+        )
 
 
-class DecoupledModelClient(_StreamingBase):
+class DecoupledModelClient(ModelClient):
     """Blocking streaming client: ``for outputs in client.infer_sample(...)``.
 
-    Lifetime: one gRPC connection until :meth:`close`; one stream at a time. Waiting for the next
-    response is bounded by ``inference_timeout_s``.
+    A :class:`ModelClient` (``model_config``, ``is_batching_supported``, ``wait_for_model``,
+    ``load_model`` ... work as there) whose ``infer_sample``/``infer_batch`` return iterators.
+    Lifetime: its connections until :meth:`close` (over HTTP each stream opens its own); one stream
+    at a time (a second concurrent stream waits for the first). The module docstring says what the
+    timeouts bound.
     """
 
     def _open(self) -> None:
+        self._stream_lock = threading.Lock()
+        self._active: Optional[queue.Queue[_Event]] = None
+        self._active_http: Optional[HttpStream] = None
         super()._open()
-        import tritonclient.grpc as lib
-
-        self._lib = lib
-        self._client = self._security.apply(
-            lib.InferenceServerClient(self._url.address, **self._security.grpc_options(self._url)), self._url
-        )
-        self._lock = threading.Lock()
-        if not self._lazy_init:
-            try:
-                self._check_config(run_sync(self._core.ensure_config(), self._client, self._client))
-            except BaseException:
-                self.close()
-                raise
 
     def __enter__(self) -> DecoupledModelClient:
         return self
 
-    def __exit__(self, *_: Any) -> None:
-        self.close()
-
     def close(self) -> None:
-        """Close the connection. Idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._client.close()
+        """Close the connection; a stream in progress (in another thread) raises ``PyTritonClientClosedError``."""
+        self.interrupt(PyTritonClientClosedError("The client was closed during the stream."))
+        super().close()
 
-    def wait_for_model(self, timeout_s: float) -> None:
-        """Block until the server and model are ready."""
-        run_sync(self._core.wait_for_model(timeout_s), self._client, self._client)
+    def interrupt(self, error: PyTritonClientError) -> None:
+        """Make the stream in progress, if any, raise ``error`` at its next wait. Thread-safe."""
+        active = getattr(self, "_active", None)
+        if active is not None:
+            active.put((None, error))
+        active_http = getattr(self, "_active_http", None)
+        if active_http is not None:
+            active_http.abort(error)
 
-    @property
-    def model_config(self) -> TritonModelConfig:
-        """The model's configuration (cached)."""
-        return run_sync(self._core.ensure_config(), self._client, self._client)  # type: ignore[no-any-return]
-
-    def infer_sample(
+    def infer_sample(  # type: ignore[override]
         self,
         *inputs: Any,
         parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, str]] = None,
+        headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
     ) -> Iterator[Dict[str, np.ndarray]]:
-        """Stream the responses to one sample."""
+        """Stream the responses to one sample (batch axis added and removed for batching models)."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=False)
 
-    def infer_batch(
+    def infer_batch(  # type: ignore[override]
         self,
         *inputs: Any,
         parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, str]] = None,
+        headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
     ) -> Iterator[Dict[str, np.ndarray]]:
-        """Stream the responses to one batch."""
+        """Stream the responses to one batch (batching models only)."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=True)
 
     def _stream(
@@ -141,132 +118,164 @@ class DecoupledModelClient(_StreamingBase):
         inputs: Any,
         named_inputs: Dict[str, Any],
         parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, str]],
+        headers: Optional[Dict[str, Any]],
         batch: bool,
     ) -> Iterator[Dict[str, np.ndarray]]:
-        if self._closed:
-            raise PyTritonClientClosedError("The client is closed.")
-        config = run_sync(self._core.ensure_config(), self._client, self._client)
-        request, add_axis = self._stream_request(config, inputs, named_inputs, parameters, batch, self._lib)
-        return self._responses(request, add_axis, headers)
+        self._check_open()
+        check_parameters(parameters, "parameters")
+        check_parameters(headers, "headers")
+        config = run_sync(self._core.ensure_config(), self._control, self._infer_client)
+        check_decoupled(config)
+        arrays, add_axis = self._core.prepare_inputs(inputs, named_inputs, batch, config)
+        text_headers = {key: str(value) for key, value in headers.items()} if headers else None
+        if self._url.protocol == "http":
+            return self._sse_responses(arrays, parameters, config, add_axis, text_headers)
+        request = self._core.build_request(arrays, config, parameters, None, self._lib)
+        request.pop("client_timeout", None)
+        return self._responses(request, config, add_axis, text_headers)
+
+    def _sse_responses(
+        self,
+        arrays: Dict[str, np.ndarray],
+        parameters: Optional[Dict[str, Any]],
+        config: TritonModelConfig,
+        add_axis: bool,
+        headers: Optional[Dict[str, str]],
+    ) -> Iterator[Dict[str, np.ndarray]]:
+        if config.batching and any(array.ndim == 0 or array.shape[0] != 1 for array in arrays.values()):
+            raise PyTritonClientValueError(
+                "Streaming over HTTP (generate_stream) carries one sample per request; send batches over gRPC."
+            )
+        core = self._core
+        path = f"/v2/models/{core.model_name}" + (f"/versions/{core.model_version}" if core.model_version else "")
+        token = self._security.access_token
+        all_headers = {**(create_auth_headers(token, "http") if token else {}), **(headers or {})}
+        stream = HttpStream(
+            self._url, path + "/generate_stream", encode_request(arrays, parameters), all_headers,
+            core.inference_timeout_s,
+        )  # fmt: skip
+        with self._stream_lock:
+            self._check_open()
+            self._active_http = stream
+            try:
+                for event in stream.events():
+                    outputs = decode_event(event, config, keep_batch_axis=not add_axis)
+                    if outputs:
+                        yield outputs
+            finally:
+                self._active_http = None
 
     def _responses(
-        self, request: Dict[str, Any], add_axis: bool, headers: Optional[Dict[str, str]]
+        self, request: Dict[str, Any], config: TritonModelConfig, add_axis: bool, headers: Optional[Dict[str, str]]
     ) -> Iterator[Dict[str, np.ndarray]]:
-        responses: queue.Queue[Tuple[Any, Any]] = queue.Queue()
-        with self._lock:
-            self._client.start_stream(callback=lambda result, error: responses.put((result, error)), headers=headers)
+        name = self._core.model_name
+        events: queue.Queue[_Event] = queue.Queue()
+        with self._stream_lock:
+            self._check_open()
+            self._active = events
+            client = self._infer_client
+            client.start_stream(callback=lambda result, error: events.put((result, error)), headers=headers)
             try:
-                model_name = request.pop("model_name")
-                self._client.async_stream_infer(model_name, request.pop("inputs"), **request)
+                client.async_stream_infer(name, request.pop("inputs"), enable_empty_final_response=True, **request)
                 while True:
-                    try:
-                        result, error = responses.get(timeout=self._core.inference_timeout_s)
-                    except queue.Empty:
-                        raise PyTritonClientTimeoutError(
-                            f"No response from model {model_name!r} within {self._core.inference_timeout_s:.1f} s."
-                        ) from None
+                    result, error = events.get()
                     if error is not None:
-                        raise map_error(error, f"Streaming inference on model {model_name!r}")
+                        raise map_error(error, f"Streaming inference on model {name!r}")
                     if _has_outputs(result):
-                        yield self._decode(result, add_axis)
+                        yield self._core.decode(result, config, add_axis)
                     if _is_final(result):
                         return
             finally:
-                self._client.stop_stream(cancel_requests=True)
+                self._active = None
+                try:
+                    client.stop_stream(cancel_requests=True)
+                except Exception:  # the connection may already be closed; the stream is over either way
+                    pass
 
 
-class AsyncioDecoupledModelClient:
+class AsyncioDecoupledModelClient(AsyncioModelClient):
     """asyncio streaming client: ``async for outputs in client.infer_sample(...)``.
 
-    Built on :class:`DecoupledModelClient`: each step of the stream runs in the event loop's default
-    executor. (tritonclient's asyncio gRPC stream cannot ask Triton for the empty final response
-    that marks the end of a decoupled stream, so the blocking client's stream is reused instead.)
+    Built on :class:`DecoupledModelClient` (sharing its core; gRPC or HTTP like it): each step of
+    the stream runs in the event loop's default executor. (tritonclient's asyncio gRPC stream cannot ask Triton for the
+    empty final response that marks the end of a decoupled stream, so the blocking stream is reused.)
+    Each wait for the next response is bounded by ``inference_timeout_s``
+    (``PyTritonClientTimeoutError``; the request is then cancelled).
     """
 
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-        access_token: Optional[str] = None,
-        root_certificates: Optional[PathLike] = None,
-        private_key: Optional[PathLike] = None,
-        certificate_chain: Optional[PathLike] = None,
-    ):
+    def _open(self) -> None:
+        core = self._core
         self._sync = DecoupledModelClient(
-            url, model_name, model_version, lazy_init=True, init_timeout_s=init_timeout_s,
-            inference_timeout_s=inference_timeout_s, access_token=access_token, root_certificates=root_certificates,
-            private_key=private_key, certificate_chain=certificate_chain,
-        )  # fmt: skip
-        self._lazy_init = lazy_init
+            str(self._url), core.model_name, core.model_version or None, **self._security.as_kwargs()
+        )
+        self._sync._core = core  # one core: config and readiness are shared
 
-    async def _run(self, function: Any, *args: Any) -> Any:
-        import asyncio
-
+    async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, function, *args)
-
-    async def __aenter__(self) -> AsyncioDecoupledModelClient:
-        if not self._lazy_init:
-            try:
-                self._sync._check_config(await self._run(lambda: self._sync.model_config))
-            except BaseException:
-                await self.close()
-                raise
-        return self
-
-    async def __aexit__(self, *_: Any) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the connection. Idempotent."""
-        await self._run(self._sync.close)
+        if not self._closed:
+            self._closed = True
+            await self._run(self._sync.close)
 
     async def wait_for_model(self, timeout_s: float) -> None:
-        """Wait until the server and model are ready."""
+        """Wait until the server and model are ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
+        self._check_open()
         await self._run(self._sync.wait_for_model, timeout_s)
 
-    async def model_config(self) -> TritonModelConfig:
-        """The model's configuration (cached)."""
+    async def _read_config(self) -> TritonModelConfig:
+        self._check_open()
         return await self._run(lambda: self._sync.model_config)  # type: ignore[no-any-return]
 
-    def infer_sample(
+    def infer_sample(  # type: ignore[override]
         self,
         *inputs: Any,
         parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, str]] = None,
+        headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
     ) -> AsyncIterator[Dict[str, np.ndarray]]:
         """Stream the responses to one sample."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=False)
 
-    def infer_batch(
+    def infer_batch(  # type: ignore[override]
         self,
         *inputs: Any,
         parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, str]] = None,
+        headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
     ) -> AsyncIterator[Dict[str, np.ndarray]]:
         """Stream the responses to one batch."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=True)
+
+    async def _next(self, iterator: Iterator[Dict[str, np.ndarray]], done: object) -> Any:
+        step: Awaitable[Any] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)
+        timeout_s = self._core.inference_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(step), timeout_s)
+        except asyncio.TimeoutError:
+            message = f"No response from model {self._core.model_name!r} within {timeout_s:.1f} s."
+            self._sync.interrupt(PyTritonClientTimeoutError(message))
+            try:
+                await step  # the blocked step now ends (with the error above, or a late response)
+            except PyTritonClientError:
+                pass
+            raise PyTritonClientTimeoutError(message) from None
 
     async def _stream(
         self,
         inputs: Any,
         named_inputs: Dict[str, Any],
         parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, str]],
+        headers: Optional[Dict[str, Any]],
         batch: bool,
     ) -> AsyncIterator[Dict[str, np.ndarray]]:
+        self._check_open()
         iterator = await self._run(self._sync._stream, inputs, named_inputs, parameters, headers, batch)
         done = object()
         try:
             while True:
-                item = await self._run(next, iterator, done)
+                item = await self._next(iterator, done)
                 if item is done:
                     return
                 yield item

@@ -36,6 +36,26 @@ class TritonUrl:
         """``host:port`` as tritonclient expects it."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def hostname(self) -> str:
+        """The host part (same as ``host``)."""
+        return self.host
+
+    @property
+    def with_scheme(self) -> str:
+        """``scheme://host:port``."""
+        return f"{self.scheme}://{self.address}"
+
+    @property
+    def without_scheme(self) -> str:
+        """``host:port`` (same as ``address``)."""
+        return self.address
+
+    @classmethod
+    def from_url(cls, url: str) -> TritonUrl:
+        """Parse ``url`` (see :func:`parse_url`); ``PyTritonClientInvalidUrlError`` when it is unusable."""
+        return parse_url(url)
+
     def __str__(self) -> str:
         return f"{self.scheme}://{self.address}"
 

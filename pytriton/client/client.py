@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, List, Optional
+from typing import Any, Awaitable, Dict, List, Optional
 
 import numpy as np
 
 from pytriton.client._base import BaseModelClient
-from pytriton.client._decoupled import AsyncioDecoupledModelClient, DecoupledModelClient
 from pytriton.client._drivers import async_clients, run_async, run_sync, sync_clients
 from pytriton.client.auth import PathLike
 from pytriton.client.exceptions import (
@@ -61,18 +60,6 @@ class ModelClient(BaseModelClient):
                 self.close()
                 raise
 
-    @classmethod
-    def from_existing_client(cls, existing_client: ModelClient) -> ModelClient:
-        """A new client for the same model that reuses the already-read model config (no extra requests)."""
-        core = existing_client._core
-        client = cls(
-            str(existing_client._url), core.model_name, core.model_version or None,
-            init_timeout_s=core.init_timeout_s, inference_timeout_s=core.inference_timeout_s,
-            **existing_client._security.as_kwargs(),
-        )  # fmt: skip
-        client._core.config = core.config
-        return client
-
     def __enter__(self) -> ModelClient:
         return self
 
@@ -95,9 +82,31 @@ class ModelClient(BaseModelClient):
         self._check_open()
         run_sync(self._core.wait_for_model(timeout_s), self._control, self._infer_client)
 
+    def wait_for_server(self, timeout_s: float) -> None:
+        """Block until the server is ready (models aside); ``PyTritonClientTimeoutError`` after ``timeout_s``."""
+        self._check_open()
+        run_sync(self._core.wait_for_server(timeout_s), self._control, self._infer_client)
+
+    def load_model(self, config: Optional[str] = None, files: Optional[Dict[str, bytes]] = None) -> None:
+        """Ask the server to load (or reload) this client's model; bounded by ``init_timeout_s`` (gRPC) or
+        ``min(init_timeout_s, 60 s)`` (HTTP).
+
+        ``config`` is the model config as JSON text; ``files`` maps ``"file:<path>"`` to the bytes of the
+        model directory's files (then ``config`` is required). On a pytriton server this is a restricted
+        endpoint: pass ``access_token=``. The cached model config is read again on the next call.
+        """
+        self._check_open()
+        run_sync(self._core.load_model(config, files), self._control, self._infer_client)
+
+    def unload_model(self) -> None:
+        """Ask the server to unload this client's model (restricted on a pytriton server: ``access_token=``)."""
+        self._check_open()
+        run_sync(self._core.unload_model(), self._control, self._infer_client)
+
     @property
     def model_config(self) -> TritonModelConfig:
-        """The model's configuration as read from the server (cached)."""
+        """The model's configuration as read from the server (cached); the first read waits for the
+        model within ``init_timeout_s``."""
         self._check_open()
         return run_sync(self._core.ensure_config(), self._control, self._infer_client)  # type: ignore[no-any-return]
 
@@ -128,12 +137,16 @@ class ModelClient(BaseModelClient):
 class FuturesModelClient(BaseModelClient):
     """Non-blocking client: every call returns a ``concurrent.futures.Future``.
 
-    Calls run on a pool of ``max_workers`` threads (default: ``min(32, cpu_count + 4)``), each with
-    its own blocking :class:`ModelClient` sharing one model config. ``max_queue_size`` bounds the
-    number of calls waiting for a worker: when full, a call blocks (or, with ``non_blocking=True``,
-    raises ``PyTritonClientQueueFullError``). After :meth:`close` calls raise
-    ``PyTritonClientClosedError``.
+    Calls run on a pool of up to ``max_workers`` threads (default 128; ``None``: Python's default,
+    ``min(32, cpu_count + 4)``), each with its own blocking :class:`ModelClient` sharing one model
+    config. ``max_queue_size`` (default 128; ``None``: unbounded) bounds the calls submitted and not
+    yet finished: when full, a call waits for a free slot up to ``inference_timeout_s`` (or, with
+    ``non_blocking=True``, at once) and then raises ``PyTritonClientQueueFullError``. After
+    :meth:`close` calls raise ``PyTritonClientClosedError``.
     """
+
+    DEFAULT_MAX_WORKERS = 128
+    DEFAULT_MAX_QUEUE_SIZE = 128
 
     def __init__(
         self,
@@ -141,23 +154,29 @@ class FuturesModelClient(BaseModelClient):
         model_name: str,
         model_version: Optional[str] = None,
         *,
-        max_workers: Optional[int] = None,
+        max_workers: Optional[int] = DEFAULT_MAX_WORKERS,
+        max_queue_size: Optional[int] = DEFAULT_MAX_QUEUE_SIZE,
+        non_blocking: bool = False,
         init_timeout_s: Optional[float] = None,
         inference_timeout_s: Optional[float] = None,
-        max_queue_size: Optional[int] = None,
-        non_blocking: bool = False,
+        model_config: Optional[TritonModelConfig] = None,
+        ensure_model_is_ready: bool = True,
         access_token: Optional[str] = None,
         root_certificates: Optional[PathLike] = None,
         private_key: Optional[PathLike] = None,
         certificate_chain: Optional[PathLike] = None,
     ):
-        super().__init__(
-            url, model_name, model_version, init_timeout_s=init_timeout_s, inference_timeout_s=inference_timeout_s,
-            access_token=access_token, root_certificates=root_certificates, private_key=private_key,
-            certificate_chain=certificate_chain,
-        )  # fmt: skip
         if max_workers is not None and max_workers < 1:
             raise PyTritonClientValueError("max_workers must be at least 1.")
+        if max_queue_size is not None and max_queue_size < 1:
+            raise PyTritonClientValueError("max_queue_size must be at least 1.")
+        super().__init__(
+            url, model_name, model_version, init_timeout_s=init_timeout_s, inference_timeout_s=inference_timeout_s,
+            model_config=model_config, ensure_model_is_ready=ensure_model_is_ready, access_token=access_token,
+            root_certificates=root_certificates, private_key=private_key, certificate_chain=certificate_chain,
+        )  # fmt: skip
+        self._max_workers = max_workers
+        self._max_queue_size = max_queue_size
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pytriton-client")
         self._local = threading.local()
         self._clients: List[ModelClient] = []
@@ -170,6 +189,13 @@ class FuturesModelClient(BaseModelClient):
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+    def _clone_kwargs(self) -> Dict[str, Any]:
+        kwargs = super()._clone_kwargs()
+        kwargs.update(
+            max_workers=self._max_workers, max_queue_size=self._max_queue_size, non_blocking=self._non_blocking
+        )
+        return kwargs
 
     def _client(self) -> ModelClient:
         client = getattr(self._local, "client", None)
@@ -189,8 +215,15 @@ class FuturesModelClient(BaseModelClient):
     def _submit(self, method: str, *args: Any, **kwargs: Any) -> Future:
         with self._lock:
             self._check_open()
-        if self._slots is not None and not self._slots.acquire(blocking=not self._non_blocking):
-            raise PyTritonClientQueueFullError("The request queue is full; retry later.")
+        if self._slots is not None:
+            if self._non_blocking:
+                acquired = self._slots.acquire(blocking=False)
+            else:
+                acquired = self._slots.acquire(timeout=self._core.inference_timeout_s)
+            if not acquired:
+                raise PyTritonClientQueueFullError(
+                    f"The request queue is full ({self._max_queue_size} calls waiting or running); retry later."
+                )
 
         def run() -> Any:
             try:
@@ -248,7 +281,10 @@ class AsyncioModelClient(BaseModelClient):
 
     Uses ``tritonclient.http.aio`` or ``tritonclient.grpc.aio``. After initialisation (lazy, or in
     ``__aenter__`` with ``lazy_init=False``) each inference is a single server round trip.
+    ``model_config`` is an awaitable property: ``config = await client.model_config``.
     """
+
+    _ASYNCIO = True
 
     def _open(self) -> None:
         self._lib, self._client = async_clients(self._url, self._security)
@@ -256,7 +292,7 @@ class AsyncioModelClient(BaseModelClient):
     async def __aenter__(self) -> AsyncioModelClient:
         if not self._lazy_init:
             try:
-                await run_async(self._core.ensure_config(), self._client)
+                await self._read_config()
             except BaseException:
                 await self.close()
                 raise
@@ -277,8 +313,15 @@ class AsyncioModelClient(BaseModelClient):
         self._check_open()
         await run_async(self._core.wait_for_model(timeout_s), self._client)
 
-    async def model_config(self) -> TritonModelConfig:
-        """The model's configuration (cached)."""
+    @property
+    def model_config(self) -> Awaitable[TritonModelConfig]:
+        """Awaitable of the model's configuration (cached): ``config = await client.model_config``.
+
+        The first read waits for the model within ``init_timeout_s``.
+        """
+        return self._read_config()
+
+    async def _read_config(self) -> TritonModelConfig:
         self._check_open()
         return await run_async(self._core.ensure_config(), self._client)  # type: ignore[no-any-return]
 
@@ -299,3 +342,7 @@ class AsyncioModelClient(BaseModelClient):
         self._check_open()
         operation = self._core.infer(inputs, named_inputs, parameters, headers, True, self._lib)
         return await run_async(operation, self._client)  # type: ignore[no-any-return]
+
+
+# The streaming clients subclass the ones above, so they are imported once those exist.
+from pytriton.client._decoupled import AsyncioDecoupledModelClient, DecoupledModelClient  # noqa: E402

@@ -34,8 +34,8 @@ class PyTritonClientValueError(PyTritonClientError):
     """An argument has a wrong value (e.g. positional and named inputs mixed)."""
 
 
-class PyTritonClientInvalidUrlError(PyTritonClientError):
-    """The server URL cannot be used."""
+class PyTritonClientInvalidUrlError(PyTritonClientValueError):
+    """The server URL cannot be used (a kind of ``PyTritonClientValueError``)."""
 
 
 PyTritonClientUrlParseError = PyTritonClientInvalidUrlError  # older name, same error

@@ -218,7 +218,7 @@ def test_closed_sync_client(url):
 def test_asyncio_client(url):
     async def main():
         async with AsyncioModelClient(url, "AddSub", lazy_init=False) as client:
-            assert (await client.model_config()).max_batch_size == 64
+            assert (await client.model_config).max_batch_size == 64
             results = await asyncio.gather(*(client.infer_sample(A * i, B) for i in range(20)))
             for i, result in enumerate(results):
                 np.testing.assert_array_equal(result["add"], A * i + B)
@@ -243,7 +243,8 @@ def test_decoupled_clients_stream(urls):
 
 
 def test_decoupled_client_errors(urls):
-    with pytest.raises(PyTritonClientValueError, match="gRPC"):
-        DecoupledModelClient(urls["http"], "Tokens")
-    with pytest.raises(PyTritonClientValueError, match="not decoupled"):
-        DecoupledModelClient(urls["grpc"], "AddSub", lazy_init=False)
+    with DecoupledModelClient(urls["http"], "Tokens") as client:  # HTTP streams through generate_stream
+        assert [int(out["token"][0]) for out in client.infer_sample(np.array([2], np.int32))] == [0, 1]
+    with DecoupledModelClient(urls["grpc"], "AddSub", lazy_init=False) as client:
+        with pytest.raises(PyTritonClientInferenceServerError, match="not decoupled"):
+            list(client.infer_sample(A, B))

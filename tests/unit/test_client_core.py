@@ -1,0 +1,461 @@
+"""The shared client core, driven by both drivers (blocking and asyncio) over a fake transport.
+
+No server: a fake ``InferenceServerClient`` answers the calls the core's operations yield, so the
+same expectations run through ``run_sync`` and ``run_async`` and through the public clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import warnings
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+import tritonclient.grpc
+import tritonclient.grpc.aio
+import tritonclient.http
+import tritonclient.http.aio
+from tritonclient.utils import InferenceServerException
+
+from pytriton.client import (
+    AsyncioDecoupledModelClient,
+    AsyncioModelClient,
+    DecoupledModelClient,
+    FuturesModelClient,
+    ModelClient,
+)
+from pytriton.client import client as client_module
+from pytriton.client._core import ClientCore, ModelState, map_error, model_state
+from pytriton.client._drivers import run_async, run_sync
+from pytriton.client._url import parse_url
+from pytriton.client.exceptions import (
+    PyTritonClientInferenceServerError,
+    PyTritonClientInvalidUrlError,
+    PyTritonClientModelUnavailableError,
+    PyTritonClientTimeoutError,
+    PyTritonClientValueError,
+)
+from pytriton.client.utils import LATEST_MODEL_VERSION, TritonUrl, create_client_from_url
+from pytriton.client.warnings import NotSupportedTimeoutWarning, PyTritonWarning
+
+CONFIG = {
+    "name": "AddSub",
+    "max_batch_size": 8,
+    "input": [
+        {"name": "a", "data_type": "TYPE_FP32", "dims": [-1]},
+        {"name": "b", "data_type": "TYPE_FP32", "dims": [-1]},
+    ],
+    "output": [{"name": "add", "data_type": "TYPE_FP32", "dims": [-1]}],
+}
+
+
+class FakeResult:
+    def __init__(self, outputs: Dict[str, np.ndarray]):
+        self._outputs = outputs
+
+    def as_numpy(self, name: str) -> Any:
+        return self._outputs.get(name)
+
+
+class FakeServer:
+    """Answers like a blocking tritonclient HTTP client; records every call."""
+
+    def __init__(self, ready_after: int = 0, config: Any = None, fail_infer: Any = None):
+        self.calls: List[str] = []
+        self.ready_after = ready_after
+        self.config = dict(CONFIG if config is None else config)
+        self.fail_infer = fail_infer
+        self.index: Any = [{"name": "AddSub", "version": "1", "state": "READY"}]
+
+    def is_server_ready(self, **_: Any) -> bool:
+        self.calls.append("is_server_ready")
+        return self.calls.count("is_server_ready") > self.ready_after
+
+    def is_model_ready(self, name: str, version: str = "", **_: Any) -> bool:
+        self.calls.append("is_model_ready")
+        return True
+
+    def get_model_config(self, name: str, version: str = "", **_: Any) -> Any:
+        self.calls.append("get_model_config")
+        return self.config
+
+    def get_model_repository_index(self, **_: Any) -> Any:
+        self.calls.append("get_model_repository_index")
+        return self.index
+
+    def load_model(self, name: str, **kwargs: Any) -> None:
+        self.calls.append(f"load_model:{sorted(kwargs)}")
+
+    def unload_model(self, name: str, **_: Any) -> None:
+        self.calls.append("unload_model")
+
+    def infer(self, name: str, inputs: Any, **kwargs: Any) -> FakeResult:
+        self.calls.append("infer")
+        if self.fail_infer is not None:
+            raise self.fail_infer
+        arrays = {i.name(): i for i in inputs}
+        assert set(arrays) == {"a", "b"}
+        self.last_kwargs = kwargs
+        shape = [int(d) for d in arrays["a"].shape()]
+        return FakeResult({"add": np.full(shape, 3.0, np.float32)})
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+class AsyncFake:
+    """The same server behind coroutines, as tritonclient's asyncio clients expose it."""
+
+    def __init__(self, server: FakeServer):
+        self.server = server
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.server, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return method(*args, **kwargs)
+
+        return call
+
+
+def _drive(driver: str, operation: Any, server: FakeServer) -> Any:
+    if driver == "sync":
+        return run_sync(operation, server, server)
+    return asyncio.run(run_async(operation, AsyncFake(server)))
+
+
+DRIVERS = ["sync", "async"]
+
+
+def _core(**kwargs: Any) -> ClientCore:
+    return ClientCore(parse_url("http://fake:1"), "AddSub", None, 5.0, 5.0, **kwargs)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_infer_waits_reads_config_once_then_one_round_trip(driver):
+    server = FakeServer(ready_after=2)
+    core = _core()
+    a = np.ones(3, np.float32)
+    result = _drive(driver, core.infer((a, a), {}, None, None, False, tritonclient.http), server)
+    assert result["add"].shape == (3,)  # batch axis added for the request, removed from the output
+    assert server.calls.count("get_model_config") == 1 and server.calls.count("is_server_ready") == 3
+    before = len(server.calls)
+    _drive(driver, core.infer((), {"a": a, "b": a}, {"k": 1.5}, {"x-id": 7}, False, tritonclient.http), server)
+    assert server.calls[before:] == ["infer"]
+    assert server.last_kwargs["parameters"] == {"k": 1.5} and server.last_kwargs["headers"] == {"x-id": "7"}
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_given_config_skips_reading_and_optionally_readiness(driver):
+    from pytriton.model_config.generator import from_dict
+
+    config = from_dict(CONFIG)
+    server = FakeServer()
+    core = _core(model_config=config, ensure_model_is_ready=False)
+    a = np.ones((2, 3), np.float32)
+    _drive(driver, core.infer((a, a), {}, None, None, True, tritonclient.http), server)
+    assert server.calls == ["infer"]
+    server = FakeServer()
+    core = _core(model_config=config)
+    assert _drive(driver, core.ensure_config(), server) is config
+    assert "get_model_config" not in server.calls and "is_model_ready" in server.calls
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_load_and_unload_forget_the_cached_config(driver):
+    server = FakeServer()
+    core = _core()
+    _drive(driver, core.ensure_config(), server)
+    _drive(driver, core.load_model('{"max_batch_size": 4}', None), server)
+    assert core.config is None and "load_model:['config']" in server.calls
+    _drive(driver, core.ensure_config(), server)
+    _drive(driver, core.unload_model(), server)
+    assert core.config is None and server.calls[-1] == "unload_model"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_decoupled_model_rejected_by_unary_infer_with_server_error_type(driver):
+    server = FakeServer(config={**CONFIG, "model_transaction_policy": {"decoupled": True}})
+    a = np.ones(3, np.float32)
+    with pytest.raises(PyTritonClientInferenceServerError, match="decoupled"):
+        _drive(driver, _core().infer((a, a), {}, None, None, False, tritonclient.http), server)
+    assert "infer" not in server.calls
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    ("parameters", "headers", "match"),
+    [
+        ({"k": [1]}, None, "parameters"),
+        ({1: "v"}, None, "not a string"),
+        (None, {"x": 1.5}, "headers"),
+        ("k=v", None, "must be a dict"),
+    ],
+)
+def test_unsupported_parameter_and_header_types(driver, parameters, headers, match):
+    server = FakeServer()
+    a = np.ones(3, np.float32)
+    with pytest.raises(PyTritonClientValueError, match=match):
+        _drive(driver, _core().infer((a, a), {}, parameters, headers, False, tritonclient.http), server)
+    assert server.calls == []  # rejected before anything is sent
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (InferenceServerException("whatever words", status="StatusCode.DEADLINE_EXCEEDED"), PyTritonClientTimeoutError),
+        (socket.timeout("x"), PyTritonClientTimeoutError),
+        (
+            InferenceServerException("whatever words", status="StatusCode.UNAVAILABLE"),
+            PyTritonClientModelUnavailableError,
+        ),
+        (InferenceServerException("is not found", status="400"), PyTritonClientInferenceServerError),
+        (InferenceServerException("timed out, unavailable", status="500"), PyTritonClientInferenceServerError),
+        (ConnectionRefusedError("refused"), PyTritonClientModelUnavailableError),
+    ],
+)
+def test_errors_map_by_status_and_type_not_words(driver, error, expected):
+    server = FakeServer(fail_infer=error)
+    a = np.ones(3, np.float32)
+    with pytest.raises(expected):
+        _drive(driver, _core().infer((a, a), {}, None, None, False, tritonclient.http), server)
+
+
+def test_map_error_keeps_pytriton_errors():
+    error = PyTritonClientValueError("x")
+    assert map_error(error, "y") is error
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_wait_for_model_times_out_with_a_clear_message(driver):
+    server = FakeServer(ready_after=10_000)
+    with pytest.raises(PyTritonClientTimeoutError, match="server at http://fake:1 is not ready"):
+        _drive(driver, _core().wait_for_model(0.2), server)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_model_state_from_http_and_grpc_indexes(driver):
+    server = FakeServer()
+    server.index = [
+        {"name": "AddSub", "version": "1", "state": "READY"},
+        {"name": "AddSub", "version": "2", "state": "UNLOADING"},
+        {"name": "Other", "version": "3", "state": "READY"},
+        {"name": "AddSub"},
+    ]
+    assert _drive(driver, model_state(False, 1.0, "AddSub", None), server) == ModelState.UNLOADING
+    assert _drive(driver, model_state(False, 1.0, "AddSub", "1"), server) == ModelState.READY
+    assert _drive(driver, model_state(False, 1.0, "AddSub", LATEST_MODEL_VERSION), server) == ModelState.UNLOADING
+    assert _drive(driver, model_state(False, 1.0, "Missing", None), server) == ModelState.UNAVAILABLE
+    server.index = {"models": [{"name": "AddSub", "version": "1"}]}  # gRPC as JSON; no state yet
+    assert _drive(driver, model_state(True, 1.0, "AddSub", None), server) == ModelState.LOADING
+
+
+# -- the public clients over the fake transport -------------------------------------------------------
+@pytest.fixture
+def fake(monkeypatch):
+    server = FakeServer()
+    monkeypatch.setattr(client_module, "sync_clients", lambda *_: (tritonclient.http, server, server))
+    monkeypatch.setattr(client_module, "async_clients", lambda *_: (tritonclient.http.aio, AsyncFake(server)))
+    return server
+
+
+def test_blocking_and_asyncio_clients_share_the_core(fake):
+    a = np.ones(3, np.float32)
+    with ModelClient("http://fake:1", "AddSub") as client:
+        assert client.infer_sample(a, a)["add"].shape == (3,)
+        assert client.is_batching_supported and client.get_lib() is tritonclient.http
+        client.wait_for_server(1.0)
+        client.load_model()
+        client.unload_model()
+
+    async def main():
+        async with AsyncioModelClient("http://fake:1", "AddSub") as client:
+            config = await client.model_config  # an awaitable property, as in the reference
+            assert config.max_batch_size == 8 and client.get_lib() is tritonclient.http.aio
+            assert (await client.infer_batch(a=np.ones((2, 3), np.float32), b=np.ones((2, 3), np.float32)))[
+                "add"
+            ].shape == (2, 3)
+            clone = AsyncioModelClient.from_existing_client(client)
+            assert (await clone.model_config) is config
+            await clone.close()
+
+    asyncio.run(main())
+
+
+def test_from_existing_client_keeps_class_config_and_readiness(fake):
+    with ModelClient("http://fake:1", "AddSub", lazy_init=False, inference_timeout_s=7) as client:
+        clone = ModelClient.from_existing_client(client)
+        assert clone._core.config is client._core.config and clone._core.ready
+        assert clone._core.inference_timeout_s == 7
+        clone.close()
+        futures = FuturesModelClient.from_existing_client(client)
+        assert isinstance(futures, FuturesModelClient) and futures.model_config().result(5) is client.model_config
+        futures.close()
+
+
+def test_futures_defaults_and_validation(fake):
+    with FuturesModelClient("http://fake:1", "AddSub") as client:
+        assert client._max_workers == 128 and client._max_queue_size == 128
+        assert client.infer_sample(np.ones(3, np.float32), np.ones(3, np.float32)).result(5)["add"].shape == (3,)
+    for bad in ({"max_workers": 0}, {"max_queue_size": 0}):
+        with pytest.raises(PyTritonClientValueError):
+            FuturesModelClient("http://fake:1", "AddSub", **bad)
+
+
+def test_class_hierarchy_and_libs():
+    assert issubclass(DecoupledModelClient, ModelClient)
+    assert issubclass(AsyncioDecoupledModelClient, AsyncioModelClient)
+    assert issubclass(PyTritonClientInvalidUrlError, PyTritonClientValueError)
+    assert issubclass(NotSupportedTimeoutWarning, PyTritonWarning) and issubclass(PyTritonWarning, UserWarning)
+    client = DecoupledModelClient("grpc://127.0.0.1:1", "m")
+    assert client.get_lib() is tritonclient.grpc
+    client.close()
+    client = DecoupledModelClient("http://127.0.0.1:1", "m")  # HTTP streams through generate_stream
+    assert client.get_lib() is tritonclient.http
+    client.close()
+
+
+def test_model_config_argument_must_be_typed():
+    with pytest.raises(PyTritonClientValueError, match="TritonModelConfig"):
+        ModelClient("http://127.0.0.1:1", "m", model_config={"max_batch_size": 1})  # type: ignore[arg-type]
+
+
+def test_triton_url_and_create_client_from_url():
+    url = TritonUrl.from_url("localhost")
+    assert (url.scheme, url.hostname, url.port) == ("http", "localhost", 8000)
+    assert url.with_scheme == "http://localhost:8000" and url.without_scheme == "localhost:8000"
+    assert TritonUrl.from_url("grpc://h").port == 8001
+    with pytest.raises(PyTritonClientValueError):
+        TritonUrl.from_url("ftp://h")
+    http = create_client_from_url("127.0.0.1:1", network_timeout_s=2.0)
+    assert isinstance(http, tritonclient.http.InferenceServerClient)
+    http.close()
+    with pytest.warns(NotSupportedTimeoutWarning):
+        grpc = ModelClient.create_client_from_url("grpc://127.0.0.1:1", network_timeout_s=2.0)
+    assert isinstance(grpc, tritonclient.grpc.InferenceServerClient)
+    grpc.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grpc = create_client_from_url("grpc://127.0.0.1:1")  # no timeout asked for: no warning
+    grpc.close()
+
+    async def main():
+        aio = AsyncioModelClient.create_client_from_url("http://127.0.0.1:1")
+        assert isinstance(aio, tritonclient.http.aio.InferenceServerClient)
+        await aio.close()
+
+    asyncio.run(main())
+
+
+# -- the blocking and asyncio streaming clients over a fake gRPC stream ---------------------------------
+class FakeStreamResult:
+    def __init__(self, step: Any, final: bool):
+        self._step = step
+        parameters = {"triton_final_response": type("P", (), {"bool_param": True})()} if final else {}
+        outputs = [] if step is None else ["token"]
+        self._response = type("R", (), {"parameters": parameters, "outputs": outputs})()
+
+    def get_response(self) -> Any:
+        return self._response
+
+    def as_numpy(self, name: str) -> Any:
+        return np.array([[self._step]], np.int32) if name == "token" else None
+
+
+class FakeStreamServer(FakeServer):
+    """A decoupled model behind a fake gRPC client: ``n`` responses ``gap_s`` apart, or an error."""
+
+    def __init__(self, gap_s: float = 0.0, fail_after: int = -1):
+        super().__init__(
+            config={
+                "name": "Gen",
+                "max_batch_size": 4,
+                "input": [{"name": "n", "data_type": "TYPE_INT32", "dims": [1]}],
+                "output": [{"name": "token", "data_type": "TYPE_INT32", "dims": [1]}],
+                "model_transaction_policy": {"decoupled": True},
+            }
+        )
+        self.gap_s = gap_s
+        self.fail_after = fail_after
+        self.count = 2  # responses per request
+        self.callback: Any = None
+
+    def start_stream(self, callback: Any, headers: Any = None) -> None:
+        self.calls.append("start_stream")
+        self.callback = callback
+
+    def async_stream_infer(self, name: str, inputs: Any, **kwargs: Any) -> None:
+        import threading
+        import time
+
+        count, callback = self.count, self.callback
+
+        def produce() -> None:
+            for step in range(count):
+                time.sleep(self.gap_s)
+                if step == self.fail_after:
+                    callback(None, InferenceServerException("RuntimeError: broke", status="StatusCode.INTERNAL"))
+                    return
+                callback(FakeStreamResult(step, False), None)
+            callback(FakeStreamResult(None, True), None)
+
+        threading.Thread(target=produce, daemon=True).start()
+
+    def stop_stream(self, cancel_requests: bool = False) -> None:
+        self.calls.append("stop_stream")
+
+
+@pytest.fixture
+def fake_stream(monkeypatch):
+    server = FakeStreamServer(gap_s=0.05)
+    monkeypatch.setattr(client_module, "sync_clients", lambda *_: (tritonclient.grpc, server, server))
+    return server
+
+
+def _tokens(outputs: Any) -> List[int]:
+    return [int(out["token"][0]) for out in outputs]
+
+
+def test_stream_is_not_bounded_by_inference_timeout(fake_stream):
+    with DecoupledModelClient("grpc://fake:1", "Gen", inference_timeout_s=0.01) as client:
+        assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]
+        assert fake_stream.calls.count("stop_stream") == 1
+
+
+def test_stream_error_then_next_stream_both_drivers(fake_stream):
+    fake_stream.fail_after = 1
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        received: List[int] = []
+        with pytest.raises(PyTritonClientInferenceServerError, match="broke"):
+            for out in client.infer_sample(np.array([2], np.int32)):
+                received.append(int(out["token"][0]))
+        assert received == [0]
+        fake_stream.fail_after = -1
+        assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]
+
+    async def main() -> List[int]:
+        fake_stream.fail_after = 0
+        async with AsyncioDecoupledModelClient("grpc://fake:1", "Gen") as client:
+            with pytest.raises(PyTritonClientInferenceServerError):
+                async for _ in client.infer_sample(np.array([2], np.int32)):
+                    pass
+            fake_stream.fail_after = -1
+            return [int(out["token"][0]) async for out in client.infer_sample(np.array([2], np.int32))]
+
+    assert asyncio.run(main()) == [0, 1]
+
+
+def test_asyncio_stream_bounds_each_wait(fake_stream):
+    fake_stream.gap_s = 1.0
+
+    async def main() -> None:
+        async with AsyncioDecoupledModelClient("grpc://fake:1", "Gen", inference_timeout_s=0.1) as client:
+            with pytest.raises(PyTritonClientTimeoutError):
+                async for _ in client.infer_sample(np.array([2], np.int32)):
+                    pass
+
+    asyncio.run(main())
+    assert fake_stream.calls.count("stop_stream") == 1  # the abandoned request was cancelled
