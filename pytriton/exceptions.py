@@ -10,6 +10,7 @@ __all__ = [
     "PyTritonError",
     "PyTritonValidationError",
     "PyTritonInvalidOperationError",
+    "PyTritonModelAlreadyBoundError",
     "PyTritonBadParameterError",
     "PyTritonModelConfigError",
     "PyTritonUnrecoverableError",
@@ -38,6 +39,14 @@ class PyTritonValidationError(PyTritonError):
 
 class PyTritonInvalidOperationError(PyTritonError):
     """The operation is not allowed in the object's current state."""
+
+
+class PyTritonModelAlreadyBoundError(PyTritonInvalidOperationError, PyTritonValidationError):
+    """``bind`` was given a model name and version that are already bound.
+
+    A :class:`PyTritonInvalidOperationError`, as NVIDIA PyTriton raises for a duplicate model, and
+    a :class:`PyTritonValidationError`, as earlier pytriton releases raised.
+    """
 
 
 class PyTritonBadParameterError(PyTritonError):

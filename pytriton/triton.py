@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import dataclasses
 import http.client
 import json
 import logging
@@ -34,10 +35,12 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from pytriton import _healing
 from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
+    PyTritonModelAlreadyBoundError,
     PyTritonModelConfigError,
     PyTritonServerError,
     PyTritonValidationError,
@@ -52,7 +55,6 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
-from pytriton.server import _recycle
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
 from pytriton.server.command import LaunchSettings, build_command, effective_options
@@ -65,10 +67,8 @@ from pytriton.server.distribution import (
 from pytriton.server.process import (
     TritonServerProcess,
     check_ports_free,
-    describe_exit,
     grpc_ready_probe,
     http_ready_probe,
-    kill_stub,
 )
 from pytriton.server.security import (  # noqa: F401  (the constants are importable from here, as in NVIDIA PyTriton)
     DEFAULT_PROTECTED_ENDPOINTS,
@@ -80,11 +80,12 @@ from pytriton.server.security import (  # noqa: F401  (the constants are importa
 from pytriton.server.triton_config import DEFAULT_MAX_REQUEST_BYTES, TritonConfig
 from pytriton.server.workspace import Workspace, cleanup_paths
 
-__all__ = ["Triton", "TritonConfig", "TritonSecurityConfig", "Workspace"]
+__all__ = ["Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
 
 LOGGER = logging.getLogger("pytriton.triton")
-MONITORING_PERIOD_SEC = 5.0
-STARTUP_TIMEOUT_S = 120.0
+MONITORING_PERIOD_S = 5.0
+MONITORING_PERIOD_SEC = MONITORING_PERIOD_S  # the name before NVIDIA PyTriton 0.4
+STARTUP_TIMEOUT_S = _healing.STARTUP_TIMEOUT_S
 # Python-backend regions that grew past this are given back once their model is idle (_recycle.py).
 RECYCLE_BYTE_SIZE = 16 << 20
 RECYCLE_IDLE_S = 10.0
@@ -101,7 +102,33 @@ def _merge_config(config: Optional[TritonConfig]) -> TritonConfig:
     return TritonConfig(**merged)
 
 
-class Triton:
+@dataclasses.dataclass(frozen=True)
+class TritonLifecyclePolicy:
+    """When the server starts and where its model store lives (NVIDIA PyTriton's names and defaults).
+
+    Args:
+        launch_triton_on_startup: NVIDIA PyTriton starts the server when the ``Triton`` context is
+            entered. pytriton starts it in :meth:`Triton.run` in both cases (models bound before
+            then are loaded at start-up, models bound later are loaded live), so either value serves
+            the same models.
+        local_model_store: the model store is a directory of this process's workspace. pytriton
+            always writes the store locally (``TritonConfig.model_repository`` or the workspace).
+
+    Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`).
+    """
+
+    launch_triton_on_startup: bool = True
+    local_model_store: bool = False
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            if not isinstance(getattr(self, field.name), bool):
+                raise PyTritonBadParameterError(
+                    f"TritonLifecyclePolicy.{field.name} must be a bool, got {getattr(self, field.name)!r}."
+                )
+
+
+class Triton(_healing.SelfHealing):
     """A Triton Inference Server serving bound Python callables.
 
     Args:
@@ -113,6 +140,8 @@ class Triton:
             ``None``: the model-repository, shared-memory, statistics, trace and logging endpoints
             need a generated token (:meth:`get_access_token`); inference, health, metadata and
             model configs stay open.
+        triton_lifecycle_policy: accepted for compatibility with NVIDIA PyTriton (see
+            :class:`TritonLifecyclePolicy`); ``None`` means the defaults.
         max_server_restarts: how many times ``tritonserver`` is restarted after dying on its own
             within ``restart_window_s`` seconds; one more crash in that window gives up (see
             :meth:`serve`). 0 disables restarts.
@@ -124,6 +153,7 @@ class Triton:
         *,
         config: Optional[TritonConfig] = None,
         workspace: Union[Workspace, str, pathlib.Path, None] = None,
+        triton_lifecycle_policy: Optional[TritonLifecyclePolicy] = None,
         security_config: Optional[TritonSecurityConfig] = None,
         max_server_restarts: int = 5,
         restart_window_s: float = 60.0,
@@ -137,6 +167,11 @@ class Triton:
             or restart_window_s <= 0
         ):
             raise PyTritonBadParameterError(f"restart_window_s must be a positive number, got {restart_window_s!r}.")
+        if triton_lifecycle_policy is not None and not isinstance(triton_lifecycle_policy, TritonLifecyclePolicy):
+            raise PyTritonBadParameterError(
+                f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(triton_lifecycle_policy).__name__}."
+            )
+        self.triton_lifecycle_policy = triton_lifecycle_policy or TritonLifecyclePolicy()
         self._config = _merge_config(config)
         self._options = effective_options(self._config)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
@@ -149,7 +184,8 @@ class Triton:
         self._token = secrets.token_hex(4)
         self._pid = os.getpid()
         self._shm_prefix = _wire.shm_prefix(self._pid, self._token)
-        self._models: Dict[str, BoundModel] = {}
+        # (name, version) -> model; the versions of one name share its config.pbtxt and its generation.
+        self._models: Dict[Tuple[str, int], BoundModel] = {}
         self._server: Optional[TritonServerProcess] = None
         self._lock = threading.RLock()
         self._wakeup = threading.Event()
@@ -217,19 +253,32 @@ class Triton:
         config: Optional[ModelConfig] = None,
         strict: bool = False,
     ) -> None:
-        """Serve ``infer_func`` as model ``model_name``.
+        """Serve ``infer_func`` as version ``model_version`` of model ``model_name``.
 
         ``infer_func`` receives a ``List[Request]`` and returns one dict of output arrays per
         request (or yields such lists, for ``decoupled`` models). A list of callables creates one
         model instance per callable. Binding after :meth:`run` loads the model into the running
         server before returning. ``strict=True`` also checks output dtypes and shapes.
+
+        Several versions of one name may be bound, each with its own callable(s); Triton serves
+        all of them, and a client that names no version gets the highest. Triton keeps one
+        configuration per name, so every version must declare the same inputs, outputs,
+        ``ModelConfig`` and number of instances (``PyTritonValidationError`` otherwise). Binding a
+        version of a name that is already served reloads the name: its other versions get new
+        stubs, and keep serving while the new ones start.
+
+        Raises:
+            PyTritonModelAlreadyBoundError: this name and version are already bound.
         """
         validate_model_name(model_name)
         with self._lock:
             if self._state == "stopped":
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")
-            if model_name in self._models:
-                raise PyTritonValidationError(f"A model named {model_name!r} is already bound.")
+            if (model_name, model_version) in self._models:
+                raise PyTritonModelAlreadyBoundError(
+                    f"Model {model_name!r} version {model_version} is already bound; "
+                    "bind another model_version to serve several versions of one name."
+                )
             self._model_counter += 1
             model = BoundModel(
                 index=self._model_counter,
@@ -242,17 +291,93 @@ class Triton:
                 strict=strict,
                 context=self._binding_context(),
             )
-            self._models[model_name] = model
+            siblings = self._versions(model_name)
+            if siblings:
+                problem = model.incompatibility(siblings[0])
+                if problem:
+                    raise PyTritonValidationError(
+                        f"Model {model_name!r} version {model_version} differs from version {siblings[0].version}, "
+                        f"which is already bound: {problem}. Triton keeps one configuration per model name, so "
+                        "every version must declare the same inputs, outputs, ModelConfig and number of instances."
+                    )
+                model.generation = siblings[0].generation
+            key = (model_name, model.version)
+            self._models[key] = model
             self._attach_context(model)
             if self._state == "running":
                 try:
                     self._load_live(model)
                 except BaseException:
-                    del self._models[model_name]
+                    del self._models[key]
                     model.stop_workers()
                     assert self._repository is not None
-                    model.remove_files(self._repository)
+                    if siblings:
+                        model.remove_version_files(self._repository)
+                        self._write_name(model_name)  # the served versions' config again
+                    else:
+                        model.remove_files(self._repository)
                     raise
+
+    def unbind(self, model_name: str, model_version: Optional[int] = None) -> None:
+        """Stop serving one version of ``model_name`` (``model_version``), or all of them (``None``).
+
+        On a running server the other versions of the name keep serving: Triton loads the name
+        again with the remaining versions (new stubs for them, next to the old ones until those
+        are unloaded), and a client that names no version then gets the highest remaining one.
+        Unbinding the last version unloads the model. The callables' worker threads stop once
+        their batches in flight have finished (at most ``exit_timeout_secs``).
+
+        Raises:
+            PyTritonInvalidOperationError: the name (or that version of it) is not bound, or this
+                ``Triton`` is stopped.
+        """
+        with self._lock:
+            if self._state == "stopped":
+                raise PyTritonInvalidOperationError("This Triton instance is stopped.")
+            versions = self._versions(model_name)
+            removed = [m for m in versions if model_version is None or m.version == model_version]
+            if not removed:
+                what = f"version {model_version} of model" if model_version is not None else "model"
+                raise PyTritonInvalidOperationError(f"No {what} {model_name!r} is bound.")
+            remaining = [m for m in versions if m not in removed]
+            for model in removed:
+                del self._models[(model.name, model.version)]
+            if self._state == "running":
+                assert self._repository is not None
+                if remaining:
+                    for model in removed:
+                        model.remove_version_files(self._repository)
+                    failure = self._load_next_generation(model_name)
+                    if failure is not None:
+                        LOGGER.error("Model %s: reloading its remaining versions failed: %s", model_name, failure)
+                else:
+                    self._repository_request("unload", model_name)
+            grace = float(self._config.exit_timeout_secs if self._config.exit_timeout_secs is not None else 30)
+            deadline = time.monotonic() + grace
+            while any(model.busy for model in removed) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for model in removed:
+                model.stop_workers()
+                if self._repository is not None:
+                    model.remove_version_files(self._repository)
+            if not remaining and self._repository is not None:
+                removed[0].remove_files(self._repository)
+
+    def _versions(self, model_name: str) -> List[BoundModel]:
+        """The bound versions of ``model_name``, lowest first."""
+        return sorted((m for (name, _), m in self._models.items() if name == model_name), key=lambda m: m.version)
+
+    def _model_names(self) -> List[str]:
+        """Each bound model name once, in binding order."""
+        return list(dict.fromkeys(name for name, _ in self._models))
+
+    def _write_name(self, model_name: str) -> None:
+        """Write the repository files of every bound version of ``model_name`` (one shared config.pbtxt)."""
+        assert self._repository is not None
+        versions = self._versions(model_name)
+        numbers = [model.version for model in versions]
+        for model in versions:
+            model.write_repository(self._repository, numbers)
 
     def _attach_context(self, model: BoundModel) -> None:
         """Let decorators find the model config: ``__triton_context__`` on each callable (or its instance)."""
@@ -277,19 +402,53 @@ class Triton:
     def _load_live(self, model: BoundModel) -> None:
         assert self._repository is not None
         self._check_stub_support(model)
-        model.write_repository(self._repository)
-        model.start_workers()
-        self._scratch.before_first_load()
-        loaded = False
+        versions = self._versions(model.name)
+        if len(versions) > 1:
+            # Triton reloads the served versions too: their new stubs need their own slot locks.
+            for version in versions:
+                version.generation += 1
         try:
-            self._request_load(model)
-            loaded = True
-        finally:
-            self._claim_scratch(loaded)
+            self._write_name(model.name)
+            model.start_workers()
+            self._scratch.before_first_load()
+            loaded = False
+            try:
+                self._request_load(model.name)
+                loaded = True
+            finally:
+                self._claim_scratch(loaded)
+        except BaseException:
+            if len(versions) > 1:
+                for version in versions:
+                    version.generation -= 1  # the served versions keep their running stubs
+            raise
 
-    def _request_load(self, model: BoundModel) -> None:
-        self._repository_request("load", model.name)
+    def _request_load(self, model_name: str) -> None:
+        try:
+            self._repository_request("load", model_name)
+        except (http.client.HTTPException, OSError) as exc:
+            raise self._load_interrupted(model_name, exc) from None
         _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
+
+    def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
+        """The error for a load whose connection broke: usually the server died while loading the model."""
+        server = self._server
+        deadline = time.monotonic() + 2.0
+        while server is not None and server.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)  # a crashing server takes a moment to be reaped
+        died = server is not None and not server.is_alive()
+        message = f"Triton could not load model {model_name!r}: " + (
+            "tritonserver died while loading it" if died else f"the connection broke ({type(exc).__name__}: {exc})"
+        )
+        versions = self._versions(model_name)
+        if died and versions and versions[0].config.model_warmup:
+            message += (
+                ". Triton 2.51 sometimes crashes when a model's warmup fails; the callable's error, if it "
+                "raised one, is logged by 'pytriton.proxy'"
+            )
+        if died and self._state == "running" and self._supervisor is not None:
+            message += "; pytriton restarts the server with the other models"
+        return PyTritonModelConfigError(message + ".")
 
     def _repository_request(self, action: str, model_name: str) -> None:
         """``POST /v2/repository/models/<model_name>/<action>`` (``load``/``unload``), over HTTP or gRPC.
@@ -354,9 +513,15 @@ class Triton:
             self._binding_context()
             self._repository = self._config.model_repository or self._workspace.subdir("model-store")
             self._repository.mkdir(parents=True, exist_ok=True)
+            for name in self._model_names():
+                self._write_name(name)
             for model in self._models.values():
-                model.write_repository(self._repository)
                 model.start_workers()
+            # Models with a warmup are loaded through the repository API once the server is up, not
+            # with --load-model: when a warmup fails at start-up, Triton 2.51 sometimes crashes on its
+            # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
+            warm = [name for name in self._model_names() if self._versions(name)[0].config.model_warmup]
+            startup = [name for name in self._model_names() if name not in warm]
             argv = build_command(
                 distribution.binary,
                 self._config,
@@ -365,7 +530,7 @@ class Triton:
                     backend_directory=distribution.backend_dir,
                     cache_directory=distribution.cache_dir,
                     shm_region_prefix=backend_region_prefix(self._shm_prefix),
-                    startup_models=list(self._models),
+                    startup_models=startup,
                     access=self._access,
                 ),
             )
@@ -376,7 +541,7 @@ class Triton:
                 malloc_arena_max=self._config.server_malloc_arena_max,
             )
             self._launch = (argv, env)
-            self._startup_models = list(self._models)
+            self._startup_models = startup
             self._server = TritonServerProcess(argv, env, log_path=self._config.log_file)
             self._server.register_on_exit(self._on_server_exit)
             self._state = "running"
@@ -387,6 +552,8 @@ class Triton:
                 self._server.start()
                 self._start_watchdog()
                 self._server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to start")
+                for name in warm:
+                    self._request_load(name)
             except BaseException:
                 self._claim_scratch(False)
                 self.stop()
@@ -450,24 +617,38 @@ class Triton:
         os.set_inheritable(write_fd, False)
         self._watchdog_fd = write_fd
 
-    def serve(self, monitoring_period_sec: float = MONITORING_PERIOD_SEC) -> None:
+    def serve(
+        self, monitoring_period_s: float = MONITORING_PERIOD_S, *, monitoring_period_sec: Optional[float] = None
+    ) -> None:
         """Run the server and block until SIGINT/SIGTERM, an unrecoverable error or a fatal server failure.
 
         A server that dies on its own is restarted (see ``max_server_restarts``); while it
         restarts, ``serve()`` keeps waiting. Always stops the server before returning.
+        ``monitoring_period_s`` (a positive number; ``monitoring_period_sec`` is accepted as its
+        older name) is how often the waiting thread checks for a fatal failure.
 
         Raises:
             PyTritonServerError: the server kept crashing (more than ``max_server_restarts``
                 times within ``restart_window_s``) or could not be restarted; raised after
                 everything was stopped, so a program ending here exits with a non-zero status.
         """
+        if monitoring_period_sec is not None:
+            monitoring_period_s = monitoring_period_sec
+        if (
+            isinstance(monitoring_period_s, bool)
+            or not isinstance(monitoring_period_s, (int, float))
+            or not monitoring_period_s > 0
+        ):
+            raise PyTritonBadParameterError(
+                f"monitoring_period_s must be a positive number, got {monitoring_period_s!r}."
+            )
         self.run()
         previous: Dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[int(signum)] = signal.signal(signum, lambda *_: self._wakeup.set())
         try:
-            while not self._wakeup.wait(monitoring_period_sec):
+            while not self._wakeup.wait(monitoring_period_s):
                 if self._failure is not None:
                     break
         finally:
@@ -478,7 +659,11 @@ class Triton:
             raise self._failure
 
     def is_alive(self) -> bool:
-        """True while the server runs and is not being restarted."""
+        """True while the server runs (not being restarted) and every bound model can serve.
+
+        A model can serve while each of its instances has a stub attached and its stubs are not
+        being replaced; a model whose live load is still in progress does not count yet.
+        """
         with self._lock:
             return (
                 self._state == "running"
@@ -486,6 +671,8 @@ class Triton:
                 and self._failure is None
                 and self._server is not None
                 and self._server.is_alive()
+                and not self._healing
+                and all(model.serving for model in self._models.values())
             )
 
     @property
@@ -493,11 +680,15 @@ class Triton:
         """How many times ``tritonserver`` was restarted after dying on its own."""
         return self._restarts
 
-    def stop(self) -> None:
-        """Stop the server and release every resource. Idempotent; safe from any thread."""
+    def stop(self) -> bool:
+        """Stop the server and release every resource. Idempotent; safe from any thread.
+
+        Returns:
+            True if this call stopped the instance, False if it was already stopped.
+        """
         with self._lock:
             if self._state == "stopped":
-                return
+                return False
             self._state = "stopped"
             server = self._server  # a restart in progress starts no further server once stopped
         atexit.unregister(self.stop)
@@ -524,6 +715,7 @@ class Triton:
         self._release_watchdog()
         self._wakeup.set()
         LOGGER.debug("Triton stopped in %.2f s", time.monotonic() - started)
+        return True
 
     def _wait_models_detached(self, deadline: float) -> bool:
         """After SIGINT: True once nothing can still be in flight, so the server may be killed.
@@ -569,216 +761,6 @@ class Triton:
             except subprocess.TimeoutExpired:
                 self._watchdog.kill()
             self._watchdog = None
-
-    # -- self-healing ----------------------------------------------------------------------
-    def _on_server_exit(self, returncode: int) -> None:
-        """The server died on its own (called on its log reader thread): let the supervisor restart it."""
-        self._events.put(("server", returncode))
-
-    def _on_stub_lost(self, model_name: str, generation: int, server_pid: int) -> None:
-        """A stub died without saying goodbye (called on a worker thread): let the supervisor replace it."""
-        with self._lock:
-            server = self._server
-            if self._state != "running" or model_name in self._healing or self._restarting:
-                return
-            if server is None or server.pid != server_pid or not server.is_alive():
-                return  # its server died or was replaced: restarting the server handles it
-            self._healing.add(model_name)
-        LOGGER.error(
-            "Model %s: a stub process died (generation %d); replacing the model's instances.", model_name, generation
-        )
-        self._events.put(("stub", (model_name, generation)))
-
-    def _supervise(self) -> None:
-        """Handle server deaths and stub deaths one at a time, until :meth:`stop`.
-
-        This thread also spawns every replacement server: ``PR_SET_PDEATHSIG`` fires when the
-        *thread* that forked the server ends, so that thread must live as long as the server.
-        """
-        # Between events the supervisor looks for grown shared-memory regions of idle models.
-        poll_s = self._recycle_idle_s / 4 if self._recycle_bytes else None
-        while True:
-            try:
-                kind, payload = self._events.get(timeout=poll_s)
-            except queue.Empty:
-                kind, payload = "recycle", None
-            if kind == "stop" or self._state != "running":
-                return
-            if kind == "recycle":
-                try:
-                    self._recycle_grown_models()
-                except Exception:  # noqa: BLE001 - memory upkeep must never stop the supervisor
-                    LOGGER.exception("pytriton: checking the Python backend's shared memory failed")
-                continue
-            try:
-                if kind == "server":
-                    self._restart_server(int(payload))
-                else:
-                    self._replace_stubs(*payload)
-            except Exception:  # noqa: BLE001 - keep supervising
-                LOGGER.exception("pytriton: recovering from a %s failure failed", kind)
-
-    def _count_crash(self, reason: str) -> bool:
-        """Record a crash; False (and ``serve()`` woken to raise) once the restart budget is spent."""
-        now = time.monotonic()
-        self._crashes.append(now)
-        while self._crashes and now - self._crashes[0] > self._restart_window_s:
-            self._crashes.popleft()
-        if len(self._crashes) <= self._max_restarts:
-            return True
-        self._failure = PyTritonServerError(
-            f"tritonserver failed {len(self._crashes)} times within {self._restart_window_s:g} s "
-            f"(max_server_restarts={self._max_restarts}); giving up. Last failure: {reason}"
-        )
-        LOGGER.error("%s", self._failure)
-        self._wakeup.set()
-        return False
-
-    def _restart_server(self, returncode: int) -> None:
-        """Start a new server with the same command line after the old one died; wait until it is ready."""
-        old = self._server
-        assert old is not None and self._launch is not None
-        if old.is_alive():
-            return  # a late report about a server that was already replaced
-        # Its stubs may outlive it, holding their slot locks, its ports and its output pipe: end the
-        # whole process group first (that also lets the log reader catch the server's last lines).
-        old.stop(grace_s=0.0)
-        errors = old.crash_lines()
-        reason = describe_exit(returncode) + ("; its last error lines:\n  " + "\n  ".join(errors) if errors else "")
-        if not self._count_crash(reason):
-            return
-        LOGGER.error("tritonserver died (%s); restarting it.", reason)
-        started = time.monotonic()
-        with self._lock:
-            if self._state != "running":
-                return
-            self._restarting = True
-        try:
-            while True:
-                old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
-                self._scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
-                _wire.sweep_segments(f"{self._shm_prefix}-pb")  # its Python-backend regions
-                argv, env = self._launch
-                with self._lock:
-                    if self._state != "running":
-                        return
-                    server = TritonServerProcess(argv, env, log_path=self._config.log_file)
-                    server.register_on_exit(self._on_server_exit)
-                    self._scratch = ScratchDirTracker()
-                    if self._models:
-                        self._scratch.before_first_load()
-                    server.start()
-                    self._server = server
-                self._tell_watchdog(f"pgid {server.pid}")
-                try:
-                    server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to restart")
-                    for model in list(self._models.values()):
-                        if model.name not in self._startup_models:  # bound after run(): load it again
-                            self._request_load(model)
-                except PyTritonServerError as exc:
-                    self._claim_scratch(False)
-                    if self._state != "running" or not self._count_crash(str(exc)):
-                        return
-                    LOGGER.error("Restarting tritonserver failed (%s); trying again.", exc)
-                    old = server
-                    continue
-                self._claim_scratch(True)
-                break
-        finally:
-            with self._lock:
-                self._restarting = False
-        self._restarts += 1
-        LOGGER.warning(
-            "tritonserver restarted in %.2f s (restart %d; pid %s).",
-            time.monotonic() - started,
-            self._restarts,
-            server.pid,
-        )
-
-    def _replace_stubs(self, model_name: str, generation: int) -> None:
-        """Reload a model whose stub died, then retire the old generation's stubs.
-
-        Triton 2.51's Python backend neither restarts a dead stub nor unloads a model that has
-        sent requests to one (the unload never completes), so pytriton loads a new generation of
-        the model next to the old one (its stubs take their own slot locks, see proxy/_stub.py);
-        Triton switches traffic to it once it is ready. The old generation's surviving stubs are
-        then ended once idle (Triton may never finalize them).
-        """
-        try:
-            model = self._models.get(model_name)
-            server = self._server
-            if model is None or model.generation != generation or server is None or not server.is_alive():
-                return  # unbound, already replaced, or the server itself died (restarted as a whole)
-            if self._restarting or self._state != "running":
-                return
-            assert self._repository is not None
-            started = time.monotonic()
-            failure = self._load_next_generation(model)
-            if failure is not None:
-                LOGGER.error("Model %s: replacing its dead stub failed: %s", model_name, failure)
-                return
-            pids = model.retire_generation()
-            deadline = time.monotonic() + 5.0
-            while model.retired_busy and time.monotonic() < deadline and self._state == "running":
-                time.sleep(0.01)
-            for pid in pids:
-                kill_stub(pid)
-            LOGGER.warning(
-                "Model %s: a stub process died; loaded generation %d of the model in %.2f s and ended %d old stub(s).",
-                model_name,
-                model.generation,
-                time.monotonic() - started,
-                len(pids),
-            )
-        finally:
-            with self._lock:
-                self._healing.discard(model_name)
-
-    def _load_next_generation(self, model: BoundModel) -> Optional[Exception]:
-        """Load the model again with its generation raised (new stubs next to the old); the error if it failed."""
-        assert self._repository is not None
-        model.generation += 1
-        model.write_repository(self._repository)
-        try:
-            self._request_load(model)
-        except Exception as exc:  # noqa: BLE001 - reported by the caller, the old generation keeps serving
-            model.generation -= 1
-            return exc
-        return None
-
-    def _recycle_grown_models(self) -> None:
-        """Reload idle models whose Python-backend region grew past the limit, giving its memory back.
-
-        A region never shrinks (server/_recycle.py); a new generation of the model gets new stubs
-        with new regions, and Triton unloads the old generation, whose stubs then exit normally and
-        whose regions are removed. Runs on the supervisor thread, so it never overlaps a restart or
-        a stub replacement; a model that served a batch since its last recycle is eligible again.
-        """
-        server, repository = self._server, self._repository
-        if server is None or server.pid is None or repository is None or self._restarting:
-            return
-        regions = _recycle.stub_regions(server.pid, repository, backend_region_prefix(self._shm_prefix))
-        now = time.monotonic()
-        for name, resident in _recycle.grown_models(regions, self._recycle_bytes).items():
-            model = self._models.get(name)
-            if model is None or name in self._healing or model.busy or self._state != "running":
-                continue
-            if now - model.last_active < self._recycle_idle_s or model.last_active <= self._recycled_at.get(name, 0.0):
-                continue  # still in use, or nothing ran since the last recycle (old stubs still exiting)
-            self._recycled_at[name] = now
-            started = time.monotonic()
-            failure = self._load_next_generation(model)
-            if failure is not None:
-                LOGGER.warning("Model %s: reloading it to give back shared memory failed: %s", name, failure)
-                continue
-            LOGGER.info(
-                "Model %s: its Python-backend shared memory had grown to %.0f MiB; reloaded its instances "
-                "(generation %d) in %.2f s to give it back.",
-                name,
-                resident / (1 << 20),
-                model.generation,
-                time.monotonic() - started,
-            )
 
     def _tell_watchdog(self, line: str) -> None:
         if self._watchdog_fd is not None:

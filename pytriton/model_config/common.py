@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Dict, List, Optional
+import pathlib
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 
 class DeviceKind(enum.Enum):
@@ -43,3 +44,44 @@ class DynamicBatcher:
     default_priority_level: int = 0
     default_queue_policy: Optional[QueuePolicy] = None
     priority_queue_policy: Optional[Dict[int, QueuePolicy]] = None
+
+
+@dataclasses.dataclass
+class WarmupInput:
+    """One input of a warmup request (Triton's ``ModelWarmup.Input``).
+
+    Args:
+        dtype: the input's dtype, in any form ``Tensor`` accepts.
+        shape: the shape of one sample, without the batch axis (as in ``Tensor``); no ``-1``.
+        zero_data: fill the input with zeros (empty strings for BYTES).
+        random_data: fill the input with random values (Triton's generator; zeros for BYTES).
+        input_data_file: take the input's content from this file: a ``.npy`` file (its array is
+            converted to ``dtype`` and must hold exactly one sample's worth of elements) or raw
+            bytes in Triton's layout (little-endian values; for BYTES, each element as a 4-byte
+            length and its bytes). The file is copied into the model's repository at bind time.
+
+    Exactly one of ``zero_data``, ``random_data`` and ``input_data_file`` must be set.
+    """
+
+    dtype: Any
+    shape: Sequence[int]
+    zero_data: bool = False
+    random_data: bool = False
+    input_data_file: Optional[Union[str, pathlib.Path]] = None
+
+
+@dataclasses.dataclass
+class ModelWarmup:
+    """A warmup Triton sends to each instance of the model while loading it, before it is ready.
+
+    Args:
+        name: a label, shown in Triton's log and in errors.
+        batch_size: the batch size of each warmup request (1 for a model without batching).
+        inputs: the warmup data by input name; every non-optional input of the model needs one.
+        count: how many times the request is sent (at least 1).
+    """
+
+    name: str
+    batch_size: int
+    inputs: Dict[str, WarmupInput]
+    count: int = 1

@@ -75,12 +75,16 @@ def to_dict(config: TritonModelConfig) -> Dict[str, Any]:
             for kind, count in (config.instance_group or {DeviceKind.KIND_CPU: 1}).items()
         ],
     }
+    if config.versions:
+        result["version_policy"] = {"specific": {"versions": [int(version) for version in config.versions]}}
     if config.batching and config.batcher is not None:
         result["dynamic_batching"] = _batcher(config.batcher)
     if config.decoupled:
         result["model_transaction_policy"] = {"decoupled": True}
     if config.response_cache:
         result["response_cache"] = {"enable": True}
+    if config.model_warmup:
+        result["model_warmup"] = config.model_warmup
     if config.backend_parameters:
         result["parameters"] = {key: {"string_value": str(value)} for key, value in config.backend_parameters.items()}
     return result
@@ -100,9 +104,9 @@ def _pbtxt_lines(message: Mapping[str, Any], indent: int) -> List[str]:
     pad = "  " * indent
     lines: List[str] = []
     for key, value in message.items():
-        if key in ("parameters", "priority_queue_policy"):  # protobuf maps: repeated key/value entries
+        if key in ("parameters", "priority_queue_policy", "inputs"):  # protobuf maps: repeated key/value entries
             for map_key, map_value in value.items():
-                key_text = json.dumps(map_key) if key == "parameters" else str(int(map_key))
+                key_text = str(int(map_key)) if key == "priority_queue_policy" else json.dumps(map_key)
                 lines.append(f"{pad}{key} {{")
                 lines.append(f"{pad}  key: {key_text}")
                 lines.append(f"{pad}  value {{")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional
 
-from pytriton.model_config.common import DynamicBatcher
+from pytriton.model_config.common import DynamicBatcher, ModelWarmup
 
 
 @dataclasses.dataclass
@@ -18,6 +18,10 @@ class ModelConfig:
         batcher: dynamic batcher settings (used when ``batching`` is on).
         response_cache: let Triton cache responses (needs ``TritonConfig(cache_config=[...])``).
         decoupled: streaming model; the callable yields any number of responses per request.
+        model_warmup: requests Triton sends to every instance while loading the model, before it
+            reports ready (:class:`~pytriton.model_config.common.ModelWarmup`); they reach the
+            callable like any other batch. A warmup that fails makes the load fail: ``run()`` (or a
+            ``bind`` after it) raises with Triton's message, and the model is not served.
         execution_timeout_s: if set (seconds, > 0), a batch whose callable has not answered within
             this time fails with an error naming the timeout, and the instance is freed for the
             next batch (the hung call keeps running on its own thread; its result is discarded).
@@ -29,4 +33,5 @@ class ModelConfig:
     batcher: DynamicBatcher = dataclasses.field(default_factory=DynamicBatcher)
     response_cache: bool = False
     decoupled: bool = False
+    model_warmup: Optional[List[ModelWarmup]] = None
     execution_timeout_s: Optional[float] = None

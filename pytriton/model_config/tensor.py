@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Tuple
 
+import numpy as np
+
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config.dtypes import normalize_dtype
+
+_KEPT_BYTES_TYPES = (object, bytes, np.object_, np.bytes_)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,8 +19,13 @@ class Tensor:
 
     Args:
         shape: shape of one sample, *without* the batch axis; ``-1`` marks a dynamic dimension.
+            A size of 0 is accepted here, as by NVIDIA PyTriton; ``Triton.bind`` refuses it, because
+            Triton's model configuration does not allow it (only sizes >= 1 and -1).
         dtype: any dtype form numpy understands, builtin ``bool``/``int``/``float``, or a BYTES
-            form (``bytes``, ``object``, ``np.bytes_``); stored normalised to a numpy scalar type.
+            form (``bytes``, ``object``, ``np.bytes_``, ``np.object_``). ``object``, ``bytes``,
+            ``np.object_`` and ``np.bytes_`` are kept as given (as NVIDIA PyTriton does); every other
+            form is stored as its numpy scalar type (``np.dtype("S5")`` and ``"bytes"`` as
+            ``np.bytes_``). All of them mean Triton's BYTES.
         name: tensor name; ``None`` lets ``Triton.bind`` name it ``INPUT_<n>`` / ``OUTPUT_<n>``.
         optional: an input the client may omit (inputs only).
     """
@@ -32,11 +41,17 @@ class Tensor:
             shape = tuple(int(dim) for dim in self.shape)
         except (TypeError, ValueError):
             raise PyTritonBadParameterError(f"{label}: shape {self.shape!r} must be a sequence of integers.") from None
-        if any(dim < -1 or dim == 0 for dim in shape):
+        if any(dim < -1 for dim in shape):
             raise PyTritonBadParameterError(
-                f"{label}: shape {shape} may only hold positive sizes or -1 for dynamic dimensions."
+                f"{label}: shape {shape} may only hold sizes >= 0 or -1 for dynamic dimensions."
             )
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", normalize_dtype(self.dtype, what=label))
+        normalized = normalize_dtype(self.dtype, what=label)  # validates every form
+        # As NVIDIA PyTriton: the Python types it names for strings (object, bytes) are kept as
+        # given; every other form is stored as its numpy scalar type.
+        if isinstance(self.dtype, np.dtype) and self.dtype.kind == "O":
+            object.__setattr__(self, "dtype", np.object_)  # a dtype instance becomes its scalar type
+        elif not (normalized is np.bytes_ and any(self.dtype is kept for kept in _KEPT_BYTES_TYPES)):
+            object.__setattr__(self, "dtype", normalized)
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise PyTritonBadParameterError(f"Tensor name must be a non-empty string, got {self.name!r}.")

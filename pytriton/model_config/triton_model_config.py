@@ -8,7 +8,7 @@ clients and decorators.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -61,6 +61,10 @@ class TritonModelConfig:
     outputs: List[TensorSpec] = dataclasses.field(default_factory=list)
     response_cache: bool = False
     backend: str = "python"
+    # The versions Triton serves (``version_policy { specific ... }``); None: Triton's default, the latest.
+    versions: Optional[List[int]] = None
+    # The ``model_warmup`` section in protobuf JSON form (pytriton.model_config.warmup); None: no warmup.
+    model_warmup: Optional[List[Dict[str, Any]]] = None
 
     @property
     def instance_count(self) -> int:

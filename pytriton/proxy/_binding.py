@@ -15,10 +15,12 @@ import numpy as np
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config.common import DeviceKind
-from pytriton.model_config.generator import to_pbtxt
+from pytriton.model_config.dtypes import normalize_dtype
+from pytriton.model_config.generator import to_dict, to_pbtxt
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
+from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
 from pytriton.proxy import _wire
 from pytriton.proxy._worker import InstanceWorker
 
@@ -65,7 +67,14 @@ def _resolve_tensors(tensors: Sequence[Tensor], prefix: str, model: str) -> List
                 f"got {type(tensor).__name__} at position {index}."
             )
         name = tensor.name or f"{prefix}_{index}"
-        specs.append(TensorSpec(name=name, shape=tensor.shape, dtype=tensor.dtype, optional=bool(tensor.optional)))
+        if 0 in tensor.shape:
+            # Triton refuses such a config with only "failed to poll from model repository".
+            raise PyTritonBadParameterError(
+                f"Model {model!r}: tensor {name!r} has shape {tensor.shape}; Triton's model configuration "
+                "allows only sizes >= 1 or -1 (dynamic). Declare -1 to accept arrays that may be empty."
+            )
+        dtype = normalize_dtype(tensor.dtype, what=f"Model {model!r}: tensor {name!r}")  # object/bytes -> np.bytes_
+        specs.append(TensorSpec(name=name, shape=tensor.shape, dtype=dtype, optional=bool(tensor.optional)))
     names = [spec.name for spec in specs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -143,7 +152,7 @@ class BoundModel:
             decoupled=config.decoupled,
             inputs=_resolve_tensors(inputs, "INPUT", model_name),
             outputs=_resolve_tensors(outputs, "OUTPUT", model_name),
-            response_cache=config.response_cache,
+            response_cache=bool(config.response_cache),
             # Public on purpose (an integer, no path or pid): a new value makes Triton reload the
             # model, which replaces a dead stub (write_repository, docs/architecture.md).
             backend_parameters={"pytriton.generation": "0"},
@@ -164,19 +173,46 @@ class BoundModel:
         }
         if not self.config.outputs:
             raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
+        warmup = resolve_warmup(config.model_warmup, self.config.inputs, self.config.max_batch_size, model_name)
+        self.config.model_warmup = warmup.entries if warmup is not None else None
+        self._warmup_files = warmup.files if warmup is not None else {}
         # Off by default: a worker polling between requests keeps a CPU busy while traffic lasts.
         self._worker_poll_s = poll_window_us("PYTRITON_WORKER_SPIN_US", 0) / 1e6
         self._workers: List[InstanceWorker] = []
 
-    def write_repository(self, repository: pathlib.Path) -> None:
-        """Write ``config.pbtxt`` and the proxy's ``model.py`` under ``repository/<name>``."""
+    def incompatibility(self, other: BoundModel) -> Optional[str]:
+        """Why this model cannot be another version of ``other`` (a different Triton config), or None."""
+        mine, theirs = to_dict(self.config), to_dict(other.config)
+        for config in (mine, theirs):
+            config.pop("parameters", None)  # the generation; versions share it anyway
+            config.pop("version_policy", None)
+        differing = sorted(key for key in {*mine, *theirs} if mine.get(key) != theirs.get(key))
+        if self._warmup_files != other._warmup_files and "model_warmup" not in differing:
+            differing.append("model_warmup data files")
+        return f"its {', '.join(differing)} differ" if differing else None
+
+    def write_repository(self, repository: pathlib.Path, versions: Optional[Sequence[int]] = None) -> None:
+        """Write ``config.pbtxt`` and the proxy's ``model.py`` under ``repository/<name>``.
+
+        ``versions``: every bound version of this name (the shared ``config.pbtxt`` then tells
+        Triton to serve exactly those); ``None`` means this version alone.
+        """
         self.config.backend_parameters["pytriton.generation"] = str(self.generation)
+        self.config.versions = sorted(versions) if versions and len(versions) > 1 else None
         model_dir = repository / self.name
         version_dir = model_dir / str(self.version)
         # Private to the user: nothing in here is for other local users to read or change.
         model_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         version_dir.mkdir(mode=0o700, exist_ok=True)
         (model_dir / "config.pbtxt").write_text(to_pbtxt(self.config))
+        if self._warmup_files:  # Triton reads them from <model>/warmup/ while loading
+            warmup_dir = model_dir / WARMUP_DIR
+            warmup_dir.mkdir(mode=0o700, exist_ok=True)
+            for file_name, content in self._warmup_files.items():
+                descriptor = os.open(warmup_dir / file_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(descriptor, "wb") as data:
+                    os.fchmod(data.fileno(), 0o600)
+                    data.write(content)
         private = os.open(version_dir / _wire.PRIVATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(private, "w") as file:
             os.fchmod(file.fileno(), 0o600)  # also when the file existed with other bits
@@ -230,6 +266,11 @@ class BoundModel:
         return any(worker.connected for worker in self._workers)
 
     @property
+    def serving(self) -> bool:
+        """True while every instance has a stub attached (the model can serve on all of them)."""
+        return bool(self._workers) and all(worker.connected for worker in self._workers)
+
+    @property
     def busy(self) -> bool:
         """True while a batch is being processed."""
         return any(worker.busy for worker in self._workers)
@@ -252,6 +293,10 @@ class BoundModel:
         self._workers = []
         shutil.rmtree(self.endpoint_dir, ignore_errors=True)
         _wire.sweep_segments(self.shm_prefix)
+
+    def remove_version_files(self, repository: pathlib.Path) -> None:
+        """Delete this version's directory only (other versions of the name stay)."""
+        shutil.rmtree(repository / self.name / str(self.version), ignore_errors=True)
 
     def remove_files(self, repository: pathlib.Path) -> None:
         """Delete the model's repository directory."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, ItemsView, Iterator, KeysView, List, Optional, Tuple, ValuesView
+import contextlib
+from typing import Any, ContextManager, Dict, ItemsView, Iterator, KeysView, List, Optional, Tuple, ValuesView
 
 import numpy as np
 
@@ -28,21 +29,50 @@ class Request:
         data: input tensors by name (absent optional inputs are simply missing).
         parameters: request parameters sent by the client, plus headers forwarded by Triton's
             ``*_header_forward_pattern`` options (``None`` when there are none).
+        span: the tracing span of this request, or ``None`` (always ``None`` while OpenTelemetry
+            tracing is not set up; see :meth:`traced_span`).
         requested_output_names: outputs the client asked for (``None`` means all; always
             ``None`` for a model with a single output, where there is nothing to choose).
+
+    The positional order is ``Request(data, parameters, span, requested_output_names)``, as in
+    NVIDIA PyTriton 0.7. For code written against pytriton's earlier order, a list or tuple given
+    as the third positional argument (with no fourth) is read as ``requested_output_names``: a span
+    is never a sequence.
     """
 
-    __slots__ = ("data", "parameters", "requested_output_names")
+    __slots__ = ("data", "parameters", "span", "requested_output_names")
 
     def __init__(
         self,
         data: Dict[str, np.ndarray],
         parameters: Optional[Dict[str, Any]] = None,
+        span: Any = None,
         requested_output_names: Optional[List[str]] = None,
     ):
+        if requested_output_names is None and isinstance(span, (list, tuple)):
+            span, requested_output_names = None, list(span)  # the earlier 3-argument order
         self.data = data
         self.parameters = parameters
+        self.span = span
         self.requested_output_names = requested_output_names
+
+    def traced_span(self, span_name: str) -> ContextManager[Any]:
+        """A context manager timing a block of the callable as a child span of :attr:`span`.
+
+        Without a span (OpenTelemetry absent, or tracing not set up) it does nothing and yields
+        ``None``, so callables can use it unconditionally::
+
+            with request.traced_span("preprocess"):
+                ...
+        """
+        if self.span is None:
+            return contextlib.nullcontext()
+        try:
+            from opentelemetry import trace  # type: ignore[import-not-found]  # optional extra
+        except ImportError:
+            return contextlib.nullcontext()
+        context = trace.set_span_in_context(self.span)
+        return trace.get_tracer("pytriton").start_as_current_span(span_name, context=context)  # type: ignore[no-any-return]
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.data[name]

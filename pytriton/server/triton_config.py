@@ -156,14 +156,21 @@ class TritonConfig:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> TritonConfig:
-        """Build a config from a mapping; unknown keys raise ``PyTritonValidationError``."""
+        """Build a config from a mapping.
+
+        Unknown keys are ignored with a warning on the ``pytriton.triton`` logger, as NVIDIA
+        PyTriton does (a typo therefore shows in the log, not as an error); known keys are
+        validated as by the constructor.
+        """
         known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise PyTritonValidationError(
-                f"Unknown TritonConfig field(s): {', '.join(unknown)}. Known fields: {', '.join(sorted(known))}"
+        unknown = sorted(set(config) - known, key=str)
+        for name in unknown:
+            LOGGER.warning(
+                "Ignoring TritonConfig.from_dict key %r: TritonConfig has no such field (known fields: %s).",
+                name,
+                ", ".join(sorted(known)),
             )
-        return cls(**dict(config))
+        return cls(**{name: value for name, value in config.items() if name in known})
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> TritonConfig:

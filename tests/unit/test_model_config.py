@@ -20,10 +20,11 @@ from pytriton.model_config.triton_model_config import TensorSpec, TritonModelCon
         (int, np.int64),
         (float, np.float64),
         (np.uint64, np.uint64),
-        (bytes, np.bytes_),
-        (object, np.bytes_),
+        # object, bytes and np.object_ are kept as given, as in NVIDIA PyTriton (all mean BYTES).
+        (bytes, bytes),
+        (object, object),
         (np.bytes_, np.bytes_),
-        (np.object_, np.bytes_),
+        (np.object_, np.object_),
         ("bytes", np.bytes_),
         (np.dtype("S5"), np.bytes_),
         (str, np.bytes_),
@@ -41,8 +42,10 @@ def test_unsupported_dtype_names_the_tensor(dtype):
 
 def test_shape_validation():
     assert Tensor(shape=[2, -1], dtype=np.int8).shape == (2, -1)
+    # A size of 0 is accepted by Tensor, as in NVIDIA PyTriton; bind refuses it (test_api_drift.py).
+    assert Tensor(shape=(0,), dtype=np.int8).shape == (0,)
     with pytest.raises(PyTritonBadParameterError):
-        Tensor(shape=(0,), dtype=np.int8)
+        Tensor(shape=(-2,), dtype=np.int8)
     with pytest.raises(PyTritonBadParameterError):
         Tensor(shape=("a",), dtype=np.int8)
 

@@ -40,8 +40,19 @@ LEGACY_SHM = [
 
 EXPECTED = {
     "pytriton": ["__version__"],
-    "pytriton.triton": ["Triton", "TritonConfig", "TritonSecurityConfig", "Workspace"],
+    "pytriton.triton": ["Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"],
     "pytriton.client.auth": ["create_auth_headers", "extract_access_token_from_headers"],
+    "pytriton.client.utils": [
+        "LATEST_MODEL_VERSION",
+        "ModelState",
+        "TritonUrl",
+        "create_client_from_url",
+        "get_model_config",
+        "get_model_state",
+        "wait_for_model_ready",
+        "wait_for_server_ready",
+    ],
+    "pytriton.client.warnings": ["NotSupportedTimeoutWarning", "PyTritonWarning"],
     "pytriton.model_config": ["DeviceKind", "DynamicBatcher", "ModelConfig", "QueuePolicy", "Tensor", "TimeoutAction"],
     "pytriton.client": [
         "AsyncioDecoupledModelClient",
@@ -76,6 +87,7 @@ EXPECTED = {
         "PyTritonError",
         "PyTritonValidationError",
         "PyTritonInvalidOperationError",
+        "PyTritonModelAlreadyBoundError",
         "PyTritonBadParameterError",
         "PyTritonModelConfigError",
         "PyTritonUnrecoverableError",

@@ -1,0 +1,304 @@
+"""Self-healing of a running ``Triton``: restarting a dead server, replacing dead stubs, recycling memory.
+
+:class:`SelfHealing` is a mixin of :class:`pytriton.triton.Triton`; its methods run on the
+supervisor thread (one event at a time) or report events to it. See docs/architecture.md,
+"Self-healing", for what each case does and its limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pathlib
+import queue
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+
+from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
+from pytriton.exceptions import PyTritonServerError
+from pytriton.proxy import _wire
+from pytriton.proxy._binding import BoundModel, backend_region_prefix
+from pytriton.server import _recycle
+from pytriton.server._scratch import ScratchDirTracker
+from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
+from pytriton.server.triton_config import TritonConfig
+
+LOGGER = logging.getLogger("pytriton.triton")
+STARTUP_TIMEOUT_S = float(DEFAULT_TRITON_STARTUP_TIMEOUT_S)  # also for a restarted server
+
+
+class SelfHealing:
+    """Server restarts, stub replacement and shared-memory recycling (a mixin of ``Triton``).
+
+    The attributes and methods declared here without a body are the ``Triton`` state it works on.
+    """
+
+    _config: TritonConfig
+    _lock: threading.RLock
+    _state: str
+    _server: Optional[TritonServerProcess]
+    _repository: Optional[pathlib.Path]
+    _models: Dict[Tuple[str, int], BoundModel]
+    _startup_models: List[str]
+    _shm_prefix: str
+    _scratch: ScratchDirTracker
+    _wakeup: threading.Event
+    _launch: Optional[Tuple[List[str], Dict[str, str]]]
+    _events: queue.Queue[Tuple[str, Any]]
+    _crashes: Deque[float]
+    _max_restarts: int
+    _restart_window_s: float
+    _restarts: int
+    _restarting: bool
+    _healing: Set[str]
+    _failure: Optional[PyTritonServerError]
+    _recycled_at: Dict[str, float]
+    _recycle_bytes: int
+    _recycle_idle_s: float
+
+    def _versions(self, model_name: str) -> List[BoundModel]:
+        raise NotImplementedError
+
+    def _model_names(self) -> List[str]:
+        raise NotImplementedError
+
+    def _write_name(self, model_name: str) -> None:
+        raise NotImplementedError
+
+    def _request_load(self, model_name: str) -> None:
+        raise NotImplementedError
+
+    def _ready_probe(self) -> Callable[[], bool]:
+        raise NotImplementedError
+
+    def _claim_scratch(self, loaded: bool) -> None:
+        raise NotImplementedError
+
+    def _tell_watchdog(self, line: str) -> None:
+        raise NotImplementedError
+
+    def _on_server_exit(self, returncode: int) -> None:
+        """The server died on its own (called on its log reader thread): let the supervisor restart it."""
+        self._events.put(("server", returncode))
+
+    def _on_stub_lost(self, model_name: str, generation: int, server_pid: int) -> None:
+        """A stub died without saying goodbye (called on a worker thread): let the supervisor replace it."""
+        with self._lock:
+            server = self._server
+            if self._state != "running" or model_name in self._healing or self._restarting:
+                return
+            if server is None or server.pid != server_pid or not server.is_alive():
+                return  # its server died or was replaced: restarting the server handles it
+            self._healing.add(model_name)
+        LOGGER.error(
+            "Model %s: a stub process died (generation %d); replacing the model's instances.", model_name, generation
+        )
+        self._events.put(("stub", (model_name, generation)))
+
+    def _supervise(self) -> None:
+        """Handle server deaths and stub deaths one at a time, until :meth:`stop`.
+
+        This thread also spawns every replacement server: ``PR_SET_PDEATHSIG`` fires when the
+        *thread* that forked the server ends, so that thread must live as long as the server.
+        """
+        # Between events the supervisor looks for grown shared-memory regions of idle models.
+        poll_s = self._recycle_idle_s / 4 if self._recycle_bytes else None
+        while True:
+            try:
+                kind, payload = self._events.get(timeout=poll_s)
+            except queue.Empty:
+                kind, payload = "recycle", None
+            if kind == "stop" or self._state != "running":
+                return
+            if kind == "recycle":
+                try:
+                    self._recycle_grown_models()
+                except Exception:  # noqa: BLE001 - memory upkeep must never stop the supervisor
+                    LOGGER.exception("pytriton: checking the Python backend's shared memory failed")
+                continue
+            try:
+                if kind == "server":
+                    self._restart_server(int(payload))
+                else:
+                    self._replace_stubs(*payload)
+            except Exception:  # noqa: BLE001 - keep supervising
+                LOGGER.exception("pytriton: recovering from a %s failure failed", kind)
+
+    def _count_crash(self, reason: str) -> bool:
+        """Record a crash; False (and ``serve()`` woken to raise) once the restart budget is spent."""
+        now = time.monotonic()
+        self._crashes.append(now)
+        while self._crashes and now - self._crashes[0] > self._restart_window_s:
+            self._crashes.popleft()
+        if len(self._crashes) <= self._max_restarts:
+            return True
+        self._failure = PyTritonServerError(
+            f"tritonserver failed {len(self._crashes)} times within {self._restart_window_s:g} s "
+            f"(max_server_restarts={self._max_restarts}); giving up. Last failure: {reason}"
+        )
+        LOGGER.error("%s", self._failure)
+        self._wakeup.set()
+        return False
+
+    def _restart_server(self, returncode: int) -> None:
+        """Start a new server with the same command line after the old one died; wait until it is ready."""
+        old = self._server
+        assert old is not None and self._launch is not None
+        if old.is_alive():
+            return  # a late report about a server that was already replaced
+        # Its stubs may outlive it, holding their slot locks, its ports and its output pipe: end the
+        # whole process group first (that also lets the log reader catch the server's last lines).
+        old.stop(grace_s=0.0)
+        errors = old.crash_lines()
+        reason = describe_exit(returncode) + ("; its last error lines:\n  " + "\n  ".join(errors) if errors else "")
+        if not self._count_crash(reason):
+            return
+        LOGGER.error("tritonserver died (%s); restarting it.", reason)
+        started = time.monotonic()
+        with self._lock:
+            if self._state != "running":
+                return
+            self._restarting = True
+        try:
+            while True:
+                old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
+                self._scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
+                _wire.sweep_segments(f"{self._shm_prefix}-pb")  # its Python-backend regions
+                argv, env = self._launch
+                bound = set(self._model_names())  # a model unbound since run() is not loaded again
+                argv = [a for a in argv if not (a.startswith("--load-model=") and a.split("=", 1)[1] not in bound)]
+                with self._lock:
+                    if self._state != "running":
+                        return
+                    server = TritonServerProcess(argv, env, log_path=self._config.log_file)
+                    server.register_on_exit(self._on_server_exit)
+                    self._scratch = ScratchDirTracker()
+                    if self._models:
+                        self._scratch.before_first_load()
+                    server.start()
+                    self._server = server
+                self._tell_watchdog(f"pgid {server.pid}")
+                try:
+                    server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to restart")
+                    for name in self._model_names():
+                        if name not in self._startup_models:  # bound after run(): load it again
+                            self._request_load(name)
+                except PyTritonServerError as exc:
+                    self._claim_scratch(False)
+                    if self._state != "running" or not self._count_crash(str(exc)):
+                        return
+                    LOGGER.error("Restarting tritonserver failed (%s); trying again.", exc)
+                    old = server
+                    continue
+                self._claim_scratch(True)
+                break
+        finally:
+            with self._lock:
+                self._restarting = False
+        self._restarts += 1
+        LOGGER.warning(
+            "tritonserver restarted in %.2f s (restart %d; pid %s).",
+            time.monotonic() - started,
+            self._restarts,
+            server.pid,
+        )
+
+    def _replace_stubs(self, model_name: str, generation: int) -> None:
+        """Reload a model whose stub died, then retire the old generation's stubs.
+
+        Triton 2.51's Python backend neither restarts a dead stub nor unloads a model that has
+        sent requests to one (the unload never completes), so pytriton loads a new generation of
+        the model next to the old one (its stubs take their own slot locks, see proxy/_stub.py);
+        Triton switches traffic to it once it is ready. The old generation's surviving stubs are
+        then ended once idle (Triton may never finalize them).
+        """
+        try:
+            models = self._versions(model_name)
+            server = self._server
+            if not models or models[0].generation != generation or server is None or not server.is_alive():
+                return  # unbound, already replaced, or the server itself died (restarted as a whole)
+            if self._restarting or self._state != "running":
+                return
+            assert self._repository is not None
+            started = time.monotonic()
+            failure = self._load_next_generation(model_name)
+            if failure is not None:
+                LOGGER.error("Model %s: replacing its dead stub failed: %s", model_name, failure)
+                return
+            pids = [pid for model in models for pid in model.retire_generation()]
+            deadline = time.monotonic() + 5.0
+            while (
+                any(model.retired_busy for model in models) and time.monotonic() < deadline and self._state == "running"
+            ):
+                time.sleep(0.01)
+            for pid in pids:
+                kill_stub(pid)
+            LOGGER.warning(
+                "Model %s: a stub process died; loaded generation %d of the model in %.2f s and ended %d old stub(s).",
+                model_name,
+                models[0].generation,
+                time.monotonic() - started,
+                len(pids),
+            )
+        finally:
+            with self._lock:
+                self._healing.discard(model_name)
+
+    def _load_next_generation(self, model_name: str) -> Optional[Exception]:
+        """Load every version of a model again with the generation raised (new stubs next to the old).
+
+        Returns the error if it failed (the old generation keeps serving then).
+        """
+        assert self._repository is not None
+        models = self._versions(model_name)
+        for model in models:
+            model.generation += 1
+        try:
+            self._write_name(model_name)
+            self._request_load(model_name)
+        except Exception as exc:  # noqa: BLE001 - reported by the caller, the old generation keeps serving
+            for model in models:
+                model.generation -= 1
+            # The files must describe the generation that serves: a restarted server loads from them.
+            with contextlib.suppress(Exception):
+                self._write_name(model_name)
+            return exc
+        return None
+
+    def _recycle_grown_models(self) -> None:
+        """Reload idle models whose Python-backend region grew past the limit, giving its memory back.
+
+        A region never shrinks (server/_recycle.py); a new generation of the model gets new stubs
+        with new regions, and Triton unloads the old generation, whose stubs then exit normally and
+        whose regions are removed. Runs on the supervisor thread, so it never overlaps a restart or
+        a stub replacement; a model that served a batch since its last recycle is eligible again.
+        """
+        server, repository = self._server, self._repository
+        if server is None or server.pid is None or repository is None or self._restarting:
+            return
+        regions = _recycle.stub_regions(server.pid, repository, backend_region_prefix(self._shm_prefix))
+        now = time.monotonic()
+        for name, resident in _recycle.grown_models(regions, self._recycle_bytes).items():
+            models = self._versions(name)
+            if not models or name in self._healing or any(m.busy for m in models) or self._state != "running":
+                continue
+            last_active = max(m.last_active for m in models)
+            if now - last_active < self._recycle_idle_s or last_active <= self._recycled_at.get(name, 0.0):
+                continue  # still in use, or nothing ran since the last recycle (old stubs still exiting)
+            self._recycled_at[name] = now
+            started = time.monotonic()
+            failure = self._load_next_generation(name)
+            if failure is not None:
+                LOGGER.warning("Model %s: reloading it to give back shared memory failed: %s", name, failure)
+                if not server.is_alive():
+                    return  # the server died under the reload: the restart it queued comes next
+                continue
+            LOGGER.info(
+                "Model %s: its Python-backend shared memory had grown to %.0f MiB; reloaded its instances "
+                "(generation %d) in %.2f s to give it back.",
+                name,
+                resident / (1 << 20),
+                models[0].generation,
+                time.monotonic() - started,
+            )

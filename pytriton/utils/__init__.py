@@ -1,0 +1,1 @@
+"""Helpers under the module paths NVIDIA PyTriton uses (``pytriton.utils.workspace``)."""
