@@ -24,7 +24,7 @@ from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
 from pytriton.proxy import _wire
 from pytriton.proxy._worker import InstanceWorker
 
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
 _MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
 
 
@@ -35,7 +35,7 @@ def backend_region_prefix(shm_prefix: str) -> str:
 
 def validate_model_name(name: Any) -> str:
     """Check a model name; Triton uses it as a directory name and in URLs."""
-    if not isinstance(name, str) or not _MODEL_NAME.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
         raise PyTritonValidationError(
             f"Invalid model name {name!r}: use only letters, digits, dots, underscores and dashes."
         )

@@ -151,23 +151,30 @@ def test_server_error_reaches_the_caller(url):
 
 def test_missing_model_fails_within_init_timeout(url):
     started = time.monotonic()
-    with pytest.raises(PyTritonClientTimeoutError, match="not ready"):
+    with pytest.raises(PyTritonClientTimeoutError, match=r"Waited 1\.0 s: .* 'NoSuchModel' is not ready"):
         ModelClient(url, "NoSuchModel", lazy_init=False, init_timeout_s=1.0)
-    assert time.monotonic() - started < 4.0
+    # The bound is the promise (init_timeout_s); the margin only guards against waiting the
+    # default init timeout instead, so a loaded machine cannot make it fail.
+    assert time.monotonic() - started < 30.0
 
 
 def test_wait_for_model(url):
+    # A lazy client has contacted nothing yet; once the wait returns, the model serves.
     with ModelClient(url, "AddSub") as client:
-        client.wait_for_model(5.0)
+        assert client.wait_for_model(5.0) is None
+        np.testing.assert_array_equal(client.infer_sample(a=A, b=B)["add"], A + B)
+    # A model that is never ready: the wait ends with a timeout naming the model, not a hang.
+    expected = r"Waited 0\.5 s: the server is up but model 'NoSuchModel' is not ready"
+    with ModelClient(url, "NoSuchModel") as client, pytest.raises(PyTritonClientTimeoutError, match=expected):
+        client.wait_for_model(0.5)
 
 
 def test_inference_timeout_sync(url):
     with ModelClient(url, "Slow", inference_timeout_s=0.5) as client:
         client.wait_for_model(5.0)
-        started = time.monotonic()
+        # The 3 s reply would have returned a result: the timeout error is the check, no clock needed.
         with pytest.raises(PyTritonClientTimeoutError):
             client.infer_sample(np.array([3.0], np.float32))
-        assert time.monotonic() - started < 2.5  # the timeout fired, not the 3 s reply
 
 
 def test_inference_timeout_futures(url):

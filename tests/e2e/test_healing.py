@@ -257,6 +257,8 @@ def test_execution_timeout_fails_cleanly_and_the_next_request_is_served(server, 
     status, text = _k(ports, "Slow", -1)  # hangs until the module ends
     waited = time.monotonic() - started
     assert status == "error" and "execution timeout of 1 s" in text and "execution_timeout_s" in text, text
+    # The bound is the promise (execution_timeout_s=1); without it the request would hang until the
+    # module ends, so the generous margin never depends on the host's speed.
     assert waited < 30, f"the timed-out request took {waited:.1f} s"
     for value in (20, 30):  # served on a fresh connection while the hung call keeps its thread
         assert _k(ports, "Slow", value) == ("ok", value)
@@ -287,7 +289,8 @@ def test_stop_does_not_wait_for_a_hung_callable(ports, caplog):
         started = time.monotonic()
         triton.stop()
         took = time.monotonic() - started
-        assert took < 10, f"stop() took {took:.1f} s with a hung callable"
+        # stop() promises not to wait for a hung callable (it would take 60 s here): a generous margin.
+        assert took < 30, f"stop() took {took:.1f} s with a hung callable"
         assert any("left behind" in record.getMessage() for record in caplog.records)
         _assert_clean(*info)
     finally:
@@ -364,6 +367,8 @@ def test_stop_during_a_restart_leaves_nothing(ports, delay_s):
     started = time.monotonic()
     triton.stop()
     took = time.monotonic() - started
+    # stop() during a restart must not wait for the server it raced with (a stop stuck on it would take
+    # the 30 s exit timeout); half of that is a generous margin for a loaded host.
     assert took < 15, f"stop() took {took:.1f} s during a restart"
     last = triton._server.pid
     assert not triton.is_alive()

@@ -5,6 +5,7 @@ watchdog's ``pgid`` lines, the guard that only ever kills stub processes, and th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,7 +77,8 @@ def test_old_crashes_leave_the_window():
     "kwargs", [{"max_server_restarts": -1}, {"max_server_restarts": True}, {"restart_window_s": 0}]
 )
 def test_restart_settings_are_validated(kwargs):
-    with pytest.raises(Exception, match=next(iter(kwargs))):
+    name = next(iter(kwargs))
+    with pytest.raises(PyTritonBadParameterError, match=rf"^{name} must be .*, got {re.escape(repr(kwargs[name]))}\.$"):
         Triton(**kwargs)
 
 

@@ -193,7 +193,8 @@ def test_stop_leaves_a_hung_call_behind_and_says_so(make_worker, caplog):
     caplog.set_level(logging.WARNING, logger="pytriton.proxy")
     started = time.monotonic()
     worker.stop()
-    assert time.monotonic() - started < 10  # not the 60 s the call would take
+    # stop() promises not to wait for a hung callable: generous margin against the 60 s it would take.
+    assert time.monotonic() - started < 30
     assert any("left behind" in r.getMessage() for r in caplog.records)
     release.set()
     sock.close()

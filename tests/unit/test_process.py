@@ -1,0 +1,224 @@
+"""``TritonServerProcess`` driven with fake "servers": small Python scripts (no tritonserver).
+
+Covers log capture (buffer, file, error lines; crash lines and ``describe_exit``/``kill_stub`` are in
+test_self_healing.py), readiness (a probe, a death before it, a
+probe that never succeeds), the exit callbacks (only for a server that came up and was not
+stopped), and ``stop()`` with a server that ignores SIGINT and leaves a child in its group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import textwrap
+
+import pytest
+
+from pytriton.exceptions import PyTritonServerError
+from pytriton.server import process as process_module
+from pytriton.server.process import TritonServerProcess, check_ports_free
+from tests.conftest import wait_for
+
+
+def _server(tmp_path, body, **kwargs):
+    script = tmp_path / "fake_server.py"
+    script.write_text(textwrap.dedent(body))
+    server = TritonServerProcess([sys.executable, str(script)], dict(os.environ), **kwargs)
+    return server
+
+
+@pytest.fixture()
+def servers():
+    started = []
+    yield started
+    for server in started:
+        server.stop(grace_s=5.0)
+
+
+def _start(servers, server):
+    servers.append(server)
+    server.start()
+    return server
+
+
+def test_output_is_kept_in_the_buffer_and_the_log_file(tmp_path, servers):
+    log = tmp_path / "logs" / "server.log"
+    server = _start(
+        servers,
+        _server(
+            tmp_path,
+            """
+            print("I1124 starting", flush=True)
+            print("E1124 12:00:00 model.cc:1] failed to load 'Bad'", flush=True)
+            print("E1124 NVML not available", flush=True)  # harmless on CPU-only machines
+            print("error: creating server: Invalid argument", flush=True)
+            """,
+            log_path=log,
+            log_buffer_lines=3,
+        ),
+    )
+    assert wait_for(lambda: not server.is_alive(), 10)
+    assert wait_for(lambda: len(server.log_lines) == 3, 10), server.log_lines
+    # Bounded: the first line fell out of the buffer but is in the file.
+    assert server.log_lines[0].startswith("E1124 12:00:00")
+    assert server.error_lines() == ["E1124 12:00:00 model.cc:1] failed to load 'Bad'", server.log_lines[-1]]
+    server.stop(grace_s=5.0)
+    assert log.read_text().splitlines()[0] == "I1124 starting"
+
+
+def test_wait_until_returns_once_the_probe_succeeds(tmp_path, servers):
+    ready = tmp_path / "ready"
+    server = _start(
+        servers,
+        _server(tmp_path, f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)\n"),
+    )
+    server.wait_until(ready.exists, timeout_s=30, what="Starting")
+    assert server.is_alive() and server.pid is not None
+
+
+def test_a_server_dying_before_ready_fails_with_its_own_error_lines(tmp_path, servers):
+    server = _start(
+        servers,
+        _server(
+            tmp_path,
+            """
+            import sys
+            print("I1124 starting")
+            print("E1124 http_server.cc:1] Socket '127.0.0.1:8000' already in use")
+            sys.exit(3)
+            """,
+        ),
+    )
+    with pytest.raises(PyTritonServerError, match=r"Starting: tritonserver exited with code 3\.") as info:
+        server.wait_until(lambda: False, timeout_s=30, what="Starting")
+    message = str(info.value)
+    assert "Port 8000 on 127.0.0.1 is already in use; choose another port." in message
+    assert "Socket '127.0.0.1:8000' already in use" in message
+
+
+def test_a_probe_that_never_succeeds_times_out_with_the_last_output(tmp_path, servers):
+    server = _start(servers, _server(tmp_path, "import time\nprint('still loading', flush=True)\ntime.sleep(60)\n"))
+    assert wait_for(lambda: server.log_lines, 10)
+    with pytest.raises(PyTritonServerError, match=r"(?s)Loading: not done after 0 s although .*still loading"):
+        server.wait_until(lambda: False, timeout_s=0.2, what="Loading")
+
+
+def test_exit_callback_fires_for_a_server_that_came_up_and_died(tmp_path, servers):
+    go = tmp_path / "go"
+    server = _server(
+        tmp_path,
+        f"""
+        import os, sys, time
+        for _ in range(1000):
+            if os.path.exists({str(go)!r}):
+                sys.exit(7)
+            time.sleep(0.01)
+        """,
+    )
+    codes = []
+    server.register_on_exit(codes.append)
+    server.register_on_exit(lambda code: 1 / 0)  # a failing callback does not stop the others
+    server.register_on_exit(codes.append)
+    _start(servers, server)
+    server.wait_until(lambda: True, timeout_s=10, what="Starting")
+    go.touch()
+    assert wait_for(lambda: codes == [7, 7], 15), codes
+
+
+def test_exit_callback_does_not_fire_for_a_stopped_or_never_ready_server(tmp_path, servers):
+    codes = []
+    stopped = _server(tmp_path, "import time\ntime.sleep(60)\n")
+    stopped.register_on_exit(codes.append)
+    _start(servers, stopped)
+    stopped.wait_until(lambda: True, timeout_s=10, what="Starting")
+    stopped.stop(grace_s=5.0)
+
+    never_ready = _server(tmp_path, "import sys\nsys.exit(1)\n")
+    never_ready.register_on_exit(codes.append)
+    _start(servers, never_ready)
+    assert wait_for(lambda: not never_ready.is_alive(), 10)
+    never_ready._waiter.join(10)
+    assert codes == []
+
+
+def _running(pid):
+    """True while ``pid`` runs (a zombie, which nobody may reap in a container, does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+IGNORE_SIGINT = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('up', flush=True)\n"
+
+
+def test_stop_ends_a_server_that_ignores_sigint_and_its_whole_group(tmp_path, servers):
+    child_pid_file = tmp_path / "child.pid"
+    child = (
+        "import os, pathlib, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        f"pathlib.Path({str(child_pid_file)!r}).write_text(str(os.getpid())); time.sleep(60)"
+    )
+    server = _start(
+        servers,
+        _server(
+            tmp_path,
+            IGNORE_SIGINT
+            + f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)\n",
+        ),
+    )
+    # Both ignore SIGINT from here on: only the SIGKILL after the grace period can end them.
+    assert wait_for(lambda: "up" in server.log_lines and child_pid_file.exists() and child_pid_file.read_text(), 10)
+    child_pid = int(child_pid_file.read_text())
+    pgid = server.pid
+    server.stop(grace_s=0.3)
+    assert not server.is_alive()
+    assert server._process.returncode == -signal.SIGKILL
+    assert not process_module._group_alive(pgid), "a process of the server's group survived stop()"
+    assert not _running(child_pid)
+    server.stop()  # idempotent
+
+
+def test_stop_kills_at_once_when_wait_idle_reports_nothing_left(tmp_path, servers):
+    server = _start(servers, _server(tmp_path, IGNORE_SIGINT + "time.sleep(60)\n"))
+    server.wait_until(lambda: "up" in server.log_lines, timeout_s=10, what="Starting")
+    deadlines = []
+
+    def wait_idle(deadline):
+        deadlines.append(deadline)
+        return True
+
+    # With grace_s=60 only the SIGKILL after wait_idle can end this server before the test's timeout.
+    server.stop(grace_s=60, wait_idle=wait_idle)
+    assert len(deadlines) == 1
+    assert server._process.returncode == -signal.SIGKILL
+
+
+def test_a_server_that_exits_on_sigint_is_not_killed(tmp_path, servers):
+    server = _start(
+        servers,
+        _server(
+            tmp_path,
+            "import sys, time\nprint('up', flush=True)\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(0)\n",
+        ),
+    )
+    # Printed once the interpreter runs the script, so its SIGINT handler is in place.
+    server.wait_until(lambda: "up" in server.log_lines, timeout_s=10, what="Starting")
+    server.stop(grace_s=30)
+    assert server._process.returncode == 0
+
+
+def test_stop_before_start_does_nothing():
+    TritonServerProcess(["tritonserver"], {}).stop()
+
+
+def test_check_ports_free_names_the_busy_port():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(PyTritonServerError, match=rf"grpc port {port} on 127.0.0.1 is already in use"):
+            check_ports_free({"http": 0, "grpc": port})
+    check_ports_free({"http": 0})  # 0: any port, nothing to check
