@@ -226,6 +226,11 @@ class TritonServerProcess:
         with self._lock:
             report = self._ready and not self._stopping
         if report:
+            # Its stubs outlive it and keep every socket they inherited, the HTTP and gRPC
+            # connections that were open when they were forked included (Triton does not make them
+            # close-on-exec): a client waiting on such a connection, pytriton's own repository call
+            # among them, would wait for its whole timeout. A dead server's stubs serve nobody.
+            self._kill_group(self._process.pid)
             LOGGER.warning("tritonserver exited unexpectedly with code %s", returncode)
             for callback in list(self._on_exit):
                 try:

@@ -222,3 +222,43 @@ def test_check_ports_free_names_the_busy_port():
         with pytest.raises(PyTritonServerError, match=rf"grpc port {port} on 127.0.0.1 is already in use"):
             check_ports_free({"http": 0, "grpc": port})
     check_ports_free({"http": 0})  # 0: any port, nothing to check
+
+
+def test_an_unexpected_exit_ends_the_group_so_inherited_connections_close(tmp_path, servers):
+    # The hang seen in the soak: Triton forked a stub while pytriton's repository request was open,
+    # the stub inherited the connection, the server died, and the request waited for its timeout.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    go = tmp_path / "go"
+    child_pid_file = tmp_path / "child.pid"
+    server = _server(
+        tmp_path,
+        f"""
+        import os, socket, sys, time
+        peer = socket.create_connection(("127.0.0.1", {port}))  # stands for an accepted client connection
+        if os.fork() == 0:  # a "stub": inherits the connection and lives on
+            open({str(child_pid_file)!r}, "w").write(str(os.getpid()))
+            time.sleep(60)
+            os._exit(0)
+        for _ in range(1000):
+            if os.path.exists({str(go)!r}):
+                os._exit(1)  # the server dies; the child keeps its copy of the connection
+            time.sleep(0.01)
+        """,
+    )
+    codes = []
+    server.register_on_exit(codes.append)
+    with listener:
+        _start(servers, server)
+        server.wait_until(lambda: True, timeout_s=10, what="Starting")
+        client_side, _ = listener.accept()
+        with client_side:
+            assert wait_for(lambda: child_pid_file.exists() and child_pid_file.read_text(), 10)
+            client_side.settimeout(30)
+            go.touch()
+            # Without the group kill this read would wait for the child's 60 s sleep (and time out).
+            assert client_side.recv(1) == b""
+    assert wait_for(lambda: codes == [1], 15), codes
+    assert not _running(int(child_pid_file.read_text()))
