@@ -1,10 +1,14 @@
 """Exceptions raised by the serving side of pytriton.
 
 Every exception derives from :class:`PyTritonError`, so ``except PyTritonError`` catches all of
-them. Client-side errors live in :mod:`pytriton.client.exceptions`.
+them. Client-side errors live in :mod:`pytriton.client.exceptions`; both hierarchies share one
+private base (:mod:`pytriton._errors`), which gives every error its ``message``. When each class is
+raised: docs/configuration.md ("Errors"). Pinned by tests/unit/test_exceptions.py.
 """
 
 from __future__ import annotations
+
+from pytriton._errors import PyTritonBaseError
 
 __all__ = [
     "PyTritonError",
@@ -20,25 +24,22 @@ __all__ = [
 ]
 
 
-class PyTritonError(Exception):
-    """Base class of every pytriton error."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self._message = message
-
-    @property
-    def message(self) -> str:
-        """The human-readable description of the error."""
-        return self._message
+class PyTritonError(PyTritonBaseError):
+    """Base class of every serving-side pytriton error; ``.message`` is its description."""
 
 
 class PyTritonValidationError(PyTritonError):
-    """A configuration or an argument failed validation."""
+    """A configuration failed validation, or something checked against a model's configuration.
+
+    Server settings (``TritonConfig`` and its environment variables, ``TritonSecurityConfig``), a
+    model's name or version, versions of one name that differ; while serving, requests or a
+    callable's outputs that do not fit the model's declared inputs and outputs as ``@batch`` and
+    ``convert_output`` check them.
+    """
 
 
 class PyTritonInvalidOperationError(PyTritonError):
-    """The operation is not allowed in the object's current state."""
+    """The operation is not allowed in the object's current state (a stopped ``Triton``, ...)."""
 
 
 class PyTritonModelAlreadyBoundError(PyTritonInvalidOperationError, PyTritonValidationError):
@@ -50,11 +51,16 @@ class PyTritonModelAlreadyBoundError(PyTritonInvalidOperationError, PyTritonVali
 
 
 class PyTritonBadParameterError(PyTritonError):
-    """A parameter has an unsupported value (for example an unknown dtype)."""
+    """An argument of an API call has an unsupported value.
+
+    For example an unknown dtype or a bad shape in a ``Tensor``, a bad ``ModelConfig`` or warmup
+    in ``bind``, a bad keyword of ``Triton()`` or ``serve()``, a bad decorator argument (the
+    defaults of ``@fill_optionals`` are checked against the model on its first call).
+    """
 
 
 class PyTritonModelConfigError(PyTritonError):
-    """A model configuration is inconsistent or cannot be generated or parsed."""
+    """Triton refused to load a model (its configuration, a failed warmup), or a config cannot be parsed."""
 
 
 class PyTritonUnrecoverableError(PyTritonError):
@@ -66,7 +72,7 @@ class PyTritonUnrecoverableError(PyTritonError):
 
 
 class PyTritonRuntimeError(PyTritonError):
-    """A failure while serving requests (bad callable output, proxy failure, ...)."""
+    """A failure while serving requests: unusable callable outputs, a decorator that cannot proceed."""
 
 
 class PyTritonServerError(PyTritonError):

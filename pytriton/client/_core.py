@@ -25,9 +25,11 @@ from pytriton.client.exceptions import (
     PyTritonClientInferenceServerError,
     PyTritonClientModelDoesntSupportBatchingError,
     PyTritonClientModelUnavailableError,
+    PyTritonClientRuntimeError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
+from pytriton.exceptions import PyTritonError
 from pytriton.model_config.generator import from_dict
 from pytriton.model_config.triton_model_config import TritonModelConfig
 
@@ -187,7 +189,11 @@ def wait_for_model(timeout_s: float, grpc: bool, model_name: str, model_version:
 
 
 def read_config(timeout_s: float, grpc: bool, model_name: str, model_version: str) -> Operation:
-    """The model's config as a typed ``TritonModelConfig`` (one call, no readiness wait)."""
+    """The model's config as a typed ``TritonModelConfig`` (one call, no readiness wait).
+
+    A config the client cannot use (e.g. a tensor type numpy has no dtype for) raises
+    ``PyTritonClientRuntimeError``: a client error, not the parser's serving-side one.
+    """
     kwargs = {"as_json": True} if grpc else {}
     try:
         raw = yield control_call("get_model_config", grpc, timeout_s, model_name, model_version, **kwargs)
@@ -195,7 +201,10 @@ def read_config(timeout_s: float, grpc: bool, model_name: str, model_version: st
         raise map_error(exc, f"Reading the config of model {model_name!r}") from None
     if grpc:
         raw = raw.get("config", raw)
-    return from_dict(raw)
+    try:
+        return from_dict(raw)
+    except PyTritonError as exc:
+        raise PyTritonClientRuntimeError(f"Cannot use the config of model {model_name!r}: {exc.message}") from None
 
 
 def model_state(grpc: bool, timeout_s: float, model_name: str, model_version: Optional[str]) -> Operation:

@@ -1,6 +1,14 @@
-"""Exceptions raised by pytriton's clients. All derive from :class:`PyTritonClientError`."""
+"""Exceptions raised by pytriton's clients. All derive from :class:`PyTritonClientError`.
+
+:class:`PyTritonClientError` shares its private base (:mod:`pytriton._errors`, which provides
+``message``) with the serving side's ``PyTritonError``, but is not one: ``except PyTritonError``
+does not catch client errors. When each class is raised: docs/clients.md ("Errors"). Pinned by
+tests/unit/test_exceptions.py.
+"""
 
 from __future__ import annotations
+
+from pytriton._errors import PyTritonBaseError
 
 __all__ = [
     "PyTritonClientError",
@@ -17,17 +25,8 @@ __all__ = [
 ]
 
 
-class PyTritonClientError(Exception):
-    """Base class of every client error."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self._message = message
-
-    @property
-    def message(self) -> str:
-        """The human-readable description of the error."""
-        return self._message
+class PyTritonClientError(PyTritonBaseError):
+    """Base class of every client error; ``.message`` is its description."""
 
 
 class PyTritonClientValueError(PyTritonClientError):

@@ -89,7 +89,8 @@ def get_model_config(
     """The model's config as a ``TritonModelConfig``, after waiting for it to be ready.
 
     ``timeout_s`` (default 300 s) bounds the wait and the read; ``PyTritonClientTimeoutError`` past it,
-    ``PyTritonClientModelUnavailableError`` / ``PyTritonClientInferenceServerError`` when the server refuses.
+    ``PyTritonClientModelUnavailableError`` / ``PyTritonClientInferenceServerError`` when the server refuses,
+    ``PyTritonClientRuntimeError`` for a config the client cannot use (e.g. a tensor type without a numpy dtype).
     """
     timeout = DEFAULT_INIT_TIMEOUT_S if timeout_s is None else float(timeout_s)
     grpc = _is_grpc(client)

@@ -34,6 +34,7 @@ from pytriton.client.exceptions import (
     PyTritonClientInferenceServerError,
     PyTritonClientInvalidUrlError,
     PyTritonClientModelUnavailableError,
+    PyTritonClientRuntimeError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
@@ -222,6 +223,23 @@ def test_errors_map_by_status_and_type_not_words(driver, error, expected):
     a = np.ones(3, np.float32)
     with pytest.raises(expected):
         _drive(driver, _core().infer((a, a), {}, None, None, False, tritonclient.http), server)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    ("output", "match"),
+    [
+        ({"name": "add", "data_type": "TYPE_BF16", "dims": [-1]}, "TYPE_BF16"),  # no numpy dtype for it
+        ({"data_type": "TYPE_FP32", "dims": [-1]}, "Cannot parse"),  # no name
+    ],
+)
+def test_a_config_the_client_cannot_use_is_a_client_error(driver, output, match):
+    server = FakeServer(config={**CONFIG, "output": [output]})
+    a = np.ones(3, np.float32)
+    with pytest.raises(PyTritonClientRuntimeError, match=match) as info:
+        _drive(driver, _core().infer((a, a), {}, None, None, False, tritonclient.http), server)
+    assert "AddSub" in info.value.message
+    assert "infer" not in server.calls
 
 
 def test_map_error_keeps_pytriton_errors():
