@@ -14,7 +14,7 @@ import http.client
 import json
 import socket
 import threading
-from typing import Any, Dict, Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 from tritonclient.utils import InferenceServerException
@@ -42,7 +42,7 @@ def encode_request(arrays: Dict[str, np.ndarray], parameters: Optional[Dict[str,
 
 def iter_events(lines: Iterable[bytes]) -> Iterator[Dict[str, Any]]:
     """Parse server-sent events: the JSON of each event's ``data:`` lines (other fields ignored)."""
-    data: list = []
+    data: List[Any] = []
     for raw in lines:
         line = raw.decode("utf-8").rstrip("\r\n")
         if not line:
@@ -55,7 +55,7 @@ def iter_events(lines: Iterable[bytes]) -> Iterator[Dict[str, Any]]:
         yield json.loads("\n".join(data))
 
 
-def _shape(spec: TensorSpec, size: int, batch_axis: bool) -> Optional[tuple]:
+def _shape(spec: TensorSpec, size: int, batch_axis: bool) -> Optional[Tuple[int, ...]]:
     dims = ((1,) if batch_axis else ()) + tuple(spec.shape)
     unknown = [i for i, d in enumerate(dims) if d < 0]
     known = int(np.prod([d for d in dims if d >= 0])) if dims else 1

@@ -212,7 +212,7 @@ class FuturesModelClient(BaseModelClient):
                 self._clients.append(client)
         return client
 
-    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Future:
+    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Future[Any]:
         with self._lock:
             self._check_open()
         if self._slots is not None:
@@ -244,22 +244,22 @@ class FuturesModelClient(BaseModelClient):
     def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
-    ) -> Future:  # fmt: skip
+    ) -> Future[Any]:  # fmt: skip
         """Future of :meth:`ModelClient.infer_sample`."""
         return self._submit("infer_sample", *inputs, parameters=parameters, headers=headers, **named_inputs)
 
     def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
-    ) -> Future:  # fmt: skip
+    ) -> Future[Any]:  # fmt: skip
         """Future of :meth:`ModelClient.infer_batch`."""
         return self._submit("infer_batch", *inputs, parameters=parameters, headers=headers, **named_inputs)
 
-    def wait_for_model(self, timeout_s: float) -> Future:
+    def wait_for_model(self, timeout_s: float) -> Future[Any]:
         """Future that completes when the model is ready (or fails with a timeout)."""
         return self._submit("wait_for_model", timeout_s)
 
-    def model_config(self) -> Future:
+    def model_config(self) -> Future[Any]:
         """Future of the model's ``TritonModelConfig``."""
         return self._submit("model_config")
 
