@@ -31,6 +31,7 @@ from collections.abc import MutableMapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 import wrapt
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
@@ -257,7 +258,7 @@ def convert_output(
 
 
 # -- @batch and @sample ---------------------------------------------------------------------------
-def _stack_inputs(requests: Sequence[Request]) -> Dict[str, np.ndarray]:
+def _stack_inputs(requests: Sequence[Request]) -> Dict[str, npt.NDArray[Any]]:
     names = requests[0].keys()
     for index, request in enumerate(requests[1:], start=1):
         if request.keys() != names:
@@ -363,7 +364,7 @@ def group_by_keys(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return _gather(results, merge, "@group_by_keys")
 
 
-def _sample_key(value: np.ndarray) -> Any:
+def _sample_key(value: npt.NDArray[Any]) -> Any:
     if value.dtype.kind == "O":
         return tuple(item if isinstance(item, bytes) else str(item).encode() for item in value.reshape(-1).tolist())
     return (value.dtype.str, value.shape, value.tobytes())
@@ -382,7 +383,7 @@ class ConstantPadder:
 
     def __call__(self, batches_list: InferenceResults) -> InferenceResults:
         names = list(dict.fromkeys(name for batch_ in batches_list for name in batch_))
-        padded: List[Dict[str, np.ndarray]] = [dict() for _ in batches_list]
+        padded: List[Dict[str, npt.NDArray[Any]]] = [dict() for _ in batches_list]
         for name in names:
             arrays = [(index, batch_[name]) for index, batch_ in enumerate(batches_list) if name in batch_]
             dtype = self._common_dtype(name, [array.dtype for _, array in arrays])
@@ -401,7 +402,7 @@ class ConstantPadder:
         return padded
 
     @staticmethod
-    def _common_dtype(name: str, dtypes: List[np.dtype]) -> np.dtype:
+    def _common_dtype(name: str, dtypes: List[np.dtype[Any]]) -> np.dtype[Any]:
         kinds = {dtype.kind for dtype in dtypes}
         if len(kinds) != 1:
             raise PyTritonRuntimeError(
@@ -453,11 +454,11 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
             wrapped(*args, **{name: value[indices] for name, value in inputs.items()}, **extra) for indices in order
         ]
 
-        def merge(group_outputs: List[Any]) -> Dict[str, np.ndarray]:
+        def merge(group_outputs: List[Any]) -> Dict[str, npt.NDArray[Any]]:
             converted = [convert_output(outputs, wrapped, instance) for outputs in group_outputs]
             if pad_fn is not None:
                 converted = list(pad_fn(converted))
-            merged: Dict[str, np.ndarray] = {}
+            merged: Dict[str, npt.NDArray[Any]] = {}
             for name in converted[0]:
                 parts = [outputs[name] for outputs in converted]
                 tails = {part.shape[1:] for part in parts}
@@ -484,7 +485,7 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
 
 
 # -- inputs ------------------------------------------------------------------------------------------
-def fill_optionals(**defaults: np.ndarray) -> Any:
+def fill_optionals(**defaults: npt.NDArray[Any]) -> Any:
     """Fill inputs a request omitted with default values (arrays *without* the batch axis).
 
     Put it at the top of the stack, so that ``@group_by_keys`` and ``@batch`` below see complete

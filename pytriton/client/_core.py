@@ -17,6 +17,7 @@ import time
 from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 from tritonclient.utils import np_to_triton_dtype
 
 from pytriton.client._url import TritonUrl
@@ -347,7 +348,7 @@ class ClientCore:
     # -- pure helpers ------------------------------------------------------------------------------
     def prepare_inputs(
         self, inputs: Sequence[Any], named_inputs: Dict[str, Any], batch: bool, config: TritonModelConfig
-    ) -> Tuple[Dict[str, np.ndarray], bool]:
+    ) -> Tuple[Dict[str, npt.NDArray[Any]], bool]:
         """Input arrays ready to send, and whether a batch axis was added (``infer_sample``)."""
         arrays = self.collect_inputs(inputs, named_inputs, config)
         if batch and not config.batching:
@@ -362,7 +363,7 @@ class ClientCore:
     @staticmethod
     def collect_inputs(
         inputs: Sequence[Any], named_inputs: Dict[str, Any], config: TritonModelConfig
-    ) -> Dict[str, np.ndarray]:
+    ) -> Dict[str, npt.NDArray[Any]]:
         """Positional inputs map onto the config's inputs in order; named ones by name; never both."""
         if inputs and named_inputs:
             raise PyTritonClientValueError("Pass inputs either positionally or by name, not both.")
@@ -385,7 +386,7 @@ class ClientCore:
 
     def build_request(
         self,
-        arrays: Dict[str, np.ndarray],
+        arrays: Dict[str, npt.NDArray[Any]],
         config: TritonModelConfig,
         parameters: Optional[Dict[str, Any]],
         headers: Optional[Dict[str, Any]],
@@ -420,7 +421,7 @@ class ClientCore:
         return request
 
     @staticmethod
-    def decode(result: Any, config: TritonModelConfig, remove_axis: bool) -> Dict[str, np.ndarray]:
+    def decode(result: Any, config: TritonModelConfig, remove_axis: bool) -> Dict[str, npt.NDArray[Any]]:
         """Output arrays by name (without the batch axis for ``infer_sample`` on batching models)."""
         outputs = {}
         for spec in config.outputs:

@@ -23,7 +23,7 @@ import queue
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, Optional, Tuple
 
-import numpy as np
+import numpy.typing as npt
 
 from pytriton.client._core import check_parameters, map_error
 from pytriton.client._drivers import run_sync
@@ -99,7 +99,7 @@ class DecoupledModelClient(ModelClient):
         parameters: Optional[Dict[str, Any]] = None,
         headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
-    ) -> Iterator[Dict[str, np.ndarray]]:
+    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
         """Stream the responses to one sample (batch axis added and removed for batching models)."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=False)
 
@@ -109,7 +109,7 @@ class DecoupledModelClient(ModelClient):
         parameters: Optional[Dict[str, Any]] = None,
         headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
-    ) -> Iterator[Dict[str, np.ndarray]]:
+    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
         """Stream the responses to one batch (batching models only)."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=True)
 
@@ -120,7 +120,7 @@ class DecoupledModelClient(ModelClient):
         parameters: Optional[Dict[str, Any]],
         headers: Optional[Dict[str, Any]],
         batch: bool,
-    ) -> Iterator[Dict[str, np.ndarray]]:
+    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
         self._check_open()
         check_parameters(parameters, "parameters")
         check_parameters(headers, "headers")
@@ -136,12 +136,12 @@ class DecoupledModelClient(ModelClient):
 
     def _sse_responses(
         self,
-        arrays: Dict[str, np.ndarray],
+        arrays: Dict[str, npt.NDArray[Any]],
         parameters: Optional[Dict[str, Any]],
         config: TritonModelConfig,
         add_axis: bool,
         headers: Optional[Dict[str, str]],
-    ) -> Iterator[Dict[str, np.ndarray]]:
+    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
         if config.batching and any(array.ndim == 0 or array.shape[0] != 1 for array in arrays.values()):
             raise PyTritonClientValueError(
                 "Streaming over HTTP (generate_stream) carries one sample per request; send batches over gRPC."
@@ -167,7 +167,7 @@ class DecoupledModelClient(ModelClient):
 
     def _responses(
         self, request: Dict[str, Any], config: TritonModelConfig, add_axis: bool, headers: Optional[Dict[str, str]]
-    ) -> Iterator[Dict[str, np.ndarray]]:
+    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
         name = self._core.model_name
         events: queue.Queue[_Event] = queue.Queue()
         with self._stream_lock:
@@ -234,7 +234,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         parameters: Optional[Dict[str, Any]] = None,
         headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
-    ) -> AsyncIterator[Dict[str, np.ndarray]]:
+    ) -> AsyncIterator[Dict[str, npt.NDArray[Any]]]:
         """Stream the responses to one sample."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=False)
 
@@ -244,11 +244,11 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         parameters: Optional[Dict[str, Any]] = None,
         headers: Optional[Dict[str, Any]] = None,
         **named_inputs: Any,
-    ) -> AsyncIterator[Dict[str, np.ndarray]]:
+    ) -> AsyncIterator[Dict[str, npt.NDArray[Any]]]:
         """Stream the responses to one batch."""
         return self._stream(inputs, named_inputs, parameters, headers, batch=True)
 
-    async def _next(self, iterator: Iterator[Dict[str, np.ndarray]], done: object) -> Any:
+    async def _next(self, iterator: Iterator[Dict[str, npt.NDArray[Any]]], done: object) -> Any:
         step: Awaitable[Any] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)
         timeout_s = self._core.inference_timeout_s
         try:
@@ -269,7 +269,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         parameters: Optional[Dict[str, Any]],
         headers: Optional[Dict[str, Any]],
         batch: bool,
-    ) -> AsyncIterator[Dict[str, np.ndarray]]:
+    ) -> AsyncIterator[Dict[str, npt.NDArray[Any]]]:
         self._check_open()
         iterator = await self._run(self._sync._stream, inputs, named_inputs, parameters, headers, batch)
         done = object()

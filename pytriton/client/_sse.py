@@ -17,6 +17,7 @@ import threading
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 from tritonclient.utils import InferenceServerException
 
 from pytriton.client._core import map_error
@@ -25,14 +26,14 @@ from pytriton.client.exceptions import PyTritonClientError, PyTritonClientInfere
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 
 
-def _plain(array: np.ndarray) -> Any:
+def _plain(array: npt.NDArray[Any]) -> Any:
     flat = array.reshape(-1)
     if flat.dtype.kind in "SO":
         return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in flat]
     return flat.tolist()
 
 
-def encode_request(arrays: Dict[str, np.ndarray], parameters: Optional[Dict[str, Any]]) -> bytes:
+def encode_request(arrays: Dict[str, npt.NDArray[Any]], parameters: Optional[Dict[str, Any]]) -> bytes:
     """The JSON body of a ``generate_stream`` request."""
     body: Dict[str, Any] = {name: _plain(array) for name, array in arrays.items()}
     if parameters:
@@ -66,7 +67,9 @@ def _shape(spec: TensorSpec, size: int, batch_axis: bool) -> Optional[Tuple[int,
     return None
 
 
-def decode_event(event: Dict[str, Any], config: TritonModelConfig, keep_batch_axis: bool) -> Dict[str, np.ndarray]:
+def decode_event(
+    event: Dict[str, Any], config: TritonModelConfig, keep_batch_axis: bool
+) -> Dict[str, npt.NDArray[Any]]:
     """Output arrays of one event, shaped by the config (with a batch axis of 1 when ``keep_batch_axis``).
 
     ``PyTritonClientInferenceServerError`` for an error event.

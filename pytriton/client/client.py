@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Awaitable, Dict, List, Optional
 
-import numpy as np
+import numpy.typing as npt
 
 from pytriton.client._base import BaseModelClient
 from pytriton.client._drivers import async_clients, run_async, run_sync, sync_clients
@@ -118,7 +118,7 @@ class ModelClient(BaseModelClient):
     def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
-    ) -> Dict[str, np.ndarray]:  # fmt: skip
+    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer one sample: the batch axis is added for batching models and removed from the outputs."""
         self._check_open()
         operation = self._core.infer(inputs, named_inputs, parameters, headers, False, self._lib)
@@ -127,7 +127,7 @@ class ModelClient(BaseModelClient):
     def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
-    ) -> Dict[str, np.ndarray]:  # fmt: skip
+    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer a batch (inputs carry the batch axis); only for batching models."""
         self._check_open()
         operation = self._core.infer(inputs, named_inputs, parameters, headers, True, self._lib)
@@ -328,7 +328,7 @@ class AsyncioModelClient(BaseModelClient):
     async def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
-    ) -> Dict[str, np.ndarray]:  # fmt: skip
+    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer one sample (see :meth:`ModelClient.infer_sample`)."""
         self._check_open()
         operation = self._core.infer(inputs, named_inputs, parameters, headers, False, self._lib)
@@ -337,7 +337,7 @@ class AsyncioModelClient(BaseModelClient):
     async def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
-    ) -> Dict[str, np.ndarray]:  # fmt: skip
+    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer a batch (see :meth:`ModelClient.infer_batch`)."""
         self._check_open()
         operation = self._core.infer(inputs, named_inputs, parameters, headers, True, self._lib)

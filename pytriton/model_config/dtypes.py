@@ -9,7 +9,7 @@ import numpy as np
 from pytriton.exceptions import PyTritonBadParameterError
 
 # Triton type name -> numpy dtype. BYTES (variable-length strings) is represented by np.bytes_.
-_TRITON_TO_NUMPY: Dict[str, np.dtype] = {
+_TRITON_TO_NUMPY: Dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "INT8": np.dtype(np.int8),
     "INT16": np.dtype(np.int16),
@@ -23,7 +23,7 @@ _TRITON_TO_NUMPY: Dict[str, np.dtype] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
 }
-_NUMPY_TO_TRITON: Dict[np.dtype, str] = {dtype: name for name, dtype in _TRITON_TO_NUMPY.items()}
+_NUMPY_TO_TRITON: Dict[np.dtype[Any], str] = {dtype: name for name, dtype in _TRITON_TO_NUMPY.items()}
 _BYTES_NAMES = frozenset({"bytes", "object", "str", "string", "bytes_", "object_", "str_", "s", "o", "u"})
 
 
@@ -70,7 +70,7 @@ def numpy_type(triton_name: str) -> type:
     name = triton_name[5:] if triton_name.startswith("TYPE_") else triton_name
     if name in ("BYTES", "STRING"):
         return np.bytes_
-    dtype: Optional[np.dtype] = _TRITON_TO_NUMPY.get(name)
+    dtype: Optional[np.dtype[Any]] = _TRITON_TO_NUMPY.get(name)
     if dtype is None:
         raise PyTritonBadParameterError(f"Triton type {triton_name!r} has no numpy equivalent in pytriton.")
     return dtype.type  # type: ignore[no-any-return]

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton.model_config.common import DeviceKind, DynamicBatcher
 
@@ -24,7 +25,7 @@ class TensorSpec:
     dtype: type
     optional: bool = False
 
-    def mismatch(self, array: np.ndarray, batch_axis: bool) -> Optional[str]:
+    def mismatch(self, array: npt.NDArray[Any], batch_axis: bool) -> Optional[str]:
         """Why ``array`` does not fit this declaration (dtype, then shape), or None if it does.
 
         ``batch_axis``: the array carries a leading batch axis that the declaration does not.

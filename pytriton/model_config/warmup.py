@@ -34,7 +34,7 @@ class ResolvedWarmup:
 def _positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PyTritonBadParameterError(f"{what} must be an int >= 1, got {value!r}.")
-    return value
+    return int(value)
 
 
 def _file_content(path: Any, dtype: type, shape: Sequence[int], what: str) -> bytes:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError
 from pytriton.model_config.triton_model_config import TritonModelConfig
@@ -44,7 +45,7 @@ class _Declared:
     def __init__(self, name: str, dtype: type, shape: Tuple[int, ...], batching: bool):
         self.name = name
         self.is_bytes = dtype is np.bytes_
-        self.dtype: Optional[np.dtype] = None if self.is_bytes else np.dtype(dtype)
+        self.dtype: Optional[np.dtype[Any]] = None if self.is_bytes else np.dtype(dtype)
         offset = 1 if batching else 0
         self.ndim = len(shape) + offset
         self.shape = shape
@@ -75,7 +76,7 @@ class OutputChecker:
 
     def check(
         self, result: Any, n_requests: int, requested: Optional[Sequence[Optional[List[str]]]] = None
-    ) -> List[List[Tuple[str, np.ndarray]]]:
+    ) -> List[List[Tuple[str, npt.NDArray[Any]]]]:
         """Return the outputs as ``[(name, array), ...]`` per request or raise ``PyTritonRuntimeError``.
 
         ``requested``: per request, the output names the client asked for (``None``: all). Only
@@ -133,7 +134,9 @@ class OutputChecker:
                 "return every output the request asks for (Request.requested_output_names, None meaning all)."
             )
 
-    def _check_array(self, index: int, name: Any, spec: Optional[_Declared], value: Any, strict: bool) -> np.ndarray:
+    def _check_array(
+        self, index: int, name: Any, spec: Optional[_Declared], value: Any, strict: bool
+    ) -> npt.NDArray[Any]:
         where = f"Model {self._model!r}: output {name!r} of result {index}"
         if spec is None:
             raise PyTritonRuntimeError(
@@ -153,7 +156,7 @@ class OutputChecker:
         return converted
 
     @staticmethod
-    def _convert(where: str, spec: _Declared, value: np.ndarray, strict: bool) -> np.ndarray:
+    def _convert(where: str, spec: _Declared, value: npt.NDArray[Any], strict: bool) -> npt.NDArray[Any]:
         """``value`` with the declared dtype, converted only where no information can be lost."""
         kind = value.dtype.kind
         if spec.is_bytes:

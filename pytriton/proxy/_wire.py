@@ -40,6 +40,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 # -- messages ---------------------------------------------------------------------------------
 # Every message is a tuple whose first field is its kind. Build them with the functions below and
@@ -347,7 +348,7 @@ class ArenaReader:
         is not writing it, i.e. between messages); see ``_release_pages``."""
         return _release_pages(self.buffer, keep)
 
-    def offset_of(self, array: np.ndarray) -> Optional[int]:
+    def offset_of(self, array: npt.NDArray[Any]) -> Optional[int]:
         """Offset of ``array``'s memory in the peer's arena if it lies there (contiguously), else None."""
         if self.buffer is None or not array.flags.c_contiguous:
             return None
@@ -448,7 +449,7 @@ class IdleReleaser:
             self._thread.join(5.0)
 
 
-def serialize_bytes(array: np.ndarray) -> bytes:
+def serialize_bytes(array: npt.NDArray[Any]) -> bytes:
     """Triton's BYTES layout: each element as a 4-byte little-endian length and its bytes."""
     pack = _UINT32.pack
     parts: List[bytes] = []
@@ -462,7 +463,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes(buffer: Any, offset: int, nbytes: int, shape: Tuple[int, ...]) -> np.ndarray:
+def deserialize_bytes(buffer: Any, offset: int, nbytes: int, shape: Tuple[int, ...]) -> npt.NDArray[Any]:
     """Inverse of :func:`serialize_bytes`: an object array of ``bytes`` with ``shape``."""
     view = memoryview(buffer)[offset : offset + nbytes]
     count = 1
@@ -537,17 +538,17 @@ def write_tensors(
     return arena.name, metas
 
 
-_DTYPES: Dict[str, np.dtype] = {}
+_DTYPES: Dict[str, np.dtype[Any]] = {}
 
 
-def _dtype(code: str) -> np.dtype:
+def _dtype(code: str) -> np.dtype[Any]:
     dtype = _DTYPES.get(code)
     if dtype is None:
         dtype = _DTYPES[code] = np.dtype(code)
     return dtype
 
 
-def read_tensor(buffer: Any, meta: TensorMeta, copy: bool, own: Any = None) -> np.ndarray:
+def read_tensor(buffer: Any, meta: TensorMeta, copy: bool, own: Any = None) -> npt.NDArray[Any]:
     """The array ``meta`` describes; ``buffer`` is the sender's arena, ``own`` the receiver's.
 
     ``copy=True`` returns memory the caller owns and may keep; ``copy=False`` may return a

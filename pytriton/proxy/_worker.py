@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple, Type
 
-import numpy as np
+import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
@@ -376,7 +376,7 @@ class InstanceWorker:
             self._direct = _Session(0, None, self._shm_prefix)
         return self._direct
 
-    def _decode(self, message: Any, views: List[np.ndarray]) -> List[Request]:
+    def _decode(self, message: Any, views: List[npt.NDArray[Any]]) -> List[Request]:
         return self._decode_on(self._direct_session(), message, views)
 
     def _infer(self, message: Any, channel: _wire.Channel) -> Any:
@@ -389,7 +389,7 @@ class InstanceWorker:
     ) -> Tuple[Optional[str], List[Any]]:
         return self._encode_on(self._direct_session(), result, n_requests, requests)
 
-    def _decode_on(self, session: _Session, message: Any, views: List[np.ndarray]) -> List[Request]:
+    def _decode_on(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> List[Request]:
         """Requests from an INFER message.
 
         Small inputs are copied out of the message. Large ones are views into the stub's arena
@@ -440,12 +440,12 @@ class InstanceWorker:
         still holds any of them once it is done (stored them, or a view of them), the stub must
         not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
         """
-        views: List[np.ndarray] = []
+        views: List[npt.NDArray[Any]] = []
         reply = self._call_callable(session, message, views)
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
         return _wire.with_retire(reply, retire) if retire else reply
 
-    def _call_callable(self, session: _Session, message: Any, views: List[np.ndarray]) -> Any:
+    def _call_callable(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
         # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the
         # callable fails this batch only: this thread belongs to pytriton, not to the callable, and
         # a real Ctrl-C is delivered to the main thread, never here.

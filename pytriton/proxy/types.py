@@ -6,6 +6,7 @@ import contextlib
 from typing import Any, ContextManager, Dict, ItemsView, Iterator, KeysView, List, Optional, Tuple, ValuesView
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "Request",
@@ -44,7 +45,7 @@ class Request:
 
     def __init__(
         self,
-        data: Dict[str, np.ndarray],
+        data: Dict[str, npt.NDArray[Any]],
         parameters: Optional[Dict[str, Any]] = None,
         span: Any = None,
         requested_output_names: Optional[List[str]] = None,
@@ -74,10 +75,10 @@ class Request:
         context = trace.set_span_in_context(self.span)
         return trace.get_tracer("pytriton").start_as_current_span(span_name, context=context)  # type: ignore[no-any-return]
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
         return self.data[name]
 
-    def __setitem__(self, name: str, value: np.ndarray) -> None:
+    def __setitem__(self, name: str, value: npt.NDArray[Any]) -> None:
         self.data[name] = value
 
     def __delitem__(self, name: str) -> None:
@@ -107,11 +108,11 @@ class Request:
         """Input names."""
         return self.data.keys()
 
-    def values(self) -> ValuesView[np.ndarray]:
+    def values(self) -> ValuesView[npt.NDArray[Any]]:
         """Input arrays."""
         return self.data.values()
 
-    def items(self) -> ItemsView[str, np.ndarray]:
+    def items(self) -> ItemsView[str, npt.NDArray[Any]]:
         """(name, array) pairs."""
         return self.data.items()
 
@@ -125,7 +126,7 @@ class Request:
 
 
 Requests = List[Request]
-Response = Dict[str, np.ndarray]
+Response = Dict[str, npt.NDArray[Any]]
 Responses = List[Response]
 # Names used by the decorators module of the reference API.
 InferenceRequest = Request

@@ -17,6 +17,7 @@ import struct
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton.client.legacy._errors import InferenceServerException
 from pytriton.client.legacy._messages import as_int, wire_datatype
@@ -46,7 +47,7 @@ class InferRequestHeader:
 _KNOWN_FLAGS = int(InferRequestHeader.FLAG_SEQUENCE_START | InferRequestHeader.FLAG_SEQUENCE_END)
 
 
-def serialize_string_tensor(input_tensor: Any) -> np.ndarray:
+def serialize_string_tensor(input_tensor: Any) -> npt.NDArray[Any]:
     """The BYTES wire layout of a string tensor: a flat ``uint8`` array of 4-byte little-endian
     lengths each followed by that many bytes, elements in C order. ``str`` elements are UTF-8
     encoded; other objects are written as ``str(obj)``."""
@@ -63,7 +64,7 @@ def serialize_string_tensor(input_tensor: Any) -> np.ndarray:
         data = item if isinstance(item, bytes) else str(item).encode("utf-8")
         chunks.append(struct.pack("<I", len(data)))
         chunks.append(data)
-    serialized: np.ndarray = np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
+    serialized: npt.NDArray[Any] = np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
     return serialized
 
 
@@ -119,7 +120,7 @@ class InputPlan:
     name: str
     datatype: str
     shape: List[int]
-    data: Optional[np.ndarray] = None  # the batch, stacked
+    data: Optional[npt.NDArray[Any]] = None  # the batch, stacked
     shm: Optional[SharedMemoryHandle] = None
     shm_byte_size: int = 0
 
@@ -145,7 +146,7 @@ class RequestPlan:
     sequence_end: bool = False
 
 
-def _sample_array(model: ModelSpec, spec: TensorSpec, sample: Any, index: int) -> np.ndarray:
+def _sample_array(model: ModelSpec, spec: TensorSpec, sample: Any, index: int) -> npt.NDArray[Any]:
     where = f"input '{spec.name}' of model '{model.name}', batch entry {index}"
     if spec.datatype == "BYTES":
         array = np.asarray(sample)

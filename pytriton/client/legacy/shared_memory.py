@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, List, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton.client.legacy._errors import InferenceServerException
 
@@ -77,7 +78,7 @@ def create_shared_memory_region(triton_shm_name: str, shm_key: str, byte_size: i
     return SharedMemoryHandle(str(triton_shm_name), str(shm_key), int(byte_size), region)
 
 
-def set_shared_memory_region(shm_handle: SharedMemoryHandle, input_values: Sequence[np.ndarray]) -> None:
+def set_shared_memory_region(shm_handle: SharedMemoryHandle, input_values: Sequence[npt.NDArray[Any]]) -> None:
     """Copy the arrays, one after the other, to the start of the region."""
     import tritonclient.utils.shared_memory as tshm
 
@@ -95,7 +96,7 @@ def set_shared_memory_region(shm_handle: SharedMemoryHandle, input_values: Seque
         raise SharedMemoryException(f"cannot write shared memory region '{handle.triton_shm_name}': {error}") from error
 
 
-def get_contents_as_numpy(shm_handle: SharedMemoryHandle, datatype: Any, shape: Sequence[int]) -> np.ndarray:
+def get_contents_as_numpy(shm_handle: SharedMemoryHandle, datatype: Any, shape: Sequence[int]) -> npt.NDArray[Any]:
     """A copy of the region's leading bytes as an array of ``datatype`` and ``shape``.
 
     For ``np.object_``/``np.bytes_`` the region holds length-prefixed strings (the BYTES layout).
