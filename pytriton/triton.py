@@ -354,6 +354,8 @@ class Triton(_healing.SelfHealing):
                     self._repository_request("unload", model_name)
             grace = float(self._config.exit_timeout_secs if self._config.exit_timeout_secs is not None else 30)
             deadline = time.monotonic() + grace
+            if self._state == "running" and not remaining:
+                self._wait_detached(removed, deadline)
             while any(model.busy for model in removed) and time.monotonic() < deadline:
                 time.sleep(0.01)
             for model in removed:
@@ -449,6 +451,20 @@ class Triton(_healing.SelfHealing):
         if died and self._state == "running" and self._supervisor is not None:
             message += "; pytriton restarts the server with the other models"
         return PyTritonModelConfigError(message + ".")
+
+    @staticmethod
+    def _wait_detached(models: Sequence[BoundModel], deadline: float) -> bool:
+        """Wait until no stub of ``models`` is attached (or ``deadline``); True if none is.
+
+        Triton's unload call returns once the model stops taking requests, while its stubs are still
+        finishing and exiting. Loading the same name again before they have gone races their
+        teardown inside the server, so an unload followed by a load waits here in between.
+        """
+        while any(model.connected for model in models):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def _repository_request(self, action: str, model_name: str) -> None:
         """``POST /v2/repository/models/<model_name>/<action>`` (``load``/``unload``), over HTTP or gRPC.

@@ -18,6 +18,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import time
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -265,6 +266,10 @@ def test_repository_helper_unloads_and_reloads_with_the_token(secured):
     _bind_identity(secured.triton, "Reloaded")
     secured.triton._repository_request("unload", "Reloaded")
     assert wait_for(lambda: secured.request("GET", "/v2/models/Reloaded/ready")[0] != 200, timeout_s=30.0)
+    # Triton's unload answers before the stubs exit; a load racing their teardown once crashed the
+    # server in CI (SIGSEGV), so the reload starts after they have detached, as unbind() does.
+    models = secured.triton._versions("Reloaded")
+    assert secured.triton._wait_detached(models, time.monotonic() + 30.0)
     secured.triton._repository_request("load", "Reloaded")
     with ModelClient(secured.http_url, "Reloaded") as client:
         np.testing.assert_array_equal(client.infer_sample(x=X)["y"], X)
@@ -295,6 +300,7 @@ def test_grpc_only_server_loads_through_the_restriction():
         triton.run()
         _bind_identity(triton, "Late")  # gRPC load with the token; the probe with the user's header
         triton._repository_request("unload", "Late")
+        assert triton._wait_detached(triton._versions("Late"), time.monotonic() + 30.0)
         triton._repository_request("load", "Late")
         token = triton.get_access_token()
         with ModelClient(f"grpc://127.0.0.1:{ports['grpc_port']}", "Late", access_token=token) as client:
