@@ -425,14 +425,15 @@ def test_sequences_interleaved(proto):
 
 def test_sequence_without_correlation_id_is_refused(proto):
     url, protocol = proto
-    with InferContext(url, protocol, "accumulate") as ctx, pytest.raises(InferenceServerException) as info:
-        ctx.run({"INPUT": [np.array([1], np.int32)]}, {"OUTPUT": RAW})
+    with InferContext(url, protocol, "accumulate") as ctx:
+        with pytest.raises(InferenceServerException) as info:
+            ctx.run({"INPUT": [np.array([1], np.int32)]}, {"OUTPUT": RAW})
+        assert ctx.get_last_request_id() is None
     assert (
         "needs a non-zero correlation id" in info.value.message()
         or "need a non-zero correlation id" in info.value.message()
     )
     assert info.value.request_id() == 1
-    assert ctx.get_last_request_id() is None
 
 
 def test_server_side_error(proto):
@@ -538,8 +539,17 @@ def test_errors(proto):
             ctx.run({"INPUT0": [a], "INPUT1": [b]}, {"OUTPUT0": RAW}, 1, START)
         with pytest.raises(InferenceServerException, match="request id 999"):
             ctx.get_async_run_results(999, True)
-    with pytest.raises(InferenceServerException, match="closed"):
-        ctx.run({"INPUT0": [a], "INPUT1": [b]}, {"OUTPUT0": RAW})
+    # The spec: after close(), any call on the context is an error.
+    for call in (
+        lambda: ctx.run({"INPUT0": [a], "INPUT1": [b]}, {"OUTPUT0": RAW}),
+        ctx.correlation_id,
+        ctx.get_last_request_id,
+        ctx.get_last_request_model_name,
+        ctx.get_last_request_model_version,
+        ctx.get_stat,
+    ):
+        with pytest.raises(InferenceServerException, match="closed"):
+            call()
     with pytest.raises(InferenceServerException, match="Header:Value"):
         InferContext(url, protocol, "simple", http_headers=["no-colon"])
 
@@ -716,8 +726,32 @@ def bound():
             [Tensor(name="params", shape=(1,), dtype=bytes)],
             config=ModelConfig(max_batch_size=8),
         )
+        for version in (1, 2):  # version v multiplies by v
+
+            def scale(requests, factor=np.float32(version)):
+                return [{"y": request["x"] * factor} for request in requests]
+
+            triton.bind(
+                "Versioned",
+                scale,
+                [Tensor(name="x", shape=(1,), dtype=np.float32)],
+                [Tensor(name="y", shape=(1,), dtype=np.float32)],
+                config=ModelConfig(max_batch_size=8),
+                model_version=version,
+            )
         triton.run()
         yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}"}
+
+
+@pytest.mark.parametrize("name", ["http", "grpc"])
+def test_model_version_none_means_the_latest(bound, name):
+    url, protocol = bound[name], PROTOCOLS[name]
+    x = [np.full(1, 3.0, np.float32)]
+    for version, expected in ((None, 6.0), (2, 6.0), (1, 3.0)):
+        with InferContext(url, protocol, "Versioned", model_version=version) as ctx:
+            assert ctx.run({"x": x}, {"y": RAW})["y"][0][0] == expected, version
+            assert ctx.get_last_request_model_name() == "Versioned"
+            assert ctx.get_last_request_model_version() == (version or 2)
 
 
 @pytest.mark.parametrize("name", ["http", "grpc"])

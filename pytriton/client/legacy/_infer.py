@@ -179,12 +179,15 @@ class InferContext:
 
     def get_last_request_id(self) -> Optional[int]:
         """Id of the most recent request whose results were returned, None if it failed or none ran."""
+        self._check_open()
         return self._last[0]
 
     def get_last_request_model_name(self) -> Optional[str]:
+        self._check_open()
         return self._last[1]
 
     def get_last_request_model_version(self) -> Optional[int]:
+        self._check_open()
         return self._last[2]
 
     def get_stat(self) -> Dict[str, int]:
@@ -196,6 +199,7 @@ class InferContext:
 
     def correlation_id(self) -> int:
         """The correlation id requests use now (0: none)."""
+        self._check_open()
         return self._correlation_id
 
     def close(self) -> None:
