@@ -41,10 +41,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--no-stub-env", action="store_true", help="do not create the stub's private numpy 1.x environment"
     )
     commands.add_parser("where-server", help="print the directory of the server pytriton would use")
+    check = commands.add_parser("check", help="report the environment for a bug report and run a small model")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument("--no-smoke", action="store_true", help="skip the end-to-end run")
     args = parser.parse_args(argv)
 
     from pytriton.exceptions import PyTritonError
 
+    if args.command == "check":
+        from pytriton._check import main as check_main
+
+        return check_main(json_output=args.json, smoke=not args.no_smoke)
     try:
         if args.command == "install-server":
             from pytriton.server.install import install_server

@@ -581,6 +581,20 @@ class Triton(_healing.SelfHealing):
             )
             self._supervisor.start()
             LOGGER.info("Triton ready with %d model(s) in %.2f s", len(self._models), time.monotonic() - started)
+            LOGGER.info("%s", self._endpoints_line())
+
+    def _endpoints_line(self) -> str:
+        """One line: where each enabled endpoint listens and which endpoint groups need the token."""
+        parts = []
+        for label, shown in (("http", "HTTP"), ("grpc", "GRPC"), ("metrics", "metrics")):
+            if self._options.get(f"allow_{label}", True):
+                address = self._options.get(f"{label}_address", "127.0.0.1")
+                parts.append(f"{shown} {address}:{self._options[label + '_port']}")
+        restricted = []
+        for protocol in ("http", "grpc"):
+            groups = self._access.restricted(protocol)
+            restricted.append(f"{protocol}: {','.join(groups) if groups else 'none'}")
+        return f"Triton listening on {', '.join(parts)}; restricted endpoints ({'; '.join(restricted)})"
 
     def _check_ports(self) -> None:
         ports: Dict[str, int] = {}

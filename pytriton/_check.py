@@ -1,0 +1,272 @@
+"""``pytriton check``: the environment a user pastes into a bug report, and a small end-to-end run.
+
+Every item is a :class:`Item` (name, status ``ok``/``fail``/``info``, detail, how to fix). Whatever
+reads the system goes through a small function so the unit tests can replace it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import sys
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+OK, FAIL, INFO = "ok", "fail", "info"
+_RELEVANT_ENV = re.compile(r"^(PYTRITON_|TRITON|TRITONSERVER|LD_LIBRARY_PATH$|CUDA_VISIBLE_DEVICES$)")
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSWD|KEY|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+@dataclasses.dataclass
+class Item:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def relevant_environment(environ: Mapping[str, str]) -> Dict[str, str]:
+    """pytriton/Triton variables only; values of secret-looking names are replaced by ``<redacted>``."""
+    found = {}
+    for name in sorted(environ):
+        if _RELEVANT_ENV.match(name):
+            found[name] = REDACTED if _SECRET_NAME.search(name) else environ[name]
+    return found
+
+
+def _glibc() -> str:
+    name, version = platform.libc_ver()
+    return f"{name} {version}".strip() or "unknown"
+
+
+def check_platform() -> List[Item]:
+    return [
+        Item("platform", INFO, f"{platform.system()} {platform.release()} {platform.machine()}"),
+        Item("glibc", INFO, _glibc()),
+        Item("python", INFO, f"{platform.python_version()} ({sys.executable})"),
+    ]
+
+
+def check_python() -> List[Item]:
+    from pytriton.exceptions import PyTritonError
+    from pytriton.server import distribution
+
+    items = []
+    try:
+        distribution.check_python_supported()
+        items.append(Item("python supported", OK, distribution.supported_pythons_text()))
+    except PyTritonError as exc:
+        items.append(Item("python supported", FAIL, str(exc), "use Python 3.9 to 3.13"))
+    try:
+        items.append(Item("shared libpython", OK, str(distribution.shared_libpython_dir())))
+    except PyTritonError as exc:
+        items.append(Item("shared libpython", FAIL, str(exc), "use a Python built with --enable-shared"))
+    return items
+
+
+def _stub_numpy_version(bin_dir: pathlib.Path) -> Optional[str]:
+    """numpy's version from the dist-info folder of the stub environment's site-packages."""
+    for info in sorted(bin_dir.parent.glob("lib/python*/site-packages/numpy-*.dist-info")):
+        return info.name[len("numpy-") : -len(".dist-info")]
+    return None
+
+
+def check_numpy() -> List[Item]:
+    from pytriton.exceptions import PyTritonError
+    from pytriton.server import distribution
+
+    items = []
+    try:
+        import numpy
+
+        items.append(Item("numpy (yours)", OK, f"{numpy.__version__}"))
+    except ImportError:
+        items.append(Item("numpy (yours)", FAIL, "not importable", "pip install numpy"))
+    try:
+        env = distribution.stub_environment()
+        where = "pytriton's private stub environment" if env.own else "your environment"
+        version = _stub_numpy_version(env.bin_dir) or ("2 (DLPack path)" if env.numpy2 else "1.x")
+        detail = f"numpy {version} in {where} ({env.bin_dir})"
+        items.append(Item("numpy (stub)", OK, detail))
+    except PyTritonError as exc:
+        items.append(Item("numpy (stub)", FAIL, str(exc), f"run `{distribution.INSTALL_COMMAND}`"))
+    return items
+
+
+def check_server() -> List[Item]:
+    from pytriton.exceptions import PyTritonError
+    from pytriton.server import distribution
+
+    arch = distribution.machine_arch() if hasattr(distribution, "machine_arch") else platform.machine()
+    pin = distribution.SOURCE_WHEEL_SHA256.get(arch, "none for this architecture")
+    items = [
+        Item(
+            "server wheel pin",
+            INFO,
+            f"{distribution.SOURCE_WHEEL_NAME}=={distribution.SOURCE_WHEEL_VERSION} sha256 {pin}",
+        )
+    ]
+    try:
+        found = distribution.find_server()
+    except PyTritonError as exc:
+        items.append(Item("server install", FAIL, str(exc), f"run `{distribution.INSTALL_COMMAND}`"))
+        return items
+    marker = found.root / distribution._COMPLETE_MARKER
+    if marker.exists():
+        recorded = marker.read_text().strip()
+        state = "complete" if recorded == pin else f"complete, but from a wheel with sha256 {recorded}"
+    else:
+        state = "no completion marker (not made by install-server)"
+    items.append(Item("server install", OK, f"Triton {distribution.TRITON_VERSION} at {found.root} ({state})"))
+    return items
+
+
+def _free_bytes(path: str) -> int:
+    return shutil.disk_usage(path).free
+
+
+def check_shm(free_bytes: Callable[[str], int] = _free_bytes) -> List[Item]:
+    try:
+        free = free_bytes("/dev/shm")
+    except OSError as exc:
+        return [Item("/dev/shm", FAIL, f"unusable: {exc}", "mount a tmpfs on /dev/shm (docker: --shm-size=1g)")]
+    mib = free / 2**20
+    if mib < 64:
+        return [Item("/dev/shm", FAIL, f"{mib:.0f} MiB free", "give /dev/shm more space (docker: --shm-size=1g)")]
+    return [Item("/dev/shm", OK, f"{mib:.0f} MiB free")]
+
+
+def _port_free(address: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(
+    environ: Optional[Mapping[str, str]] = None, port_free: Callable[[str, int], bool] = _port_free
+) -> List[Item]:
+    from pytriton.server.command import effective_options
+    from pytriton.triton import TritonConfig
+
+    options = effective_options(TritonConfig.from_env(os.environ if environ is None else environ))
+    items = []
+    for label in ("http", "grpc", "metrics"):
+        address, port = options.get(f"{label}_address", "127.0.0.1"), options.get(f"{label}_port", 0)
+        name = f"{label} port {address}:{port}"
+        if port == 0 or port_free(address, port):
+            items.append(Item(name, OK, "free"))
+        else:
+            items.append(Item(name, FAIL, "in use", f"stop what uses it or set TritonConfig({label}_port=...)"))
+    return items
+
+
+def smoke_test() -> List[Item]:
+    """Bind an identity model on free loopback ports; one HTTP and one gRPC inference; stop."""
+    import socket
+
+    import numpy as np
+
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    sockets = [socket.socket() for _ in range(3)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        http, grpc, metrics = (sock.getsockname()[1] for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+    def identity(requests: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        return [{"y": request["x"]} for request in requests]
+
+    data = np.arange(4, dtype=np.float32).reshape(1, 4)
+    timings: Dict[str, float] = {}
+    try:
+        started = time.monotonic()
+        with Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)) as triton:
+            triton.bind(
+                "pytriton_check_identity",
+                identity,
+                inputs=[Tensor(name="x", shape=(-1,), dtype=np.float32)],
+                outputs=[Tensor(name="y", shape=(-1,), dtype=np.float32)],
+                config=ModelConfig(max_batch_size=4),
+            )
+            triton.run()
+            timings["start_s"] = time.monotonic() - started
+            import tritonclient.grpc as grpcclient
+            import tritonclient.http as httpclient
+
+            for label, module, url in (
+                ("http", httpclient, f"127.0.0.1:{http}"),
+                ("grpc", grpcclient, f"127.0.0.1:{grpc}"),
+            ):
+                begin = time.monotonic()
+                client = module.InferenceServerClient(url)
+                try:
+                    tensor = module.InferInput("x", list(data.shape), "FP32")
+                    tensor.set_data_from_numpy(data)
+                    result = client.infer("pytriton_check_identity", [tensor]).as_numpy("y")
+                finally:
+                    client.close()
+                if result is None or not np.array_equal(result, data):
+                    raise RuntimeError(f"{label} inference returned {result!r}, expected {data!r}")
+                timings[f"{label}_infer_s"] = time.monotonic() - begin
+            stopping = time.monotonic()
+        timings["stop_s"] = time.monotonic() - stopping
+    except Exception as exc:  # noqa: BLE001 - any failure is the report's content
+        return [
+            Item("smoke test", FAIL, f"{type(exc).__name__}: {exc}", "see the error above; run with the server log")
+        ]
+    detail = ", ".join(f"{key} {value:.3f}" for key, value in timings.items())
+    return [Item("smoke test", OK, f"identity model over HTTP and gRPC: {detail}")]
+
+
+def run_checks(smoke: bool = True, environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    from pytriton import __version__
+
+    environ = os.environ if environ is None else environ
+    items: List[Item] = [Item("pytriton", INFO, __version__)]
+    for section in (check_platform, check_python, check_numpy, check_server, check_shm):
+        items.extend(section())
+    items.extend(check_ports(environ))
+    if smoke:
+        items.extend(smoke_test())
+    failed = [item for item in items if item.status == FAIL]
+    return {
+        "ok": not failed,
+        "items": [dataclasses.asdict(item) for item in items],
+        "environment": relevant_environment(environ),
+    }
+
+
+def format_text(report: Mapping[str, Any]) -> str:
+    lines = []
+    for item in report["items"]:
+        lines.append(f"[{item['status']:>4}] {item['name']}: {item['detail']}")
+    if report["environment"]:
+        lines.append("environment:")
+        lines.extend(f"  {name}={value}" for name, value in report["environment"].items())
+    for item in report["items"]:
+        if item["status"] == FAIL:
+            lines.append(f"FAILED: {item['name']}: {item['fix'] or item['detail']}")
+    lines.append("all checks passed" if report["ok"] else "some checks failed")
+    return "\n".join(lines)
+
+
+def main(json_output: bool = False, smoke: bool = True) -> int:
+    report = run_checks(smoke=smoke)
+    print(json.dumps(report, indent=2) if json_output else format_text(report))
+    return 0 if report["ok"] else 1

@@ -1,0 +1,708 @@
+"""``Server``, ``Options`` and ``Model``: an in-process Triton on the bundled server library.
+
+Lifetime: ``Server.start()`` creates the ``TRITONSERVER_Server`` (``ServerNew``); ``stop()`` stops and
+deletes it (``ServerStop`` then ``ServerDelete``, each once) and is harmless when repeated. The
+Python backend starts its model stubs as child processes; they inherit this process's environment,
+so ``start()`` puts the stub's ``python3`` first on ``PATH`` and this interpreter's ``libpython``
+first on ``LD_LIBRARY_PATH`` (in ``os.environ``) while a server runs, and restores both when the
+last server stops. Each server gets its own shared-memory prefix for the Python backend, so its
+regions can be told apart and none is left after ``stop()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import pathlib
+import threading
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
+
+from pytriton.inprocess import _lib, _request
+from pytriton.inprocess._enums import (
+    InstanceGroupKind,
+    LogFormat,
+    MetricFormat,
+    ModelBatchFlag,
+    ModelControlMode,
+    ModelIndexFlag,
+    ModelTxnPropertyFlag,
+    ParameterType,
+    RateLimitMode,
+)
+from pytriton.inprocess._errors import (
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+)
+
+_DEFAULT_READY_TIMEOUT_S = 300.0
+# Started servers are referenced here until stopped (explicitly or at exit): a server is never
+# stopped by garbage collection, which could happen on one of Triton's own callback threads.
+_LIVE: Set[Server] = set()
+_LIVE_LOCK = threading.Lock()
+LOGGER = logging.getLogger("pytriton.inprocess")
+_SERVER_IDS = itertools.count(1)
+
+
+def _install_root() -> Optional[pathlib.Path]:
+    try:
+        from pytriton.server.distribution import find_server
+
+        return find_server().root
+    except Exception:  # noqa: BLE001  (no install: fall back to the NGC container layout)
+        return None
+
+
+def _default_backend_directory() -> str:
+    try:
+        from pytriton.server.distribution import find_server
+
+        return str(find_server().backend_dir)
+    except Exception:  # noqa: BLE001
+        return "/opt/tritonserver/backends"
+
+
+def _default_cache_directory() -> str:
+    root = _install_root()
+    return str(root / "caches") if root is not None else "/opt/tritonserver/caches"
+
+
+def _default_repo_agent_directory() -> str:
+    root = _install_root()
+    return str(root / "repoagents") if root is not None else "/opt/tritonserver/repoagents"
+
+
+@dataclasses.dataclass
+class RateLimiterResource:
+    """A rate limiter resource count (``device`` -1 for a global resource)."""
+
+    name: str
+    count: int
+    device: int
+
+
+@dataclasses.dataclass
+class ModelLoadDeviceLimit:
+    """Fraction of a device's memory model loading may use."""
+
+    kind: InstanceGroupKind
+    device: int
+    fraction: float
+
+
+@dataclasses.dataclass
+class Options:
+    """Server options; defaults point at the installed server (backends, caches) when there is one."""
+
+    model_repository: Union[str, List[str]] = dataclasses.field(default_factory=list)
+    server_id: str = "triton"
+    model_control_mode: ModelControlMode = ModelControlMode.NONE
+    startup_models: List[str] = dataclasses.field(default_factory=list)
+    strict_model_config: bool = True
+    rate_limiter_mode: RateLimitMode = RateLimitMode.OFF
+    rate_limiter_resources: List[RateLimiterResource] = dataclasses.field(default_factory=list)
+    pinned_memory_pool_size: int = 1 << 28
+    cuda_memory_pool_sizes: Dict[int, int] = dataclasses.field(default_factory=dict)
+    cache_config: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+    cache_directory: str = dataclasses.field(default_factory=_default_cache_directory)
+    min_supported_compute_capability: float = 6.0
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    exit_timeout: int = 30
+    buffer_manager_thread_count: int = 0
+    model_load_thread_count: int = 4
+    model_load_retry_count: int = 0
+    model_namespacing: bool = False
+    log_file: Optional[str] = None
+    log_info: bool = False
+    log_warn: bool = False
+    log_error: bool = False
+    log_format: LogFormat = LogFormat.DEFAULT
+    log_verbose: int = 0
+    metrics: bool = True
+    gpu_metrics: bool = True
+    cpu_metrics: bool = True
+    metrics_interval: int = 2000
+    backend_directory: str = dataclasses.field(default_factory=_default_backend_directory)
+    repo_agent_directory: str = dataclasses.field(default_factory=_default_repo_agent_directory)
+    model_load_device_limits: List[ModelLoadDeviceLimit] = dataclasses.field(default_factory=list)
+    backend_configuration: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
+    host_policies: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
+    metrics_configuration: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
+
+    def _apply(self, lib: _lib.Library, handle: int, shm_prefix: str) -> None:
+        """Write every option into a ``TRITONSERVER_ServerOptions`` (raises the mapped error)."""
+        c = lib.check
+        repositories = (
+            [self.model_repository] if isinstance(self.model_repository, str) else list(self.model_repository)
+        )
+        if not repositories:
+            raise InvalidArgumentError("Options.model_repository needs at least one path")
+        for path in repositories:
+            c(lib.TRITONSERVER_ServerOptionsSetModelRepositoryPath(handle, os.path.abspath(path).encode()))
+        c(lib.TRITONSERVER_ServerOptionsSetServerId(handle, self.server_id.encode()))
+        c(lib.TRITONSERVER_ServerOptionsSetModelControlMode(handle, int(ModelControlMode(self.model_control_mode))))
+        for name in self.startup_models:
+            c(lib.TRITONSERVER_ServerOptionsSetStartupModel(handle, name.encode()))
+        c(lib.TRITONSERVER_ServerOptionsSetStrictModelConfig(handle, bool(self.strict_model_config)))
+        c(lib.TRITONSERVER_ServerOptionsSetRateLimiterMode(handle, int(RateLimitMode(self.rate_limiter_mode))))
+        for resource in self.rate_limiter_resources:
+            c(
+                lib.TRITONSERVER_ServerOptionsAddRateLimiterResource(
+                    handle, resource.name.encode(), resource.count, resource.device
+                )
+            )
+        c(lib.TRITONSERVER_ServerOptionsSetPinnedMemoryPoolByteSize(handle, int(self.pinned_memory_pool_size)))
+        for device, size in self.cuda_memory_pool_sizes.items():
+            c(lib.TRITONSERVER_ServerOptionsSetCudaMemoryPoolByteSize(handle, int(device), int(size)))
+        for cache_name, settings in self.cache_config.items():
+            c(lib.TRITONSERVER_ServerOptionsSetCacheConfig(handle, cache_name.encode(), json.dumps(settings).encode()))
+        c(lib.TRITONSERVER_ServerOptionsSetCacheDirectory(handle, self.cache_directory.encode()))
+        c(
+            lib.TRITONSERVER_ServerOptionsSetMinSupportedComputeCapability(
+                handle, float(self.min_supported_compute_capability)
+            )
+        )
+        c(lib.TRITONSERVER_ServerOptionsSetExitOnError(handle, bool(self.exit_on_error)))
+        c(lib.TRITONSERVER_ServerOptionsSetStrictReadiness(handle, bool(self.strict_readiness)))
+        c(lib.TRITONSERVER_ServerOptionsSetExitTimeout(handle, int(self.exit_timeout)))
+        c(lib.TRITONSERVER_ServerOptionsSetBufferManagerThreadCount(handle, int(self.buffer_manager_thread_count)))
+        c(lib.TRITONSERVER_ServerOptionsSetModelLoadThreadCount(handle, int(self.model_load_thread_count)))
+        c(lib.TRITONSERVER_ServerOptionsSetModelLoadRetryCount(handle, int(self.model_load_retry_count)))
+        c(lib.TRITONSERVER_ServerOptionsSetModelNamespacing(handle, bool(self.model_namespacing)))
+        if self.log_file is not None:
+            c(lib.TRITONSERVER_ServerOptionsSetLogFile(handle, self.log_file.encode()))
+        c(lib.TRITONSERVER_ServerOptionsSetLogInfo(handle, bool(self.log_info)))
+        c(lib.TRITONSERVER_ServerOptionsSetLogWarn(handle, bool(self.log_warn)))
+        c(lib.TRITONSERVER_ServerOptionsSetLogError(handle, bool(self.log_error)))
+        c(lib.TRITONSERVER_ServerOptionsSetLogFormat(handle, int(LogFormat(self.log_format))))
+        c(lib.TRITONSERVER_ServerOptionsSetLogVerbose(handle, int(self.log_verbose)))
+        c(lib.TRITONSERVER_ServerOptionsSetMetrics(handle, bool(self.metrics)))
+        c(lib.TRITONSERVER_ServerOptionsSetGpuMetrics(handle, bool(self.gpu_metrics)))
+        c(lib.TRITONSERVER_ServerOptionsSetCpuMetrics(handle, bool(self.cpu_metrics)))
+        c(lib.TRITONSERVER_ServerOptionsSetMetricsInterval(handle, int(self.metrics_interval)))
+        c(lib.TRITONSERVER_ServerOptionsSetBackendDirectory(handle, self.backend_directory.encode()))
+        c(lib.TRITONSERVER_ServerOptionsSetRepoAgentDirectory(handle, self.repo_agent_directory.encode()))
+        for limit in self.model_load_device_limits:
+            c(
+                lib.TRITONSERVER_ServerOptionsSetModelLoadDeviceLimit(
+                    handle, int(InstanceGroupKind(limit.kind)), int(limit.device), float(limit.fraction)
+                )
+            )
+        backend_configuration = {name: dict(settings) for name, settings in self.backend_configuration.items()}
+        backend_configuration.setdefault("python", {}).setdefault("shm-region-prefix-name", shm_prefix)
+        for backend, settings in backend_configuration.items():
+            for setting, value in settings.items():
+                c(
+                    lib.TRITONSERVER_ServerOptionsSetBackendConfig(
+                        handle, backend.encode(), setting.encode(), str(value).encode()
+                    )
+                )
+        for policy, settings in self.host_policies.items():
+            for setting, value in settings.items():
+                c(
+                    lib.TRITONSERVER_ServerOptionsSetHostPolicy(
+                        handle, policy.encode(), setting.encode(), str(value).encode()
+                    )
+                )
+        for name, settings in self.metrics_configuration.items():
+            for setting, value in settings.items():
+                c(
+                    lib.TRITONSERVER_ServerOptionsSetMetricsConfig(
+                        handle, name.encode(), setting.encode(), str(value).encode()
+                    )
+                )
+
+
+class _StubEnvironment:
+    """Reference-counted changes to ``os.environ`` that the backend stubs need (see module doc)."""
+
+    _lock = threading.Lock()
+    _users = 0
+    _saved: Dict[str, Optional[str]] = {}
+    # The Python backend is initialised once while any server lives, with the first server's
+    # options: later servers' stubs use that server's shared-memory prefix.
+    backend_prefix: Optional[str] = None
+
+    @classmethod
+    def acquire(cls, shm_prefix: str) -> str:
+        """Prepare the environment; return the shared-memory prefix the Python backend will use."""
+        from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
+
+        with cls._lock:
+            if cls._users == 0:
+                from pytriton.exceptions import PyTritonError
+
+                try:
+                    stub_bin = stub_environment().bin_dir
+                    dirs = [shared_libpython_dir(), *find_server().library_dirs]
+                except PyTritonError as exc:  # no stub environment, static libpython, no install
+                    raise UnavailableError(str(exc)) from exc
+                cls.backend_prefix = shm_prefix
+                cls._saved = {name: os.environ.get(name) for name in ("PATH", "LD_LIBRARY_PATH")}
+                os.environ["PATH"] = os.pathsep.join([str(stub_bin), os.environ.get("PATH", "")])
+                existing = os.environ.get("LD_LIBRARY_PATH")
+                os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+                    [str(d) for d in dirs] + ([existing] if existing else [])
+                )
+            cls._users += 1
+            return cls.backend_prefix or shm_prefix
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._users = max(cls._users - 1, 0)
+            if cls._users == 0:
+                if cls.backend_prefix:
+                    _remove_orphan_regions(cls.backend_prefix)
+                cls.backend_prefix = None
+                for name, value in cls._saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+                cls._saved = {}
+
+
+def _remove_orphan_regions(prefix: str) -> None:
+    """Unlink the Python backend's ``/dev/shm`` regions named ``prefix*`` once no server is left.
+
+    A stub normally removes its region when its model unloads; one that died (or whose model could
+    not unload within the exit timeout) leaves it behind. The prefix is unique to this process.
+    """
+    shm = pathlib.Path("/dev/shm")
+    if not prefix or not shm.is_dir():
+        return
+    for entry in shm.glob(f"{prefix}*"):
+        try:
+            entry.unlink()
+        except OSError:
+            LOGGER.warning("could not remove the shared-memory region %s", entry)
+
+
+def _message_json(lib: _lib.Library, message: int) -> Any:
+    """Parse and delete a ``TRITONSERVER_Message``."""
+    try:
+        base = ctypes.c_char_p()
+        size = ctypes.c_size_t()
+        lib.check(lib.TRITONSERVER_MessageSerializeToJson(message, ctypes.byref(base), ctypes.byref(size)))
+        return json.loads(ctypes.string_at(base, size.value).decode())
+    finally:
+        lib.check(lib.TRITONSERVER_MessageDelete(message))
+
+
+class Server:
+    """An in-process Triton server. Create it with options, then ``start()``; ``stop()`` when done."""
+
+    def __init__(self, options: Optional[Options] = None, **kwargs: Any) -> None:
+        if options is None:
+            options = Options(**kwargs)
+        elif kwargs:
+            options = dataclasses.replace(options, **kwargs)
+        self.options = options
+        self._handle: Optional[int] = None
+        self._lock = threading.RLock()
+        self._lib: Optional[_lib.Library] = None
+        self._env_held = False
+        self._own_shm_prefix = f"pytriton-inproc-{os.getpid()}-{next(_SERVER_IDS)}-"
+        self._shm_prefix = self._own_shm_prefix
+
+    # -- internals used by Model and the iterators --------------------------------------------------
+    def _library(self) -> _lib.Library:
+        if self._lib is None:
+            self._lib = _lib.library()
+        return self._lib
+
+    def _running(self) -> bool:
+        return self._handle is not None
+
+    def _handle_or_raise(self) -> int:
+        handle = self._handle
+        if handle is None:
+            raise InvalidArgumentError("The in-process server is not started (call start(), or it was stopped)")
+        return handle
+
+    @property
+    def shm_region_prefix(self) -> str:
+        """Name prefix of the Python backend's shared-memory regions of this server's stubs.
+
+        While another in-process server is alive the backend keeps that server's prefix.
+        """
+        return self._shm_prefix
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(
+        self, wait_until_ready: bool = False, polling_interval: float = 0.1, timeout: Optional[float] = None
+    ) -> Server:
+        """Create the server and load models as the control mode says; optionally wait for ready.
+
+        Raises :class:`InvalidArgumentError` if already started or the options are invalid, the
+        mapped Triton error if a model fails to load (with ``exit_on_error``), and
+        :class:`UnavailableError` if not ready within ``timeout`` (None: 300 s).
+        """
+        with self._lock:
+            if self._handle is not None:
+                raise InvalidArgumentError("The in-process server is already started")
+            lib = self._library()
+            if lib.path is not None:
+                _lib.preload_backends(pathlib.Path(self.options.backend_directory), lib.path.parent)
+            options_handle = ctypes.c_void_p()
+            lib.check(lib.TRITONSERVER_ServerOptionsNew(ctypes.byref(options_handle)))
+            try:
+                self._shm_prefix = _StubEnvironment.acquire(self._own_shm_prefix)
+                self._env_held = True
+                try:
+                    self.options._apply(lib, int(options_handle.value or 0), self._own_shm_prefix)
+                except BaseException:
+                    self._release_env()
+                    raise
+                server = ctypes.c_void_p()
+                try:
+                    lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
+                except TritonError as exc:
+                    self._release_env()
+                    if "failed to load" in str(exc) and not (self.options.log_error or self.options.log_file):
+                        raise type(exc)(
+                            f"{exc} (Triton logs each model's reason: pass log_error=True or log_file to see it)"
+                        ) from None
+                    raise
+                except BaseException:
+                    self._release_env()
+                    raise
+                self._handle = server.value
+                with _LIVE_LOCK:
+                    _LIVE.add(self)
+            finally:
+                lib.check(lib.TRITONSERVER_ServerOptionsDelete(options_handle))
+
+        if wait_until_ready:
+            deadline = time.monotonic() + (timeout if timeout is not None else _DEFAULT_READY_TIMEOUT_S)
+            while not self.ready():
+                if time.monotonic() >= deadline:
+                    raise UnavailableError(f"The in-process server was not ready within {timeout} s")
+                time.sleep(polling_interval)
+        return self
+
+    def _release_env(self) -> None:
+        if self._env_held:
+            self._env_held = False
+            _StubEnvironment.release()
+
+    def stop(self) -> Server:
+        """Stop the server, unload its models (their stubs exit) and free it. Repeating it is harmless.
+
+        Returns as soon as the models are unloaded (about 2 s for Python-backend models here); only a
+        model that cannot unload (for example one whose stub died) makes it wait ``exit_timeout``.
+        """
+        with self._lock:
+            handle, self._handle = self._handle, None
+            if handle is None:
+                return self
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+            lib = self._library()
+            try:
+                lib.check(lib.TRITONSERVER_ServerStop(handle))
+            except InternalError as exc:  # e.g. "Exit timeout expired": the server is freed all the same
+                LOGGER.warning("Triton stopped with an error: %s", exc)
+            finally:
+                try:
+                    lib.check(lib.TRITONSERVER_ServerDelete(handle))
+                finally:
+                    self._release_env()
+        return self
+
+    def __enter__(self) -> Server:
+        if self._handle is None:
+            self.start(wait_until_ready=True)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    # -- server queries ------------------------------------------------------------------------------
+    def _flag(self, function_name: str, *args: Any) -> bool:
+        lib = self._library()
+        value = ctypes.c_bool()
+        lib.check(getattr(lib, function_name)(self._handle_or_raise(), *args, ctypes.byref(value)))
+        return bool(value.value)
+
+    def live(self) -> bool:
+        """True if the server is live (False once stopped)."""
+        return self._running() and self._flag("TRITONSERVER_ServerIsLive")
+
+    def ready(self) -> bool:
+        """True if the server is ready (False once stopped)."""
+        return self._running() and self._flag("TRITONSERVER_ServerIsReady")
+
+    def _message(self, function_name: str, *args: Any) -> Any:
+        lib = self._library()
+        message = ctypes.c_void_p()
+        lib.check(getattr(lib, function_name)(self._handle_or_raise(), *args, ctypes.byref(message)))
+        return _message_json(lib, int(message.value or 0))
+
+    def metadata(self) -> Dict[str, Any]:
+        """Server name, version and extensions."""
+        result: Dict[str, Any] = self._message("TRITONSERVER_ServerMetadata")
+        return result
+
+    def metrics(self, metric_format: MetricFormat = MetricFormat.PROMETHEUS) -> str:
+        """Server metrics as text in ``metric_format``."""
+        lib = self._library()
+        metrics = ctypes.c_void_p()
+        lib.check(lib.TRITONSERVER_ServerMetrics(self._handle_or_raise(), ctypes.byref(metrics)))
+        try:
+            base = ctypes.c_char_p()
+            size = ctypes.c_size_t()
+            lib.check(
+                lib.TRITONSERVER_MetricsFormatted(metrics, int(metric_format), ctypes.byref(base), ctypes.byref(size))
+            )
+            return ctypes.string_at(base, size.value).decode()
+        finally:
+            lib.check(lib.TRITONSERVER_MetricsDelete(metrics))
+
+    def model(self, model_name: str, model_version: int = -1) -> Model:
+        """A :class:`Model` handle (not validated until used)."""
+        self._handle_or_raise()
+        return Model(self, model_name, model_version)
+
+    def models(self, exclude_not_ready: bool = False) -> ModelDictionary:
+        """Models the repositories know, keyed by ``(name, version)``."""
+        flags = int(ModelIndexFlag.READY) if exclude_not_ready else 0
+        index = self._message("TRITONSERVER_ServerModelIndex", flags)
+        result = ModelDictionary()
+        for entry in index:
+            version = int(entry["version"]) if entry.get("version") else -1
+            model = Model(self, entry["name"], version, entry.get("state"), entry.get("reason"))
+            result[(model.name, model.version)] = model
+        return result
+
+    # -- model control -------------------------------------------------------------------------------
+    def load(self, model_name: str, parameters: Optional[Dict[str, Union[str, int, bool, bytes]]] = None) -> Model:
+        """Load (or reload) a model and wait until it is loaded (EXPLICIT control mode).
+
+        ``parameters``: ``"config"`` (a JSON string or a dict) overrides the model config; ``bytes``
+        values are file contents (``"file:1/model.py"``). Raises the mapped Triton error on failure.
+        """
+        lib = self._library()
+        handle = self._handle_or_raise()
+        if not parameters:
+            lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
+            return Model(self, model_name)
+        created: List[int] = []
+        keep: List[Any] = []
+        try:
+            for key, value in parameters.items():
+                name = str(key).encode()
+                if isinstance(value, dict):
+                    value = json.dumps(value)
+                if isinstance(value, bytes):
+                    buffer = ctypes.create_string_buffer(value, len(value))
+                    keep.append(buffer)
+                    parameter = lib.TRITONSERVER_ParameterBytesNew(
+                        name, ctypes.cast(buffer, ctypes.c_void_p), len(value)
+                    )
+                elif isinstance(value, bool):
+                    holder_b = ctypes.c_bool(value)
+                    keep.append(holder_b)
+                    parameter = lib.TRITONSERVER_ParameterNew(
+                        name, int(ParameterType.BOOL), ctypes.cast(ctypes.byref(holder_b), ctypes.c_void_p)
+                    )
+                elif isinstance(value, int):
+                    holder_i = ctypes.c_int64(value)
+                    keep.append(holder_i)
+                    parameter = lib.TRITONSERVER_ParameterNew(
+                        name, int(ParameterType.INT), ctypes.cast(ctypes.byref(holder_i), ctypes.c_void_p)
+                    )
+                elif isinstance(value, str):
+                    holder_s = ctypes.c_char_p(value.encode())
+                    keep.append(holder_s)
+                    parameter = lib.TRITONSERVER_ParameterNew(name, int(ParameterType.STRING), holder_s)
+                else:
+                    raise InvalidArgumentError(f"Load parameter {key!r} must be str, int, bool, bytes or dict")
+                if not parameter:
+                    raise InvalidArgumentError(f"Triton refused load parameter {key!r}")
+                created.append(parameter)
+            array = (ctypes.c_void_p * len(created))(*created)
+            lib.check(lib.TRITONSERVER_ServerLoadModelWithParameters(handle, model_name.encode(), array, len(created)))
+        finally:
+            for parameter in created:
+                lib.TRITONSERVER_ParameterDelete(parameter)
+        return Model(self, model_name)
+
+    def unload(
+        self,
+        model: Union[str, Model],
+        unload_dependents: bool = False,
+        wait_until_unloaded: bool = False,
+        polling_interval: float = 0.1,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Unload a model (and its dependents); optionally wait (bounded) until it is no longer ready."""
+        lib = self._library()
+        handle = self._handle_or_raise()
+        name = model.name if isinstance(model, Model) else model
+        function = (
+            lib.TRITONSERVER_ServerUnloadModelAndDependents if unload_dependents else lib.TRITONSERVER_ServerUnloadModel
+        )
+        lib.check(function(handle, name.encode()))
+        if wait_until_unloaded:
+            # Polls readiness, not the model index: on this Triton build, reading the index while a
+            # model unloads crashed the process in about one run in ten.
+            deadline = time.monotonic() + (timeout if timeout is not None else _DEFAULT_READY_TIMEOUT_S)
+            while Model(self, name).ready():
+                if time.monotonic() >= deadline:
+                    raise UnavailableError(f"Model {name!r} was not unloaded within {timeout} s")
+                time.sleep(polling_interval)
+
+    def poll_model_repository(self) -> Server:
+        """Apply repository changes (POLL control mode)."""
+        lib = self._library()
+        lib.check(lib.TRITONSERVER_ServerPollModelRepository(self._handle_or_raise()))
+        return self
+
+    def register_model_repository(self, repository_path: str, name_mapping: Optional[Dict[str, str]] = None) -> None:
+        """Add a repository (EXPLICIT mode); ``name_mapping`` maps subdirectory names to model names."""
+        lib = self._library()
+        handle = self._handle_or_raise()
+        created: List[int] = []
+        try:
+            for subdir, model_name in (name_mapping or {}).items():
+                value = ctypes.c_char_p(model_name.encode())
+                created.append(lib.TRITONSERVER_ParameterNew(subdir.encode(), int(ParameterType.STRING), value))
+            array = (ctypes.c_void_p * max(len(created), 1))(*created)
+            lib.check(
+                lib.TRITONSERVER_ServerRegisterModelRepository(
+                    handle, os.path.abspath(repository_path).encode(), array, len(created)
+                )
+            )
+        finally:
+            for parameter in created:
+                lib.TRITONSERVER_ParameterDelete(parameter)
+
+    def unregister_model_repository(self, repository_path: str) -> Server:
+        """Remove a repository added at start or with :meth:`register_model_repository`."""
+        lib = self._library()
+        lib.check(
+            lib.TRITONSERVER_ServerUnregisterModelRepository(
+                self._handle_or_raise(), os.path.abspath(repository_path).encode()
+            )
+        )
+        return self
+
+
+@atexit.register
+def _stop_all() -> None:
+    """At interpreter exit, stop the servers the program left running (their stubs exit with them)."""
+    with _LIVE_LOCK:
+        servers = list(_LIVE)
+    for server in servers:
+        try:
+            server.stop()
+        except Exception:  # noqa: BLE001
+            LOGGER.exception("stopping an in-process server at exit failed")
+
+
+class ModelDictionary(Dict[Tuple[str, int], "Model"]):
+    """``models()`` result: ``(name, version) -> Model``."""
+
+
+class Model:
+    """A model of a running server, by name and version (-1: the server's choice)."""
+
+    def __init__(
+        self, server: Server, name: str, version: int = -1, state: Optional[str] = None, reason: Optional[str] = None
+    ):
+        self._server = server
+        self.name = name
+        self.version = version
+        self.state = state
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return repr({"name": self.name, "version": self.version, "state": self.state})
+
+    def _key(self) -> Tuple[int, bytes, int]:
+        return self._server._handle_or_raise(), self.name.encode(), int(self.version)
+
+    def create_request(self, **kwargs: Any) -> _request.InferenceRequest:
+        """A new :class:`InferenceRequest` for this model."""
+        return _request.InferenceRequest(model=self, **kwargs)
+
+    def _make_request(
+        self, inference_request: Optional[_request.InferenceRequest], kwargs: Dict[str, Any]
+    ) -> _request.InferenceRequest:
+        if inference_request is None:
+            return self.create_request(**kwargs)
+        if kwargs:
+            raise InvalidArgumentError("Pass either an InferenceRequest or keyword arguments, not both")
+        return inference_request
+
+    def infer(
+        self, inference_request: Optional[_request.InferenceRequest] = None, raise_on_error: bool = True, **kwargs: Any
+    ) -> _request.ResponseIterator:
+        """Send a request; iterate the result for its responses (one, or several for decoupled models)."""
+        request = self._make_request(inference_request, kwargs)
+        return _request.ResponseIterator(self, request, request.response_queue, raise_on_error)
+
+    def async_infer(
+        self, inference_request: Optional[_request.InferenceRequest] = None, raise_on_error: bool = True, **kwargs: Any
+    ) -> _request.AsyncResponseIterator:
+        """Like :meth:`infer`, from a coroutine: responses arrive in the running event loop."""
+        request = self._make_request(inference_request, kwargs)
+        return _request.AsyncResponseIterator(self, request, request.response_queue, raise_on_error)
+
+    def ready(self) -> bool:
+        """True if this model (version) is loaded and ready; False if unknown."""
+        lib = self._server._library()
+        value = ctypes.c_bool()
+        try:
+            lib.check(lib.TRITONSERVER_ServerModelIsReady(*self._key(), ctypes.byref(value)))
+        except (NotFoundError, UnavailableError):
+            return False
+        return bool(value.value)
+
+    def metadata(self) -> Dict[str, Any]:
+        """Name, versions, platform, inputs and outputs."""
+        result: Dict[str, Any] = self._server._message("TRITONSERVER_ServerModelMetadata", *self._key()[1:])
+        return result
+
+    def config(self, config_version: int = 1) -> Dict[str, Any]:
+        """The model configuration as a dictionary."""
+        result: Dict[str, Any] = self._server._message(
+            "TRITONSERVER_ServerModelConfig", *self._key()[1:], config_version
+        )
+        return result
+
+    def statistics(self) -> Dict[str, Any]:
+        """Inference and batch statistics."""
+        result: Dict[str, Any] = self._server._message("TRITONSERVER_ServerModelStatistics", *self._key()[1:])
+        return result
+
+    def _properties(self, function_name: str) -> int:
+        lib = self._server._library()
+        flags = ctypes.c_uint32()
+        voidp = ctypes.c_void_p()
+        lib.check(getattr(lib, function_name)(*self._key(), ctypes.byref(flags), ctypes.byref(voidp)))
+        return flags.value
+
+    def batch_properties(self) -> ModelBatchFlag:
+        """``FIRST_DIM`` if the model batches along the first dimension, else ``UNKNOWN``."""
+        return ModelBatchFlag(self._properties("TRITONSERVER_ServerModelBatchProperties"))
+
+    def transaction_properties(self) -> ModelTxnPropertyFlag:
+        """``DECOUPLED`` for decoupled (streaming) models, else ``ONE_TO_ONE``."""
+        flags = self._properties("TRITONSERVER_ServerModelTransactionProperties")
+        return (
+            ModelTxnPropertyFlag.DECOUPLED
+            if flags & ModelTxnPropertyFlag.DECOUPLED
+            else ModelTxnPropertyFlag.ONE_TO_ONE
+        )

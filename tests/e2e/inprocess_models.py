@@ -1,0 +1,173 @@
+"""Models the in-process e2e tests write into a temporary repository (plain Python backend).
+
+Like tests/e2e/test_legacy_client.py, every model copies pytriton's stub helpers next to its
+``model.py`` so it works with the numpy 1.x stub environment and with numpy 2 on Python 3.13.
+This module holds no tests (it is imported by the ``test_inprocess_*`` modules).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import textwrap
+from typing import Dict, Tuple
+
+from pytriton.proxy import _wire
+
+HEADER = textwrap.dedent("""\
+    import os
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    import _pytriton_stub_bytes as stub_bytes
+    import _pytriton_wire as wire
+
+    stub_bytes.install(pb_utils)
+
+
+    def _in(request, name):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if stub_bytes.NUMPY2:
+            return np.from_dlpack(tensor).copy()
+        return tensor.as_numpy()
+
+
+    def _out(name, array):
+        if stub_bytes.NUMPY2:
+            return pb_utils.Tensor.from_dlpack(name, np.array(array, order="C"))
+        return pb_utils.Tensor(name, array)
+
+
+    class TritonPythonModel:
+    """)
+
+
+def _body(code: str) -> str:
+    return HEADER + textwrap.indent(textwrap.dedent(code), "    ")
+
+
+MODELS: Dict[str, Tuple[str, str]] = {
+    # Batched identity behind the dynamic batcher; it delays a little so concurrent calls queue up.
+    "identity": (
+        _body("""\
+        def execute(self, requests):
+            time.sleep(0.02)
+            return [pb_utils.InferenceResponse([_out("OUTPUT0", _in(r, "INPUT0"))]) for r in requests]
+        """),
+        """
+        max_batch_size: 16
+        dynamic_batching { max_queue_delay_microseconds: 20000 }
+        input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }]
+        output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]
+        """,
+    ),
+    "add_sub": (
+        _body("""\
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                a, b = _in(r, "INPUT0"), _in(r, "INPUT1")
+                responses.append(pb_utils.InferenceResponse([_out("OUTPUT0", a + b), _out("OUTPUT1", a - b)]))
+            return responses
+        """),
+        """
+        max_batch_size: 0
+        input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [4] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [4] }]
+        output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [4] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [4] }]
+        """,
+    ),
+    "strings": (
+        _body("""\
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                carrier = stub_bytes.input_payload(pb_utils.get_input_tensor_by_name(r, "text_input").as_numpy())
+                x = wire.deserialize_bytes(carrier.data, 0, len(carrier.data), carrier.shape)
+                y = np.array([v.upper() for v in x.ravel()], dtype=object).reshape(x.shape)
+                out = stub_bytes.output_tensor(pb_utils, "text_output", wire.serialize_bytes(y), y.shape)
+                responses.append(pb_utils.InferenceResponse([out]))
+            return responses
+        """),
+        """
+        max_batch_size: 0
+        input [{ name: "text_input" data_type: TYPE_STRING dims: [-1] }]
+        output [{ name: "text_output" data_type: TYPE_STRING dims: [-1] }]
+        """,
+    ),
+    # Decoupled: COUNT responses, OUT = 0..COUNT-1, final flag on the last. FAIL_AT >= 0 sends an
+    # error response (final) at that index instead. Checks cancellation between sends.
+    "stream": (
+        _body("""\
+        def execute(self, requests):
+            for r in requests:
+                sender = r.get_response_sender()
+                count = int(_in(r, "COUNT").flat[0])
+                fail_at = int(_in(r, "FAIL_AT").flat[0])
+                delay = float(_in(r, "DELAY").flat[0])
+                for i in range(count):
+                    if sender.is_cancelled():
+                        error = pb_utils.TritonError("cancelled by the client", pb_utils.TritonError.CANCELLED)
+                        sender.send(pb_utils.InferenceResponse(error=error),
+                                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        break
+                    if i == fail_at:
+                        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"failed at {i}")),
+                                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        break
+                    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if i == count - 1 else 0
+                    sender.send(pb_utils.InferenceResponse([_out("OUT", np.array([i], dtype=np.int32))]), flags=flags)
+                    if delay:
+                        time.sleep(delay)
+            return None
+        """),
+        """
+        max_batch_size: 0
+        model_transaction_policy { decoupled: true }
+        input [
+          { name: "COUNT" data_type: TYPE_INT32 dims: [1] },
+          { name: "FAIL_AT" data_type: TYPE_INT32 dims: [1] },
+          { name: "DELAY" data_type: TYPE_FP32 dims: [1] }
+        ]
+        output [{ name: "OUT" data_type: TYPE_INT32 dims: [1] }]
+        """,
+    ),
+    # Raises in execute for negative input; exits its stub process for input 99.
+    "faulty": (
+        _body("""\
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                x = _in(r, "INPUT0")
+                if float(x.flat[0]) == 99:
+                    os._exit(3)
+                if float(x.flat[0]) < 0:
+                    raise pb_utils.TritonModelException("negative input refused")
+                responses.append(pb_utils.InferenceResponse([_out("OUTPUT0", x)]))
+            return responses
+        """),
+        """
+        max_batch_size: 0
+        input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [1] }]
+        output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [1] }]
+        """,
+    ),
+}
+
+
+def write_repository(root: pathlib.Path, names: Tuple[str, ...] = tuple(MODELS)) -> pathlib.Path:
+    """Write the named models into ``root`` (created); returns ``root``."""
+    proxy = pathlib.Path(_wire.__file__).parent
+    for name in names:
+        source, config = MODELS[name]
+        version = root / name / "1"
+        version.mkdir(parents=True)
+        (version / "model.py").write_text(source)
+        shutil.copyfile(proxy / "_wire.py", version / "_pytriton_wire.py")
+        shutil.copyfile(proxy / "_stub_bytes.py", version / "_pytriton_stub_bytes.py")
+        body = textwrap.dedent(config).strip()
+        (root / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\n{body}\ninstance_group [{{ kind: KIND_CPU count: 1 }}]\n'
+        )
+    return root
