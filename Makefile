@@ -24,8 +24,11 @@ server: $(VENV)/.test-deps
 demo: server
 	$(PY) examples/quickstart.py
 
+# PYTEST_ARGS: extra pytest arguments (CI deselects the `large` tests in its repeat runs).
+PYTEST_ARGS ?=
+
 test: server
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 # The same suite with numpy 1.x in the user's environment (.venv has numpy 2). There is no
 # numpy 1.x for Python 3.13 and later, so there the target says so and does nothing.
@@ -39,7 +42,7 @@ test-numpy1: server
 		$(NP1_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 'numpy<2'; \
 		touch $(NP1_VENV)/.deps; fi; \
 	$(NP1_VENV)/bin/python -c 'import numpy; print("numpy", numpy.__version__)'; \
-	$(NP1_VENV)/bin/python -m pytest -q tests
+	$(NP1_VENV)/bin/python -m pytest -q tests $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.test-deps
 	$(PY) -m pytest -q tests/unit

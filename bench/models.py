@@ -11,6 +11,7 @@ import textwrap
 
 import numpy as np
 
+from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
 QUEUE_DELAY_US = 2000
@@ -30,6 +31,22 @@ class BatchCounter:
 
 def identity(requests):
     return [{"OUTPUT": r["INPUT"]} for r in requests]
+
+
+@batch
+def batch_identity(INPUT):  # noqa: N803 - the input's name
+    return {"OUTPUT": INPUT}
+
+
+def bind_batch_identity(triton, name: str = "batch_identity") -> None:
+    """The bound model of the in-process scenarios (bench/inprocess.py): a ``@batch`` identity, [16] fp32."""
+    triton.bind(
+        name,
+        batch_identity,
+        [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
+        [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
+        config=ModelConfig(max_batch_size=32),
+    )
 
 
 def stream(requests):

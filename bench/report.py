@@ -148,6 +148,53 @@ def table(results: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The in-process scenarios (bench/inprocess.py): (path, model, called through).
+_PLAIN = "plain Python-backend identity"
+_BOUND = "`@batch` identity bound with `Triton.bind`"
+INPROCESS_ROWS: List[Tuple[str, str, str]] = [
+    ("plain_http", _PLAIN, "HTTP to `tritonserver` (**baseline**)"),
+    ("plain_grpc", _PLAIN, "gRPC to `tritonserver`"),
+    ("plain_inprocess", _PLAIN, "in-process: `pytriton.inprocess.Server`, `Model.infer`"),
+    ("bound_http", _BOUND, "HTTP to `tritonserver`"),
+    ("bound_grpc", _BOUND, "gRPC to `tritonserver`"),
+    ("bound_embedded", _BOUND, "in-process: `Triton(embedded=True)`, `Model.infer`"),
+    ("bound_embedded_client", _BOUND, "in-process: `Triton(embedded=True)`, `InProcessModelClient.infer_batch`"),
+]
+
+
+def inprocess_table(results: Dict[str, Any]) -> str:
+    """Markdown table of the in-process scenarios: each path's figures and its ratios to the baseline.
+
+    ``results`` holds ``environment``, ``command`` and ``inprocess`` (what
+    ``bench.inprocess.run_scenarios`` returns); a path that was not measured is left out.
+    """
+    env, section = results["environment"], results["inprocess"]
+    summary = section["summary"]
+    concurrency = section.get("concurrency", 32)
+    lines = [
+        f"Command: `{results['command']}`; {env['time']}; pytriton {env['pytriton']}, tritonserver "
+        f"{env['tritonserver']}, Python {env['python']}, numpy {env['numpy']}, {env['cpu_count']} CPUs "
+        f"({env['machine']}); median of {len(section.get('rounds', []))} round(s).",
+        "",
+        *_host_lines(results.get("host")),
+        f"| model | called through | sequential p50 | sequential p99 | p50 / baseline | {concurrency} in flight "
+        "| throughput / baseline |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for path, model, through in INPROCESS_ROWS:
+        figures = summary.get(path)
+        if not figures or "p50_ms" not in figures:
+            continue
+        ratio = f"{figures['p50_ratio']:.2f}x" if "p50_ratio" in figures else "n/a"
+        rate = f"{_fmt(figures['requests_per_s'])} req/s" if "requests_per_s" in figures else "n/a"
+        share = f"{figures['throughput_share'] * 100:.0f}%" if "throughput_share" in figures else "n/a"
+        lines.append(
+            f"| {model} | {through} | {_fmt(figures['p50_ms'])} ms | {_fmt(figures['p99_ms'])} ms | {ratio} "
+            f"| {rate} | {share} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def chart(results: Dict[str, Any], path: pathlib.Path) -> None:
     """Bar charts of latency and throughput, project vs baseline."""
     import matplotlib

@@ -5,6 +5,9 @@ Python-backend stub may import ``pytriton.proxy`` with only numpy available. The
 submodules (``pytriton.triton``, ``pytriton.decorators``, ``pytriton.model_config``,
 ``pytriton.client``, ...) are still reachable as attributes of the package, as in NVIDIA
 PyTriton (``import pytriton; pytriton.triton.Triton``): each is imported on first access.
+
+Unit tests: tests/unit/test_public_api.py (the exported names), tests/unit/test_api_drift.py
+(submodules imported on first access).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""``python -m pytriton``: same as the ``pytriton`` command."""
+"""``python -m pytriton``: same as the ``pytriton`` command.
+
+Unit test: tests/unit/test_cli.py (``python -m pytriton --version``).
+"""
 
 import sys
 

@@ -3,11 +3,16 @@
 :class:`SelfHealing` is a mixin of :class:`pytriton.triton.Triton`; its methods run on the
 supervisor thread (one event at a time) or report events to it. See docs/architecture.md,
 "Self-healing", for what each case does and its limits.
+
+Unit tests: tests/unit/test_self_healing.py (the restart budget, which lost stubs are replaced),
+tests/unit/test_recycle.py (what recycling reads); restarts, replacements and recycling end to end:
+tests/e2e/test_healing.py, tests/e2e/test_memory.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import pathlib
 import queue
@@ -24,8 +29,16 @@ from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
 from pytriton.server.triton_config import TritonConfig
 
-LOGGER = logging.getLogger("pytriton.triton")
+LOGGER = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = float(DEFAULT_TRITON_STARTUP_TIMEOUT_S)  # also for a restarted server
+
+
+class _State(enum.Enum):
+    """Where a ``Triton`` instance is in its life: ``run()`` makes it RUNNING, ``stop()`` STOPPED (for good)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPED = "stopped"
 
 
 class SelfHealing:
@@ -36,7 +49,7 @@ class SelfHealing:
 
     _config: TritonConfig
     _lock: threading.RLock
-    _state: str
+    _state: _State
     _server: Optional[TritonServerProcess]
     _repository: Optional[pathlib.Path]
     _models: Dict[Tuple[str, int], BoundModel]
@@ -86,7 +99,7 @@ class SelfHealing:
         """A stub died without saying goodbye (called on a worker thread): let the supervisor replace it."""
         with self._lock:
             server = self._server
-            if self._state != "running" or model_name in self._healing or self._restarting:
+            if self._state is not _State.RUNNING or model_name in self._healing or self._restarting:
                 return
             if server is None or server.pid != server_pid or not server.is_alive():
                 return  # its server died or was replaced: restarting the server handles it
@@ -109,7 +122,7 @@ class SelfHealing:
                 kind, payload = self._events.get(timeout=poll_s)
             except queue.Empty:
                 kind, payload = "recycle", None
-            if kind == "stop" or self._state != "running":
+            if kind == "stop" or self._state is not _State.RUNNING:
                 return
             if kind == "recycle":
                 try:
@@ -157,7 +170,7 @@ class SelfHealing:
         LOGGER.error("tritonserver died (%s); restarting it.", reason)
         started = time.monotonic()
         with self._lock:
-            if self._state != "running":
+            if self._state is not _State.RUNNING:
                 return
             self._restarting = True
         try:
@@ -169,7 +182,7 @@ class SelfHealing:
                 bound = set(self._model_names())  # a model unbound since run() is not loaded again
                 argv = [a for a in argv if not (a.startswith("--load-model=") and a.split("=", 1)[1] not in bound)]
                 with self._lock:
-                    if self._state != "running":
+                    if self._state is not _State.RUNNING:
                         return
                     server = TritonServerProcess(argv, env, log_path=self._config.log_file)
                     server.register_on_exit(self._on_server_exit)
@@ -186,7 +199,7 @@ class SelfHealing:
                             self._request_load(name)
                 except PyTritonServerError as exc:
                     self._claim_scratch(False)
-                    if self._state != "running" or not self._count_crash(str(exc)):
+                    if self._state is not _State.RUNNING or not self._count_crash(str(exc)):
                         return
                     LOGGER.error("Restarting tritonserver failed (%s); trying again.", exc)
                     old = server
@@ -218,7 +231,7 @@ class SelfHealing:
             server = self._server
             if not models or models[0].generation != generation or server is None or not server.is_alive():
                 return  # unbound, already replaced, or the server itself died (restarted as a whole)
-            if self._restarting or self._state != "running":
+            if self._restarting or self._state is not _State.RUNNING:
                 return
             assert self._repository is not None
             started = time.monotonic()
@@ -229,7 +242,9 @@ class SelfHealing:
             pids = [pid for model in models for pid in model.retire_generation()]
             deadline = time.monotonic() + 5.0
             while (
-                any(model.retired_busy for model in models) and time.monotonic() < deadline and self._state == "running"
+                any(model.retired_busy for model in models)
+                and time.monotonic() < deadline
+                and self._state is _State.RUNNING
             ):
                 time.sleep(0.01)
             for pid in pids:
@@ -281,7 +296,7 @@ class SelfHealing:
         now = time.monotonic()
         for name, resident in _recycle.grown_models(regions, self._recycle_bytes).items():
             models = self._versions(name)
-            if not models or name in self._healing or any(m.busy for m in models) or self._state != "running":
+            if not models or name in self._healing or any(m.busy for m in models) or self._state is not _State.RUNNING:
                 continue
             last_active = max(m.last_active for m in models)
             if now - last_active < self._recycle_idle_s or last_active <= self._recycled_at.get(name, 0.0):

@@ -3,6 +3,9 @@
 ``PYTRITON_HOME`` is the directory pytriton really uses (``$PYTRITON_HOME``, else
 ``~/.cache/pytriton``), read once at import; pytriton itself looks the variable up each time it needs
 the directory (``pytriton.server.distribution.pytriton_home``), so a later change still takes effect.
+
+Unit test: tests/unit/test_api_drift.py (the names and values code written for NVIDIA PyTriton
+uses).
 """
 
 from __future__ import annotations

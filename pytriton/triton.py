@@ -11,7 +11,13 @@ Resource contract: ``run()`` starts one ``tritonserver`` process (which starts o
 model instance), one worker thread per model instance, a small watchdog process, unix sockets in a
 private directory and shared-memory segments named ``pytriton-<pid>-<token>-*``. ``stop()`` (also
 called by ``__exit__``, ``serve()`` on SIGINT/SIGTERM, and at interpreter exit) removes all of it;
-if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it.
+if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it. With
+``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_embedded.py``).
+
+Unit tests (no server): tests/unit/test_self_healing.py (lifecycle states, restart budget, bind
+validation), tests/unit/test_security.py (token and restrictions), tests/unit/test_check.py (the
+endpoints line), tests/unit/test_server_environment.py, tests/unit/test_triton_config.py; with a
+server: tests/e2e/.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from pytriton import _healing
+from pytriton import _embedded, _healing
+from pytriton._healing import _State
 from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
     PyTritonBadParameterError,
@@ -82,7 +89,7 @@ from pytriton.server.workspace import Workspace, cleanup_paths
 
 __all__ = ["Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
 
-LOGGER = logging.getLogger("pytriton.triton")
+LOGGER = logging.getLogger(__name__)  # "pytriton.triton", a documented name
 MONITORING_PERIOD_S = 5.0
 MONITORING_PERIOD_SEC = MONITORING_PERIOD_S  # the name before NVIDIA PyTriton 0.4
 STARTUP_TIMEOUT_S = _healing.STARTUP_TIMEOUT_S
@@ -128,7 +135,7 @@ class TritonLifecyclePolicy:
                 )
 
 
-class Triton(_healing.SelfHealing):
+class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
     """A Triton Inference Server serving bound Python callables.
 
     Args:
@@ -146,6 +153,9 @@ class Triton(_healing.SelfHealing):
             within ``restart_window_s`` seconds; one more crash in that window gives up (see
             :meth:`serve`). 0 disables restarts.
         restart_window_s: the window for ``max_server_restarts``.
+        embedded: run Triton inside this process (``pytriton.inprocess``) instead of launching the
+            ``tritonserver`` binary: no ports, no network endpoints, no server restarts; call bound
+            models with :meth:`client` or :meth:`model` (docs/inprocess.md, "Embedded Triton").
     """
 
     def __init__(
@@ -157,6 +167,7 @@ class Triton(_healing.SelfHealing):
         security_config: Optional[TritonSecurityConfig] = None,
         max_server_restarts: int = 5,
         restart_window_s: float = 60.0,
+        embedded: bool = False,
     ):
         check_python_supported()  # no backend stub for this Python: fail now, not at run()
         if isinstance(max_server_restarts, bool) or not isinstance(max_server_restarts, int) or max_server_restarts < 0:
@@ -172,6 +183,7 @@ class Triton(_healing.SelfHealing):
                 f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(triton_lifecycle_policy).__name__}."
             )
         self.triton_lifecycle_policy = triton_lifecycle_policy or TritonLifecyclePolicy()
+        self._embedded = _embedded.check_embedded_flag(embedded)
         self._config = _merge_config(config)
         self._options = effective_options(self._config)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
@@ -189,7 +201,7 @@ class Triton(_healing.SelfHealing):
         self._server: Optional[TritonServerProcess] = None
         self._lock = threading.RLock()
         self._wakeup = threading.Event()
-        self._state = "created"
+        self._state = _State.CREATED
         self._socket_dir: Optional[pathlib.Path] = None
         self._watchdog_fd: Optional[int] = None
         self._watchdog: Optional[subprocess.Popen[bytes]] = None
@@ -272,7 +284,7 @@ class Triton(_healing.SelfHealing):
         """
         validate_model_name(model_name)
         with self._lock:
-            if self._state == "stopped":
+            if self._state is _State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")
             if (model_name, model_version) in self._models:
                 raise PyTritonModelAlreadyBoundError(
@@ -304,7 +316,7 @@ class Triton(_healing.SelfHealing):
             key = (model_name, model.version)
             self._models[key] = model
             self._attach_context(model)
-            if self._state == "running":
+            if self._state is _State.RUNNING:
                 try:
                     self._load_live(model)
                 except BaseException:
@@ -332,7 +344,7 @@ class Triton(_healing.SelfHealing):
                 ``Triton`` is stopped.
         """
         with self._lock:
-            if self._state == "stopped":
+            if self._state is _State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped.")
             versions = self._versions(model_name)
             removed = [m for m in versions if model_version is None or m.version == model_version]
@@ -342,7 +354,7 @@ class Triton(_healing.SelfHealing):
             remaining = [m for m in versions if m not in removed]
             for model in removed:
                 del self._models[(model.name, model.version)]
-            if self._state == "running":
+            if self._state is _State.RUNNING:
                 assert self._repository is not None
                 if remaining:
                     for model in removed:
@@ -354,7 +366,7 @@ class Triton(_healing.SelfHealing):
                     self._repository_request("unload", model_name)
             grace = float(self._config.exit_timeout_secs if self._config.exit_timeout_secs is not None else 30)
             deadline = time.monotonic() + grace
-            if self._state == "running" and not remaining:
+            if self._state is _State.RUNNING and not remaining:
                 self._wait_detached(removed, deadline)
             while any(model.busy for model in removed) and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -448,7 +460,7 @@ class Triton(_healing.SelfHealing):
                 ". Triton 2.51 sometimes crashes when a model's warmup fails; the callable's error, if it "
                 "raised one, is logged by 'pytriton.proxy'"
             )
-        if died and self._state == "running" and self._supervisor is not None:
+        if died and self._state is _State.RUNNING and self._supervisor is not None:
             message += "; pytriton restarts the server with the other models"
         return PyTritonModelConfigError(message + ".")
 
@@ -472,6 +484,8 @@ class Triton(_healing.SelfHealing):
         Every model-repository call pytriton makes goes through here: it carries the header that the
         server's restriction expects (see :class:`~pytriton.server.security.AccessPolicy`).
         """
+        if self._embedded:
+            return self._embedded_request(action, model_name)
         if self._options.get("allow_http", True):
             host, port = self._options["http_address"], self._options["http_port"]
             connection = http.client.HTTPConnection(_client_host(host), port, timeout=STARTUP_TIMEOUT_S)
@@ -513,9 +527,9 @@ class Triton(_healing.SelfHealing):
     def run(self) -> None:
         """Start the server with every bound model and return once all of them are ready."""
         with self._lock:
-            if self._state == "stopped":
+            if self._state is _State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one.")
-            if self._state == "running":
+            if self._state is _State.RUNNING:
                 return
             started = time.monotonic()
             distribution = find_server(self._config.tritonserver_dir)
@@ -524,7 +538,8 @@ class Triton(_healing.SelfHealing):
             self._stub_numpy2 = stub_env.numpy2
             for model in self._models.values():
                 self._check_stub_support(model)
-            self._check_ports()
+            if not self._embedded:
+                self._check_ports()
             _wire.sweep_dead_owners()
             self._binding_context()
             self._repository = self._config.model_repository or self._workspace.subdir("model-store")
@@ -558,9 +573,9 @@ class Triton(_healing.SelfHealing):
             )
             self._launch = (argv, env)
             self._startup_models = startup
-            self._server = TritonServerProcess(argv, env, log_path=self._config.log_file)
+            self._server = self._new_server(argv, env)  # the binary, or the library in this process
             self._server.register_on_exit(self._on_server_exit)
-            self._state = "running"
+            self._state = _State.RUNNING
             if self._models:
                 self._scratch.before_first_load()
             try:
@@ -585,6 +600,8 @@ class Triton(_healing.SelfHealing):
 
     def _endpoints_line(self) -> str:
         """One line: where each enabled endpoint listens and which endpoint groups need the token."""
+        if self._embedded:
+            return "Triton runs embedded in this process: no network endpoints"
         parts = []
         for label, shown in (("http", "HTTP"), ("grpc", "GRPC"), ("metrics", "metrics")):
             if self._options.get(f"allow_{label}", True):
@@ -635,7 +652,7 @@ class Triton(_healing.SelfHealing):
                 "-S",
                 str(_WATCHDOG),
                 str(read_fd),
-                str(self._server.pid),
+                str(0 if self._embedded else self._server.pid),  # 0: no server process group to kill
                 self._shm_prefix,
                 *paths,
             ],
@@ -696,7 +713,7 @@ class Triton(_healing.SelfHealing):
         """
         with self._lock:
             return (
-                self._state == "running"
+                self._state is _State.RUNNING
                 and not self._restarting
                 and self._failure is None
                 and self._server is not None
@@ -717,9 +734,9 @@ class Triton(_healing.SelfHealing):
             True if this call stopped the instance, False if it was already stopped.
         """
         with self._lock:
-            if self._state == "stopped":
+            if self._state is _State.STOPPED:
                 return False
-            self._state = "stopped"
+            self._state = _State.STOPPED
             server = self._server  # a restart in progress starts no further server once stopped
         atexit.unregister(self.stop)
         started = time.monotonic()
@@ -807,9 +824,10 @@ class Triton(_healing.SelfHealing):
         """The token restricted endpoints require (``None`` when the security config restricts nothing).
 
         Clients send it with ``access_token=``; raw HTTP clients as the ``triton-access-token`` header,
-        gRPC clients as ``triton-grpc-protocol-triton-access-token`` metadata.
+        gRPC clients as ``triton-grpc-protocol-triton-access-token`` metadata. ``None`` for
+        ``Triton(embedded=True)``: it has no network endpoint, so nothing needs a token.
         """
-        return self._security.access_token
+        return None if self._embedded else self._security.access_token
 
     @property
     def server_log(self) -> List[str]:
@@ -819,11 +837,13 @@ class Triton(_healing.SelfHealing):
     @property
     def http_url(self) -> str:
         """``http://host:port`` of the HTTP endpoint."""
+        self._no_network("http_url")
         return f"http://{_client_host(self._options['http_address'])}:{self._options['http_port']}"
 
     @property
     def grpc_url(self) -> str:
         """``grpc://host:port`` of the gRPC endpoint."""
+        self._no_network("grpc_url")
         return f"grpc://{_client_host(self._options['grpc_address'])}:{self._options['grpc_port']}"
 
 

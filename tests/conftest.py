@@ -11,6 +11,10 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pytest
 
+# Before any test imports tritonclient's gRPC: the in-process and embedded servers fork stubs from
+# several threads at once, which grpcio 1.67's fork handlers abort on (see pytriton/inprocess).
+import pytriton.inprocess  # noqa: F401
+
 # Every numeric dtype Triton carries (BYTES is tested separately).
 DTYPES = [
     np.bool_,

@@ -1,4 +1,11 @@
-"""``BaseModelClient``: what every client shares (URL, model identity, timeouts, security, the core)."""
+"""``BaseModelClient``: what every client shares (URL, model identity, timeouts, security, the core).
+
+Also :class:`ClosesOnExit`, the ``with`` protocol of the blocking clients and the legacy contexts.
+
+Unit tests: tests/unit/test_client_core.py (``from_existing_client``, ``create_client_from_url``,
+``with``), tests/unit/test_security.py (token and TLS keywords), tests/unit/test_legacy_client.py
+(``ClosesOnExit`` of ``InferContext``).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,20 @@ from pytriton.client.warnings import NotSupportedTimeoutWarning
 from pytriton.model_config.triton_model_config import TritonModelConfig
 
 _Client = TypeVar("_Client", bound="BaseModelClient")
+_Closing = TypeVar("_Closing", bound="ClosesOnExit")
+
+
+class ClosesOnExit:
+    """``with resource:`` gives the resource itself and calls its :meth:`close` at the end of the block."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Closing) -> _Closing:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
 
 def tritonclient_lib(protocol: str, asyncio: bool) -> Any:
@@ -47,21 +68,14 @@ class BaseModelClient:
     _ASYNCIO = False  # True for the clients built on tritonclient's asyncio modules
 
     def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-        model_config: Optional[TritonModelConfig] = None,
-        ensure_model_is_ready: bool = True,
-        access_token: Optional[str] = None,
-        root_certificates: Optional[PathLike] = None,
-        private_key: Optional[PathLike] = None,
-        certificate_chain: Optional[PathLike] = None,
-    ):
+        self, url: str, model_name: str, model_version: Optional[str] = None, *, lazy_init: bool = True,
+        # start-up and timeouts
+        init_timeout_s: Optional[float] = None, inference_timeout_s: Optional[float] = None,
+        model_config: Optional[TritonModelConfig] = None, ensure_model_is_ready: bool = True,
+        # security (pytriton.client.auth)
+        access_token: Optional[str] = None, root_certificates: Optional[PathLike] = None,
+        private_key: Optional[PathLike] = None, certificate_chain: Optional[PathLike] = None,
+    ):  # fmt: skip
         self._url: TritonUrl = parse_url(url)
         self._security = ClientSecurity(access_token, root_certificates, private_key, certificate_chain)
         self._security.check(self._url)

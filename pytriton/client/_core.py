@@ -5,6 +5,8 @@ Each client operation is written once, as a generator that *yields* the network 
 blocking ``tritonclient`` clients, :func:`run_async` with the asyncio ones (see ``_drivers``). The
 sync, futures and asyncio clients therefore share request building, readiness checks, batch-axis
 handling, response decoding and error mapping instead of copying them.
+
+Unit test: tests/unit/test_client_core.py (every operation through both drivers, on a fake server).
 """
 
 from __future__ import annotations

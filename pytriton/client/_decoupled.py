@@ -14,6 +14,9 @@ model may take as long as it needs between responses, and the stream ends when t
 fails, or the caller leaves the loop or calls :meth:`DecoupledModelClient.close` (from any thread).
 On :class:`AsyncioDecoupledModelClient` ``inference_timeout_s`` bounds each wait for the next
 response.
+
+Unit test: tests/unit/test_client_core.py (both streaming clients on a fake gRPC stream: responses,
+errors, timeouts).
 """
 
 from __future__ import annotations
@@ -21,7 +24,19 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, Optional, Tuple
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Dict,
+    Generic,
+    Iterator,
+    NamedTuple,
+    Optional,
+    Tuple,
+    TypeVar,
+)
 
 import numpy.typing as npt
 
@@ -40,6 +55,7 @@ from pytriton.client.exceptions import (
 from pytriton.model_config.triton_model_config import TritonModelConfig
 
 _Event = Tuple[Any, Any]  # (result, error) as tritonclient's stream callback receives them
+_Outputs = Dict[str, npt.NDArray[Any]]
 
 
 def _is_final(result: Any) -> bool:
@@ -60,7 +76,45 @@ def check_decoupled(config: TritonModelConfig) -> None:
         )
 
 
-class DecoupledModelClient(ModelClient):
+class _StreamArgs(NamedTuple):
+    """What one ``infer_sample``/``infer_batch`` call of a streaming client asked for."""
+
+    inputs: Tuple[Any, ...]
+    named_inputs: Dict[str, Any]
+    parameters: Optional[Dict[str, Any]]
+    headers: Optional[Dict[str, Any]]
+    batch: bool
+
+
+_Stream = TypeVar("_Stream")
+
+
+class _StreamingCalls(Generic[_Stream]):
+    """``infer_sample``/``infer_batch`` of both streaming clients: each returns the stream ``_stream`` opens.
+
+    They replace the methods of the plain clients on purpose (hence the ``type: ignore[misc]`` of the
+    subclasses): a streaming client's calls return a stream, not one result.
+    """
+
+    def _stream(self, call: _StreamArgs) -> _Stream:
+        raise NotImplementedError
+
+    def infer_sample(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, Any]] = None,
+        **named_inputs: Any,
+    ) -> _Stream:  # fmt: skip
+        """Stream the responses to one sample (batch axis added and removed for batching models)."""
+        return self._stream(_StreamArgs(inputs, named_inputs, parameters, headers, batch=False))
+
+    def infer_batch(
+        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, Any]] = None,
+        **named_inputs: Any,
+    ) -> _Stream:  # fmt: skip
+        """Stream the responses to one batch (batching models only)."""
+        return self._stream(_StreamArgs(inputs, named_inputs, parameters, headers, batch=True))
+
+
+class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  # type: ignore[misc]
     """Blocking streaming client: ``for outputs in client.infer_sample(...)``.
 
     A :class:`ModelClient` (``model_config``, ``is_batching_supported``, ``wait_for_model``,
@@ -76,9 +130,6 @@ class DecoupledModelClient(ModelClient):
         self._active_http: Optional[HttpStream] = None
         super()._open()
 
-    def __enter__(self) -> DecoupledModelClient:
-        return self
-
     def close(self) -> None:
         """Close the connection; a stream in progress (in another thread) raises ``PyTritonClientClosedError``."""
         self.interrupt(PyTritonClientClosedError("The client was closed during the stream."))
@@ -93,34 +144,8 @@ class DecoupledModelClient(ModelClient):
         if active_http is not None:
             active_http.abort(error)
 
-    def infer_sample(  # type: ignore[override]
-        self,
-        *inputs: Any,
-        parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, Any]] = None,
-        **named_inputs: Any,
-    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
-        """Stream the responses to one sample (batch axis added and removed for batching models)."""
-        return self._stream(inputs, named_inputs, parameters, headers, batch=False)
-
-    def infer_batch(  # type: ignore[override]
-        self,
-        *inputs: Any,
-        parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, Any]] = None,
-        **named_inputs: Any,
-    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
-        """Stream the responses to one batch (batching models only)."""
-        return self._stream(inputs, named_inputs, parameters, headers, batch=True)
-
-    def _stream(
-        self,
-        inputs: Any,
-        named_inputs: Dict[str, Any],
-        parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, Any]],
-        batch: bool,
-    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
+    def _stream(self, call: _StreamArgs) -> Iterator[_Outputs]:
+        inputs, named_inputs, parameters, headers, batch = call
         self._check_open()
         check_parameters(parameters, "parameters")
         check_parameters(headers, "headers")
@@ -141,7 +166,7 @@ class DecoupledModelClient(ModelClient):
         config: TritonModelConfig,
         add_axis: bool,
         headers: Optional[Dict[str, str]],
-    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
+    ) -> Iterator[_Outputs]:
         if config.batching and any(array.ndim == 0 or array.shape[0] != 1 for array in arrays.values()):
             raise PyTritonClientValueError(
                 "Streaming over HTTP (generate_stream) carries one sample per request; send batches over gRPC."
@@ -167,7 +192,7 @@ class DecoupledModelClient(ModelClient):
 
     def _responses(
         self, request: Dict[str, Any], config: TritonModelConfig, add_axis: bool, headers: Optional[Dict[str, str]]
-    ) -> Iterator[Dict[str, npt.NDArray[Any]]]:
+    ) -> Iterator[_Outputs]:
         name = self._core.model_name
         events: queue.Queue[_Event] = queue.Queue()
         with self._stream_lock:
@@ -193,7 +218,7 @@ class DecoupledModelClient(ModelClient):
                     pass
 
 
-class AsyncioDecoupledModelClient(AsyncioModelClient):
+class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], AsyncioModelClient):  # type: ignore[misc]
     """asyncio streaming client: ``async for outputs in client.infer_sample(...)``.
 
     Built on :class:`DecoupledModelClient` (sharing its core; gRPC or HTTP like it): each step of
@@ -228,27 +253,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         self._check_open()
         return await self._run(lambda: self._sync.model_config)  # type: ignore[no-any-return]
 
-    def infer_sample(  # type: ignore[override]
-        self,
-        *inputs: Any,
-        parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, Any]] = None,
-        **named_inputs: Any,
-    ) -> AsyncIterator[Dict[str, npt.NDArray[Any]]]:
-        """Stream the responses to one sample."""
-        return self._stream(inputs, named_inputs, parameters, headers, batch=False)
-
-    def infer_batch(  # type: ignore[override]
-        self,
-        *inputs: Any,
-        parameters: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, Any]] = None,
-        **named_inputs: Any,
-    ) -> AsyncIterator[Dict[str, npt.NDArray[Any]]]:
-        """Stream the responses to one batch."""
-        return self._stream(inputs, named_inputs, parameters, headers, batch=True)
-
-    async def _next(self, iterator: Iterator[Dict[str, npt.NDArray[Any]]], done: object) -> Any:
+    async def _next(self, iterator: Iterator[_Outputs], done: object) -> Any:
         step: Awaitable[Any] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)
         timeout_s = self._core.inference_timeout_s
         try:
@@ -262,16 +267,9 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
                 pass
             raise PyTritonClientTimeoutError(message) from None
 
-    async def _stream(
-        self,
-        inputs: Any,
-        named_inputs: Dict[str, Any],
-        parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, Any]],
-        batch: bool,
-    ) -> AsyncIterator[Dict[str, npt.NDArray[Any]]]:
+    async def _stream(self, call: _StreamArgs) -> AsyncIterator[_Outputs]:
         self._check_open()
-        iterator = await self._run(self._sync._stream, inputs, named_inputs, parameters, headers, batch)
+        iterator = await self._run(self._sync._stream, call)
         done = object()
         try:
             while True:

@@ -1,10 +1,14 @@
-"""Drivers that execute the core's operations with real tritonclient clients, blocking or asyncio."""
+"""Drivers that execute the core's operations with real tritonclient clients, blocking or asyncio.
+
+Unit test: tests/unit/test_client_core.py (the core's operations run through ``run_sync`` and
+``run_async``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Iterator, Optional
 
 from pytriton.client._core import Call, Operation
 from pytriton.client._url import TritonUrl
@@ -44,41 +48,65 @@ def async_clients(url: TritonUrl, security: ClientSecurity) -> Any:
     return lib, security.apply(lib.InferenceServerClient(url.address), url)
 
 
+class _Steps:
+    """The calls of an operation, one at a time, for a driver to execute.
+
+    ``for call in steps`` yields each call the operation needs; before the next one the driver sets
+    ``steps.value`` (what the call returned) or ``steps.error`` (what it raised: the operation may
+    retry, map or raise it). When the operation is done, ``steps.result`` holds what it returned.
+    """
+
+    def __init__(self, operation: Operation) -> None:
+        self._operation = operation
+        self.value: Any = None
+        self.error: Optional[Exception] = None
+        self.result: Any = None
+
+    def __iter__(self) -> Iterator[Call]:
+        operation = self._operation
+        try:
+            call = next(operation)
+            while True:
+                self.value, self.error = None, None
+                yield call
+                call = operation.send(self.value) if self.error is None else operation.throw(self.error)
+        except StopIteration as done:
+            self.result = done.value
+
+
+def _call_sync(call: Call, control: Any, infer: Any) -> Any:
+    if call.method == "sleep":
+        time.sleep(call.args[0])
+        return None
+    client = infer if call.infer else control
+    return getattr(client, call.method)(*call.args, **call.kwargs)
+
+
+async def _call_async(call: Call, client: Any) -> Any:
+    if call.method == "sleep":
+        await asyncio.sleep(call.args[0])
+        return None
+    coroutine = getattr(client, call.method)(*call.args, **call.kwargs)
+    return await asyncio.wait_for(coroutine, call.timeout_s) if call.timeout_s else await coroutine
+
+
 def run_sync(operation: Operation, control: Any, infer: Any) -> Any:
     """Run an operation to completion with blocking clients; returns its result."""
-    try:
-        call: Call = next(operation)
-        while True:
-            try:
-                if call.method == "sleep":
-                    time.sleep(call.args[0])
-                    value: Any = None
-                else:
-                    client = infer if call.infer else control
-                    value = getattr(client, call.method)(*call.args, **call.kwargs)
-            except Exception as exc:
-                call = operation.throw(exc)
-                continue
-            call = operation.send(value)
-    except StopIteration as done:
-        return done.value
+    steps = _Steps(operation)
+    for call in steps:
+        try:
+            steps.value = _call_sync(call, control, infer)
+        except Exception as exc:
+            steps.error = exc
+    return steps.result
 
 
 async def run_async(operation: Operation, client: Any) -> Any:
     """Run an operation with an asyncio client; every call is bounded by its ``timeout_s``."""
-    try:
-        call: Call = next(operation)
-        while True:
-            try:
-                if call.method == "sleep":
-                    await asyncio.sleep(call.args[0])
-                    value: Any = None
-                else:
-                    coroutine = getattr(client, call.method)(*call.args, **call.kwargs)
-                    value = await asyncio.wait_for(coroutine, call.timeout_s) if call.timeout_s else await coroutine
-            except Exception as exc:
-                call = operation.throw(exc)
-                continue
-            call = operation.send(value)
-    except StopIteration as done:
-        return done.value
+    steps = _Steps(operation)
+    for call in steps:
+        try:
+            steps.value = await _call_async(call, client)
+        except Exception as exc:
+            steps.error = exc
+    return steps.result

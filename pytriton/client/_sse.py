@@ -6,6 +6,8 @@ input name to its values (flattened; Triton shapes them to the model's input) pl
 (flattened, a single element as a scalar) or ``{"error": message}``. The stream ends when the server
 closes it. The pure helpers here (encoding, event parsing, decoding) hold no I/O; :class:`HttpStream`
 does the socket work for :class:`~pytriton.client._decoupled.DecoupledModelClient`.
+
+Unit test: tests/unit/test_client_sse.py.
 """
 
 from __future__ import annotations

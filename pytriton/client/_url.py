@@ -1,4 +1,7 @@
-"""Parsing of server URLs: ``grpc://host:port``, ``grpcs://`` (gRPC over TLS), ``http://host:port``, ``host[:port]``."""
+"""Parsing of server URLs: ``grpc://host:port``, ``grpcs://`` (gRPC over TLS), ``http://host:port``, ``host[:port]``.
+
+Unit tests: tests/unit/test_client_url.py, tests/unit/test_client_core.py.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +36,10 @@ class TritonUrl:
 
     @property
     def address(self) -> str:
-        """``host:port`` as tritonclient expects it."""
+        """``host:port`` as tritonclient expects it (also ``without_scheme``)."""
         return f"{self.host}:{self.port}"
+
+    without_scheme = address  # NVIDIA PyTriton's name for it
 
     @property
     def hostname(self) -> str:
@@ -43,13 +48,8 @@ class TritonUrl:
 
     @property
     def with_scheme(self) -> str:
-        """``scheme://host:port``."""
+        """``scheme://host:port`` (also ``str(url)``)."""
         return f"{self.scheme}://{self.address}"
-
-    @property
-    def without_scheme(self) -> str:
-        """``host:port`` (same as ``address``)."""
-        return self.address
 
     @classmethod
     def from_url(cls, url: str) -> TritonUrl:
@@ -57,7 +57,7 @@ class TritonUrl:
         return parse_url(url)
 
     def __str__(self) -> str:
-        return f"{self.scheme}://{self.address}"
+        return self.with_scheme
 
 
 def parse_url(url: str) -> TritonUrl:

@@ -9,17 +9,19 @@ Typical use::
 URLs: ``grpc://host:port``, ``grpcs://host:port`` (TLS), ``http://host:port``, ``host:port`` or
 ``host`` (HTTP by default; default ports 8000 for HTTP and 8001 for gRPC). ``access_token=`` (from
 ``Triton.get_access_token()``) is sent with every call; see :mod:`pytriton.client.auth`.
+
+Unit test: tests/unit/test_client_core.py (every client on a fake server).
 """
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Awaitable, Dict, List, Optional
+from typing import Any, Awaitable, Dict, List, Optional, Sequence
 
 import numpy.typing as npt
 
-from pytriton.client._base import BaseModelClient
+from pytriton.client._base import BaseModelClient, ClosesOnExit
 from pytriton.client._drivers import async_clients, run_async, run_sync, sync_clients
 from pytriton.client.auth import PathLike
 from pytriton.client.exceptions import (
@@ -38,8 +40,11 @@ __all__ = [
     "ModelClient",
 ]
 
+_Outputs = Dict[str, npt.NDArray[Any]]
+_Parameters = Optional[Dict[str, Any]]  # request parameters or headers
 
-class ModelClient(BaseModelClient):
+
+class ModelClient(BaseModelClient, ClosesOnExit):
     """Blocking client for one model.
 
     Lifetime: holds tritonclient connections until :meth:`close` (or the end of a ``with`` block).
@@ -59,12 +64,6 @@ class ModelClient(BaseModelClient):
             except BaseException:
                 self.close()
                 raise
-
-    def __enter__(self) -> ModelClient:
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connections. Idempotent."""
@@ -115,26 +114,29 @@ class ModelClient(BaseModelClient):
         """True if the model accepts a batch axis (``max_batch_size > 0``)."""
         return self.model_config.max_batch_size > 0
 
+    def _infer(
+        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool
+    ) -> _Outputs:
+        self._check_open()
+        operation = self._core.infer(inputs, named, parameters, headers, batch, self._lib)
+        return run_sync(operation, self._control, self._infer_client)  # type: ignore[no-any-return]
+
     def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer one sample: the batch axis is added for batching models and removed from the outputs."""
-        self._check_open()
-        operation = self._core.infer(inputs, named_inputs, parameters, headers, False, self._lib)
-        return run_sync(operation, self._control, self._infer_client)  # type: ignore[no-any-return]
+        return self._infer(inputs, named_inputs, parameters, headers, batch=False)
 
     def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer a batch (inputs carry the batch axis); only for batching models."""
-        self._check_open()
-        operation = self._core.infer(inputs, named_inputs, parameters, headers, True, self._lib)
-        return run_sync(operation, self._control, self._infer_client)  # type: ignore[no-any-return]
+        return self._infer(inputs, named_inputs, parameters, headers, batch=True)
 
 
-class FuturesModelClient(BaseModelClient):
+class FuturesModelClient(BaseModelClient, ClosesOnExit):
     """Non-blocking client: every call returns a ``concurrent.futures.Future``.
 
     Calls run on a pool of up to ``max_workers`` threads (default 128; ``None``: Python's default,
@@ -149,23 +151,16 @@ class FuturesModelClient(BaseModelClient):
     DEFAULT_MAX_QUEUE_SIZE = 128
 
     def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        max_workers: Optional[int] = DEFAULT_MAX_WORKERS,
-        max_queue_size: Optional[int] = DEFAULT_MAX_QUEUE_SIZE,
+        self, url: str, model_name: str, model_version: Optional[str] = None, *,
+        # the pool and its queue
+        max_workers: Optional[int] = DEFAULT_MAX_WORKERS, max_queue_size: Optional[int] = DEFAULT_MAX_QUEUE_SIZE,
         non_blocking: bool = False,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-        model_config: Optional[TritonModelConfig] = None,
-        ensure_model_is_ready: bool = True,
-        access_token: Optional[str] = None,
-        root_certificates: Optional[PathLike] = None,
-        private_key: Optional[PathLike] = None,
-        certificate_chain: Optional[PathLike] = None,
-    ):
+        # as for BaseModelClient (no lazy_init: each thread's client starts on its first call)
+        init_timeout_s: Optional[float] = None, inference_timeout_s: Optional[float] = None,
+        model_config: Optional[TritonModelConfig] = None, ensure_model_is_ready: bool = True,
+        access_token: Optional[str] = None, root_certificates: Optional[PathLike] = None,
+        private_key: Optional[PathLike] = None, certificate_chain: Optional[PathLike] = None,
+    ):  # fmt: skip
         if max_workers is not None and max_workers < 1:
             raise PyTritonClientValueError("max_workers must be at least 1.")
         if max_queue_size is not None and max_queue_size < 1:
@@ -183,12 +178,6 @@ class FuturesModelClient(BaseModelClient):
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_queue_size) if max_queue_size else None
         self._non_blocking = non_blocking
-
-    def __enter__(self) -> FuturesModelClient:
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.close()
 
     def _clone_kwargs(self) -> Dict[str, Any]:
         kwargs = super()._clone_kwargs()
@@ -325,23 +314,26 @@ class AsyncioModelClient(BaseModelClient):
         self._check_open()
         return await run_async(self._core.ensure_config(), self._client)  # type: ignore[no-any-return]
 
+    async def _infer(
+        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool
+    ) -> _Outputs:
+        self._check_open()
+        operation = self._core.infer(inputs, named, parameters, headers, batch, self._lib)
+        return await run_async(operation, self._client)  # type: ignore[no-any-return]
+
     async def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer one sample (see :meth:`ModelClient.infer_sample`)."""
-        self._check_open()
-        operation = self._core.infer(inputs, named_inputs, parameters, headers, False, self._lib)
-        return await run_async(operation, self._client)  # type: ignore[no-any-return]
+        return await self._infer(inputs, named_inputs, parameters, headers, batch=False)
 
     async def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer a batch (see :meth:`ModelClient.infer_batch`)."""
-        self._check_open()
-        operation = self._core.infer(inputs, named_inputs, parameters, headers, True, self._lib)
-        return await run_async(operation, self._client)  # type: ignore[no-any-return]
+        return await self._infer(inputs, named_inputs, parameters, headers, batch=True)
 
 
 # The streaming clients subclass the ones above, so they are imported once those exist.

@@ -6,6 +6,8 @@ model's input order, ``infer_sample`` adds the batch axis for batching models an
 the outputs, ``infer_batch`` passes the batch as is. Outputs are numpy arrays viewing the memory
 Triton wrote (no copy); BYTES outputs are object arrays of ``bytes``. Errors are the in-process
 API's exceptions (:class:`TritonError` subclasses), not the network client's.
+
+Unit test: tests/unit/test_inprocess_client.py (on a fake server and model).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 The values are passed to and read from the server library unchanged, so they must never be
 renumbered. Every enum is an :class:`enum.IntEnum`, so ``DataType.FP32 == 11`` holds.
+
+Unit test: tests/unit/test_inprocess.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Exception classes of the in-process API and their mapping from ``TRITONSERVER_Error`` codes."""
+"""Exception classes of the in-process API and their mapping from ``TRITONSERVER_Error`` codes.
+
+Unit test: tests/unit/test_inprocess.py.
+"""
 
 from __future__ import annotations
 

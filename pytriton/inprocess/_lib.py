@@ -7,6 +7,8 @@ dependency is loaded first by absolute path, then the load is retried (bounded).
 
 :func:`library` returns the shared :class:`Library`; :func:`check` turns a returned
 ``TRITONSERVER_Error*`` into the matching exception and deletes the error (each error exactly once).
+
+Unit test: tests/unit/test_inprocess.py (on a fake library).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "TRITONSERVER_ServerOptionsSetExitOnError": (P, [P, B]),
     "TRITONSERVER_ServerOptionsSetStrictReadiness": (P, [P, B]),
     "TRITONSERVER_ServerOptionsSetExitTimeout": (P, [P, ctypes.c_uint]),
+    "TRITONSERVER_ServerSetExitTimeout": (P, [P, ctypes.c_uint]),
     "TRITONSERVER_ServerOptionsSetBufferManagerThreadCount": (P, [P, ctypes.c_uint]),
     "TRITONSERVER_ServerOptionsSetModelLoadThreadCount": (P, [P, ctypes.c_uint]),
     "TRITONSERVER_ServerOptionsSetModelLoadRetryCount": (P, [P, ctypes.c_uint]),

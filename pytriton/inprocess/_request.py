@@ -11,6 +11,9 @@ Lifetimes and ownership (each Triton object is deleted exactly once):
 * The response allocator is created once per process and lives as long as the loaded library.
 
 A request's bookkeeping entry is dropped when it is both released and has seen its final response.
+
+Unit test: tests/unit/test_inprocess_request.py (iterators, cancel and parameters without the
+library); requests against the library: tests/e2e/test_inprocess_server.py.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pytriton.inprocess._tensor import MemoryAllocator, MemoryBuffer, NumpyAlloc
 if TYPE_CHECKING:
     from pytriton.inprocess._server import Model
 
-LOGGER = logging.getLogger("pytriton.inprocess")
+LOGGER = logging.getLogger(__name__)
 _WAIT_SLICE_S = 0.5
 
 

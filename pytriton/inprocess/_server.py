@@ -7,6 +7,9 @@ so ``start()`` puts the stub's ``python3`` first on ``PATH`` and this interprete
 first on ``LD_LIBRARY_PATH`` (in ``os.environ``) while a server runs, and restores both when the
 last server stops. Each server gets its own shared-memory prefix for the Python backend, so its
 regions can be told apart and none is left after ``stop()``.
+
+Unit test: tests/unit/test_inprocess.py (options, a server before start); started servers:
+tests/e2e/test_inprocess_server.py.
 """
 
 from __future__ import annotations
@@ -42,13 +45,14 @@ from pytriton.inprocess._errors import (
     TritonError,
     UnavailableError,
 )
+from pytriton.proxy import _wire
 
 _DEFAULT_READY_TIMEOUT_S = 300.0
 # Started servers are referenced here until stopped (explicitly or at exit): a server is never
 # stopped by garbage collection, which could happen on one of Triton's own callback threads.
 _LIVE: Set[Server] = set()
 _LIVE_LOCK = threading.Lock()
-LOGGER = logging.getLogger("pytriton.inprocess")
+LOGGER = logging.getLogger(__name__)
 _SERVER_IDS = itertools.count(1)
 
 
@@ -352,12 +356,18 @@ class Server:
             if self._handle is not None:
                 raise InvalidArgumentError("The in-process server is already started")
             lib = self._library()
+            # Regions of in-process servers (and Triton user processes) that died without cleaning up.
+            _wire.sweep_dead_owners()
             if lib.path is not None:
                 _lib.preload_backends(pathlib.Path(self.options.backend_directory), lib.path.parent)
             options_handle = ctypes.c_void_p()
             lib.check(lib.TRITONSERVER_ServerOptionsNew(ctypes.byref(options_handle)))
             try:
-                self._shm_prefix = _StubEnvironment.acquire(self._own_shm_prefix)
+                # The prefix the options ask for, if any (Triton(embedded=True) passes its own), so that
+                # shm_region_prefix and the clean-up at the last stop name the regions really created.
+                python_backend = self.options.backend_configuration.get("python", {})
+                requested = str(python_backend.get("shm-region-prefix-name", self._own_shm_prefix))
+                self._shm_prefix = _StubEnvironment.acquire(requested)
                 self._env_held = True
                 try:
                     self.options._apply(lib, int(options_handle.value or 0), self._own_shm_prefix)

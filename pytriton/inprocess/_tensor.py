@@ -5,6 +5,8 @@ memory stays valid as long as that reference lives. A :class:`Tensor` holds its 
 output tensor keeps the numpy array the response allocator wrote into alive, and DLPack views of
 the tensor (``np.from_dlpack(tensor)``) keep the tensor's buffer alive in turn. No copy is made by
 ``from_dlpack`` / ``__dlpack__`` for contiguous host memory.
+
+Unit test: tests/unit/test_inprocess.py.
 """
 
 from __future__ import annotations

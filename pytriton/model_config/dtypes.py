@@ -1,4 +1,7 @@
-"""Mapping between the dtype forms users write, numpy dtypes and Triton's type names."""
+"""Mapping between the dtype forms users write, numpy dtypes and Triton's type names.
+
+Unit test: tests/unit/test_model_config.py.
+"""
 
 from __future__ import annotations
 

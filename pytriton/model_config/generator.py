@@ -1,4 +1,7 @@
-"""Triton model configuration: generate it (JSON dict, ``config.pbtxt``) and parse it back."""
+"""Triton model configuration: generate it (JSON dict, ``config.pbtxt``) and parse it back.
+
+Unit test: tests/unit/test_model_config.py (generated configs, dict and pbtxt round trips).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""``Tensor``: the declaration of one model input or output."""
+"""``Tensor``: the declaration of one model input or output.
+
+Unit test: tests/unit/test_model_config.py.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 Built by ``Triton.bind`` from the user's ``Tensor``s and ``ModelConfig``, turned into Triton's
 config by :mod:`pytriton.model_config.generator`, and parsed back from a server's config for
 clients and decorators.
+
+Unit test: tests/unit/test_model_config.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Triton runs the warmup itself while it loads the model (its ``model_warmup`` config section): each
 instance gets the requests through the proxy like any other batch, so the bound callable, with its
 decorators, runs them before the model reports ready. A warmup that fails makes the load fail.
+
+Unit tests: tests/unit/test_api_drift.py (generated warmup sections, refused warmups),
+tests/unit/test_binding.py (warmup data files).
 """
 
 from __future__ import annotations

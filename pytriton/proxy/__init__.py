@@ -6,4 +6,7 @@ runs inside Triton's Python-backend stub), ``_worker`` (the user-side loop that 
 callable) and ``_binding`` (one bound model: config, repository files, workers).
 
 This package must stay importable inside the stub (standard library and numpy only): keep imports lazy here.
+
+Unit tests: tests/unit/test_wire.py, tests/unit/test_stub.py, tests/unit/test_worker.py,
+tests/unit/test_binding.py (one per module).
 """

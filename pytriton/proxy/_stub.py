@@ -126,7 +126,12 @@ class TritonPythonModel:
     """Forwards every batch to the bound callable in the user's process."""
 
     def initialize(self, args: Dict[str, Any]) -> None:
-        """Claim a slot, connect to its worker and say hello (waits for the worker, no fixed timeout)."""
+        """Claim an instance slot, connect to its worker and say hello.
+
+        Claiming waits at most 60 s for a free slot (one held by an instance that is still being
+        unloaded), and stops waiting as soon as the user's process is gone. The answer to the hello
+        is awaited like any reply (``_call``: bounded only by the model's execution timeout).
+        """
         config = json.loads(args["model_config"])
         # What locates the worker lives in a 0600 file, not in the model config clients can read.
         with open(os.path.join(args["model_repository"], args["model_version"], _wire.PRIVATE_FILE)) as file:

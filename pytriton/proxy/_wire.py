@@ -231,6 +231,17 @@ RELEASE_KEEP = 1 << 20
 RELEASE_IDLE_S = 2.0
 
 
+def close_quietly(resource: Any, *ignored: type) -> None:
+    """``resource.close()`` unless ``resource`` is None, ignoring the exception types ``ignored``.
+
+    A mapping with a numpy view still alive raises ``BufferError``: it is then unmapped when the
+    last view goes.
+    """
+    if resource is not None:
+        with contextlib.suppress(*ignored):
+            resource.close()
+
+
 def _release_pages(buffer: Optional[mmap.mmap], keep: int) -> int:
     """Free the pages of a shared mapping past ``keep`` bytes; the mapping stays valid.
 
@@ -294,12 +305,8 @@ class Arena:
 
     def close(self) -> None:
         """Unmap the current segment and remove its name if the reader has not yet done so."""
-        if self.buffer is not None:
-            try:
-                self.buffer.close()
-            except BufferError:
-                pass  # an exported view is still alive; the mapping goes when it is collected
-            self.buffer = None
+        close_quietly(self.buffer, BufferError)
+        self.buffer = None
         if self.name is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, self.name))
@@ -336,9 +343,7 @@ class ArenaReader:
 
     def close(self) -> None:
         """Drop the current mapping."""
-        if self.buffer is not None:
-            with contextlib.suppress(BufferError):
-                self.buffer.close()
+        close_quietly(self.buffer, BufferError)
         self.buffer = None
         self.name = None
         self.address = self.size = 0
@@ -551,8 +556,10 @@ def _dtype(code: str) -> np.dtype[Any]:
 def read_tensor(buffer: Any, meta: TensorMeta, copy: bool, own: Any = None) -> npt.NDArray[Any]:
     """The array ``meta`` describes; ``buffer`` is the sender's arena, ``own`` the receiver's.
 
-    ``copy=True`` returns memory the caller owns and may keep; ``copy=False`` may return a
-    read-only view of the message or of the arena, valid until the next message.
+    ``copy=True`` returns memory the caller owns and may keep. ``copy=False`` returns a view where
+    it can: of the message itself (read-only), or of the arena (writable; the view keeps the mapping
+    alive, but the sender writes that memory again for a later message unless a final reply told it
+    not to, see :func:`retires`). BYTES tensors are always decoded into a new object array.
     """
     _, code, shape, payload = meta
     if type(payload) is bytes:
@@ -595,12 +602,22 @@ def sweep_segments(prefix: str) -> List[str]:
     return _unlink_all([name for name in _shm_names() if name.startswith(prefix)])
 
 
-def _owner_gone(name: str) -> bool:
+def _owner_pid(name: str) -> Optional[int]:
+    """The pid in ``pytriton-<pid>-...`` (a Triton's user process) or ``pytriton-inproc-<pid>-...``
+    (a process running an in-process server), else None."""
     parts = name.split("-")
-    if len(parts) < 3 or parts[0] != "pytriton" or not parts[1].isdigit():
+    if parts[0] != "pytriton" or len(parts) < 3:
+        return None
+    field = parts[2] if parts[1] == "inproc" and len(parts) > 3 else parts[1]
+    return int(field) if field.isdigit() else None
+
+
+def _owner_gone(name: str) -> bool:
+    pid = _owner_pid(name)
+    if pid is None:
         return False
     try:
-        os.kill(int(parts[1]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:

@@ -27,7 +27,7 @@ from pytriton.proxy import _wire
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import Request
 
-LOGGER = logging.getLogger("pytriton.proxy")
+LOGGER = logging.getLogger(__name__)
 
 
 def error_text(exc: BaseException) -> str:
@@ -97,10 +97,8 @@ class _Session:
 
     def drop_loop(self) -> None:
         """Forget the event loop (after a BaseException escaped it, its state is not to be trusted)."""
-        if self.loop is not None:
-            with contextlib.suppress(Exception):
-                self.loop.close()
-            self.loop = None
+        _wire.close_quietly(self.loop, Exception)
+        self.loop = None
 
     def close(self) -> None:
         self.arena.close()

@@ -1,4 +1,8 @@
-"""Shared vocabulary of inference callables: ``Request`` and the result types."""
+"""Shared vocabulary of inference callables: ``Request`` and the result types.
+
+Unit tests: tests/unit/test_api_drift.py (``Request``'s argument order, ``traced_span``),
+tests/unit/test_decorators.py (``Request`` as callables see it).
+"""
 
 from __future__ import annotations
 
@@ -24,7 +28,12 @@ class Request:
     """One inference request as the bound callable sees it.
 
     Behaves like a read-write ``dict`` from input name to ``np.ndarray`` (``data``). The arrays
-    belong to the callable: they are private copies, valid for as long as the callable keeps them.
+    belong to the callable and stay valid for as long as it keeps them. Inputs up to 64 KiB and
+    string (BYTES) inputs are copies made for this request. Larger numeric inputs are not copied:
+    they are writable views into the shared-memory segment the stub wrote them to. If the callable
+    still holds any of them (or a view of one) when it returns, the stub moves to a fresh segment
+    for the next batch, so kept arrays are never overwritten (docs/architecture.md, "Arrays you keep
+    stay valid"). Changing an input in place is allowed; returning it sends it back without a copy.
 
     Attributes:
         data: input tensors by name (absent optional inputs are simply missing).

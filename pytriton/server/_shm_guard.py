@@ -9,6 +9,8 @@ names with the backend's prefix being created or having their mode changed, and 
 
 A process that opened a region while it was still 0644 keeps its descriptor; see
 docs/configuration.md (Security) for this residual window.
+
+Unit test: tests/unit/test_security.py (new and reopened entries made private).
 """
 
 from __future__ import annotations

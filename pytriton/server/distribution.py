@@ -11,6 +11,8 @@ The Python backend runs each model instance in a ``triton_python_backend_stub`` 
 CPython. The stub must be built for the running interpreter's ``major.minor``, must load *this*
 interpreter's ``libpython`` and must import numpy 1.x (the stub was built against numpy 1; see
 ``docs/architecture.md``). :func:`stub_environment` prepares all of that.
+
+Unit tests: tests/unit/test_install.py (finding the server), tests/unit/test_python_versions.py.
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ from typing import IO, Callable, Deque, Dict, List, Optional
 
 from pytriton.exceptions import PyTritonServerError
 
-LOGGER = logging.getLogger("pytriton.server")
+LOGGER = logging.getLogger(__name__)
+# The server's own output lines go to a logger of their own, documented in docs/configuration.md
+# (log_verbose), so that they can be shown or silenced apart from pytriton's messages.
 SERVER_LOG = logging.getLogger("pytriton.server.log")
 
 _PR_SET_PDEATHSIG = 1

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from pytriton.exceptions import PyTritonValidationError
 
-LOGGER = logging.getLogger("pytriton.triton")
+LOGGER = logging.getLogger(__name__)
 
 ENV_PREFIX = "PYTRITON_TRITON_CONFIG_"
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import pathlib
 import shutil
 import tempfile
 from typing import List, Optional, Union
 
 from pytriton.server.distribution import pytriton_home
-
-LOGGER = logging.getLogger("pytriton.triton")
 
 
 class Workspace:

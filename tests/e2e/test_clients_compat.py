@@ -118,9 +118,9 @@ def test_asyncio_model_config_is_an_awaitable_property_and_get_lib_is_aio(url, s
             config = await client.model_config
             assert config.max_batch_size == 8 and (await client.model_config) is config
             assert client.get_lib() in (tritonclient.http.aio, tritonclient.grpc.aio)
-        async with AsyncioDecoupledModelClient(server["grpc"], "Ticks") as client:
+        async with AsyncioDecoupledModelClient(url, "Ticks") as client:  # HTTP streams too (generate_stream)
             assert (await client.model_config).decoupled
-            assert client.get_lib() is tritonclient.grpc.aio
+            assert client.get_lib() in (tritonclient.http.aio, tritonclient.grpc.aio)
 
     asyncio.run(main())
     with ModelClient(url, "AddSub") as client:
@@ -202,8 +202,8 @@ def test_asyncio_stream_bounds_each_wait_and_recovers(url):
     assert asyncio.run(main()) == [0]
 
 
-def test_decoupled_client_is_a_model_client(server):
-    with DecoupledModelClient(server["grpc"], "Ticks") as client:
+def test_decoupled_client_is_a_model_client(url):
+    with DecoupledModelClient(url, "Ticks") as client:
         assert isinstance(client, ModelClient)
         assert client.is_batching_supported
         assert client.model_config.decoupled
@@ -266,10 +266,30 @@ def test_model_config_argument_and_from_existing_client(url, server):
             await clone.close()
 
     asyncio.run(main())
-    with DecoupledModelClient(server["grpc"], "Ticks", lazy_init=False) as streaming:
+    with DecoupledModelClient(url, "Ticks", lazy_init=False) as streaming:
         clone = DecoupledModelClient.from_existing_client(streaming)
         assert clone.model_config is streaming.model_config
         clone.close()
+
+    async def streaming_main():
+        async with AsyncioDecoupledModelClient(url, "Ticks", lazy_init=False) as client:
+            clone = AsyncioDecoupledModelClient.from_existing_client(client)
+            assert type(clone) is AsyncioDecoupledModelClient
+            assert (await clone.model_config) is (await client.model_config)
+            assert len([part async for part in clone.infer_sample(np.array([2], np.int32))]) == 2
+            await clone.close()
+
+    asyncio.run(streaming_main())
+
+
+def test_futures_defaults_serve_a_full_queue(url):
+    # NVIDIA PyTriton 0.7's defaults: 128 workers, a queue of 128; that many requests run at once.
+    with FuturesModelClient(url, "AddSub") as client:
+        assert (client._max_workers, client._max_queue_size) == (128, 128)
+        inputs = [np.full(3, i, np.float32) for i in range(128)]
+        futures = [client.infer_sample(x, B) for x in inputs]
+        for x, future in zip(inputs, futures):
+            np.testing.assert_array_equal(future.result(timeout=120)["add"], x + B)
 
 
 def test_unknown_model_maps_to_unavailable_by_status(url):

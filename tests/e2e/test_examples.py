@@ -19,6 +19,7 @@ EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
         pytest.param("streaming.py", "6 time", marks=needs_stub_strings),
         ("instances.py", "y = [0. 2. 4.]"),
         ("legacy_client.py", "async requests completed: 4"),
+        ("embedded_unit_test.py", "3 of 3 model tests passed, with no port"),
     ],
 )
 def test_example_runs(script, expected):

@@ -397,7 +397,7 @@ CRASHING_BODIES = {
 @pytest.mark.parametrize("kind", sorted(CRASHING_BODIES))
 def test_a_request_that_crashes_the_server_is_survived(ports, caplog, kind):
     body, evidence = CRASHING_BODIES[kind]
-    caplog.set_level(logging.ERROR, logger="pytriton.triton")
+    caplog.set_level(logging.ERROR, logger="pytriton._healing")
     triton = Triton(config=TritonConfig(**ports))
     try:
         triton.bind("Echo", echo, X, X)

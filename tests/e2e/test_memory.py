@@ -90,7 +90,7 @@ def test_grown_backend_regions_are_recycled_once_the_model_is_idle(caplog):
             x = np.random.default_rng(6).integers(0, 255, size=(1, 48 * MIB), dtype=np.uint8)
             tensor = grpcclient.InferInput("x", list(x.shape), "UINT8")
             tensor.set_data_from_numpy(x)
-            with caplog.at_level("INFO", logger="pytriton.triton"):
+            with caplog.at_level("INFO", logger="pytriton._healing"):
                 assert np.array_equal(client.infer("Copy", [tensor]).as_numpy("x"), x)
                 grown = _backend_region_kib(prefix)
                 assert grown - before > 64 * 1024, (before, grown)  # input and output passed through it

@@ -110,3 +110,72 @@ def test_memory_probe_reads_rss_and_sees_a_shared_segment() -> None:
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+def _round(scale: float) -> dict:
+    return {
+        "plain_http": {"p50_ms": 1.0 * scale, "p99_ms": 2.0 * scale, "requests_per_s": 1000.0 / scale},
+        "bound_embedded": {"p50_ms": 0.5 * scale, "p99_ms": 1.0 * scale, "requests_per_s": 1500.0 / scale},
+    }
+
+
+def test_inprocess_figures_are_medians_over_rounds_with_ratios_to_the_plain_http_baseline() -> None:
+    from bench import inprocess
+
+    rounds = [_round(1.0), _round(3.0), _round(2.0)]
+    rounds[1]["plain_grpc"] = {"p50_ms": 4.0}  # measured in one round only, without throughput
+    summary = inprocess.summarize(rounds)
+    assert summary["plain_http"] == {
+        "p50_ms": 2.0,
+        "p99_ms": 4.0,
+        "requests_per_s": 500.0,
+        "p50_ratio": 1.0,
+        "throughput_share": 1.0,
+    }
+    assert summary["bound_embedded"]["p50_ms"] == 1.0 and summary["bound_embedded"]["p50_ratio"] == 0.5
+    assert summary["bound_embedded"]["throughput_share"] == 1.5
+    assert summary["plain_grpc"] == {"p50_ms": 4.0, "p50_ratio": 2.0}
+    # Without a baseline there is nothing to divide by.
+    assert "p50_ratio" not in inprocess.summarize([{"bound_embedded": {"p50_ms": 1.0}}])["bound_embedded"]
+
+
+def test_the_inprocess_table_lists_each_measured_path_with_its_ratios() -> None:
+    from bench import inprocess
+
+    results = {
+        "environment": {"time": "T", "pytriton": "0", "tritonserver": "2.51.0", "python": "3.11", "numpy": "2",
+                        "cpu_count": 2, "machine": "x86_64"},
+        "command": "python -m bench.inprocess",
+        "inprocess": {"rounds": [_round(1.0)], "summary": inprocess.summarize([_round(1.0)]), "concurrency": 32},
+    }  # fmt: skip
+    table = report.inprocess_table(results)
+    rows = [line for line in table.splitlines() if line.startswith("| plain") or line.startswith("| `@batch`")]
+    assert len(rows) == 2  # paths that were not measured are left out
+    assert "HTTP to `tritonserver` (**baseline**) | 1.000 ms | 2.000 ms | 1.00x | 1,000 req/s | 100% |" in rows[0]
+    assert "`Triton(embedded=True)`, `Model.infer` | 0.500 ms | 1.000 ms | 0.50x | 1,500 req/s | 150% |" in rows[1]
+    assert "32 in flight" in table and "median of 1 round(s)" in table
+
+
+def test_the_inprocess_load_loops_are_bounded_and_report_failures() -> None:
+    import itertools
+
+    import pytest
+
+    from bench import inprocess_child
+
+    calls = {"a": [], "b": []}
+    counter = itertools.count()
+    result = inprocess_child.sequential_interleaved(
+        {name: (lambda sink=sink: sink.append(next(counter))) for name, sink in calls.items()},
+        count=12, block=5, warmup=2,
+    )  # fmt: skip
+    assert result["a"]["count"] == result["b"]["count"] == 15  # whole blocks
+    assert calls["a"][2:7] == list(range(4, 9))  # after both warm-ups, a's first block comes first
+    measured = inprocess_child.in_flight(lambda: None, concurrency=4, duration_s=0.2, warmup_s=0.05)
+    assert measured["requests_per_s"] > 0 and measured["count"] > 0
+
+    def fails() -> None:
+        raise ValueError("broken model")
+
+    with pytest.raises(ValueError, match="broken model"):
+        inprocess_child.in_flight(fails, concurrency=4, duration_s=0.2, warmup_s=0.0)

@@ -38,8 +38,17 @@ from pytriton.client.exceptions import (
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
-from pytriton.client.utils import LATEST_MODEL_VERSION, TritonUrl, create_client_from_url
+from pytriton.client.utils import (
+    LATEST_MODEL_VERSION,
+    TritonUrl,
+    create_client_from_url,
+    get_model_config,
+    get_model_state,
+    wait_for_model_ready,
+    wait_for_server_ready,
+)
 from pytriton.client.warnings import NotSupportedTimeoutWarning, PyTritonWarning
+from pytriton.model_config.triton_model_config import TritonModelConfig
 
 CONFIG = {
     "name": "AddSub",
@@ -334,6 +343,17 @@ def test_class_hierarchy_and_libs():
     client = DecoupledModelClient("http://127.0.0.1:1", "m")  # HTTP streams through generate_stream
     assert client.get_lib() is tritonclient.http
     client.close()
+
+
+def test_helpers_for_plain_clients_run_the_same_operations():
+    server = FakeServer()
+    wait_for_server_ready(server, timeout_s=5)
+    wait_for_model_ready(server, "AddSub", timeout_s=5)
+    config = get_model_config(server, "AddSub", model_version=LATEST_MODEL_VERSION, timeout_s=5)
+    assert isinstance(config, TritonModelConfig) and config.model_name == "AddSub" and config.max_batch_size == 8
+    assert get_model_state(server, "AddSub") == ModelState.READY
+    assert get_model_state(server, "Missing") == ModelState.UNAVAILABLE
+    assert server.calls.count("get_model_config") == 1 and "is_model_ready" in server.calls
 
 
 def test_model_config_argument_must_be_typed():

@@ -1,6 +1,8 @@
 """The code base stays lint-clean, formatted and type-checked (ruff and mypy are test dependencies)."""
 
+import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -25,3 +27,17 @@ def test_ruff_format():
 def test_mypy():
     result = _run("mypy", "pytriton", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_module_has_a_unit_test_file_or_names_one():
+    """``tests/unit/test_<module>.py`` exists, or the module's docstring names the unit test files covering it."""
+    unit = ROOT / "tests" / "unit"
+    missing = []
+    for path in sorted((ROOT / "pytriton").rglob("*.py")):
+        if (unit / f"test_{path.stem.lstrip('_')}.py").exists():
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        named = re.findall(r"tests/unit/(test_\w+\.py)", docstring)
+        if not named or not all((unit / name).exists() for name in named):
+            missing.append(str(path.relative_to(ROOT)))
+    assert not missing, f"no unit test file for, or named in the docstring of: {missing}"

@@ -1,4 +1,5 @@
-"""The legacy client layer's argument mapping, result shaping, messages and errors, without a server."""
+"""The legacy client layer's argument mapping, result shaping, messages and errors, and ``InferContext``
+over a fake transport, without a server."""
 
 from __future__ import annotations
 
@@ -330,3 +331,55 @@ def test_model_config_constants_module():
     config = ModelConfig.from_v2(GRPC_CONFIG)
     assert config.input[0].data_type == model_config.TYPE_INT32 == 8
     assert model_config.TYPE_FP32 == DataType.TYPE_FP32 and model_config.ModelInput.FORMAT_NHWC == 1
+
+
+class FakeInferConnection:
+    """``InferContext``'s HTTP transport: the model config, and an answer of two samples of ``Y``."""
+
+    is_grpc = False
+    headers: dict = {}
+    url = "fake:8000"
+
+    def __init__(self, url, protocol, verbose, http_headers):
+        self.requests = []
+        self.closed = False
+
+    def call(self, method, *args, what="", **kwargs):
+        assert (method, args) == ("get_model_config", ("nb", ""))
+        return dict(NOBATCH, max_batch_size=4)
+
+    def submit(self, work, done):
+        done(work(self), None)  # ``self`` stands in for the tritonclient client
+
+    def infer(self, **kwargs):
+        self.requests.append(kwargs)
+        result = FakeResult({"Y": np.full((2, 3), 2.0, np.float32)})
+        result.get_response = lambda: {"model_version": "3"}
+        return result
+
+    def close(self):
+        self.closed = True
+
+
+def test_infer_context_runs_requests_and_keeps_the_legacy_bookkeeping(monkeypatch):
+    from pytriton.client.legacy import _infer
+
+    monkeypatch.setattr(_infer, "Connection", FakeInferConnection)
+    samples = [np.zeros(3, np.float32), np.ones(3, np.float32)]
+    with InferContext("fake:8000", ProtocolType.HTTP, "nb") as context:
+        connection = context._conn
+        results = context.run({"X": samples}, {"Y": ResultFormat.RAW}, batch_size=2)
+        assert len(results["Y"]) == 2 and results["Y"][0].shape == (3,)
+        assert context.get_last_request_id() == 1 and context.get_last_request_model_version() == 3
+        assert context.get_last_request_model_name() == "nb"
+        request_id = context.async_run(None, {"X": samples}, {"Y": ResultFormat.RAW}, batch_size=2)
+        assert context.get_ready_async_request() == request_id == 2
+        assert len(context.get_async_run_results(request_id)["Y"]) == 2
+        assert context.get_stat()["completed_request_count"] == 2
+        assert [request["request_id"] for request in connection.requests] == ["1", "2"]
+        with pytest.raises(InferenceServerException, match="bad request|expected"):
+            context.run({"X": [np.zeros(4, np.float32)]}, {"Y": ResultFormat.RAW})
+        assert context.get_last_request_id() is None  # a failed request clears it
+    assert connection.closed
+    with pytest.raises(InferenceServerException, match="closed"):
+        context.run({"X": samples[:1]}, {"Y": ResultFormat.RAW})

@@ -1,6 +1,6 @@
 """Self-healing pieces without a server: exit descriptions, crash lines, the restart budget, the
-watchdog's ``pgid`` lines, the guard that only ever kills stub processes, and the validation of
-``ModelConfig.execution_timeout_s``."""
+watchdog's ``pgid`` lines, the guard that only ever kills stub processes, the validation of
+``ModelConfig.execution_timeout_s``, and which lost stubs get replaced (``pytriton/_healing.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import re
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from pytriton._healing import _State
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.server import _watchdog
@@ -132,3 +134,23 @@ def test_execution_timeout_is_validated_at_bind(bad):
     x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
     with Triton() as triton, pytest.raises(PyTritonBadParameterError, match="execution_timeout_s"):
         triton.bind("Bad", lambda requests: [], x, x, config=ModelConfig(execution_timeout_s=bad))
+
+
+def test_a_lost_stub_is_reported_once_and_only_while_running_on_the_current_server():
+    triton = Triton()
+    try:
+        assert triton._state is _State.CREATED
+        triton._on_stub_lost("Model", 0, 42)
+        assert triton._events.empty()  # not running: nothing to replace
+        triton._state = _State.RUNNING
+        triton._server = SimpleNamespace(pid=42, is_alive=lambda: True)
+        triton._on_stub_lost("Model", 0, 41)  # a stub of an earlier server: the restart handles it
+        assert triton._events.empty()
+        triton._on_stub_lost("Model", 3, 42)
+        triton._on_stub_lost("Model", 3, 42)  # already being replaced
+        assert triton._events.get_nowait() == ("stub", ("Model", 3)) and triton._events.empty()
+        assert triton._healing == {"Model"} and not triton.is_alive()
+    finally:
+        triton._server = None
+        assert triton.stop() is True
+    assert triton._state is _State.STOPPED and triton.stop() is False

@@ -62,7 +62,7 @@ def test_env_list_fields_are_indexed_in_order():
 
 
 def test_env_unknown_name_warns(caplog):
-    with caplog.at_level(logging.WARNING, logger="pytriton.triton"):
+    with caplog.at_level(logging.WARNING, logger="pytriton.server.triton_config"):
         config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_NO_SUCH_FIELD": "1"})
     assert config == TritonConfig()
     assert "PYTRITON_TRITON_CONFIG_NO_SUCH_FIELD" in caplog.text
@@ -95,7 +95,7 @@ def test_dict_round_trip_and_unknown_keys(caplog):
     config = TritonConfig(http_port=1234, allow_grpc=False, cache_config=["local,size=1"])
     assert TritonConfig.from_dict(config.to_dict()) == config
     # As in NVIDIA PyTriton: an unknown key is logged and ignored, known keys still apply.
-    with caplog.at_level("WARNING", logger="pytriton.triton"):
+    with caplog.at_level("WARNING", logger="pytriton.server.triton_config"):
         assert TritonConfig.from_dict({"bogus": 1, "http_port": 1234}) == TritonConfig(http_port=1234)
     assert "bogus" in caplog.text
 

@@ -165,3 +165,15 @@ def test_main_in_process_with_done(tmp_path):
         signal.signal(signal.SIGINT, previous)
         os.close(read_fd)
     assert tmp_path.exists()
+
+
+def test_an_embedded_triton_has_no_server_group_to_kill(scene):
+    # Triton(embedded=True) passes 0: its stubs are children of the user's process and exit on their
+    # own; os.killpg(0) would be the watchdog's own group. Everything else is removed as usual.
+    bystander = scene.server()
+    scene.start(0)
+    scene.tell(f"scratch {scene.scratch}")
+    assert scene.user_dies() == 0
+    assert _running(bystander.pid)
+    assert not scene.segment.exists() and not scene.socket_dir.exists() and not scene.workspace.exists()
+    assert not scene.scratch.exists()

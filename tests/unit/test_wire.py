@@ -1,6 +1,8 @@
 """The proxy's wire format and shared-memory arenas, without a server."""
 
+import contextlib
 import os
+import pathlib
 import socket
 import threading
 import time
@@ -278,3 +280,27 @@ def test_the_stream_window_rule():
     # Inline chunks run ahead up to the window, then wait for NEXT or CANCEL.
     assert not any(_wire.must_acknowledge(inline, count) for count in range(1, _wire.STREAM_WINDOW))
     assert _wire.must_acknowledge(inline, _wire.STREAM_WINDOW)
+
+
+def test_owner_pid_reads_both_naming_schemes():
+    assert _wire._owner_pid("pytriton-123-m0-arena") == 123
+    assert _wire._owner_pid("pytriton-inproc-456-1-region") == 456
+    for foreign in ("other-123-x", "pytriton-abc-x", "pytriton-inproc-x-1", "pytriton-1"):
+        assert _wire._owner_pid(foreign) is None, foreign
+
+
+def test_sweep_dead_owners_removes_regions_of_dead_in_process_servers():
+    # A pid that cannot be running: beyond the kernel's pid_max.
+    dead = int(pathlib.Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    names = [f"pytriton-inproc-{dead}-1-unittest", f"pytriton-inproc-{os.getpid()}-1-unittest"]
+    for name in names:
+        with open(os.path.join(_wire.SHM_DIR, name), "wb"):
+            pass
+    try:
+        assert names[0] in _wire.sweep_dead_owners()
+        assert not os.path.exists(os.path.join(_wire.SHM_DIR, names[0]))
+        assert os.path.exists(os.path.join(_wire.SHM_DIR, names[1]))  # ours: alive
+    finally:
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(_wire.SHM_DIR, name))

@@ -3,6 +3,9 @@
 Each owns one :class:`Connection` until ``close()``. Request ids are counted per context on the
 client (the v2 protocol has no server-side request counter for these calls); the last id is None
 after a failed request, as the legacy API specified.
+
+Unit test: tests/unit/test_legacy_client.py (the shared-memory control context); the other contexts
+against a server: tests/e2e/test_legacy_client.py.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from pytriton.client._base import ClosesOnExit
 from pytriton.client.legacy._errors import InferenceServerException
 from pytriton.client.legacy._messages import (
     ModelConfig,
@@ -41,7 +45,7 @@ __all__ = [
 ]
 
 
-class _Context:
+class _Context(ClosesOnExit):
     def __init__(self, url: str, protocol: Any, verbose: bool, http_headers: Iterable[str]) -> None:
         self._conn = Connection(url, protocol, verbose, http_headers)
         self._lock = threading.Lock()
@@ -71,12 +75,6 @@ class _Context:
     def close(self) -> None:
         """Release the connection; later calls raise InferenceServerException. Idempotent."""
         self._conn.close()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
 
 class ServerHealthContext(_Context):

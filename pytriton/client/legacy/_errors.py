@@ -3,6 +3,8 @@
 Old code catches ``InferenceServerException`` around every call, so nothing raised by tritonclient,
 gRPC, geventhttpclient or the socket layer may escape a legacy context: :func:`translated` turns
 each of them into an ``InferenceServerException`` that keeps the original as ``__cause__``.
+
+Unit test: tests/unit/test_legacy_client.py (the exception's API, ``translated``).
 """
 
 from __future__ import annotations

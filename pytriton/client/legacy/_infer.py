@@ -9,6 +9,9 @@ id). ``run`` waits for its record; ``async_run`` leaves it in the context's tabl
 Statistics (``get_stat``) are measured on the client: send time is building and encoding the
 request, receive time is decoding and shaping the results, total time is from the call to the
 shaped results.
+
+Unit test: tests/unit/test_legacy_client.py (``InferContext`` over a fake transport); against a
+server: tests/e2e/test_legacy_client.py.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
+from pytriton.client._base import ClosesOnExit
 from pytriton.client.legacy._errors import InferenceServerException, describe
 from pytriton.client.legacy._requests import (
     InferRequestHeader,
@@ -57,7 +61,7 @@ class _Pending:
         self.model_version: Optional[int] = None
 
 
-class InferContext:
+class InferContext(ClosesOnExit):
     """Run inference on one model of one server (see the module docstring for threading).
 
     The model's configuration is read when the context is created, so an unknown model or version,
@@ -223,12 +227,6 @@ class InferContext:
                     pending.done = True
             self._stream_pending.clear()
             self._cond.notify_all()
-
-    def __enter__(self) -> InferContext:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
     # -- internals -----------------------------------------------------------------------------------
     def _check_open(self) -> None:

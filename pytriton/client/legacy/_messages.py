@@ -5,6 +5,8 @@ The legacy client returned protobuf messages of Triton's v1 protocol (``ServerSt
 exist on any server, so these dataclasses carry the same structure and field names, filled from
 the KServe v2 answers (JSON over HTTP, or gRPC answers turned into JSON, where 64-bit integers
 arrive as strings and zero fields are left out: every reader here tolerates both).
+
+Unit test: tests/unit/test_legacy_client.py (status messages, ``ModelConfig``).
 """
 
 from __future__ import annotations

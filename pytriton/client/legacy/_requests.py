@@ -7,6 +7,8 @@ Legacy inputs are lists of per-sample arrays (one per batch entry); for a model 
 ``max_batch_size > 0`` they are stacked along a new leading batch dimension, for a model without
 batching the single sample is sent as it is. Results come back the same way: one list element per
 batch entry.
+
+Unit test: tests/unit/test_legacy_client.py (request plans and result shaping).
 """
 
 from __future__ import annotations

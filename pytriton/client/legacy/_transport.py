@@ -6,6 +6,8 @@ HTTP client runs on gevent, whose sockets belong to the thread that created them
 never run on the caller's thread: they are handed to a worker, which creates, uses and finally
 closes its own client. ``close()`` stops the workers (each closes its client) and closes the gRPC
 client; it is idempotent.
+
+Unit test: tests/unit/test_legacy_client.py (protocols, headers and URLs, the HTTP workers).
 """
 
 from __future__ import annotations

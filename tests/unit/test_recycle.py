@@ -1,0 +1,69 @@
+"""server/_recycle.py: finding the server's stubs and their grown regions, on a fake /proc and /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from pytriton.server import _recycle
+
+MIB = 1 << 20
+STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
+PREFIX = "pytriton-1-tok-pb"
+
+
+def _process(proc: pathlib.Path, pid: int, parent: int, argv: list) -> None:
+    entry = proc / str(pid)
+    entry.mkdir()
+    # The command in parentheses may itself contain ") ": the fields start after the last one.
+    (entry / "stat").write_text(f"{pid} (odd) name) S {parent} {pid} 0 0\n")
+    (entry / "cmdline").write_bytes(b"\0".join(word.encode() for word in argv) + b"\0")
+
+
+def _region(shm: pathlib.Path, name: str, written: int, apparent: int) -> None:
+    with open(shm / name, "wb") as file:
+        file.write(os.urandom(written))  # incompressible: a compressing file system allocates it all
+        file.truncate(apparent)  # the rest is a hole: no blocks allocated
+
+
+def _stub(repository: pathlib.Path, model: str, region: str) -> list:
+    return [STUB, f"{repository}/{model}/1/model.py", region, "4194304", "16777216", "100"]
+
+
+def test_stub_regions_reads_each_stub_of_the_server_and_its_resident_bytes(tmp_path):
+    proc, shm, repository = tmp_path / "proc", tmp_path / "shm", tmp_path / "repo"
+    for folder in (proc, shm):
+        folder.mkdir()
+    (proc / "self").mkdir()  # not a pid
+    _process(proc, 100, 1, ["tritonserver", "--model-repository", str(repository)])
+    _process(proc, 101, 100, _stub(repository, "Big", f"{PREFIX}-Big_0"))
+    _region(shm, f"{PREFIX}-Big_0", written=3 * MIB, apparent=64 * MIB)
+    _process(proc, 102, 100, _stub(repository, "Small", f"{PREFIX}-Small_0"))
+    _region(shm, f"{PREFIX}-Small_0", written=MIB, apparent=MIB)
+    # Ignored: another server's stub, a stub of another repository, a region without the prefix,
+    # a region that is gone already, and a child of the server that is no stub.
+    _process(proc, 200, 1, ["tritonserver"])
+    _process(proc, 201, 200, _stub(repository, "Big", f"{PREFIX}-Big_1"))
+    _region(shm, f"{PREFIX}-Big_1", written=MIB, apparent=MIB)
+    _process(proc, 103, 100, _stub(tmp_path / "other", "Big", f"{PREFIX}-Big_2"))
+    _region(shm, f"{PREFIX}-Big_2", written=MIB, apparent=MIB)
+    _process(proc, 104, 100, _stub(repository, "Big", "someone-else-Big_0"))
+    _region(shm, "someone-else-Big_0", written=MIB, apparent=MIB)
+    _process(proc, 105, 100, _stub(repository, "Gone", f"{PREFIX}-Gone_0"))
+    _process(proc, 106, 100, ["/bin/sh", "-c", f"{repository}/Big/1/model.py", f"{PREFIX}-Big_0"])
+
+    regions = _recycle.stub_regions(100, repository, PREFIX, proc=proc, shm=shm)
+
+    assert sorted(regions) == [101, 102]
+    assert (regions[101][0], regions[102][0]) == ("Big", "Small")
+    # Resident means allocated blocks, not the apparent size of the file (64 MiB, mostly a hole).
+    assert 3 * MIB <= regions[101][1] < 32 * MIB
+    assert regions[102][1] >= MIB
+    assert os.stat(shm / f"{PREFIX}-Big_0").st_size == 64 * MIB
+
+
+def test_grown_models_keeps_the_largest_region_above_the_threshold():
+    regions = {1: ("A", 20 * MIB), 2: ("A", 30 * MIB), 3: ("B", 16 * MIB), 4: ("C", 17 * MIB)}
+    assert _recycle.grown_models(regions, 16 * MIB) == {"A": 30 * MIB, "C": 17 * MIB}
+    assert _recycle.grown_models(regions, 64 * MIB) == {}
+    assert _recycle.grown_models({}, 0) == {}
