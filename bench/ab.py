@@ -4,10 +4,11 @@ Usage::
 
     python -m bench.ab '{"default": {}, "worker_poll_2ms": {"PYTRITON_WORKER_SPIN_US": "2000"}}' [COUNT]
 
-Each key names a variant: the same ``[1,16]`` float32 identity callable bound with the given
-environment variables set while it is bound (``PYTRITON_PROXY_SPIN_US``, ``PYTRITON_WORKER_SPIN_US``
-are read then). Models are bound after the server started, so every variant gets its own worker
-threads and stubs. One client process then measures every variant and ``plain_identity`` in
+Each key names a variant: the same ``[1,16]`` float32 identity callable bound with the polling
+windows that the given environment variables (``PYTRITON_PROXY_SPIN_US``, ``PYTRITON_WORKER_SPIN_US``,
+over the current environment) resolve to. ``Triton`` resolves them once, at construction; this
+script swaps the resolved windows in before each bind, so that one server serves every variant.
+Models are bound after the server started, so every variant gets its own worker threads and stubs. One client process then measures every variant and ``plain_identity`` in
 alternating blocks of 50 sequential HTTP requests (``bench.load.latency_interleaved``) and the
 script prints p50, p90 and the ratio to the plain model, and writes them to
 ``bench/results/ab.json``.
@@ -27,6 +28,7 @@ import numpy as np
 from bench.__main__ import ROOT, free_ports, load, load_plain_models
 from bench.models import identity, write_plain_models
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.proxy._binding import PollingWindows
 from pytriton.triton import Triton, TritonConfig
 
 
@@ -52,22 +54,15 @@ def _measure(variants: Dict[str, Dict[str, str]], count: int, repository: pathli
     with Triton(config=config) as triton:
         triton.run()
         for name, environment in variants.items():
-            saved = {key: os.environ.get(key) for key in environment}
-            os.environ.update(environment)
-            try:
-                triton.bind(
-                    name,
-                    identity,
-                    [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
-                    [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
-                    config=ModelConfig(max_batch_size=32),
-                )
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+            # What Triton(...) would have resolved with these variables set (see the module docstring).
+            triton._polling = PollingWindows.from_env({**os.environ, **environment})
+            triton.bind(
+                name,
+                identity,
+                [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
+                [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
+                config=ModelConfig(max_batch_size=32),
+            )
         load_plain_models(http_port, ["plain_identity"], triton.get_access_token())
         models = [*variants, "plain_identity"]
         measured: Dict[str, Any] = load(

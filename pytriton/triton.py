@@ -58,6 +58,7 @@ from pytriton.proxy import _stub_bytes, _wire
 from pytriton.proxy._binding import (
     BindingContext,
     BoundModel,
+    PollingWindows,
     backend_region_prefix,
     short_socket_dir,
     validate_model_name,
@@ -98,6 +99,9 @@ RECYCLE_BYTE_SIZE = 16 << 20
 RECYCLE_IDLE_S = 10.0
 # glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
 SERVER_MALLOC_ARENA_MAX = 1
+# How long stop() and unbinding wait for batches in flight when TritonConfig.exit_timeout_secs is
+# None (tritonserver's own default for --exit-timeout-secs).
+EXIT_TIMEOUT_S = 30
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
 
@@ -186,6 +190,9 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         self._embedded = _embedded.check_embedded_flag(embedded)
         self._config = _merge_config(config)
         self._options = effective_options(self._config)
+        exit_timeout = self._config.exit_timeout_secs
+        self._exit_timeout_s = float(EXIT_TIMEOUT_S if exit_timeout is None else exit_timeout)
+        self._polling = PollingWindows.from_env()  # PYTRITON_*_SPIN_US, read once (docs/configuration.md)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
             raise PyTritonBadParameterError(
                 f"security_config must be a TritonSecurityConfig, got {type(security_config).__name__}."
@@ -253,6 +260,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             on_unrecoverable=self._on_unrecoverable,
             max_request_bytes=_max_request_bytes(self._config),
             on_stub_lost=self._on_stub_lost,
+            polling=self._polling,
         )
 
     def bind(
@@ -364,8 +372,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                         LOGGER.error("Model %s: reloading its remaining versions failed: %s", model_name, failure)
                 else:
                     self._repository_request("unload", model_name)
-            grace = float(self._config.exit_timeout_secs if self._config.exit_timeout_secs is not None else 30)
-            deadline = time.monotonic() + grace
+            deadline = time.monotonic() + self._exit_timeout_s
             if self._state is _State.RUNNING and not remaining:
                 self._wait_detached(removed, deadline)
             while any(model.busy for model in removed) and time.monotonic() < deadline:
@@ -742,8 +749,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         started = time.monotonic()
         self._events.put(("stop", None))
         if server is not None:
-            grace = float(self._config.exit_timeout_secs if self._config.exit_timeout_secs is not None else 30)
-            server.stop(grace_s=grace, wait_idle=self._wait_models_detached)
+            server.stop(grace_s=self._exit_timeout_s, wait_idle=self._wait_models_detached)
         supervisor = self._supervisor
         if supervisor is not None and supervisor is not threading.current_thread():
             supervisor.join(10.0)  # ends within moments once the server is gone (its waits check the state)

@@ -9,7 +9,7 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -42,9 +42,9 @@ def validate_model_name(name: Any) -> str:
     return name
 
 
-def poll_window_us(variable: str, default: int) -> int:
-    """A polling window in microseconds from the environment (see docs/configuration.md)."""
-    raw = os.environ.get(variable, "").strip()
+def poll_window_us(variable: str, default: int, environ: Optional[Mapping[str, str]] = None) -> int:
+    """A polling window in microseconds from ``environ`` (default ``os.environ``; see docs/configuration.md)."""
+    raw = (os.environ if environ is None else environ).get(variable, "").strip()
     if not raw:
         return default
     try:
@@ -56,6 +56,32 @@ def poll_window_us(variable: str, default: int) -> int:
             f"{variable}={raw!r} is not a polling window: give whole microseconds from 0 (off) to 1000000."
         )
     return value
+
+
+# Default polling windows in microseconds (docs/configuration.md, docs/performance.md).
+PROXY_SPIN_US = 1000  # the stub polls for the reply for up to 1 ms before sleeping
+WORKER_SPIN_US = 0  # off: a worker polling between requests keeps a CPU busy while traffic lasts
+
+
+@dataclasses.dataclass(frozen=True)
+class PollingWindows:
+    """How long the stubs poll for a reply and the workers for a request before sleeping, in microseconds.
+
+    Resolved once, when ``Triton`` is constructed, from ``PYTRITON_PROXY_SPIN_US`` and
+    ``PYTRITON_WORKER_SPIN_US`` (:meth:`from_env`); every model it binds gets them through its
+    :class:`BindingContext`.
+    """
+
+    proxy_us: int = PROXY_SPIN_US
+    worker_us: int = WORKER_SPIN_US
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> PollingWindows:
+        """The windows from ``environ`` (default ``os.environ``); raises ``PyTritonValidationError`` if invalid."""
+        return cls(
+            proxy_us=poll_window_us("PYTRITON_PROXY_SPIN_US", PROXY_SPIN_US, environ),
+            worker_us=poll_window_us("PYTRITON_WORKER_SPIN_US", WORKER_SPIN_US, environ),
+        )
 
 
 def _resolve_tensors(tensors: Sequence[Tensor], prefix: str, model: str) -> List[TensorSpec]:
@@ -95,6 +121,7 @@ class BindingContext:
     max_request_bytes: int = 0  # 0: no limit (TritonConfig.max_request_bytes)
     # Called with (model name, stub generation, server pid) when a stub process died without saying goodbye.
     on_stub_lost: Optional[Callable[[str, int, int], None]] = None
+    polling: PollingWindows = PollingWindows()  # resolved by Triton at construction
 
 
 class BoundModel:
@@ -166,7 +193,7 @@ class BoundModel:
             "shm_prefix": self.shm_prefix,
             "backend_shm_prefix": backend_region_prefix(context.shm_prefix),
             # How long the stub polls for the reply before sleeping; see docs/performance.md.
-            "spin_us": poll_window_us("PYTRITON_PROXY_SPIN_US", 1000),
+            "spin_us": context.polling.proxy_us,
             # Larger requests get an error in the stub, before any copy (docs/configuration.md).
             "max_request_bytes": context.max_request_bytes,
             "execution_timeout_s": self.execution_timeout_s or 0.0,
@@ -176,8 +203,7 @@ class BoundModel:
         warmup = resolve_warmup(config.model_warmup, self.config.inputs, self.config.max_batch_size, model_name)
         self.config.model_warmup = warmup.entries if warmup is not None else None
         self._warmup_files = warmup.files if warmup is not None else {}
-        # Off by default: a worker polling between requests keeps a CPU busy while traffic lasts.
-        self._worker_poll_s = poll_window_us("PYTRITON_WORKER_SPIN_US", 0) / 1e6
+        self._worker_poll_s = context.polling.worker_us / 1e6
         self._workers: List[InstanceWorker] = []
 
     def incompatibility(self, other: BoundModel) -> Optional[str]:

@@ -289,13 +289,14 @@ class TritonPythonModel:
         return [errors[index] if index in errors else next(responses) for index in range(len(requests))]
 
     def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
-        segment = reply[_wire.SEGMENT]
+        """The responses of a parsed OK or CHUNK reply (``_wire.Ok``, ``_wire.Chunk``)."""
+        segment = reply.segment
         buffer = self._reader.attach(segment) if segment is not None else None
         own = self._arena.buffer
         Tensor = _dlpack_output if _NUMPY2 else pb_utils.Tensor
         read = _wire.read_tensor
         responses = []
-        for metas, names in zip(reply[_wire.BODY], requested):
+        for metas, names in zip(reply.results, requested):
             tensors = [
                 _bytes_output(m, buffer) if m[1] == _wire.BYTES else Tensor(m[0], read(buffer, m, False, own))
                 for m in metas
@@ -336,9 +337,10 @@ class TritonPythonModel:
             return self._fail(requests, self._abandon())
         if not self._decoupled:
             try:
-                if reply[_wire.KIND] == _wire.OK:
-                    return self._responses(reply, requested)
-                text = reply[_wire.TEXT] if reply[_wire.KIND] == _wire.ERROR else "pytriton: unexpected reply"
+                kind = reply[_wire.KIND]
+                if kind == _wire.OK:
+                    return self._responses(_wire.parse_ok(reply), requested)
+                text = _wire.parse_error(reply).text if kind == _wire.ERROR else "pytriton: unexpected reply"
                 return self._fail(requests, text)
             finally:
                 self._settle(reply)
@@ -360,7 +362,7 @@ class TritonPythonModel:
             while reply[_wire.KIND] == _wire.CHUNK:
                 if any(live):
                     try:
-                        responses = self._responses(reply, requested)
+                        responses = self._responses(_wire.parse_chunk(reply), requested)
                     except Exception as exc:  # e.g. Triton could not allocate the output: end the stream
                         responses = _errors(f"pytriton proxy could not build a streamed response: {exc}", senders)
                         self._send(senders, live, responses)
@@ -376,7 +378,7 @@ class TritonPythonModel:
                 else:
                     reply = self._receive()
             if reply[_wire.KIND] == _wire.ERROR:
-                self._send(senders, live, _errors(reply[_wire.TEXT], senders))
+                self._send(senders, live, _errors(_wire.parse_error(reply).text, senders))
             self._settle(reply)
         except UserProcessGone as exc:
             self._send(senders, live, _errors(str(exc), senders))

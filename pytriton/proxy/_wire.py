@@ -37,7 +37,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -59,10 +59,13 @@ END = 13  # (END, retire)  the stream finished
 WELCOME = 14  # (WELCOME, slot)
 
 KIND = 0
+STUB_PID = 1  # HELLO: the stub's process id
+GENERATION = 2  # HELLO: the stub's generation (see proxy/_stub.py)
+SLOT = 1  # WELCOME: the worker's name for the slot
 SEGMENT = 1  # INFER, OK, CHUNK: the sender's arena segment to map, or None if every tensor is inline
 BODY = 2  # INFER: the entries; OK, CHUNK: the results
 TEXT = 1  # ERROR: the error text for every request of the batch
-RETIRE = -1  # OK, ERROR, END (the final reply of a batch): see ``retires``
+RETIRE = -1  # OK, ERROR, END (the final reply of a batch): the last field, mandatory; see ``retires``
 FINAL_KINDS = (OK, ERROR, END)
 
 NEXT_MESSAGE = (NEXT,)
@@ -70,42 +73,102 @@ CANCEL_MESSAGE = (CANCEL,)
 BYE_MESSAGE = (BYE,)
 
 
+# The receiving side reads a message through its parser: one NamedTuple per message, its fields
+# named (the kind, already dispatched on, is left out). NEXT, CANCEL and BYE carry no fields.
+class Hello(NamedTuple):
+    stub_pid: int
+    generation: int
+
+
+class Welcome(NamedTuple):
+    slot: Any
+
+
+class Infer(NamedTuple):
+    segment: Optional[str]
+    entries: List[Any]  # [(inputs, parameters, requested_outputs)] per request
+
+
+class Ok(NamedTuple):
+    segment: Optional[str]
+    results: List[Any]  # [outputs] one per request
+    retire: bool
+
+
+class Error(NamedTuple):
+    text: str
+    retire: bool
+
+
+class Chunk(NamedTuple):
+    segment: Optional[str]
+    results: List[Any]
+
+
+class End(NamedTuple):
+    retire: bool
+
+
 def hello(stub_pid: int, generation: int) -> Tuple[int, int, int]:
     return (HELLO, stub_pid, generation)
 
 
-def parse_hello(message: Sequence[Any]) -> Tuple[int, int]:
-    """``(stub_pid, generation)`` of a HELLO message."""
-    return int(message[1]), int(message[2])
+def parse_hello(message: Sequence[Any]) -> Hello:
+    """The fields of a HELLO message (compares equal to ``(stub_pid, generation)``)."""
+    return Hello(int(message[STUB_PID]), int(message[GENERATION]))
 
 
 def welcome(slot: Any) -> Tuple[int, Any]:
     return (WELCOME, slot)
 
 
+def parse_welcome(message: Sequence[Any]) -> Welcome:
+    return Welcome(message[SLOT])
+
+
 def infer(segment: Optional[str], entries: List[Any]) -> Tuple[int, Optional[str], List[Any]]:
     return (INFER, segment, entries)
+
+
+def parse_infer(message: Sequence[Any]) -> Infer:
+    return Infer(message[SEGMENT], message[BODY])
 
 
 def ok(segment: Optional[str], results: List[Any], retire: bool = False) -> Tuple[int, Optional[str], List[Any], bool]:
     return (OK, segment, results, retire)
 
 
+def parse_ok(message: Sequence[Any]) -> Ok:
+    return Ok(message[SEGMENT], message[BODY], bool(message[RETIRE]))
+
+
 def error(text: str, retire: bool = False) -> Tuple[int, str, bool]:
     return (ERROR, text, retire)
+
+
+def parse_error(message: Sequence[Any]) -> Error:
+    return Error(message[TEXT], bool(message[RETIRE]))
 
 
 def chunk(segment: Optional[str], results: List[Any]) -> Tuple[int, Optional[str], List[Any]]:
     return (CHUNK, segment, results)
 
 
+def parse_chunk(message: Sequence[Any]) -> Chunk:
+    return Chunk(message[SEGMENT], message[BODY])
+
+
 def end(retire: bool = False) -> Tuple[int, bool]:
     return (END, retire)
 
 
+def parse_end(message: Sequence[Any]) -> End:
+    return End(bool(message[RETIRE]))
+
+
 def with_retire(final: Tuple[Any, ...], retire: bool) -> Tuple[Any, ...]:
     """``final`` (an OK, ERROR or END reply) with its retire flag set to ``retire``."""
-    return (*final[:-1], retire)
+    return (*final[:RETIRE], retire)
 
 
 def retires(final: Sequence[Any]) -> bool:
@@ -113,8 +176,9 @@ def retires(final: Sequence[Any]) -> bool:
 
     The worker sets it when the callable kept views of the stub's arena (large inputs are handed
     over without a copy): the stub then moves to a fresh segment and the kept arrays stay valid.
+    Every builder of a final reply writes the flag as its last field (``RETIRE``).
     """
-    return final[RETIRE] is True
+    return bool(final[RETIRE])
 
 
 def must_acknowledge(chunk_message: Sequence[Any], unacknowledged: int) -> bool:

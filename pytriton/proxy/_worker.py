@@ -394,7 +394,7 @@ class InstanceWorker:
         (no copy); their base arrays are collected in ``views`` so that :meth:`_infer_on` can
         tell whether the callable kept any of them (or any view of them).
         """
-        segment, entries = message[_wire.SEGMENT], message[_wire.BODY]
+        segment, entries = _wire.parse_infer(message)
         buffer = session.reader.attach(segment) if segment else None
         requests = []
         for metas, parameters, requested in entries:

@@ -9,6 +9,7 @@ the secrets kept out of ``config.pbtxt`` are in test_security.py.)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -24,7 +25,14 @@ from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationErr
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.proxy import _binding, _wire
-from pytriton.proxy._binding import BindingContext, BoundModel, poll_window_us, short_socket_dir, validate_model_name
+from pytriton.proxy._binding import (
+    BindingContext,
+    BoundModel,
+    PollingWindows,
+    poll_window_us,
+    short_socket_dir,
+    validate_model_name,
+)
 from tests.conftest import shm_entries
 
 X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
@@ -166,7 +174,8 @@ def test_poll_window_from_the_environment(monkeypatch):
 def test_the_polling_windows_reach_the_stub_and_the_workers(context, monkeypatch):
     monkeypatch.setenv("PYTRITON_PROXY_SPIN_US", "40")
     monkeypatch.setenv("PYTRITON_WORKER_SPIN_US", "30")
-    model = _model(context)
+    # Triton resolves them once, at construction, and hands them to each model in its context.
+    model = _model(dataclasses.replace(context, polling=PollingWindows.from_env()))
     assert model._private["spin_us"] == 40 and model._worker_poll_s == pytest.approx(30e-6)
 
 

@@ -127,6 +127,32 @@ def test_polling_windows_from_the_environment(monkeypatch, variable):
             poll_window_us(variable, 1000)
 
 
+def test_triton_resolves_the_polling_windows_and_exit_timeout_once_at_construction(monkeypatch):
+    from pytriton.proxy._binding import PollingWindows
+    from pytriton.triton import EXIT_TIMEOUT_S, Triton
+
+    monkeypatch.setenv("PYTRITON_WORKER_SPIN_US", "fast")
+    with pytest.raises(PyTritonValidationError, match="PYTRITON_WORKER_SPIN_US='fast' is not a polling window"):
+        Triton()
+    monkeypatch.setenv("PYTRITON_PROXY_SPIN_US", "40")
+    monkeypatch.setenv("PYTRITON_WORKER_SPIN_US", "30")
+    triton = Triton()
+    try:
+        monkeypatch.setenv("PYTRITON_PROXY_SPIN_US", "0")  # read once: a later change does not apply
+        assert triton._binding_context().polling == PollingWindows(proxy_us=40, worker_us=30)
+        assert triton._exit_timeout_s == EXIT_TIMEOUT_S
+    finally:
+        triton.stop()
+    monkeypatch.delenv("PYTRITON_PROXY_SPIN_US")
+    monkeypatch.delenv("PYTRITON_WORKER_SPIN_US")
+    triton = Triton(config=TritonConfig(exit_timeout_secs=5))
+    try:
+        assert triton._binding_context().polling == PollingWindows(proxy_us=1000, worker_us=0)
+        assert triton._exit_timeout_s == 5.0
+    finally:
+        triton.stop()
+
+
 def test_max_request_bytes_from_field_and_environment():
     from pytriton.triton import _max_request_bytes
 

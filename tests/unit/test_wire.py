@@ -273,6 +273,21 @@ def test_messages_survive_the_channel_with_their_fields():
         right.close()
 
 
+def test_each_received_message_kind_has_a_parser_with_named_fields():
+    assert _wire.parse_hello(_wire.hello(1234, 7)) == _wire.Hello(stub_pid=1234, generation=7)
+    assert _wire.parse_welcome(_wire.welcome("m-0")).slot == "m-0"
+    entries = [([("x", "<f4", (1,), b"\0\0\0\0")], None, ["y"])]
+    assert _wire.parse_infer(_wire.infer("in", entries)) == _wire.Infer(segment="in", entries=entries)
+    assert _wire.parse_ok(_wire.ok("out", [[]], True)) == _wire.Ok(segment="out", results=[[]], retire=True)
+    assert _wire.parse_ok(_wire.ok(None, [])).retire is False
+    assert _wire.parse_error(_wire.error("True")) == _wire.Error(text="True", retire=False)
+    assert _wire.parse_error(_wire.with_retire(_wire.error("boom"), True)).retire is True
+    assert _wire.parse_chunk(_wire.chunk(None, [[]])) == _wire.Chunk(segment=None, results=[[]])
+    assert _wire.parse_end(_wire.end()).retire is False and _wire.parse_end(_wire.end(True)).retire is True
+    # The builders still produce plain tuples (marshal refuses tuple subclasses): the wire is unchanged.
+    assert _wire.ok("out", [], True) == (_wire.OK, "out", [], True) and _wire.end() == (_wire.END, False)
+
+
 def test_the_stream_window_rule():
     inline, in_arena = _wire.chunk(None, []), _wire.chunk("segment", [])
     # A chunk in the arena is acknowledged at once: its memory is reused for the next one.
