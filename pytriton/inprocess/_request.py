@@ -396,7 +396,35 @@ def cancel(lib: _lib.Library, state: _RequestState) -> None:
 
 
 # -- iterators --------------------------------------------------------------------------------------
-class ResponseIterator:
+class _Responses:
+    """What the blocking and asyncio iterators share: ending on the final response or an error."""
+
+    _model: Model
+    _lib: _lib.Library
+    _state: _RequestState
+    _raise_on_error: bool
+    _done: bool
+
+    def _server_stopped(self) -> UnavailableError:
+        """The error for a wait that found the server stopped (it ends the iteration)."""
+        self._done = True
+        return UnavailableError("The server stopped before the request completed")
+
+    def _accept(self, response: InferenceResponse) -> InferenceResponse:
+        """Return ``response``, ending the iteration after the final one; raise its error if asked."""
+        if response.final:
+            self._done = True
+        if response.error is not None and self._raise_on_error:
+            self._done = True
+            raise response.error
+        return response
+
+    def cancel(self) -> None:
+        """Cancel the request (best effort: a request already executing may still complete)."""
+        cancel(self._lib, self._state)
+
+
+class ResponseIterator(_Responses):
     """Blocking iterator over a request's responses, in arrival order; stops after the final one."""
 
     def __init__(
@@ -427,21 +455,11 @@ class ResponseIterator:
                 break
             except queue.Empty:
                 if not self._model._server._running():
-                    self._done = True
-                    raise UnavailableError("The server stopped before the request completed") from None
-        if response.final:
-            self._done = True
-        if response.error is not None and self._raise_on_error:
-            self._done = True
-            raise response.error
-        return response
-
-    def cancel(self) -> None:
-        """Cancel the request (best effort: a request already executing may still complete)."""
-        cancel(self._lib, self._state)
+                    raise self._server_stopped() from None
+        return self._accept(response)
 
 
-class AsyncResponseIterator:
+class AsyncResponseIterator(_Responses):
     """``async for`` iterator over a request's responses, delivered into ``loop``."""
 
     def __init__(
@@ -484,15 +502,5 @@ class AsyncResponseIterator:
                 break
             except asyncio.TimeoutError:
                 if not self._model._server._running():
-                    self._done = True
-                    raise UnavailableError("The server stopped before the request completed") from None
-        if response.final:
-            self._done = True
-        if response.error is not None and self._raise_on_error:
-            self._done = True
-            raise response.error
-        return response
-
-    def cancel(self) -> None:
-        """Cancel the request (best effort)."""
-        cancel(self._lib, self._state)
+                    raise self._server_stopped() from None
+        return self._accept(response)
