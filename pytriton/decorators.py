@@ -28,7 +28,7 @@ import contextvars
 import dataclasses
 import inspect
 from collections.abc import MutableMapping
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,11 @@ import wrapt
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy.types import InferenceRequest, InferenceRequests, InferenceResult, InferenceResults, Request
+
+# wrapt's type stubs declare their whole module for Python 3.10 and later only, so a type check for
+# the 3.9 target (CI runs mypy on each supported interpreter) would see no ``wrapt.decorator``.
+# This alias gives it the one shape this module relies on, for every target.
+_decorator: Callable[[Callable[..., Any]], Callable[..., Any]] = cast(Any, wrapt).decorator
 
 __all__ = [
     "ConstantPadder",
@@ -288,7 +293,7 @@ def _split_outputs(outputs: Dict[str, Any], sizes: List[int]) -> InferenceResult
     return results
 
 
-@wrapt.decorator
+@_decorator
 def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """Stack the requests' inputs into one batch per input and split the outputs back per request.
 
@@ -316,7 +321,7 @@ def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return _after(result, finish, requests)
 
 
-@wrapt.decorator
+@_decorator
 def sample(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """Call the wrapped function with the inputs of the (single) request as keyword arguments.
 
@@ -334,7 +339,7 @@ def sample(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 # -- grouping ---------------------------------------------------------------------------------------
-@wrapt.decorator
+@_decorator
 def group_by_keys(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """Call the wrapped function once per group of requests that carry the same set of inputs.
 
@@ -431,7 +436,7 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
     if not keys:
         raise PyTritonBadParameterError("@group_by_values needs at least one input name to group by.")
 
-    @wrapt.decorator
+    @_decorator
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if args and isinstance(args[0], (list, tuple)):
             raise PyTritonRuntimeError(
@@ -511,7 +516,7 @@ def fill_optionals(**defaults: npt.NDArray[Any]) -> Any:
             if problem:
                 raise PyTritonBadParameterError(f"@fill_optionals: the default for input {name!r} {problem}.")
 
-    @wrapt.decorator
+    @_decorator
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         config = get_model_config(wrapped, instance)
         if not checked.get(id(config)):
@@ -562,7 +567,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
                 first = first.reshape(())[()]
             values[name] = first
 
-    @wrapt.decorator
+    @_decorator
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         config = get_model_config(wrapped, instance)
         if not config.batching:
@@ -579,7 +584,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
     return wrapper
 
 
-@wrapt.decorator
+@_decorator
 def pad_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """Pad the batch up to the nearest preferred batch size (or ``max_batch_size``) by repeating the last sample.
 
@@ -600,7 +605,7 @@ def pad_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return wrapped(*args, **kwargs)
 
 
-@wrapt.decorator
+@_decorator
 def triton_context(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """Pass the ``TritonContext`` as the ``triton_context`` keyword argument.
 
