@@ -196,7 +196,16 @@ def smoke_test() -> List[Item]:
     timings: Dict[str, float] = {}
     try:
         started = time.monotonic()
-        with Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)) as triton:
+        local = "127.0.0.1"  # a check of this machine: nothing listens beyond it
+        config = TritonConfig(
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            http_address=local,
+            grpc_address=local,
+            metrics_address=local,
+        )
+        with Triton(config=config) as triton:
             triton.bind(
                 "pytriton_check_identity",
                 identity,

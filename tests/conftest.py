@@ -15,6 +15,11 @@ import pytest
 # several threads at once, which grpcio 1.67's fork handlers abort on (see pytriton/inprocess).
 import pytriton.inprocess  # noqa: F401
 
+# pytriton binds every interface by default; the tests serve on loopback only. A test's explicit
+# TritonConfig still wins over these variables, and child processes the tests start inherit them.
+for _endpoint in ("HTTP", "GRPC", "METRICS"):
+    os.environ.setdefault(f"PYTRITON_TRITON_CONFIG_{_endpoint}_ADDRESS", "127.0.0.1")
+
 # Every numeric dtype Triton carries (BYTES is tested separately).
 DTYPES = [
     np.bool_,

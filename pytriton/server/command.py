@@ -30,7 +30,10 @@ _NOT_FLAGS = frozenset(
         "max_request_bytes",
     }
 )
-LOOPBACK = "127.0.0.1"
+# Every interface, as Triton and NVIDIA PyTriton default to. Only inference, health, metadata and
+# model configs are open by default; the management endpoints need the access token
+# (security.py), so nothing that loads code or unloads models is reachable without it.
+DEFAULT_ADDRESS = "0.0.0.0"
 DEFAULT_PORTS = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
 
 
@@ -56,10 +59,10 @@ def _flag_value(value: Any) -> str:
 
 
 def effective_options(config: TritonConfig) -> Dict[str, Any]:
-    """The config's values with pytriton's defaults applied (loopback addresses, default ports)."""
+    """The config's values with pytriton's defaults applied (all-interfaces addresses, default ports)."""
     options = {key: value for key, value in config.to_dict().items() if value is not None}
     for address in ("http_address", "grpc_address", "metrics_address"):
-        options.setdefault(address, LOOPBACK)
+        options.setdefault(address, DEFAULT_ADDRESS)
     for port, default in DEFAULT_PORTS.items():
         options.setdefault(port, default)
     return options

@@ -36,8 +36,9 @@ class TritonConfig:
     """Settings of the Triton Inference Server started by :class:`pytriton.triton.Triton`.
 
     All arguments are keyword-only and optional. ``None`` keeps the default, which for addresses
-    is ``127.0.0.1`` (pytriton binds to loopback unless asked otherwise) and for everything else
-    is Triton's own default.
+    is ``0.0.0.0`` (every interface, as in Triton and NVIDIA PyTriton; the management endpoints
+    need an access token, see :class:`~pytriton.server.security.TritonSecurityConfig`) and for
+    everything else is Triton's own default. Set ``"127.0.0.1"`` to serve this machine only.
 
     Fields beyond Triton's command line:
 
@@ -139,7 +140,7 @@ class TritonConfig:
         if self.grpc_use_ssl and self.allow_http is False:
             raise PyTritonValidationError(
                 "TritonConfig(grpc_use_ssl=True) needs allow_http: pytriton checks readiness and loads models "
-                "over the HTTP endpoint (on loopback by default) when gRPC accepts TLS clients only."
+                "over the HTTP endpoint when gRPC accepts TLS clients only."
             )
         if self.max_request_bytes is not None and self.max_request_bytes < 0:
             raise PyTritonValidationError(

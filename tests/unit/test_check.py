@@ -74,9 +74,9 @@ def test_ports_follow_the_env_config_and_report_taken_ones():
     env = {"PYTRITON_TRITON_CONFIG_HTTP_PORT": "18123"}
     items = check.check_ports(env, port_free=lambda address, port: port != 18123)
     by_name = {item.name: item for item in items}
-    assert by_name["http port 127.0.0.1:18123"].status == check.FAIL
-    assert by_name["grpc port 127.0.0.1:8001"].status == check.OK
-    assert "http_port" in by_name["http port 127.0.0.1:18123"].fix
+    assert by_name["http port 0.0.0.0:18123"].status == check.FAIL
+    assert by_name["grpc port 0.0.0.0:8001"].status == check.OK
+    assert "http_port" in by_name["http port 0.0.0.0:18123"].fix
 
 
 def test_missing_server_fails_naming_install_server(monkeypatch):

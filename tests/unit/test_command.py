@@ -17,13 +17,13 @@ def _argv(config):
     return build_command(pathlib.Path("/srv/bin/tritonserver"), config, LAUNCH)
 
 
-def test_defaults_bind_loopback_and_load_models_explicitly():
+def test_defaults_bind_every_interface_and_load_models_explicitly():
     argv = _argv(TritonConfig())
     assert argv[0] == "/srv/bin/tritonserver"
     for flag in (
-        "--http-address=127.0.0.1",
-        "--grpc-address=127.0.0.1",
-        "--metrics-address=127.0.0.1",
+        "--http-address=0.0.0.0",
+        "--grpc-address=0.0.0.0",
+        "--metrics-address=0.0.0.0",
         "--http-port=8000",
         "--grpc-port=8001",
         "--metrics-port=8002",
