@@ -187,8 +187,12 @@ def create_stub_environment(
             "--target", str(partial / "lib" / f"python{dist.python_tag()}" / "site-packages"),
             "--only-binary=:all:", dist.STUB_NUMPY_REQUIREMENT,
         ]  # fmt: skip
-        if find_links is not None:
-            command[4:4] = ["--no-index", "--find-links", str(find_links)]
+        if find_links is not None:  # options of `pip install`, so after the subcommand
+            command[command.index("install") + 1 : command.index("install") + 1] = [
+                "--no-index",
+                "--find-links",
+                str(find_links),
+            ]
         result = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)
         if result.returncode != 0:
             tail = "\n".join(result.stderr.strip().splitlines()[-5:])

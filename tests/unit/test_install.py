@@ -99,6 +99,21 @@ def test_no_network_error_says_how_to_install_offline(home, monkeypatch):
     assert not (home / "tritonserver" / dist.TRITON_VERSION).exists()
 
 
+@pytest.mark.skipif(dist.python_version() >= (3, 13), reason="no stub environment: numpy 1.x has no build for 3.13+")
+def test_stub_environment_offline_asks_pip_the_folder(home, tmp_path, monkeypatch):
+    """``--find-links DIR`` reaches ``pip install`` (an empty folder: pip finds no numpy there)."""
+    from pytriton.server.install import create_stub_environment
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    with pytest.raises(InstallError) as caught:
+        create_stub_environment(lambda _: None, find_links=empty, home=home)
+    message = str(caught.value)
+    assert "no such option" not in message
+    assert "No matching distribution" in message or "Could not find a version" in message, message
+
+
 def test_missing_server_error_names_the_command(home, monkeypatch):
     monkeypatch.setattr(dist, "NGC_DIR", home / "no-ngc")
     with pytest.raises(PyTritonServerNotInstalledError, match="pytriton install-server"):
