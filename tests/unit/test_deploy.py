@@ -1,0 +1,380 @@
+"""The deployment files in deploy/ stay valid and agree with each other (docs/deployment.md).
+
+* Every Kubernetes resource under ``deploy/kubernetes/`` validates, offline, against the Kubernetes
+  API JSON schemas bundled in ``kubernetes-validate`` (strict: an unknown or misspelt field fails),
+  for the oldest and the newest Kubernetes version that package bundles.
+* The KServe resources (``deploy/kserve/``; no schema is bundled for KServe's custom resources)
+  have the fields KServe needs.
+* The pieces agree: probe paths and ports with the container ports, the Service and the server's
+  own configuration (``deploy/server.py``, read with the container's environment); the termination
+  grace period with the preStop sleep and the drain bound; the image's user and paths with the
+  security context and the writable volumes; the autoscaler's metric with the adapter rule.
+
+No cluster, no Docker, no network.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import pathlib
+import shlex
+import subprocess
+import sys
+from typing import Any, Dict, List, Tuple
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from pytriton.server.security import AccessPolicy
+from pytriton.triton import EXIT_TIMEOUT_S
+
+ROOT = pathlib.Path(__file__).parents[2]
+DEPLOY = ROOT / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
+KSERVE = DEPLOY / "kserve"
+
+# The oldest and the newest Kubernetes release whose schemas kubernetes-validate bundles (1.25 and,
+# with kubernetes-validate 1.37, 1.37): the manifests use nothing newer than 1.25 has.
+OLDEST_VERSION = kubernetes_validate.utils.all_versions()[0]
+NEWEST_VERSION = kubernetes_validate.utils.latest_version()
+
+# Seconds the server may still need after the drain bound: stopping the watchdog and supervisor,
+# removing the workspace, interpreter exit (well under a second measured; this is the margin).
+CLEANUP_MARGIN_S = 5
+
+
+def _load(path: pathlib.Path) -> List[Dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _kubernetes_files() -> List[pathlib.Path]:
+    return sorted(KUBERNETES.rglob("*.yaml"))
+
+
+def _resources(directory: pathlib.Path) -> Dict[str, Dict[str, Any]]:
+    """Every resource under ``directory`` by kind (each kind appears once in these examples)."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for path in sorted(directory.rglob("*.yaml")):
+        for doc in _load(path):
+            assert doc["kind"] not in found, f"{path}: a second {doc['kind']}"
+            found[doc["kind"]] = doc
+    return found
+
+
+@pytest.fixture(scope="module")
+def kube() -> Dict[str, Dict[str, Any]]:
+    return _resources(KUBERNETES)
+
+
+@pytest.fixture(scope="module")
+def kserve() -> Dict[str, Dict[str, Any]]:
+    return _resources(KSERVE)
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    """deploy/server.py as a module (its ``main()`` is not run)."""
+    spec = importlib.util.spec_from_file_location("pytriton_deploy_server", DEPLOY / "server.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dockerfile() -> List[Tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` of deploy/Dockerfile, continuation lines joined, comments dropped."""
+    instructions: List[Tuple[str, str]] = []
+    pending = ""
+    for raw in (DEPLOY / "Dockerfile").read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        text = pending + line
+        pending = ""
+        word, _, rest = text.partition(" ")
+        instructions.append((word.upper(), rest.strip()))
+    assert not pending, "deploy/Dockerfile ends inside a continued line"
+    return instructions
+
+
+def _dockerfile_env() -> Dict[str, str]:
+    env: Dict[str, str] = {}
+    for word, rest in _dockerfile():
+        if word == "ENV":
+            for item in shlex.split(rest):
+                name, equals, value = item.partition("=")
+                assert equals, f"deploy/Dockerfile: write ENV as NAME=value, got {item!r}"
+                env[name] = value
+    return env
+
+
+def _container(resource: Dict[str, Any]) -> Dict[str, Any]:
+    if resource["kind"] == "ServingRuntime":
+        containers = resource["spec"]["containers"]
+    else:
+        containers = resource["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, "the examples have one container"
+    return containers[0]
+
+
+def _plain_env(container: Dict[str, Any]) -> Dict[str, str]:
+    """The container's environment variables that have literal values."""
+    return {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
+
+
+def _port_number(container: Dict[str, Any], port: Any) -> int:
+    """A probe's or Service's port (a number or a container port name) as a number."""
+    if isinstance(port, int):
+        return port
+    matches = [entry["containerPort"] for entry in container["ports"] if entry.get("name") == port]
+    assert matches, f"no container port named {port!r}"
+    return int(matches[0])
+
+
+def _prestop_sleep_s(container: Dict[str, Any]) -> int:
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and len(command) == 2, f"preStop should be ['sleep', N], got {command}"
+    return int(command[1])
+
+
+def _quantity_bytes(text: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+def _validate(resource: Dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(resource, version, strict=True)
+
+
+# --- (a) the Kubernetes API schemas -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [OLDEST_VERSION, NEWEST_VERSION])
+@pytest.mark.parametrize("path", _kubernetes_files(), ids=lambda path: str(path.relative_to(KUBERNETES)))
+def test_kubernetes_resources_match_the_api_schema(path, version):
+    for resource in _load(path):
+        try:
+            _validate(resource, version)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(item) for item in exc.path)
+            pytest.fail(
+                f"{path.relative_to(ROOT)}: {resource['kind']} is invalid for Kubernetes {version} at {where}: {exc.message}"
+            )
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            pytest.fail(f"{path.relative_to(ROOT)}: {exc.message}")
+
+
+def test_the_folder_holds_every_expected_kind(kube):
+    assert set(kube) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap"}
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda d: d["spec"]["template"]["spec"]["containers"][0].update(containerPorts=[]),  # unknown field
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["ports"][0].update(containerPort="http"),
+        lambda d: d["spec"]["template"]["spec"].pop("containers"),  # required field
+        lambda d: d["spec"]["template"]["spec"]["volumes"][0]["emptyDir"].update(medium=1),
+    ],
+    ids=["unknown-field", "wrong-type", "missing-required", "wrong-type-nested"],
+)
+def test_the_validator_rejects_a_broken_deployment(kube, break_it):
+    """Guards the check above: a broken manifest must fail (strict schemas, offline)."""
+    broken = copy.deepcopy(kube["Deployment"])
+    break_it(broken)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(broken, NEWEST_VERSION)
+
+
+# --- (b) the KServe resources -----------------------------------------------------------------
+
+
+def test_serving_runtime_has_what_kserve_needs(kserve):
+    runtime = kserve["ServingRuntime"]
+    assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
+    assert runtime["metadata"]["name"]
+    spec = runtime["spec"]
+    formats = spec["supportedModelFormats"]
+    assert formats and all(item.get("name") for item in formats)
+    assert "v2" in spec["protocolVersions"]
+    container = _container(runtime)
+    assert container["name"] == "kserve-container"  # the name KServe merges the predictor into
+    assert container["image"]
+    assert len(container["ports"]) == 1, "Knative routes exactly one port"
+    assert container["ports"][0]["name"] in ("http1", "h2c")
+    assert isinstance(container["ports"][0]["containerPort"], int)
+
+
+def test_inference_service_uses_the_runtime(kserve):
+    service, runtime = kserve["InferenceService"], kserve["ServingRuntime"]
+    assert service["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert service["metadata"]["name"]
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["protocolVersion"] == "v2"
+    assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
+    supported = {(item["name"], item.get("version")) for item in runtime["spec"]["supportedModelFormats"]}
+    assert (model["modelFormat"]["name"], model["modelFormat"].get("version")) in supported
+
+
+# --- (c) consistency ----------------------------------------------------------------------------
+
+
+def test_container_ports_are_the_servers_and_the_images(kube, server):
+    container = _container(kube["Deployment"])
+    config = server.server_config(_plain_env(container))
+    ports = {entry["name"]: entry["containerPort"] for entry in container["ports"]}
+    assert ports == {"http": config.http_port, "grpc": config.grpc_port, "metrics": config.metrics_port}
+    assert {config.http_address, config.grpc_address, config.metrics_address} == {"0.0.0.0"}
+    exposed = {int(port) for word, rest in _dockerfile() if word == "EXPOSE" for port in rest.split()}
+    assert exposed == set(ports.values())
+
+
+def test_probes_check_triton_health_on_the_http_port_without_a_token(kube, server):
+    container = _container(kube["Deployment"])
+    env = _plain_env(container)
+    http_port = server.server_config(env).http_port
+    expected = {
+        "startupProbe": "/v2/health/ready",
+        "readinessProbe": "/v2/health/ready",
+        "livenessProbe": "/v2/health/live",
+    }
+    for probe, path in expected.items():
+        get = container[probe]["httpGet"]
+        assert get["path"] == path, probe
+        assert _port_number(container, get["port"]) == http_port, probe
+    # The kubelet sends no token: the health endpoints must stay open under the server's policy.
+    policy = AccessPolicy(server.server_config(env), server.security_config(env))
+    assert policy.http_headers("health") == {}
+    assert "statistics" in policy.restricted("http")  # while management endpoints do need it
+
+
+def test_service_ports_reach_the_container_ports(kube):
+    service, deployment = kube["Service"], kube["Deployment"]
+    container = _container(deployment)
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    by_name = {entry["name"]: entry for entry in service["spec"]["ports"]}
+    assert set(by_name) == {entry["name"] for entry in container["ports"]}
+    for name, entry in by_name.items():
+        assert _port_number(container, entry["targetPort"]) == entry["port"] == _port_number(container, name)
+    assert by_name["grpc"].get("appProtocol"), "gRPC needs an appProtocol so that proxies speak HTTP/2"
+
+
+@pytest.mark.parametrize("source", ["kubernetes", "kserve"])
+def test_grace_period_covers_prestop_and_drain(kube, kserve, server, source):
+    if source == "kubernetes":
+        pod = kube["Deployment"]["spec"]["template"]["spec"]
+        container = _container(kube["Deployment"])
+    else:
+        pod = kserve["InferenceService"]["spec"]["predictor"]
+        container = _container(kserve["ServingRuntime"])
+    configured = server.server_config(_plain_env(container)).exit_timeout_secs
+    drain_bound = EXIT_TIMEOUT_S if configured is None else configured
+    prestop = _prestop_sleep_s(container)
+    assert prestop >= 1, "the preStop sleep lets endpoints update before SIGTERM"
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= prestop + drain_bound + CLEANUP_MARGIN_S, (
+        f"terminationGracePeriodSeconds={grace} must cover preStop {prestop} s + drain bound {drain_bound} s "
+        f"+ {CLEANUP_MARGIN_S} s of cleanup"
+    )
+
+
+def test_image_runs_as_the_non_root_user_of_the_security_context(kube):
+    users = [rest for word, rest in _dockerfile() if word == "USER"]
+    assert users, "deploy/Dockerfile sets no USER: the server would run as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, f"USER {users[-1]}: numeric and not root, so runAsNonRoot can verify it"
+    pod = kube["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == int(uid)
+    assert pod["securityContext"]["runAsGroup"] == int(gid or uid)
+    container = _container(kube["Deployment"])
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "ServingRuntime"])
+def test_shared_memory_and_writable_paths(kube, kserve, kind):
+    resource = kube[kind] if kind == "Deployment" else kserve[kind]
+    container = _container(resource)
+    volumes_spec = (
+        resource["spec"]["volumes"] if kind == "ServingRuntime" else resource["spec"]["template"]["spec"]["volumes"]
+    )
+    volumes = {volume["name"]: volume for volume in volumes_spec}
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory" and shm["sizeLimit"]
+    # The tmpfs is charged to the container's memory: it must fit under the limit, with room to spare.
+    memory_limit = _quantity_bytes(container["resources"]["limits"]["memory"])
+    assert _quantity_bytes(shm["sizeLimit"]) <= memory_limit // 2
+    # With a read-only root, exactly what pytriton writes must be writable: /tmp (sockets, the
+    # Python backend's scratch directory), /dev/shm and the workspace; $PYTRITON_HOME (the server
+    # install made at build time) must not be hidden under a volume.
+    image_env = _dockerfile_env()
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    workspace = _plain_env(container)["SERVER_WORKSPACE"]
+    assert workspace == image_env["SERVER_WORKSPACE"]
+    assert {"/tmp", "/dev/shm", workspace} <= set(mounts)
+    for path in mounts:
+        assert not pathlib.PurePosixPath(image_env["PYTRITON_HOME"]).is_relative_to(path), path
+    for name in mounts.values():
+        assert "emptyDir" in volumes[name]
+
+
+def test_kserve_runtime_matches_the_deployment(kube, kserve):
+    deployment, runtime = _container(kube["Deployment"]), _container(kserve["ServingRuntime"])
+    assert runtime["image"] == deployment["image"]
+    assert runtime["ports"][0]["containerPort"] == _port_number(deployment, "http")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert runtime[probe]["httpGet"]["path"] == deployment[probe]["httpGet"]["path"]
+        assert _port_number(runtime, runtime[probe]["httpGet"]["port"]) == runtime["ports"][0]["containerPort"]
+    assert _plain_env(runtime) == _plain_env(deployment)
+    metrics = _port_number(deployment, "metrics")
+    assert kserve["ServingRuntime"]["spec"]["annotations"]["prometheus.kserve.io/port"] == str(metrics)
+
+
+def test_autoscaler_and_disruption_budget_target_the_deployment(kube):
+    deployment, hpa, pdb = kube["Deployment"], kube["HorizontalPodAutoscaler"], kube["PodDisruptionBudget"]
+    assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == (
+        deployment["apiVersion"],
+        deployment["kind"],
+        deployment["metadata"]["name"],
+    )
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert hpa["spec"]["minReplicas"] >= 2, "one pod alone cannot drain without dropping capacity to zero"
+
+
+def test_autoscaler_metric_is_the_adapters_queue_time_rule(kube):
+    pods_metrics = [
+        item["pods"] for item in kube["HorizontalPodAutoscaler"]["spec"]["metrics"] if item["type"] == "Pods"
+    ]
+    assert len(pods_metrics) == 1
+    rules = yaml.safe_load(kube["ConfigMap"]["data"]["config.yaml"])["rules"]
+    by_name = {rule["name"]["as"]: rule for rule in rules}
+    rule = by_name[pods_metrics[0]["metric"]["name"]]
+    assert "nv_inference_queue_duration_us" in rule["seriesQuery"]
+    assert "nv_inference_queue_duration_us" in rule["metricsQuery"]
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    annotations = kube["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(_port_number(_container(kube["Deployment"]), "metrics"))
+
+
+def test_example_server_is_lint_clean():
+    """deploy/server.py is held to the repository's ruff rules (it is outside the linted folders)."""
+    for command in (["ruff", "check", "deploy"], ["ruff", "format", "--check", "deploy"]):
+        result = subprocess.run(
+            [sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
