@@ -267,6 +267,9 @@ def test_service_ports_reach_the_container_ports(kube):
     assert set(by_name) == {entry["name"] for entry in container["ports"]}
     for name, entry in by_name.items():
         assert _port_number(container, entry["targetPort"]) == entry["port"] == _port_number(container, name)
+        # The schemas leave enums unchecked: Triton's endpoints are all TCP.
+        assert entry.get("protocol", "TCP") == "TCP", entry
+    assert all(entry.get("protocol", "TCP") == "TCP" for entry in container["ports"])
     assert by_name["grpc"].get("appProtocol"), "gRPC needs an appProtocol so that proxies speak HTTP/2"
 
 
