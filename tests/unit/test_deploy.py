@@ -281,8 +281,11 @@ def test_grace_period_covers_prestop_and_drain(kube, kserve, server, source):
     else:
         pod = kserve["InferenceService"]["spec"]["predictor"]
         container = _container(kserve["ServingRuntime"])
-    configured = server.server_config(_plain_env(container)).exit_timeout_secs
-    drain_bound = EXIT_TIMEOUT_S if configured is None else configured
+    config = server.server_config(_plain_env(container))
+    drain_bound = EXIT_TIMEOUT_S if config.exit_timeout_secs is None else config.exit_timeout_secs
+    # A delay between readiness off and refusing new requests (TritonConfig.drain_delay_secs, part of
+    # the graceful drain) comes on top of the bound; getattr: absent from TritonConfig before that.
+    drain_bound += getattr(config, "drain_delay_secs", None) or 0
     prestop = _prestop_sleep_s(container)
     assert prestop >= 1, "the preStop sleep lets endpoints update before SIGTERM"
     grace = pod["terminationGracePeriodSeconds"]
