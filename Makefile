@@ -60,8 +60,8 @@ soak-short: server
 	$(PY) -m bench.soak --short
 
 lint: $(VENV)/.dev-deps
-	$(VENV)/bin/ruff check pytriton tests bench examples
-	$(VENV)/bin/ruff format --check pytriton tests bench examples
+	$(VENV)/bin/ruff check pytriton tests bench examples deploy
+	$(VENV)/bin/ruff format --check pytriton tests bench examples deploy
 	$(VENV)/bin/mypy pytriton
 
 clean:

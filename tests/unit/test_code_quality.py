@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).parents[2]
-PATHS = ["pytriton", "tests", "bench", "examples"]
+PATHS = ["pytriton", "tests", "bench", "examples", "deploy"]
 
 
 def _run(*command):
