@@ -103,6 +103,10 @@ SERVER_MALLOC_ARENA_MAX = 1
 # How long stop() and unbinding wait for batches in flight when TritonConfig.exit_timeout_secs is
 # None (tritonserver's own default for --exit-timeout-secs).
 EXIT_TIMEOUT_S = 30
+# After a batch that finished less than this before a stop, the stop waits this much longer: the
+# worker marks a batch done before its reply reaches the stub, and Triton then writes the responses;
+# with 8 instances finishing together on 2 cores that took over 0.1 s (tests/e2e/test_drain.py).
+RESPONSE_SETTLE_S = 0.4
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
 
@@ -823,8 +827,9 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         they close (or after ``exit_timeout_secs``), then polls once per second. Waiting for that
         would make every stop take seconds, so pytriton watches its own workers instead: when
         every instance has said goodbye, or none has worked for a quiet period longer than any
-        batcher queue delay, no request is left to finish. Batches refused while draining do not
-        count as work (their answer needs no callable).
+        batcher queue delay (plus ``RESPONSE_SETTLE_S`` right after a batch, so that its responses
+        are written), no request is left to finish. Batches refused while draining do not count as
+        work (their answer needs no callable).
         """
         quiet_s = 0.1 + max((model.max_queue_delay_s for model in self._models.values()), default=0.0)
         signalled = time.monotonic()
@@ -842,8 +847,9 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             if not busy:
                 if not any(model.connected for model in models):
                     return True
-                last = max([signalled, *(model.last_active for model in models)])
-                if time.monotonic() - last >= quiet_s:
+                worked = max((model.last_active for model in models), default=0.0)
+                settle = quiet_s + (RESPONSE_SETTLE_S if worked > signalled - RESPONSE_SETTLE_S else 0.0)
+                if time.monotonic() - max(signalled, worked) >= settle:
                     return True
             time.sleep(0.005)
         return False
