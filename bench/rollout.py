@@ -69,11 +69,19 @@ def free_ports(count: int) -> List[int]:
             sock.close()
 
 
+class NginxMissing(RuntimeError):
+    """No nginx binary was found (the message says how to install one)."""
+
+
 def find_nginx(explicit: Optional[str]) -> str:
-    for candidate in (explicit, shutil.which("nginx"), "/usr/sbin/nginx", "/usr/local/sbin/nginx"):
+    if explicit:
+        if os.access(explicit, os.X_OK):
+            return explicit
+        raise NginxMissing(f"--nginx {explicit}: not an executable file. {NGINX_HINT}")
+    for candidate in (shutil.which("nginx"), "/usr/sbin/nginx", "/usr/local/sbin/nginx"):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    raise SystemExit(NGINX_HINT)
+    raise NginxMissing(NGINX_HINT)
 
 
 def nginx_config(workdir: pathlib.Path, http_port: int, grpc_port: int, replicas: List[List[int]]) -> str:
@@ -436,12 +444,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     def on_sigterm(*_: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_sigterm)  # clean up as for Ctrl-C
+    previous = signal.signal(signal.SIGTERM, on_sigterm)  # clean up as for Ctrl-C
     try:
         report = run(args)
     except KeyboardInterrupt:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
+    except NginxMissing as exc:
+        print(f"rollout: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(_table(report))

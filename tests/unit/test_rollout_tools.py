@@ -12,8 +12,9 @@ from bench import rollout
 def test_missing_nginx_names_the_install_command(monkeypatch):
     monkeypatch.setattr(rollout.shutil, "which", lambda name: None)
     monkeypatch.setattr(rollout.os, "access", lambda path, mode: False)
-    with pytest.raises(SystemExit, match="apt-get install -y nginx"):
+    with pytest.raises(rollout.NginxMissing, match="apt-get install -y nginx"):
         rollout.find_nginx(None)
+    assert rollout.main(["--nginx", "/nonexistent/nginx"]) == 2
 
 
 def test_nginx_config_retries_on_another_replica_for_both_protocols(tmp_path):
