@@ -103,9 +103,10 @@ SERVER_MALLOC_ARENA_MAX = 1
 # How long stop() and unbinding wait for batches in flight when TritonConfig.exit_timeout_secs is
 # None (tritonserver's own default for --exit-timeout-secs).
 EXIT_TIMEOUT_S = 30
-# After a batch that finished less than this before a stop, the stop waits this much longer: the
-# worker marks a batch done before its reply reaches the stub, and Triton then writes the responses;
-# with 8 instances finishing together on 2 cores that took over 0.1 s (tests/e2e/test_drain.py).
+# When batches were still running as a stop began, it waits this much longer after the last one:
+# the worker marks a batch done before its reply reaches the stub, and Triton then writes the
+# responses; with 8 instances finishing together on 2 cores that took over 0.1 s
+# (tests/e2e/test_drain.py). A stop of an idle server does not pay it.
 RESPONSE_SETTLE_S = 0.4
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
@@ -827,12 +828,13 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         they close (or after ``exit_timeout_secs``), then polls once per second. Waiting for that
         would make every stop take seconds, so pytriton watches its own workers instead: when
         every instance has said goodbye, or none has worked for a quiet period longer than any
-        batcher queue delay (plus ``RESPONSE_SETTLE_S`` right after a batch, so that its responses
-        are written), no request is left to finish. Batches refused while draining do not count as
+        batcher queue delay (plus ``RESPONSE_SETTLE_S`` when batches ran during the stop, so that
+        their responses are written), no request is left to finish. Batches refused while draining do not count as
         work (their answer needs no callable).
         """
         quiet_s = 0.1 + max((model.max_queue_delay_s for model in self._models.values()), default=0.0)
         signalled = time.monotonic()
+        busy_at_start = any(model.busy for model in self._models.values())
         while time.monotonic() < deadline:
             if self._server is None or not self._server.is_alive():
                 return False
@@ -848,7 +850,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                 if not any(model.connected for model in models):
                     return True
                 worked = max((model.last_active for model in models), default=0.0)
-                settle = quiet_s + (RESPONSE_SETTLE_S if worked > signalled - RESPONSE_SETTLE_S else 0.0)
+                settle = quiet_s + (RESPONSE_SETTLE_S if busy_at_start or worked > signalled else 0.0)
                 if time.monotonic() - max(signalled, worked) >= settle:
                     return True
             time.sleep(0.005)
