@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-numpy1 test-unit test-e2e server bench soak soak-short lint clean
+.PHONY: demo test test-numpy1 test-unit test-e2e server bench soak soak-short rollout-test lint clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ soak: server $(VENV)/.dev-deps
 
 soak-short: server
 	$(PY) -m bench.soak --short
+
+# Rolling restart of three replicas behind nginx under load (bench/rollout.py, docs/rollout.md):
+# fails if any request fails; about 30-40 s. Needs nginx (apt-get install -y nginx; no root to run).
+rollout-test: server
+	$(PY) -m bench.rollout
 
 lint: $(VENV)/.dev-deps
 	$(VENV)/bin/ruff check pytriton tests bench examples deploy

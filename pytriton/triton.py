@@ -63,6 +63,7 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
+from pytriton.server import _drain
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
 from pytriton.server.command import LaunchSettings, build_command, effective_options
@@ -102,6 +103,11 @@ SERVER_MALLOC_ARENA_MAX = 1
 # How long stop() and unbinding wait for batches in flight when TritonConfig.exit_timeout_secs is
 # None (tritonserver's own default for --exit-timeout-secs).
 EXIT_TIMEOUT_S = 30
+# When batches were still running as a stop began, it waits this much longer after the last one:
+# the worker marks a batch done before its reply reaches the stub, and Triton then writes the
+# responses; with 8 instances finishing together on 2 cores that took over 0.1 s
+# (tests/e2e/test_drain.py). A stop of an idle server does not pay it.
+RESPONSE_SETTLE_S = 0.4
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
 
@@ -192,6 +198,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         self._options = effective_options(self._config)
         exit_timeout = self._config.exit_timeout_secs
         self._exit_timeout_s = float(EXIT_TIMEOUT_S if exit_timeout is None else exit_timeout)
+        self._drain_delay_s = float(self._config.drain_delay_secs or 0)  # stop(): serve on, not ready
         self._polling = PollingWindows.from_env()  # PYTRITON_*_SPIN_US, read once (docs/configuration.md)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
             raise PyTritonBadParameterError(
@@ -573,6 +580,8 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                 ),
             )
             argv = [arg for arg in argv if not arg.startswith("--log-file=")]
+            if self._drain_delay_s > 0 and not self._embedded:  # Triton must not end the drain first
+                argv = _drain.with_server_exit_timeout(argv, self._drain_delay_s + self._exit_timeout_s)
             env = _server_environment(
                 stub_env.bin_dir,
                 [libpython, *distribution.library_dirs],
@@ -735,7 +744,13 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         return self._restarts
 
     def stop(self) -> bool:
-        """Stop the server and release every resource. Idempotent; safe from any thread.
+        """Drain and stop the server, then release every resource. Idempotent; safe from any thread.
+
+        The drain (docs/architecture.md, "Graceful drain"): readiness fails for new connections at
+        once; requests keep being served for ``TritonConfig.drain_delay_secs`` (default 0); then
+        new requests are refused with HTTP 503 / gRPC UNAVAILABLE while the batches in flight
+        finish, for at most ``exit_timeout_secs``; then the server is ended. An idle server stops
+        in about 0.1 s plus the drain delay.
 
         Returns:
             True if this call stopped the instance, False if it was already stopped.
@@ -748,8 +763,15 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         atexit.unregister(self.stop)
         started = time.monotonic()
         self._events.put(("stop", None))
-        if server is not None:
+        if server is not None and self._embedded:  # no network endpoints: nothing to drain
             server.stop(grace_s=self._exit_timeout_s, wait_idle=self._wait_models_detached)
+        elif server is not None:
+            held = self._hold_http() if server.is_alive() else None  # before the SIGINT (server/_drain.py)
+            try:
+                server.stop(grace_s=self._drain_delay_s + self._exit_timeout_s, wait_idle=self._drain)
+            finally:
+                if held is not None:
+                    held.close()
         supervisor = self._supervisor
         if supervisor is not None and supervisor is not threading.current_thread():
             supervisor.join(10.0)  # ends within moments once the server is gone (its waits check the state)
@@ -770,6 +792,35 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         LOGGER.debug("Triton stopped in %.2f s", time.monotonic() - started)
         return True
 
+    def _hold_http(self) -> Optional[_drain.HeldConnection]:
+        """An idle connection that keeps Triton serving while it drains (None without HTTP)."""
+        if not self._options.get("allow_http", True):
+            return None
+        host, port = _client_host(self._options["http_address"]), self._options["http_port"]
+        return _drain.HeldConnection.open(host, port, headers=self._access.http_headers("health"))
+
+    def _drain(self, deadline: float) -> bool:
+        """After SIGINT: the drain delay, then refuse new batches and wait for those in flight."""
+
+        def alive() -> bool:
+            server = self._server
+            return server is not None and server.is_alive()
+
+        def pending() -> Dict[Tuple[str, str], int]:
+            if not self._options.get("allow_metrics", True):
+                return {}  # nothing tells what Triton has queued: refuse at once (docs/architecture.md)
+            host, port = _client_host(self._options["metrics_address"]), self._options["metrics_port"]
+            return _drain.pending_requests(host, port)
+
+        return _drain.drain(
+            deadline,
+            self._drain_delay_s,
+            lambda: list(self._models.values()),
+            self._wait_models_detached,
+            alive,
+            pending,
+        )
+
     def _wait_models_detached(self, deadline: float) -> bool:
         """After SIGINT: True once nothing can still be in flight, so the server may be killed.
 
@@ -777,10 +828,13 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         they close (or after ``exit_timeout_secs``), then polls once per second. Waiting for that
         would make every stop take seconds, so pytriton watches its own workers instead: when
         every instance has said goodbye, or none has worked for a quiet period longer than any
-        batcher queue delay, no request is left to finish.
+        batcher queue delay (plus ``RESPONSE_SETTLE_S`` when batches ran during the stop, so that
+        their responses are written), no request is left to finish. Batches refused while draining do not count as
+        work (their answer needs no callable).
         """
         quiet_s = 0.1 + max((model.max_queue_delay_s for model in self._models.values()), default=0.0)
         signalled = time.monotonic()
+        busy_at_start = any(model.busy for model in self._models.values())
         while time.monotonic() < deadline:
             if self._server is None or not self._server.is_alive():
                 return False
@@ -795,8 +849,9 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             if not busy:
                 if not any(model.connected for model in models):
                     return True
-                last = max([signalled, *(model.last_active for model in models)])
-                if time.monotonic() - last >= quiet_s:
+                worked = max((model.last_active for model in models), default=0.0)
+                settle = quiet_s + (RESPONSE_SETTLE_S if busy_at_start or worked > signalled else 0.0)
+                if time.monotonic() - max(signalled, worked) >= settle:
                     return True
             time.sleep(0.005)
         return False

@@ -312,6 +312,16 @@ class BoundModel:
         batcher = self.config.batcher
         return batcher.max_queue_delay_microseconds / 1e6 if batcher is not None else 0.0
 
+    def refuse_new(self, admission: Any) -> None:
+        """Draining: a batch reaching an instance from now on runs only if ``admission`` admits it.
+
+        ``admission`` (``pytriton.server._drain.Admission``, shared by the instances) admits the
+        requests Triton had queued when the drain began and answers the rest with UNAVAILABLE.
+        Batches already in a callable finish normally. Irreversible: only ``Triton.stop`` calls it.
+        """
+        for worker in self._workers:
+            worker.admission = admission
+
     def stop_workers(self) -> None:
         """Stop the worker threads and remove the socket files."""
         for worker in self._workers:

@@ -82,7 +82,10 @@ def _bytes_output(meta: Any, buffer: Any) -> Any:
 
 
 def _errors(message: str, requests: List[Any]) -> List[Any]:
-    """One error response per request."""
+    """One error response per request; the draining worker's refusal carries the UNAVAILABLE code."""
+    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None) if message == _wire.UNAVAILABLE_TEXT else None
+    if code is not None:  # HTTP 503, gRPC UNAVAILABLE (Triton 2.51 maps the code so)
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)) for _ in requests]
     return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
 
 

@@ -146,6 +146,14 @@ def error(text: str, retire: bool = False) -> Tuple[int, str, bool]:
     return (ERROR, text, retire)
 
 
+# What a worker answers to a batch once its Triton drains (``Triton.stop``). The stub sends it with
+# Triton's UNAVAILABLE code, which clients get as HTTP 503 or gRPC UNAVAILABLE: the answers load
+# balancers and client retry policies retry on. A callable's own errors read ``Type: message``,
+# which never starts with ``pytriton:``.
+UNAVAILABLE_TEXT = "pytriton: the server is shutting down; retry the request on another replica"
+UNAVAILABLE_MESSAGE = (ERROR, UNAVAILABLE_TEXT, False)
+
+
 def parse_error(message: Sequence[Any]) -> Error:
     return Error(message[TEXT], bool(message[RETIRE]))
 

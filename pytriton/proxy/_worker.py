@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Type
 
 import numpy.typing as npt
 
@@ -26,6 +26,9 @@ from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _wire
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import Request
+
+if TYPE_CHECKING:
+    from pytriton.server._drain import Admission
 
 LOGGER = logging.getLogger(__name__)
 
@@ -153,6 +156,8 @@ class InstanceWorker:
         self._direct: Optional[_Session] = None
         self._stopping = False
         self.last_active = 0.0  # time.monotonic() when the last batch finished
+        # Set by Triton.stop() when draining (server/_drain.py): batches it does not admit are refused.
+        self.admission: Optional[Admission] = None
 
     @property
     def connected(self) -> bool:
@@ -308,6 +313,19 @@ class InstanceWorker:
                 message = channel.recv()
             except (EOFError, OSError):
                 return
+            admission = self.admission
+            if (
+                admission is not None
+                and message[_wire.KIND] == _wire.INFER
+                and not admission.admit(len(_wire.parse_infer(message).entries))
+            ):
+                # Draining: the callable is not called and, as the batch did no work, last_active
+                # stays, so Triton.stop() sees the instance idle (docs/architecture.md, Graceful drain).
+                try:
+                    channel.send(_wire.UNAVAILABLE_MESSAGE)
+                except OSError:
+                    return
+                continue
             session.busy = True
             try:
                 reply = self._handle(session, message)

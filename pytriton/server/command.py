@@ -28,6 +28,8 @@ _NOT_FLAGS = frozenset(
         "http_restricted_api",
         "grpc_restricted_protocol",
         "max_request_bytes",
+        # Triton.stop()'s drain (server/_drain.py), which also sets the server's own exit timeout.
+        "drain_delay_secs",
     }
 )
 # Every interface, as Triton and NVIDIA PyTriton default to. Only inference, health, metadata and

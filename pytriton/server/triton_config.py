@@ -58,6 +58,9 @@ class TritonConfig:
       counted as Triton serialises them) that is forwarded to a bound callable; a larger one gets
       an error response naming the limit. ``None``: 2 GiB (``DEFAULT_MAX_REQUEST_BYTES``);
       ``0``: no limit. See docs/configuration.md, "Request size".
+    * ``drain_delay_secs``: how long :meth:`Triton.stop` keeps serving after readiness turned false
+      and before it refuses new requests (default 0); ``exit_timeout_secs`` then bounds the wait
+      for requests in flight. See docs/architecture.md, "Graceful drain".
     """
 
     id: Optional[str] = None
@@ -66,6 +69,7 @@ class TritonConfig:
     log_file: Optional[pathlib.Path] = None
     log_format: Optional[str] = None
     exit_timeout_secs: Optional[int] = None
+    drain_delay_secs: Optional[int] = None
     exit_on_error: Optional[bool] = None
     strict_readiness: Optional[bool] = None
     allow_http: Optional[bool] = None
@@ -146,6 +150,12 @@ class TritonConfig:
             raise PyTritonValidationError(
                 f"TritonConfig.max_request_bytes={self.max_request_bytes} is negative; give a byte count (0: no limit)."
             )
+        for seconds_field in ("exit_timeout_secs", "drain_delay_secs"):
+            seconds = getattr(self, seconds_field)
+            if seconds is not None and seconds < 0:
+                raise PyTritonValidationError(
+                    f"TritonConfig.{seconds_field}={seconds} is negative; give seconds (>= 0)."
+                )
         for port_field in ("http_port", "grpc_port", "metrics_port", "sagemaker_port", "vertex_ai_port"):
             port = getattr(self, port_field)
             if port is not None and not 0 <= port <= 65535:

@@ -1,11 +1,16 @@
-"""Helper process for lifecycle tests: serve one model and report what it created, as JSON."""
+"""Helper process for lifecycle tests: serve one model and report what it created, as JSON.
+
+Arguments: http, grpc and metrics ports; an optional fourth, S seconds, also serves ``Slow``
+(8 instances, each request takes S seconds) for the drain tests (tests/e2e/test_drain.py).
+"""
 
 import json
 import sys
+import time
 
 import numpy as np
 
-from pytriton.model_config import Tensor
+from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 
@@ -18,6 +23,20 @@ def main() -> None:
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
     )
+    if len(sys.argv) > 4:
+        slow_s = float(sys.argv[4])
+
+        def slow(requests):
+            time.sleep(slow_s)
+            return [dict(r.items()) for r in requests]
+
+        triton.bind(
+            "Slow",
+            [slow] * 8,
+            [Tensor(name="x", shape=(2,), dtype=np.float32)],
+            [Tensor(name="x", shape=(2,), dtype=np.float32)],
+            config=ModelConfig(batching=False),
+        )
     triton.run()
     info = {
         "server_pid": triton._server.pid,
