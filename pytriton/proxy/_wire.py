@@ -330,6 +330,8 @@ class Arena:
     unmaps and unlinks (ignoring segments the reader already unlinked).
     """
 
+    inline_limit = _SMALL  # tensors up to this size travel in the message (write_tensors)
+
     def __init__(self, prefix: str, initial_size: int = 1 << 20):
         self._prefix = prefix
         self._counter = 0
@@ -581,7 +583,7 @@ def write_tensors(
                 data = array
                 dtype = array.dtype.str
                 nbytes = array.nbytes
-            if nbytes <= _SMALL:
+            if nbytes <= arena.inline_limit:
                 # bytes() returns a bytes object itself; a SerializedBytes' array is copied (small).
                 group_meta.append((name, dtype, array.shape, bytes(data) if dtype == BYTES else array.tobytes()))
                 continue

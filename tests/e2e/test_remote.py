@@ -1,0 +1,227 @@
+"""RemoteTriton against a tritonserver this module starts on its own (issue 15, item 4).
+
+One server for the module, started by hand from pytriton's install with the command line
+``pytriton.triton``'s docs give (``_remote.server_command``): explicit model control, the
+model-repository endpoints restricted by an access token. Models are bound into it over the Unix
+transport (Unix sockets + shared memory) and the TCP transport (ZeroMQ, tensors in the messages),
+inferred with ModelClient and raw tritonclient, and unloaded by ``stop()`` while the server keeps
+running. The stub environment of this server also holds pyzmq (an overlay of pytriton's stub
+environment, as docs/remote.md describes); a second, short-lived server without it shows the
+load error for a missing pyzmq.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import sysconfig
+import threading
+from typing import Dict, Iterator, List, Tuple
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import zmq
+
+from pytriton._remote import server_command
+from pytriton.client import ModelClient
+from pytriton.exceptions import PyTritonModelConfigError
+from pytriton.model_config import Tensor
+from pytriton.server.distribution import stub_environment
+from pytriton.triton import RemoteTriton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
+from tests.conftest import shm_entries, triton_ports, wait_for
+
+TOKEN = "remote-test-token"
+HEADERS = {"triton-access-token": TOKEN}
+SMALL = np.arange(16, dtype=np.float32)
+LARGE = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: the shared-memory path of the Unix transport
+
+
+def identity(requests):
+    return [{"y": request["x"]} for request in requests]
+
+
+def _bind(triton: RemoteTriton, name: str) -> None:
+    triton.bind(
+        name,
+        identity,
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+    )
+
+
+def _stub_env(root: pathlib.Path, with_pyzmq: bool) -> pathlib.Path:
+    """The stub environment pytriton uses (numpy 1.x where it exists), with or without pyzmq; its bin dir.
+
+    An overlay: a bare venv whose .pth lists pytriton's stub environment (or this one, where the
+    stub uses it) and either this environment's pyzmq or a ``zmq`` package that fails to import.
+    """
+    base = stub_environment()
+    tag = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = base.bin_dir.parent / "lib" / tag / "site-packages" if base.own else sysconfig.get_paths()["purelib"]
+    env = root / f"stub-env-{with_pyzmq}"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    extra = root / f"extra-{with_pyzmq}"
+    extra.mkdir()
+    if with_pyzmq:
+        zmq_dir = pathlib.Path(zmq.__file__).parent
+        for item in (zmq_dir, zmq_dir.with_name("pyzmq.libs")):
+            if item.exists():
+                (extra / item.name).symlink_to(item)
+        paths = [site, extra]
+    else:
+        (extra / "zmq").mkdir()
+        (extra / "zmq" / "__init__.py").write_text("raise ImportError('no pyzmq in this stub environment')\n")
+        paths = [extra, site]
+    (env / "lib" / tag / "site-packages" / "overlay.pth").write_text("".join(f"{path}\n" for path in paths))
+    return env / "bin"
+
+
+def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[subprocess.Popen, Dict[str, int]]:
+    ports = triton_ports()
+    argv, env = server_command(
+        repository, TritonConfig(**ports), TritonSecurityConfig(access_token=TOKEN), region_prefix="pytriton-rtest"
+    )
+    env["PATH"] = f"{stub_bin}{os.pathsep}{env['PATH']}"
+    server = subprocess.Popen(  # noqa: S603
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+
+    def live() -> bool:
+        try:
+            return bool(client.is_server_live())
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+
+    assert wait_for(live, 60.0), "the hand-started tritonserver did not come up"
+    client.close()
+    return server, ports
+
+
+def _end(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, signal.SIGKILL)  # the server and its stubs
+    server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory) -> Iterator[Dict[str, object]]:
+    root = tmp_path_factory.mktemp("remote")
+    repository = root / "repository"
+    repository.mkdir()
+    server, ports = _start_server(repository, _stub_env(root, with_pyzmq=True))
+    try:
+        yield {"server": server, "ports": ports, "repository": repository, "root": root}
+    finally:
+        _end(server)
+
+
+def _url(remote, protocol: str = "http") -> str:
+    return f"{protocol}://127.0.0.1:{remote['ports'][protocol + '_port']}"
+
+
+def _stubs(server: subprocess.Popen) -> List[int]:
+    """The stub processes of the server (its children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == server.pid and "stub" in stat.split("(", 1)[1]:
+                found.append(int(entry))
+    return found
+
+
+def _check_served(remote, name: str) -> None:
+    with ModelClient(_url(remote), name, init_timeout_s=10) as client:
+        for data in (SMALL, LARGE):
+            np.testing.assert_array_equal(client.infer_sample(x=data)["y"], data)
+    raw = grpcclient.InferenceServerClient(f"127.0.0.1:{remote['ports']['grpc_port']}")
+    try:
+        batch = LARGE[np.newaxis]  # the model batches (max_batch_size 4): [batch, n]
+        tensor = grpcclient.InferInput("x", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        np.testing.assert_array_equal(raw.infer(name, [tensor]).as_numpy("y"), batch)
+    finally:
+        raw.close()
+
+
+def _check_unloaded(remote, name: str) -> None:
+    server = remote["server"]
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{remote['ports']['http_port']}")
+    try:
+        assert wait_for(lambda: not client.is_model_ready(name), 10.0)
+        assert wait_for(lambda: not _stubs(server), 10.0), "the model's stubs did not exit"
+        assert client.is_server_live() and server.poll() is None  # the server keeps running
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_bind_serve_and_unload(remote, transport):
+    name = f"Remote_{transport}"
+    triton = RemoteTriton(_url(remote), access_token=TOKEN, transport=transport)
+    assert not triton.is_connected()
+    with triton:
+        _bind(triton, name)
+        triton.run()
+        assert triton.is_connected() and triton.is_alive()
+        segments = shm_entries(triton._shm_prefix)
+        _check_served(remote, name)
+        if transport == "tcp":
+            assert triton.tcp_endpoint is not None and triton.tcp_endpoint.startswith("tcp://127.0.0.1:")
+            assert shm_entries(triton._shm_prefix) == segments == []  # nothing through shared memory
+        socket_dir = triton._socket_dir
+        assert socket_dir is not None and socket_dir.exists()
+        # A model bound while connected is loaded before bind() returns.
+        _bind(triton, f"{name}_late")
+        np.testing.assert_array_equal(ModelClient(_url(remote), f"{name}_late").infer_sample(x=SMALL)["y"], SMALL)
+    assert not triton.is_connected() and not triton.is_alive()
+    _check_unloaded(remote, name)
+    _check_unloaded(remote, f"{name}_late")
+    assert not socket_dir.exists()
+    assert shm_entries(triton._shm_prefix) == []
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("pytriton-tcp-hub")]
+
+
+def test_local_model_store_writes_into_the_server_repository(remote):
+    repository = remote["repository"]
+    policy = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
+    with RemoteTriton(
+        _url(remote, "grpc"), workspace=repository, access_token=TOKEN, triton_lifecycle_policy=policy
+    ) as triton:
+        _bind(triton, "RemoteLocal")
+        triton.run()
+        assert (repository / "RemoteLocal" / "config.pbtxt").is_file()
+        with ModelClient(_url(remote), "RemoteLocal") as client:
+            np.testing.assert_array_equal(client.infer_sample(x=SMALL)["y"], SMALL)
+    _check_unloaded(remote, "RemoteLocal")
+    assert not (repository / "RemoteLocal").exists() and repository.is_dir()
+
+
+def test_restricted_repository_needs_the_token(remote):
+    with RemoteTriton(_url(remote)) as triton:  # no access token
+        _bind(triton, "RemoteNoToken")
+        with pytest.raises(PyTritonModelConfigError, match="could not load model 'RemoteNoToken'"):
+            triton.run()
+
+
+def test_missing_pyzmq_in_the_stub_environment_is_named(tmp_path):
+    """A stub environment without pyzmq (pytriton's own has none): the TCP transport's load error says so."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    server, ports = _start_server(repository, _stub_env(tmp_path, with_pyzmq=False))
+    try:
+        with RemoteTriton(f"http://127.0.0.1:{ports['http_port']}", access_token=TOKEN, transport="tcp") as triton:
+            _bind(triton, "RemoteNoZmq")
+            with pytest.raises(PyTritonModelConfigError, match="TCP transport needs pyzmq"):
+                triton.run()
+    finally:
+        _end(server)
