@@ -369,7 +369,9 @@ def server_command(
     return argv, env
 
 
-def command_text(argv: Sequence[str], env: Dict[str, str], names: Sequence[str] = ("PATH", "LD_LIBRARY_PATH", "MALLOC_ARENA_MAX")) -> str:
+def command_text(
+    argv: Sequence[str], env: Dict[str, str], names: Sequence[str] = ("PATH", "LD_LIBRARY_PATH", "MALLOC_ARENA_MAX")
+) -> str:
     """``env NAME=value ... argv`` as one shell line (only the variables that matter)."""
     import shlex
 
