@@ -571,6 +571,8 @@ def write_tensors(
     """
     metas: List[List[TensorMeta]] = []
     pending: List[Tuple[int, Any]] = []  # (offset, source) for the arena
+    # None: the caller knows everything is small; the TCP transport's arena keeps everything inline.
+    inline_limit = _SMALL if arena is None else arena.inline_limit
     total = 0
     for group in groups:
         group_meta: List[TensorMeta] = []
@@ -583,7 +585,7 @@ def write_tensors(
                 data = array
                 dtype = array.dtype.str
                 nbytes = array.nbytes
-            if nbytes <= arena.inline_limit:
+            if nbytes <= inline_limit:
                 # bytes() returns a bytes object itself; a SerializedBytes' array is copied (small).
                 group_meta.append((name, dtype, array.shape, bytes(data) if dtype == BYTES else array.tobytes()))
                 continue

@@ -6,7 +6,7 @@ model-repository endpoints restricted by an access token. Models are bound into 
 transport (Unix sockets + shared memory) and the TCP transport (ZeroMQ, tensors in the messages),
 inferred with ModelClient and raw tritonclient, and unloaded by ``stop()`` while the server keeps
 running. The stub environment of this server also holds pyzmq (an overlay of pytriton's stub
-environment, as docs/remote.md describes); a second, short-lived server without it shows the
+environment made by bench.remote.stub_env_overlay; docs/remote.md); a second, short-lived server without it shows the
 load error for a missing pyzmq.
 """
 
@@ -16,8 +16,6 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
-import sysconfig
 import threading
 from typing import Dict, Iterator, List, Tuple
 
@@ -25,13 +23,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-import zmq
 
+from bench.remote import stub_env_overlay
 from pytriton._remote import server_command
 from pytriton.client import ModelClient
 from pytriton.exceptions import PyTritonModelConfigError
 from pytriton.model_config import Tensor
-from pytriton.server.distribution import stub_environment
 from pytriton.triton import RemoteTriton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 from tests.conftest import shm_entries, triton_ports, wait_for
 
@@ -52,33 +49,6 @@ def _bind(triton: RemoteTriton, name: str) -> None:
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
     )
-
-
-def _stub_env(root: pathlib.Path, with_pyzmq: bool) -> pathlib.Path:
-    """The stub environment pytriton uses (numpy 1.x where it exists), with or without pyzmq; its bin dir.
-
-    An overlay: a bare venv whose .pth lists pytriton's stub environment (or this one, where the
-    stub uses it) and either this environment's pyzmq or a ``zmq`` package that fails to import.
-    """
-    base = stub_environment()
-    tag = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = base.bin_dir.parent / "lib" / tag / "site-packages" if base.own else sysconfig.get_paths()["purelib"]
-    env = root / f"stub-env-{with_pyzmq}"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    extra = root / f"extra-{with_pyzmq}"
-    extra.mkdir()
-    if with_pyzmq:
-        zmq_dir = pathlib.Path(zmq.__file__).parent
-        for item in (zmq_dir, zmq_dir.with_name("pyzmq.libs")):
-            if item.exists():
-                (extra / item.name).symlink_to(item)
-        paths = [site, extra]
-    else:
-        (extra / "zmq").mkdir()
-        (extra / "zmq" / "__init__.py").write_text("raise ImportError('no pyzmq in this stub environment')\n")
-        paths = [extra, site]
-    (env / "lib" / tag / "site-packages" / "overlay.pth").write_text("".join(f"{path}\n" for path in paths))
-    return env / "bin"
 
 
 def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[subprocess.Popen, Dict[str, int]]:
@@ -113,7 +83,7 @@ def remote(tmp_path_factory) -> Iterator[Dict[str, object]]:
     root = tmp_path_factory.mktemp("remote")
     repository = root / "repository"
     repository.mkdir()
-    server, ports = _start_server(repository, _stub_env(root, with_pyzmq=True))
+    server, ports = _start_server(repository, stub_env_overlay(root, with_pyzmq=True))
     try:
         yield {"server": server, "ports": ports, "repository": repository, "root": root}
     finally:
@@ -217,7 +187,7 @@ def test_missing_pyzmq_in_the_stub_environment_is_named(tmp_path):
     """A stub environment without pyzmq (pytriton's own has none): the TCP transport's load error says so."""
     repository = tmp_path / "repository"
     repository.mkdir()
-    server, ports = _start_server(repository, _stub_env(tmp_path, with_pyzmq=False))
+    server, ports = _start_server(repository, stub_env_overlay(tmp_path, with_pyzmq=False))
     try:
         with RemoteTriton(f"http://127.0.0.1:{ports['http_port']}", access_token=TOKEN, transport="tcp") as triton:
             _bind(triton, "RemoteNoZmq")
