@@ -85,8 +85,10 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
     from bench.__main__ import free_ports
     from pytriton._remote import server_command
     from pytriton.model_config import Tensor
+    from pytriton.proxy import _wire
     from pytriton.triton import RemoteTriton, TritonConfig, TritonSecurityConfig
 
+    regions = f"pytriton-bremote-{os.getpid()}-"
     counts = {"64 B": 100 if quick else 400, "1 MiB": 20 if quick else 100}
     results: Dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pytriton-bench-remote-") as scratch:
@@ -98,7 +100,7 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
             root / "repository",
             TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics),
             TritonSecurityConfig(access_token=TOKEN),
-            "pytriton-bremote",
+            regions,
         )
         env["PATH"] = f"{stub_env_overlay(root)}{os.pathsep}{env['PATH']}"
         server = subprocess.Popen(
@@ -130,8 +132,13 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
                     }
             client.close()
         finally:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
+            server.send_signal(signal.SIGTERM)  # a clean exit removes its /tmp/python_env_* and regions
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(10)
+            _wire.sweep_segments(regions)
     return {"p50_ms": results, "requests": counts}
 
 

@@ -128,7 +128,9 @@ class TritonLifecyclePolicy:
         local_model_store: the model store is a directory of this process's workspace. pytriton
             always writes the store locally (``TritonConfig.model_repository`` or the workspace).
 
-    Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`).
+    Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`). ``RemoteTriton``
+    (a server started elsewhere) needs ``launch_triton_on_startup=False`` and reads
+    ``local_model_store``: shared repository, or files sent with each load (docs/remote.md).
     """
 
     launch_triton_on_startup: bool = True

@@ -26,13 +26,15 @@ import tritonclient.http as httpclient
 
 from bench.remote import stub_env_overlay
 from pytriton._remote import server_command
-from pytriton.client import ModelClient
+from pytriton.client import DecoupledModelClient, ModelClient
 from pytriton.exceptions import PyTritonModelConfigError
-from pytriton.model_config import Tensor
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.proxy import _wire
 from pytriton.triton import RemoteTriton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 from tests.conftest import shm_entries, triton_ports, wait_for
 
 TOKEN = "remote-test-token"
+REGIONS = f"pytriton-rtest-{os.getpid()}-"  # the hand-started servers' Python-backend regions
 HEADERS = {"triton-access-token": TOKEN}
 SMALL = np.arange(16, dtype=np.float32)
 LARGE = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: the shared-memory path of the Unix transport
@@ -40,6 +42,11 @@ LARGE = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: the shared-memory path of
 
 def identity(requests):
     return [{"y": request["x"]} for request in requests]
+
+
+def stream(requests):
+    for step in range(20):  # more than one streaming window of inline chunks
+        yield [{"y": request["x"] + step} for request in requests]
 
 
 def _bind(triton: RemoteTriton, name: str) -> None:
@@ -54,7 +61,7 @@ def _bind(triton: RemoteTriton, name: str) -> None:
 def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[subprocess.Popen, Dict[str, int]]:
     ports = triton_ports()
     argv, env = server_command(
-        repository, TritonConfig(**ports), TritonSecurityConfig(access_token=TOKEN), region_prefix="pytriton-rtest"
+        repository, TritonConfig(**ports), TritonSecurityConfig(access_token=TOKEN), region_prefix=REGIONS
     )
     env["PATH"] = f"{stub_bin}{os.pathsep}{env['PATH']}"
     server = subprocess.Popen(  # noqa: S603
@@ -74,8 +81,14 @@ def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[sub
 
 
 def _end(server: subprocess.Popen) -> None:
-    os.killpg(server.pid, signal.SIGKILL)  # the server and its stubs
-    server.wait(10)
+    """Stop the server cleanly (it then removes its /tmp/python_env_* directory and its regions)."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its stubs
+        server.wait(10)
+    assert _wire.sweep_segments(REGIONS) == []  # nothing left behind
 
 
 @pytest.fixture(scope="module")
@@ -150,13 +163,23 @@ def test_bind_serve_and_unload(remote, transport):
             assert shm_entries(triton._shm_prefix) == segments == []  # nothing through shared memory
         socket_dir = triton._socket_dir
         assert socket_dir is not None and socket_dir.exists()
-        # A model bound while connected is loaded before bind() returns.
-        _bind(triton, f"{name}_late")
-        np.testing.assert_array_equal(ModelClient(_url(remote), f"{name}_late").infer_sample(x=SMALL)["y"], SMALL)
+        # A model bound while connected is loaded before bind() returns; here, a decoupled one.
+        triton.bind(
+            f"{name}_late",
+            stream,
+            [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+            [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+            config=ModelConfig(decoupled=True),
+        )
+        with DecoupledModelClient(_url(remote, "grpc"), f"{name}_late") as client:
+            chunks = [chunk["y"] for chunk in client.infer_sample(x=LARGE)]
+        assert len(chunks) == 20
+        np.testing.assert_array_equal(chunks[-1], LARGE + 19)
+        workspace = triton._workspace.path
     assert not triton.is_connected() and not triton.is_alive()
     _check_unloaded(remote, name)
     _check_unloaded(remote, f"{name}_late")
-    assert not socket_dir.exists()
+    assert not socket_dir.exists() and not workspace.exists()
     assert shm_entries(triton._shm_prefix) == []
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("pytriton-tcp-hub")]
 
@@ -179,7 +202,7 @@ def test_local_model_store_writes_into_the_server_repository(remote):
 def test_restricted_repository_needs_the_token(remote):
     with RemoteTriton(_url(remote)) as triton:  # no access token
         _bind(triton, "RemoteNoToken")
-        with pytest.raises(PyTritonModelConfigError, match="could not load model 'RemoteNoToken'"):
+        with pytest.raises(PyTritonModelConfigError, match="could not load model 'RemoteNoToken'.*restricted"):
             triton.run()
 
 
