@@ -295,13 +295,15 @@ class RemoteTriton(Triton):
         atexit.unregister(self.stop)
         models = list(self._models.values())
         if running:
+            unloaded = []
             for name in self._model_names():
                 try:
                     self._repository_request("unload", name)
+                    unloaded.extend(self._versions(name))
                 except Exception as exc:  # noqa: BLE001 - the server may be gone; release our side anyway
                     LOGGER.warning("Model %s: unloading it from Triton at %s failed: %s", name, self._url, exc)
-            deadline = time.monotonic() + self._exit_timeout_s
-            self._wait_detached(models, deadline)
+            # Only an unloaded model's stubs say goodbye; waiting for the others would only time out.
+            self._wait_detached(unloaded, time.monotonic() + self._exit_timeout_s)
         for model in models:
             model.stop_workers()
             if running and self._repository is not None and self.triton_lifecycle_policy.local_model_store:
@@ -345,7 +347,7 @@ def server_command(
     this interpreter's ``libpython`` first to load. ``config`` sets the ports and addresses (8000,
     8001, 8002 on 127.0.0.1 by default); ``security_config`` restricts endpoints (by default the
     model-repository and other management endpoints need ``security_config.access_token``).
-    ``pytriton remote-server`` prints it (docs/remote.md).
+    ``pytriton server-command`` prints it (docs/remote.md).
     """
     config = config or TritonConfig()
     security = security_config if security_config is not None else TritonSecurityConfig()

@@ -118,3 +118,23 @@ def test_server_command(monkeypatch, tmp_path):
     assert env["LD_LIBRARY_PATH"].split(":")[:2] == [str(tmp_path / "libpython"), str(root / "lib")]
     line = _remote.command_text(argv, env)
     assert line.startswith("env PATH=") and str(pathlib.Path(argv[0])) in line
+
+
+def test_cli_prints_the_server_command(monkeypatch, tmp_path, capsys):
+    from pytriton import _cli
+
+    root = tmp_path / "tritonserver"
+    distribution = ServerDistribution(
+        root=root, binary=root / "bin" / "tritonserver", backend_dir=root / "backends", library_dirs=[],
+        cache_dir=None,
+    )  # fmt: skip
+    monkeypatch.setattr(_remote, "find_server", lambda explicit=None: distribution)
+    monkeypatch.setattr(_remote, "stub_environment", lambda: StubEnvironment(bin_dir=tmp_path / "bin", own=True))
+    monkeypatch.setattr(_remote, "shared_libpython_dir", lambda: tmp_path / "libpython")
+    argv = ["server-command", "--model-repository", str(tmp_path / "repo"), "--http-port", "9100"]
+    assert _cli.main([*argv, "--access-token", "tok"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("env PATH=") and "--http-port=9100" in line and "triton-access-token=tok" in line
+    assert _cli.main(argv) == 0
+    generated = capsys.readouterr().err.split(": ")[-1].strip()
+    assert len(generated) >= 32
