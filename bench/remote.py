@@ -4,7 +4,8 @@ Usage: ``python -m bench --only remote`` (or ``python -m bench.remote [--quick]`
 ``tritonserver`` by hand (``pytriton._remote.server_command``, the model-repository endpoints
 restricted by a token), whose stub environment is pytriton's plus pyzmq (:func:`stub_env_overlay`),
 binds the identity model into it with ``RemoteTriton`` over each transport in turn, and measures the
-p50 of sequential HTTP requests (raw tritonclient, one connection) of 64 bytes and 1 MiB.
+p50 of sequential HTTP requests (raw tritonclient, one connection) of 64 bytes and 1 MiB. TCP runs
+twice: encrypted (CURVE, the default) and in clear (``tcp_encryption=False``).
 """
 
 from __future__ import annotations
@@ -116,9 +117,13 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
                         break
                 except Exception:  # noqa: BLE001 - not up yet
                     time.sleep(0.1)
-            for transport in ("unix", "tcp"):
-                name = f"Identity_{transport}"
-                with RemoteTriton(f"http://{url}", access_token=TOKEN, transport=transport) as triton:
+            for variant in ("unix", "tcp", "tcp-clear"):
+                name = f"Identity_{variant.replace('-', '_')}"
+                transport = variant.split("-")[0]
+                encrypt = variant == "tcp"  # CURVE, RemoteTriton's default; tcp-clear: tcp_encryption=False
+                with RemoteTriton(
+                    f"http://{url}", access_token=TOKEN, transport=transport, tcp_encryption=encrypt
+                ) as triton:
                     triton.bind(
                         name,
                         lambda requests: [{"y": request["x"]} for request in requests],
@@ -126,7 +131,7 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
                         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
                     )
                     triton.run()
-                    results[transport] = {
+                    results[variant] = {
                         label: round(_p50(client, name, np.arange(n, dtype=np.float32), counts[label]), 3)
                         for label, n in SIZES.items()
                     }

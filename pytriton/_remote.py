@@ -110,6 +110,8 @@ class RemoteTriton(Triton):
         tcp_port: its port (0: a free one, see :attr:`tcp_endpoint`).
         tcp_advertised_address: the name the server's stubs connect to, when it differs from
             ``tcp_address`` (e.g. a Kubernetes Service name).
+        tcp_encryption: encrypt the TCP transport with ZeroMQ's CURVE (the default; pyzmq's wheels
+            include it). False sends tensors in clear, for a network you trust.
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class RemoteTriton(Triton):
         tcp_address: str = "127.0.0.1",
         tcp_port: int = 0,
         tcp_advertised_address: Optional[str] = None,
+        tcp_encryption: bool = True,
     ):
         policy = REMOTE_LIFECYCLE_POLICY if triton_lifecycle_policy is None else triton_lifecycle_policy
         if isinstance(policy, TritonLifecyclePolicy) and policy.launch_triton_on_startup:
@@ -150,7 +153,9 @@ class RemoteTriton(Triton):
         self._hub: Optional[_zmq_channel.Hub] = None
         if transport == "tcp":
             token = secrets.token_urlsafe(32)
-            self._hub = _zmq_channel.Hub(tcp_address, tcp_port, token, advertised=tcp_advertised_address)
+            self._hub = _zmq_channel.Hub(
+                tcp_address, tcp_port, token, advertised=tcp_advertised_address, encrypt=bool(tcp_encryption)
+            )
 
     # -- what differs from Triton -----------------------------------------------------------
     @property

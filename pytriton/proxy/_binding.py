@@ -202,7 +202,10 @@ class BoundModel:
         }
         self._route = f"m{index}"
         if context.tcp is not None:  # the stub connects here instead (proxy/_zmq_channel.py)
-            self._private["tcp"] = {"endpoint": context.tcp.endpoint, "token": context.tcp.token, "route": self._route}
+            tcp = {"endpoint": context.tcp.endpoint, "token": context.tcp.token, "route": self._route}
+            if context.tcp.public_key is not None:
+                tcp["server_key"] = context.tcp.public_key
+            self._private["tcp"] = tcp
         if not self.config.outputs:
             raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
         warmup = resolve_warmup(config.model_warmup, self.config.inputs, self.config.max_batch_size, model_name)

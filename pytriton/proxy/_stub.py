@@ -175,7 +175,8 @@ class TritonPythonModel:
         """Connect to the slot's worker and say hello."""
         if self._tcp is not None:
             route = f"{self._tcp['route']}/{self._slot}"
-            self._socket = _zmq_channel.connect(self._tcp["endpoint"], self._tcp["token"], route)
+            tcp = self._tcp
+            self._socket = _zmq_channel.connect(tcp["endpoint"], tcp["token"], route, tcp.get("server_key"))
         else:
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))

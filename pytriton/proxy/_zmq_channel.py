@@ -25,7 +25,9 @@ Authentication: the first frame of a peer must be ``PYTRITON1 <token> <route>``.
 random secret written only into the model's private file (``pytriton_private.json``, mode 0600,
 never in the public model config); a wrong token or unknown route is refused, and nothing else
 such a peer sends is decoded (``marshal`` is not safe against hostile input, so only
-authenticated peers reach it). The traffic itself is not encrypted: see docs/remote.md.
+authenticated peers reach it). With ``encrypt`` (``RemoteTriton``'s default) the hub is a CURVE
+server: every connection is encrypted, and the stubs know the hub by its public key, written
+beside the token in the private file.
 
 Threads in the user's process (:class:`Hub`): one dispatcher thread owns the ``ROUTER`` socket
 (ZeroMQ sockets are not thread-safe). It hands each authenticated connection to the listener of
@@ -60,6 +62,7 @@ _hub_ids = itertools.count(1)
 _HUBS: Dict[int, Hub] = {}
 _HUBS_LOCK = threading.Lock()
 _LARGE = 1 << 62
+HEARTBEAT_MS = 2000
 
 
 def _zmq() -> Any:
@@ -109,7 +112,14 @@ class StubChannel:
     reconnect and wait forever). ``close`` releases the sockets.
     """
 
-    def __init__(self, endpoint: str, token: str, route: str, auth_timeout_s: float = AUTH_TIMEOUT_S):
+    def __init__(
+        self,
+        endpoint: str,
+        token: str,
+        route: str,
+        server_key: Optional[str] = None,
+        auth_timeout_s: float = AUTH_TIMEOUT_S,
+    ):
         zmq = _zmq()
         self._zmq = zmq
         self.poll_s = 0.0
@@ -117,6 +127,15 @@ class StubChannel:
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 1000)  # a goodbye still reaches the hub when we close
+        # A hub on a host that vanished (no FIN, no RST) is noticed within seconds, not hours.
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+        if server_key is not None:
+            _check_curve(zmq)
+            public, secret = zmq.curve_keypair()  # this connection's own, throwaway key pair
+            self._socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            self._socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+            self._socket.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode())
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
@@ -166,9 +185,20 @@ class StubChannel:
         self._context.term()
 
 
-def connect(endpoint: str, token: str, route: str) -> StubChannel:
-    """The stub's connection to ``route`` of the hub at ``endpoint`` (``tcp://host:port``)."""
-    return StubChannel(endpoint, token, route)
+def connect(endpoint: str, token: str, route: str, server_key: Optional[str] = None) -> StubChannel:
+    """The stub's connection to ``route`` of the hub at ``endpoint`` (``tcp://host:port``).
+
+    ``server_key``: the hub's CURVE public key (Z85) when the hub encrypts, else None.
+    """
+    return StubChannel(endpoint, token, route, server_key)
+
+
+def _check_curve(zmq: Any) -> None:
+    if not zmq.has("curve"):
+        raise RuntimeError(
+            "pytriton's TCP transport encrypts with ZeroMQ's CURVE, which this pyzmq/libzmq lacks (no libsodium); "
+            "install pyzmq's wheels (they include it), or use RemoteTriton(tcp_encryption=False) on a trusted network"
+        )
 
 
 # -- the user's side -------------------------------------------------------------------------
@@ -268,7 +298,7 @@ class Hub:
     end of their stream.
     """
 
-    def __init__(self, address: str, port: int, token: str, advertised: Optional[str] = None):
+    def __init__(self, address: str, port: int, token: str, advertised: Optional[str] = None, encrypt: bool = False):
         zmq = _zmq()
         self._zmq = zmq
         self.id = next(_hub_ids)
@@ -276,6 +306,15 @@ class Hub:
         self._context = zmq.Context()
         self._router = self._context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
+        # CURVE: every connection encrypted and the hub authenticated to the stubs by its key, which
+        # travels with the token in the private file. Stubs are authenticated by the token, not by key.
+        self.public_key: Optional[str] = None
+        if encrypt:
+            _check_curve(zmq)
+            public, secret = zmq.curve_keypair()
+            self._router.setsockopt(zmq.CURVE_SERVER, 1)
+            self._router.setsockopt(zmq.CURVE_SECRETKEY, secret)
+            self.public_key = public.decode()
         self._router.bind(f"tcp://{address}:{port}")
         bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(bound.rsplit(":", 1)[1])

@@ -147,10 +147,15 @@ def _check_unloaded(remote, name: str) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("transport", ["unix", "tcp"])
+@pytest.mark.parametrize("transport", ["unix", "tcp", "tcp-clear"])
 def test_bind_serve_and_unload(remote, transport):
-    name = f"Remote_{transport}"
-    triton = RemoteTriton(_url(remote), access_token=TOKEN, transport=transport)
+    name = f"Remote_{transport.replace('-', '_')}"
+    triton = RemoteTriton(
+        _url(remote),
+        access_token=TOKEN,
+        transport=transport.split("-")[0],
+        tcp_encryption=transport == "tcp",  # CURVE (the default) and in clear
+    )
     assert not triton.is_connected()
     with triton:
         _bind(triton, name)
@@ -158,7 +163,7 @@ def test_bind_serve_and_unload(remote, transport):
         assert triton.is_connected() and triton.is_alive()
         segments = shm_entries(triton._shm_prefix)
         _check_served(remote, name)
-        if transport == "tcp":
+        if transport != "unix":
             assert triton.tcp_endpoint is not None and triton.tcp_endpoint.startswith("tcp://127.0.0.1:")
             assert shm_entries(triton._shm_prefix) == segments == []  # nothing through shared memory
         socket_dir = triton._socket_dir

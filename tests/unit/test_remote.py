@@ -83,6 +83,7 @@ def test_tcp_transport_writes_the_endpoint_and_token_into_the_private_file(tmp_p
         private = json.loads(files["file:1/pytriton_private.json"])
         assert private["tcp"]["endpoint"] == endpoint and private["tcp"]["route"] == "m1"
         assert len(private["tcp"]["token"]) >= 32
+        assert private["tcp"]["server_key"] == triton._hub.public_key  # CURVE by default
         assert "token" not in config  # the secret is not in the public model config
 
 

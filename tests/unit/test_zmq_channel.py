@@ -163,3 +163,22 @@ def test_worker_serves_a_stub_over_tcp(hub):
     finally:
         stub.close()
         worker.stop()
+
+
+def test_encrypted_hub_needs_its_key():
+    hub = _zmq_channel.Hub("127.0.0.1", 0, TOKEN, encrypt=True)
+    try:
+        assert hub.public_key is not None and len(hub.public_key) == 40  # Z85 of a 32-byte key
+        thread = _serve_one(hub.register("r"))
+        stub = _zmq_channel.connect(hub.endpoint, TOKEN, "r", hub.public_key)
+        try:
+            stub.send(("x", b"\x01" * 100_000))
+            assert _wire.parse_ok(stub.recv()).results == [("x", b"\x01" * 100_000)]
+        finally:
+            stub.close()
+        thread.join(5)
+        # Without the key the CURVE handshake fails: the greeting never arrives.
+        with pytest.raises(ConnectionError, match="no answer"):
+            _zmq_channel.StubChannel(hub.endpoint, TOKEN, "r", auth_timeout_s=0.3)
+    finally:
+        hub.close()
