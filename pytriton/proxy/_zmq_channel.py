@@ -15,11 +15,12 @@ Service), each stub instance connects one ``DEALER`` socket to it. ``REQ``/``REP
 a streamed batch (several replies to one request) and ``PAIR`` accepts a single peer per port
 and never notices a reconnect, while a slot sees a second connection whenever its stub reconnects
 after an execution timeout or a new model generation loads next to the old one. ``ROUTER``
-addresses every peer by its identity. A stub that closes its connection (unload, reconnect after an
-execution timeout) sends an empty frame first, which ends that connection like the end of a Unix
-socket. (``ROUTER_NOTIFY``, which would report any disconnection, is a draft option that the
-libzmq in pyzmq's wheels leaves out, so a stub killed outright is noticed only when its model is
-unloaded or ``RemoteTriton`` stops; docs/remote.md.)
+addresses every peer by its identity. The end of a connection ends it for the worker like the end of
+a Unix socket: a stub that closes (unload, reconnect after an execution timeout) sends an empty frame
+first; a stub killed outright is seen by a socket monitor (``EVENT_DISCONNECTED`` names the file
+descriptor, which the hub matched to the peer's identity through the greeting's ``SRCFD``), or, if
+its host vanished, by ZeroMQ heartbeats. (``ROUTER_NOTIFY``, which would report disconnections
+directly, is a draft option that the libzmq in pyzmq's wheels leaves out.)
 
 Authentication: the first frame of a peer must be ``PYTRITON1 <token> <route>``. The token is a
 random secret written only into the model's private file (``pytriton_private.json``, mode 0600,
@@ -315,6 +316,10 @@ class Hub:
             self._router.setsockopt(zmq.CURVE_SERVER, 1)
             self._router.setsockopt(zmq.CURVE_SECRETKEY, secret)
             self.public_key = public.decode()
+        self._router.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self._router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+        self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._fds: Dict[int, bytes] = {}  # file descriptor -> identity of an authenticated peer
         self._router.bind(f"tcp://{address}:{port}")
         bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(bound.rsplit(":", 1)[1])
@@ -361,6 +366,7 @@ class Hub:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         try:
             while True:
                 events = dict(poller.poll())
@@ -372,6 +378,8 @@ class Hub:
                         self._router.send_multipart([identity, data], copy=False)
                     except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY is off: rarely raised)
                         pass
+                if self._monitor in events:
+                    self._disconnections()
                 if self._router in events:
                     identity, data = self._router.recv_multipart(copy=False)
                     self._incoming(identity.bytes, data)
@@ -385,6 +393,28 @@ class Hub:
                 peer.deliver(None)
             for listener in listeners:
                 listener.shutdown()
+
+    def _disconnections(self) -> None:
+        """End the connection of every peer whose socket closed (monitor events, read without waiting)."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        zmq = self._zmq
+        while True:
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            identity = self._fds.pop(int(event["value"]), None)
+            if identity is None:
+                continue
+            self._refused.pop(identity, None)
+            with self._lock:
+                peer = self._peers.pop(identity, None)
+            if peer is not None:
+                peer.deliver(None)
 
     def _incoming(self, identity: bytes, data: Any) -> None:
         with self._lock:
@@ -401,9 +431,13 @@ class Hub:
             return
         if identity in self._refused:
             return  # nothing from a refused peer is decoded
+        # A new peer. Its descriptor may be a reused one: take in every disconnection reported so far
+        # (the closing of the descriptor's previous user was reported before it could be reused).
+        self._disconnections()
         reason = self._authenticate(data.bytes)
         if reason is not None:
             self._refused[identity] = True
+            self._fds[int(data.get(self._zmq.SRCFD))] = identity  # forgotten again when it disconnects
             LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
             self._router.send_multipart([identity, _REFUSED + b" " + reason.encode()])
             return
@@ -416,6 +450,7 @@ class Hub:
         if listener is None:
             self._router.send_multipart([identity, _REFUSED + b" no model instance is served under that route"])
             return
+        self._fds[int(data.get(self._zmq.SRCFD))] = identity
         self._router.send_multipart([identity, _OK])
         listener.offer(connection)
 

@@ -117,7 +117,7 @@ def _stubs(server: subprocess.Popen) -> List[int]:
             except OSError:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == server.pid and "stub" in stat.split("(", 1)[1]:
+            if int(fields[1]) == server.pid and stat.split("(", 1)[1].startswith("triton_python_b"):  # comm: 15 chars
                 found.append(int(entry))
     return found
 
@@ -223,3 +223,16 @@ def test_missing_pyzmq_in_the_stub_environment_is_named(tmp_path):
                 triton.run()
     finally:
         _end(server)
+
+
+def test_a_killed_stub_is_noticed_over_tcp(remote):
+    """No goodbye from a SIGKILLed stub: the hub's socket monitor ends its connection (is_alive turns false)."""
+    before = set(_stubs(remote["server"]))
+    with RemoteTriton(_url(remote), access_token=TOKEN, transport="tcp") as triton:
+        _bind(triton, "RemoteKilled")
+        triton.run()
+        assert triton.is_alive()
+        (stub,) = set(_stubs(remote["server"])) - before
+        os.kill(stub, signal.SIGKILL)
+        assert wait_for(lambda: not triton.is_alive(), 10.0)
+    _check_unloaded(remote, "RemoteKilled")

@@ -182,3 +182,31 @@ def test_encrypted_hub_needs_its_key():
             _zmq_channel.StubChannel(hub.endpoint, TOKEN, "r", auth_timeout_s=0.3)
     finally:
         hub.close()
+
+
+def test_a_peer_that_vanishes_without_goodbye_ends_its_connection(hub):
+    """A killed stub sends no goodbye: the hub's socket monitor ends its connection all the same."""
+    zmq = pytest.importorskip("zmq")
+    listener = hub.register("r")
+    ended = threading.Event()
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        with pytest.raises(EOFError):
+            connection.channel().recv()
+        connection.close()
+        ended.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    for round_number in range(3):  # descriptors get reused: each round must end its own connection only
+        ended.clear()
+        context = zmq.Context()
+        peer = context.socket(zmq.DEALER)
+        peer.connect(hub.endpoint)
+        peer.send(b"PYTRITON1 " + TOKEN.encode() + b" r")
+        assert peer.poll(5000) and peer.recv() == b"OK"
+        peer.close(linger=0)  # no empty goodbye frame
+        context.term()
+        assert ended.wait(5), "the hub did not notice the peer's disconnection"
+        if round_number < 2:
+            threading.Thread(target=run, daemon=True).start()
