@@ -1,7 +1,8 @@
 """Run every benchmark scenario; write results.json, results.md and results.png.
 
-Usage: ``python -m bench [--out DIR] [--quick] [--only inprocess]`` (``make bench`` runs the full
-suite; ``--only inprocess`` runs only the in-process scenarios of bench/inprocess.py).
+Usage: ``python -m bench [--out DIR] [--quick] [--only inprocess|remote]`` (``make bench`` runs the full
+suite; ``--only inprocess`` runs only the in-process scenarios of bench/inprocess.py, ``--only remote``
+RemoteTriton's transports, bench/remote.py).
 Each figure of the project is measured next to the plain Python-backend baseline, on the same
 tritonserver binary and in the same run, and reported with the ratio.
 """
@@ -363,13 +364,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke runs)")
-    parser.add_argument("--only", choices=["inprocess"], help="run only these scenarios (bench/inprocess.py)")
+    parser.add_argument(
+        "--only", choices=["inprocess", "remote"], help="run only these scenarios (bench/inprocess.py, bench/remote.py)"
+    )
     args = parser.parse_args(argv)
     # Turn SIGTERM into SystemExit so that an interrupted run still stops its servers and removes
     # its temporary model repository (the finally blocks run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.only == "inprocess":
         return inprocess.main(["--out", str(args.out)] + (["--quick"] if args.quick else []))
+    if args.only == "remote":
+        from bench import remote
+
+        return remote.main(["--out", str(args.out)] + (["--quick"] if args.quick else []))
     started = time.monotonic()
     run(args.out, args.quick)
     print(f"bench finished in {time.monotonic() - started:.0f} s; results in {args.out}")

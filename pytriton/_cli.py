@@ -41,6 +41,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--no-stub-env", action="store_true", help="do not create the stub's private numpy 1.x environment"
     )
     commands.add_parser("where-server", help="print the directory of the server pytriton would use")
+    remote = commands.add_parser(
+        "server-command",
+        help="print the command line of a tritonserver that RemoteTriton can bind into (docs/remote.md)",
+    )
+    remote.add_argument("--model-repository", type=pathlib.Path, required=True, metavar="DIR")
+    remote.add_argument("--address", default="127.0.0.1", help="address of the HTTP, gRPC and metrics endpoints")
+    remote.add_argument("--http-port", type=int, default=8000)
+    remote.add_argument("--grpc-port", type=int, default=8001)
+    remote.add_argument("--metrics-port", type=int, default=8002)
+    remote.add_argument(
+        "--access-token", help="token of the restricted management endpoints (default: a random one, printed)"
+    )
     check = commands.add_parser("check", help="report the environment for a bug report and run a small model")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--no-smoke", action="store_true", help="skip the end-to-end run")
@@ -63,6 +75,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 stub_env=not args.no_stub_env,
                 progress=_progress,
             )
+        elif args.command == "server-command":
+            _print_server_command(args)
         elif args.command == "where-server":
             from pytriton.server.distribution import find_server
 
@@ -71,3 +85,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_server_command(args: argparse.Namespace) -> None:
+    from pytriton._remote import command_text, server_command
+    from pytriton.server.security import TritonSecurityConfig
+    from pytriton.server.triton_config import TritonConfig
+
+    config = TritonConfig(
+        http_address=args.address, grpc_address=args.address, metrics_address=args.address,
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+    )  # fmt: skip
+    security = TritonSecurityConfig(access_token=args.access_token)
+    print(command_text(*server_command(args.model_repository, config, security)))
+    if args.access_token is None:
+        print(f"# access token (RemoteTriton(access_token=...)): {security.access_token}", file=sys.stderr)

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from pytriton import _embedded, _healing
 from pytriton._healing import _State
@@ -89,7 +89,10 @@ from pytriton.server.security import (  # noqa: F401  (the constants are importa
 from pytriton.server.triton_config import DEFAULT_MAX_REQUEST_BYTES, TritonConfig
 from pytriton.server.workspace import Workspace, cleanup_paths
 
-__all__ = ["Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
+if TYPE_CHECKING:
+    from pytriton._remote import RemoteTriton
+
+__all__ = ["RemoteTriton", "Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
 
 LOGGER = logging.getLogger(__name__)  # "pytriton.triton", a documented name
 MONITORING_PERIOD_S = 5.0
@@ -131,7 +134,9 @@ class TritonLifecyclePolicy:
         local_model_store: the model store is a directory of this process's workspace. pytriton
             always writes the store locally (``TritonConfig.model_repository`` or the workspace).
 
-    Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`).
+    Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`). ``RemoteTriton``
+    (a server started elsewhere) needs ``launch_triton_on_startup=False`` and reads
+    ``local_model_store``: shared repository, or files sent with each load (docs/remote.md).
     """
 
     launch_triton_on_startup: bool = True
@@ -943,3 +948,13 @@ def _server_environment(
     if sys.platform != "linux":
         raise PyTritonServerError("pytriton runs tritonserver on Linux only.")
     return env
+
+
+def __getattr__(name: str) -> Any:
+    """``RemoteTriton`` is defined on top of ``Triton`` (pytriton/_remote.py) and importable from here,
+    as in NVIDIA PyTriton; imported on first use, since that module imports this one."""
+    if name == "RemoteTriton":
+        from pytriton._remote import RemoteTriton
+
+        return RemoteTriton
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
-from pytriton.proxy import _wire
+from pytriton.proxy import _wire, _zmq_channel
 from pytriton.proxy._worker import InstanceWorker
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
@@ -122,6 +122,8 @@ class BindingContext:
     # Called with (model name, stub generation, server pid) when a stub process died without saying goodbye.
     on_stub_lost: Optional[Callable[[str, int, int], None]] = None
     polling: PollingWindows = PollingWindows()  # resolved by Triton at construction
+    # The TCP transport's endpoint in this process (RemoteTriton(transport="tcp")); None: Unix sockets.
+    tcp: Optional[_zmq_channel.Hub] = None
 
 
 class BoundModel:
@@ -198,6 +200,12 @@ class BoundModel:
             "max_request_bytes": context.max_request_bytes,
             "execution_timeout_s": self.execution_timeout_s or 0.0,
         }
+        self._route = f"m{index}"
+        if context.tcp is not None:  # the stub connects here instead (proxy/_zmq_channel.py)
+            tcp = {"endpoint": context.tcp.endpoint, "token": context.tcp.token, "route": self._route}
+            if context.tcp.public_key is not None:
+                tcp["server_key"] = context.tcp.public_key
+            self._private["tcp"] = tcp
         if not self.config.outputs:
             raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
         warmup = resolve_warmup(config.model_warmup, self.config.inputs, self.config.max_batch_size, model_name)
@@ -246,6 +254,7 @@ class BoundModel:
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub.py"), version_dir / "model.py")
         shutil.copyfile(_wire.__file__, version_dir / "_pytriton_wire.py")
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_bytes.py"), version_dir / "_pytriton_stub_bytes.py")
+        shutil.copyfile(_zmq_channel.__file__, version_dir / "_pytriton_zmq_channel.py")
 
     def start_workers(self) -> None:
         """Start one worker per instance slot (before Triton loads the model)."""
@@ -253,8 +262,9 @@ class BoundModel:
             return
         self.endpoint_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for slot, func in enumerate(self.infer_funcs):
+            tcp = self._context.tcp
             worker = InstanceWorker(
-                path=str(self.endpoint_dir / f"slot-{slot}.sock"),
+                path=tcp.path(f"{self._route}/{slot}") if tcp else str(self.endpoint_dir / f"slot-{slot}.sock"),
                 infer_func=func,
                 config=self.config,
                 strict=self.strict,

@@ -37,8 +37,9 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 try:  # the copies placed next to model.py by Triton.bind
     import _pytriton_stub_bytes as _stub_bytes  # type: ignore[import-not-found]
     import _pytriton_wire as _wire  # type: ignore[import-not-found]
+    import _pytriton_zmq_channel as _zmq_channel  # type: ignore[import-not-found]
 except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _stub_bytes, _wire
+    from pytriton.proxy import _stub_bytes, _wire, _zmq_channel
 
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
@@ -144,6 +145,12 @@ class TritonPythonModel:
         _wire.make_private(params["backend_shm_prefix"])
         self._user_pid = int(params["user_pid"])
         self._endpoint_dir = params["endpoint_dir"]
+        # The TCP transport (RemoteTriton(transport="tcp"), proxy/_zmq_channel.py): the user's process
+        # may run on another host, so slots are claimed in this version's own directory, its pid is
+        # not checked, and every tensor travels in the messages.
+        self._tcp: Optional[Dict[str, str]] = params.get("tcp")
+        if self._tcp is not None:
+            self._endpoint_dir = os.path.join(args["model_repository"], args["model_version"])
         slots = int(params["slots"])
         self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         # With one declared output there is nothing to filter (Triton rejects unknown names before
@@ -161,7 +168,7 @@ class TritonPythonModel:
         # fast callable then answers without paying for a wake-up of this process.
         self._poll_s = float(params.get("spin_us", 0)) / 1e6
         self._lock_fd = self._claim_slot(slots)
-        self._arena = _wire.Arena(f"{params['shm_prefix']}-s{self._slot}")
+        self._arena = _zmq_channel.InlineArena() if self._tcp else _wire.Arena(f"{params['shm_prefix']}-s{self._slot}")
         self._reader = _wire.ArenaReader()
         # After a large request, both arenas give their memory back once this instance is idle.
         self._releaser = _wire.IdleReleaser(lambda: (self._arena, self._reader))
@@ -169,13 +176,18 @@ class TritonPythonModel:
 
     def _connect(self) -> None:
         """Connect to the slot's worker and say hello."""
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
+        if self._tcp is not None:
+            route = f"{self._tcp['route']}/{self._slot}"
+            tcp = self._tcp
+            self._socket = _zmq_channel.connect(tcp["endpoint"], tcp["token"], route, tcp.get("server_key"))
+        else:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
         if self._timeout_s is not None:
             # With a timeout every receive waits in poll() first, so the reply polling of Channel
             # turns into a plain bounded wait: no spinning, and a late reply raises socket.timeout.
             self._socket.settimeout(self._timeout_s)
-        self._channel = _wire.Channel(self._socket, poll_s=self._poll_s)
+        self._channel = self._socket if self._tcp is not None else _wire.Channel(self._socket, poll_s=self._poll_s)
         reply = self._call(_wire.hello(os.getpid(), self._generation))
         if reply[_wire.KIND] != _wire.WELCOME:
             raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply[_wire.KIND]}")
@@ -215,6 +227,8 @@ class TritonPythonModel:
             time.sleep(0.01)
 
     def _check_user_alive(self) -> None:
+        if self._tcp is not None:
+            return  # its pid is on another host, perhaps
         try:
             os.kill(self._user_pid, 0)
         except ProcessLookupError:

@@ -338,6 +338,8 @@ class Arena:
     unmaps and unlinks (ignoring segments the reader already unlinked).
     """
 
+    inline_limit = _SMALL  # tensors up to this size travel in the message (write_tensors)
+
     def __init__(self, prefix: str, initial_size: int = 1 << 20):
         self._prefix = prefix
         self._counter = 0
@@ -577,6 +579,8 @@ def write_tensors(
     """
     metas: List[List[TensorMeta]] = []
     pending: List[Tuple[int, Any]] = []  # (offset, source) for the arena
+    # None: the caller knows everything is small; the TCP transport's arena keeps everything inline.
+    inline_limit = _SMALL if arena is None else arena.inline_limit
     total = 0
     for group in groups:
         group_meta: List[TensorMeta] = []
@@ -589,7 +593,7 @@ def write_tensors(
                 data = array
                 dtype = array.dtype.str
                 nbytes = array.nbytes
-            if nbytes <= _SMALL:
+            if nbytes <= inline_limit:
                 # bytes() returns a bytes object itself; a SerializedBytes' array is copied (small).
                 group_meta.append((name, dtype, array.shape, bytes(data) if dtype == BYTES else array.tobytes()))
                 continue

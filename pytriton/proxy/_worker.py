@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _wire
+from pytriton.proxy import _wire, _zmq_channel
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import Request
 
@@ -72,12 +72,14 @@ class _Session:
     ``async`` callables, an event loop; :meth:`close` releases all of them when the connection ends.
     """
 
-    def __init__(self, number: int, sock: Optional[socket.socket], arena_prefix: str):
+    def __init__(self, number: int, sock: Any, arena_prefix: str):
         self.number = number
-        self.sock = sock
+        self.sock = sock  # a Unix socket, or a TCP transport's connection (proxy/_zmq_channel.py)
         # Set by the serving thread (or a direct caller): a stream talks to its stub through it.
         self.channel: Optional[_wire.Channel] = None
-        self.arena = _wire.Arena(f"{arena_prefix}-c{number}")
+        # The TCP transport shares no memory with its stub: every tensor travels in the message.
+        inline = getattr(sock, "inline_only", False)
+        self.arena: Any = _zmq_channel.InlineArena() if inline else _wire.Arena(f"{arena_prefix}-c{number}")
         self.reader = _wire.ArenaReader()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.thread: Optional[threading.Thread] = None
@@ -149,7 +151,7 @@ class InstanceWorker:
         self._name = name
         self._poll_s = poll_s  # how long to poll for the next message before sleeping (0: never)
         self._thread: Optional[threading.Thread] = None
-        self._listener: Optional[socket.socket] = None
+        self._listener: Any = None  # a Unix socket, or a TCP transport's listener
         self._sessions: List[_Session] = []
         self._sessions_lock = threading.Lock()
         self._session_count = 0
@@ -170,10 +172,13 @@ class InstanceWorker:
         return any(session.busy and not session.abandoned for session in self._sessions)
 
     def start(self) -> None:
-        """Listen on the slot's socket and start serving."""
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self._path)
-        self._listener.listen(4)
+        """Listen on the slot's socket (or its route of the TCP transport) and start serving."""
+        if self._path.startswith(_zmq_channel.SCHEME):
+            self._listener = _zmq_channel.listen(self._path)
+        else:
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listener.bind(self._path)
+            self._listener.listen(4)
         self._thread = threading.Thread(target=self._accept, name=f"pytriton-{self._name}", daemon=True)
         self._thread.start()
 
@@ -307,7 +312,10 @@ class InstanceWorker:
 
     def _serve(self, session: _Session) -> None:
         assert session.sock is not None
-        channel = session.channel = _wire.Channel(session.sock, poll_s=self._poll_s)
+        make_channel = getattr(session.sock, "channel", None)  # the TCP transport brings its own
+        channel = session.channel = (
+            make_channel(self._poll_s) if make_channel else _wire.Channel(session.sock, poll_s=self._poll_s)
+        )
         while not self._stopping:
             try:
                 message = channel.recv()

@@ -186,7 +186,7 @@ def test_repository_files(context, tmp_path):
     version_dir = repository / "Identity" / "3"
     assert sorted(path.name for path in (repository / "Identity").iterdir()) == ["3", "config.pbtxt"]
     assert sorted(path.name for path in version_dir.iterdir()) == sorted(
-        ["model.py", "_pytriton_wire.py", "_pytriton_stub_bytes.py", _wire.PRIVATE_FILE]
+        ["model.py", "_pytriton_wire.py", "_pytriton_stub_bytes.py", "_pytriton_zmq_channel.py", _wire.PRIVATE_FILE]
     )
     proxy = pathlib.Path(_binding.__file__).parent
     assert (version_dir / "model.py").read_bytes() == (proxy / "_stub.py").read_bytes()

@@ -40,7 +40,14 @@ LEGACY_SHM = [
 
 EXPECTED = {
     "pytriton": ["__version__"],
-    "pytriton.triton": ["Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"],
+    "pytriton.triton": [
+        "RemoteTriton",
+        "Triton",
+        "TritonConfig",
+        "TritonLifecyclePolicy",
+        "TritonSecurityConfig",
+        "Workspace",
+    ],
     "pytriton.client.auth": ["create_auth_headers", "extract_access_token_from_headers"],
     "pytriton.client.utils": [
         "LATEST_MODEL_VERSION",

@@ -1,0 +1,490 @@
+"""The TCP transport between the proxy model (in Triton's stub) and the user's process, on ZeroMQ.
+
+Used when the Triton server and the user's process share no filesystem and no memory (another pod
+or host; ``RemoteTriton(transport="tcp")``, docs/remote.md). Every message of ``_wire`` travels as
+one ZeroMQ frame holding its ``marshal`` encoding, tensors included: nothing goes through shared
+memory (:class:`InlineArena`).
+
+This file is imported on both sides. ``RemoteTriton.bind`` copies it beside the stub's ``model.py``
+as ``_pytriton_zmq_channel.py``; inside the stub only the standard library, numpy and (for this
+transport) pyzmq are available, so nothing else from pytriton is imported here.
+
+Topology and why: the user's process binds ONE ``ROUTER`` socket per ``RemoteTriton``
+(:class:`Hub`, ``tcp://<address>:<port>``; one port to open in a firewall or a Kubernetes
+Service), each stub instance connects one ``DEALER`` socket to it. ``REQ``/``REP`` cannot carry
+a streamed batch (several replies to one request) and ``PAIR`` accepts a single peer per port
+and never notices a reconnect, while a slot sees a second connection whenever its stub reconnects
+after an execution timeout or a new model generation loads next to the old one. ``ROUTER``
+addresses every peer by its identity. The end of a connection ends it for the worker like the end of
+a Unix socket: a stub that closes (unload, reconnect after an execution timeout) sends an empty frame
+first; a stub killed outright is seen by a socket monitor (``EVENT_DISCONNECTED`` names the file
+descriptor, which the hub matched to the peer's identity through the greeting's ``SRCFD``), or, if
+its host vanished, by ZeroMQ heartbeats. (``ROUTER_NOTIFY``, which would report disconnections
+directly, is a draft option that the libzmq in pyzmq's wheels leaves out.)
+
+Authentication: the first frame of a peer must be ``PYTRITON1 <token> <route>``. The token is a
+random secret written only into the model's private file (``pytriton_private.json``, mode 0600,
+never in the public model config); a wrong token or unknown route is refused, and nothing else
+such a peer sends is decoded (``marshal`` is not safe against hostile input, so only
+authenticated peers reach it). With ``encrypt`` (``RemoteTriton``'s default) the hub is a CURVE
+server: every connection is encrypted, and the stubs know the hub by its public key, written
+beside the token in the private file.
+
+Threads in the user's process (:class:`Hub`): one dispatcher thread owns the ``ROUTER`` socket
+(ZeroMQ sockets are not thread-safe). It hands each authenticated connection to the listener of
+its route (one per model instance slot) and each incoming frame to that connection's queue; the
+worker thread serving a connection sends its replies through a private ``PUSH`` socket
+(``inproc://``) that the dispatcher forwards to the peer.
+
+Unit tests: tests/unit/test_zmq_channel.py (a loopback hub and stub channel, no server).
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import marshal
+import os
+import queue
+import socket
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+LOGGER = logging.getLogger("pytriton.proxy")
+
+SCHEME = "zmq-route:"  # worker paths of this transport: "zmq-route:<hub id>/<route>"
+_AUTH = b"PYTRITON1"
+_OK = b"OK"
+_REFUSED = b"REFUSED"
+AUTH_TIMEOUT_S = 10.0
+_STOP = b"stop"
+_hub_ids = itertools.count(1)
+_HUBS: Dict[int, Hub] = {}
+_HUBS_LOCK = threading.Lock()
+_LARGE = 1 << 62
+HEARTBEAT_MS = 2000
+
+
+def _zmq() -> Any:
+    """Import pyzmq, or fail with what to install where."""
+    try:
+        import zmq
+    except ImportError:
+        import sys
+
+        raise RuntimeError(
+            "pytriton's TCP transport needs pyzmq, which this Python environment cannot import "
+            f"({sys.executable}). In the user's process: pip install 'pytriton[remote]'. In the Triton server's "
+            "stub environment (the python3 first on the server's PATH): pip install --target "
+            "<its site-packages> pyzmq (docs/remote.md, 'The stub environment')."
+        ) from None
+    return zmq
+
+
+class InlineArena:
+    """An arena that holds nothing: with it, ``_wire.write_tensors`` puts every tensor in the message.
+
+    It has the interface ``_wire`` uses of ``_wire.Arena`` (``inline_limit``, ``buffer``, ``close``,
+    ``release``); ``reserve`` is never reached because no tensor exceeds ``inline_limit``.
+    """
+
+    inline_limit = _LARGE
+    name = None
+    buffer = None
+
+    def reserve(self, nbytes: int) -> Any:
+        raise AssertionError("InlineArena never holds a tensor")
+
+    def release(self, keep: int) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+# -- the stub's side -------------------------------------------------------------------------
+class StubChannel:
+    """A ``DEALER`` connection from one stub instance to the user's hub, with a ``Channel``'s interface.
+
+    ``send``/``recv`` exchange ``_wire`` messages; ``recv`` waits for at most :meth:`settimeout`'s
+    value (raising ``socket.timeout``, like the Unix channel) and raises ``EOFError`` as soon as
+    the connection to the hub drops (a socket monitor reports it: ZeroMQ itself would silently
+    reconnect and wait forever). ``close`` releases the sockets.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        token: str,
+        route: str,
+        server_key: Optional[str] = None,
+        auth_timeout_s: float = AUTH_TIMEOUT_S,
+    ):
+        zmq = _zmq()
+        self._zmq = zmq
+        self.poll_s = 0.0
+        self._timeout_ms: Optional[int] = None
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 1000)  # a goodbye still reaches the hub when we close
+        # A hub on a host that vanished (no FIN, no RST) is noticed within seconds, not hours.
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+        if server_key is not None:
+            _check_curve(zmq)
+            public, secret = zmq.curve_keypair()  # this connection's own, throwaway key pair
+            self._socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            self._socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+            self._socket.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode())
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._socket.connect(endpoint)
+        self._socket.send(b" ".join([_AUTH, token.encode(), route.encode()]))
+        events = dict(self._poller.poll(int(auth_timeout_s * 1000)))
+        if self._socket not in events:
+            self.close()
+            raise ConnectionError(
+                f"pytriton: no answer from the pytriton process at {endpoint} within {auth_timeout_s:g} s; check that "
+                "it runs and that this address is reachable from the Triton server (RemoteTriton's tcp_address / "
+                "tcp_advertised_address)"
+            )
+        answer = self._socket.recv()
+        if answer != _OK:
+            self.close()
+            raise ConnectionError(f"pytriton: the pytriton process at {endpoint} refused this stub: {answer.decode()}")
+
+    def settimeout(self, timeout_s: Optional[float]) -> None:
+        """Bound every later :meth:`recv` (``None``: wait as long as the connection lasts)."""
+        self._timeout_ms = None if timeout_s is None else max(1, int(timeout_s * 1000))
+
+    def send(self, message: Any) -> None:
+        self._socket.send(marshal.dumps(message), copy=False)
+
+    def recv(self) -> Any:
+        events = dict(self._poller.poll(self._timeout_ms))
+        if self._socket in events:
+            frame = self._socket.recv(copy=False)
+            return marshal.loads(frame.buffer)
+        if self._monitor in events:
+            raise EOFError("the connection to the pytriton process dropped")
+        raise socket.timeout("timed out")
+
+    def close(self) -> None:
+        try:
+            self._socket.send(b"")  # ends this connection at the hub (see the module doc)
+        except Exception:  # noqa: BLE001 - nothing to tell a hub we cannot reach
+            pass
+        try:
+            self._socket.disable_monitor()
+        except Exception:  # noqa: BLE001 - already closed
+            pass
+        self._monitor.close(linger=0)
+        self._socket.close()
+        self._context.term()
+
+
+def connect(endpoint: str, token: str, route: str, server_key: Optional[str] = None) -> StubChannel:
+    """The stub's connection to ``route`` of the hub at ``endpoint`` (``tcp://host:port``).
+
+    ``server_key``: the hub's CURVE public key (Z85) when the hub encrypts, else None.
+    """
+    return StubChannel(endpoint, token, route, server_key)
+
+
+def _check_curve(zmq: Any) -> None:
+    if not zmq.has("curve"):
+        raise RuntimeError(
+            "pytriton's TCP transport encrypts with ZeroMQ's CURVE, which this pyzmq/libzmq lacks (no libsodium); "
+            "install pyzmq's wheels (they include it), or use RemoteTriton(tcp_encryption=False) on a trusted network"
+        )
+
+
+# -- the user's side -------------------------------------------------------------------------
+class Connection:
+    """One authenticated stub connection, served by one worker thread.
+
+    Has what the worker uses of a connected socket: ``shutdown`` (wakes a waiting :meth:`recv`),
+    ``close``, and :meth:`channel`. Only the serving thread may send (its ``PUSH`` socket is
+    created on its first send and closed by :meth:`close`, on that thread).
+    """
+
+    inline_only = True
+
+    def __init__(self, hub: Hub, identity: bytes):
+        self._hub = hub
+        self.identity = identity
+        self._inbox: queue.SimpleQueue[Optional[bytes]] = queue.SimpleQueue()
+        self._push: Any = None
+
+    def deliver(self, frame: Optional[bytes]) -> None:
+        """Called by the dispatcher: one incoming frame, or ``None`` for the end of the connection."""
+        self._inbox.put(frame)
+
+    def recv_frame(self) -> bytes:
+        frame = self._inbox.get()
+        if frame is None:
+            self._inbox.put(None)  # every later receive sees the end too
+            raise EOFError("the stub disconnected")
+        return frame
+
+    def send_frame(self, data: bytes) -> None:
+        if self._push is None:
+            self._push = self._hub.outbox()
+        self._push.send_multipart([self.identity, data], copy=False)
+
+    def shutdown(self, how: int = socket.SHUT_RDWR) -> None:
+        self.deliver(None)
+
+    def close(self) -> None:
+        self.deliver(None)
+        if self._push is not None:
+            self._push.close(linger=1000)
+            self._push = None
+        self._hub.forget(self.identity)
+
+    def channel(self, poll_s: float = 0.0) -> ConnectionChannel:
+        return ConnectionChannel(self)
+
+
+class ConnectionChannel:
+    """``_wire.Channel``'s interface over a :class:`Connection` (``poll_s`` is accepted and unused)."""
+
+    poll_s = 0.0
+
+    def __init__(self, connection: Connection):
+        self.sock = connection
+        self._connection = connection
+
+    def send(self, message: Any) -> None:
+        self._connection.send_frame(marshal.dumps(message))
+
+    def recv(self) -> Any:
+        return marshal.loads(self._connection.recv_frame())
+
+
+class Listener:
+    """The connections of one route (a model instance slot), with what the worker uses of a listening socket."""
+
+    def __init__(self, hub: Hub, route: str):
+        self._hub = hub
+        self.route = route
+        self._pending: queue.SimpleQueue[Optional[Connection]] = queue.SimpleQueue()
+
+    def offer(self, connection: Connection) -> None:
+        self._pending.put(connection)
+
+    def accept(self) -> Tuple[Connection, str]:
+        connection = self._pending.get()
+        if connection is None:
+            self._pending.put(None)
+            raise OSError("listener closed")
+        return connection, self.route
+
+    def shutdown(self, how: int = socket.SHUT_RDWR) -> None:
+        self._pending.put(None)
+
+    def close(self) -> None:
+        self._hub.unregister(self.route)
+        self.shutdown()
+
+
+class Hub:
+    """The user process's TCP endpoint: one ``ROUTER`` socket and its dispatcher thread.
+
+    Lifetime: binds at construction (``port`` 0 picks a free port; :attr:`port` tells which);
+    :meth:`close` stops the thread and releases the sockets. Connections still open then see the
+    end of their stream.
+    """
+
+    def __init__(self, address: str, port: int, token: str, advertised: Optional[str] = None, encrypt: bool = False):
+        zmq = _zmq()
+        self._zmq = zmq
+        self.id = next(_hub_ids)
+        self.token = token
+        self._context = zmq.Context()
+        self._router = self._context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        # CURVE: every connection encrypted and the hub authenticated to the stubs by its key, which
+        # travels with the token in the private file. Stubs are authenticated by the token, not by key.
+        self.public_key: Optional[str] = None
+        if encrypt:
+            _check_curve(zmq)
+            public, secret = zmq.curve_keypair()
+            self._router.setsockopt(zmq.CURVE_SERVER, 1)
+            self._router.setsockopt(zmq.CURVE_SECRETKEY, secret)
+            self.public_key = public.decode()
+        self._router.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self._router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+        self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._fds: Dict[int, bytes] = {}  # file descriptor -> identity of an authenticated peer
+        self._router.bind(f"tcp://{address}:{port}")
+        bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.port = int(bound.rsplit(":", 1)[1])
+        # Where the stubs connect: the bound address, unless the server reaches us by another name.
+        self.endpoint = f"tcp://{advertised or address}:{self.port}"
+        self._outbox_endpoint = f"inproc://pytriton-hub-{os.getpid()}-{self.id}"
+        self._pull = self._context.socket(zmq.PULL)
+        self._pull.bind(self._outbox_endpoint)
+        self._lock = threading.Lock()
+        self._routes: Dict[str, Listener] = {}
+        self._peers: Dict[bytes, Connection] = {}
+        self._refused: Dict[bytes, bool] = {}
+        self._closed = False
+        with _HUBS_LOCK:
+            _HUBS[self.id] = self
+        self._thread = threading.Thread(target=self._run, name=f"pytriton-tcp-hub-{self.port}", daemon=True)
+        self._thread.start()
+
+    def path(self, route: str) -> str:
+        """The worker path of ``route`` (``InstanceWorker(path=...)``), resolved by :func:`listen`."""
+        return f"{SCHEME}{self.id}/{route}"
+
+    def register(self, route: str) -> Listener:
+        with self._lock:
+            listener = self._routes[route] = Listener(self, route)
+        return listener
+
+    def unregister(self, route: str) -> None:
+        with self._lock:
+            self._routes.pop(route, None)
+
+    def forget(self, identity: bytes) -> None:
+        with self._lock:
+            self._peers.pop(identity, None)
+
+    def outbox(self) -> Any:
+        """A new ``PUSH`` socket into the dispatcher (for one sending thread)."""
+        push = self._context.socket(self._zmq.PUSH)
+        push.connect(self._outbox_endpoint)
+        return push
+
+    def _run(self) -> None:
+        zmq = self._zmq
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if self._pull in events:
+                    identity, data = self._pull.recv_multipart(copy=False)
+                    if identity.bytes == b"" and data.bytes == _STOP:
+                        return
+                    try:
+                        self._router.send_multipart([identity, data], copy=False)
+                    except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY is off: rarely raised)
+                        pass
+                if self._monitor in events:
+                    self._disconnections()
+                if self._router in events:
+                    identity, data = self._router.recv_multipart(copy=False)
+                    self._incoming(identity.bytes, data)
+        except Exception:  # noqa: BLE001 - log whatever ends this thread
+            LOGGER.exception("pytriton TCP hub on port %d failed", self.port)
+        finally:
+            with self._lock:
+                peers = list(self._peers.values())
+                listeners = list(self._routes.values())
+            for peer in peers:
+                peer.deliver(None)
+            for listener in listeners:
+                listener.shutdown()
+
+    def _disconnections(self) -> None:
+        """End the connection of every peer whose socket closed (monitor events, read without waiting)."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        zmq = self._zmq
+        while True:
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            identity = self._fds.pop(int(event["value"]), None)
+            if identity is None:
+                continue
+            self._refused.pop(identity, None)
+            with self._lock:
+                peer = self._peers.pop(identity, None)
+            if peer is not None:
+                peer.deliver(None)
+
+    def _incoming(self, identity: bytes, data: Any) -> None:
+        with self._lock:
+            peer = self._peers.get(identity)
+        if peer is not None:
+            if len(data) == 0:  # the peer's goodbye: it closes its connection
+                self.forget(identity)
+                peer.deliver(None)
+            else:
+                peer.deliver(data.bytes)
+            return
+        if len(data) == 0:
+            self._refused.pop(identity, None)
+            return
+        if identity in self._refused:
+            return  # nothing from a refused peer is decoded
+        # A new peer. Its descriptor may be a reused one: take in every disconnection reported so far
+        # (the closing of the descriptor's previous user was reported before it could be reused).
+        self._disconnections()
+        reason = self._authenticate(data.bytes)
+        if reason is not None:
+            self._refused[identity] = True
+            self._fds[int(data.get(self._zmq.SRCFD))] = identity  # forgotten again when it disconnects
+            LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
+            self._router.send_multipart([identity, _REFUSED + b" " + reason.encode()])
+            return
+        route = data.bytes.split(b" ")[2].decode()
+        connection = Connection(self, identity)
+        with self._lock:
+            listener = self._routes.get(route)
+            if listener is not None:
+                self._peers[identity] = connection
+        if listener is None:
+            self._router.send_multipart([identity, _REFUSED + b" no model instance is served under that route"])
+            return
+        self._fds[int(data.get(self._zmq.SRCFD))] = identity
+        self._router.send_multipart([identity, _OK])
+        listener.offer(connection)
+
+    def _authenticate(self, frame: bytes) -> Optional[str]:
+        """None if ``frame`` is a valid greeting, else why it is refused."""
+        parts = frame.split(b" ")
+        if len(parts) != 3 or parts[0] != _AUTH:
+            return "not a pytriton greeting"
+        if not hmac.compare_digest(parts[1], self.token.encode()):
+            return "wrong token"
+        return None
+
+    def close(self) -> None:
+        """Stop the dispatcher and release the sockets. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        stopper = self.outbox()
+        stopper.send_multipart([b"", _STOP])
+        self._thread.join(5.0)
+        stopper.close(linger=0)
+        # destroy, not term: a worker thread left behind with a hung callable may still own a PUSH
+        # socket, and term() would wait for it forever.
+        self._context.destroy(linger=0)
+        with _HUBS_LOCK:
+            _HUBS.pop(self.id, None)
+
+
+def listen(path: str) -> Listener:
+    """The listener for a worker path made by :meth:`Hub.path`."""
+    hub_id, route = path[len(SCHEME) :].split("/", 1)
+    with _HUBS_LOCK:
+        hub = _HUBS.get(int(hub_id))
+    if hub is None:
+        raise OSError(f"no pytriton TCP hub {hub_id} (closed?)")
+    return hub.register(route)

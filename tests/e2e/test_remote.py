@@ -1,0 +1,238 @@
+"""RemoteTriton against a tritonserver this module starts on its own (issue 15, item 4).
+
+One server for the module, started by hand from pytriton's install with the command line
+``pytriton.triton``'s docs give (``_remote.server_command``): explicit model control, the
+model-repository endpoints restricted by an access token. Models are bound into it over the Unix
+transport (Unix sockets + shared memory) and the TCP transport (ZeroMQ, tensors in the messages),
+inferred with ModelClient and raw tritonclient, and unloaded by ``stop()`` while the server keeps
+running. The stub environment of this server also holds pyzmq (an overlay of pytriton's stub
+environment made by bench.remote.stub_env_overlay; docs/remote.md); a second, short-lived server without it shows the
+load error for a missing pyzmq.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import threading
+from typing import Dict, Iterator, List, Tuple
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from bench.remote import stub_env_overlay
+from pytriton._remote import server_command
+from pytriton.client import DecoupledModelClient, ModelClient
+from pytriton.exceptions import PyTritonModelConfigError
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.proxy import _wire
+from pytriton.triton import RemoteTriton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
+from tests.conftest import shm_entries, triton_ports, wait_for
+
+TOKEN = "remote-test-token"
+REGIONS = f"pytriton-rtest-{os.getpid()}-"  # the hand-started servers' Python-backend regions
+HEADERS = {"triton-access-token": TOKEN}
+SMALL = np.arange(16, dtype=np.float32)
+LARGE = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: the shared-memory path of the Unix transport
+
+
+def identity(requests):
+    return [{"y": request["x"]} for request in requests]
+
+
+def stream(requests):
+    for step in range(20):  # more than one streaming window of inline chunks
+        yield [{"y": request["x"] + step} for request in requests]
+
+
+def _bind(triton: RemoteTriton, name: str) -> None:
+    triton.bind(
+        name,
+        identity,
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+    )
+
+
+def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[subprocess.Popen, Dict[str, int]]:
+    ports = triton_ports()
+    argv, env = server_command(
+        repository, TritonConfig(**ports), TritonSecurityConfig(access_token=TOKEN), region_prefix=REGIONS
+    )
+    env["PATH"] = f"{stub_bin}{os.pathsep}{env['PATH']}"
+    server = subprocess.Popen(  # noqa: S603
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+
+    def live() -> bool:
+        try:
+            return bool(client.is_server_live())
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+
+    assert wait_for(live, 60.0), "the hand-started tritonserver did not come up"
+    client.close()
+    return server, ports
+
+
+def _end(server: subprocess.Popen) -> None:
+    """Stop the server cleanly (it then removes its /tmp/python_env_* directory and its regions)."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its stubs
+        server.wait(10)
+    assert _wire.sweep_segments(REGIONS) == []  # nothing left behind
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory) -> Iterator[Dict[str, object]]:
+    root = tmp_path_factory.mktemp("remote")
+    repository = root / "repository"
+    repository.mkdir()
+    server, ports = _start_server(repository, stub_env_overlay(root, with_pyzmq=True))
+    try:
+        yield {"server": server, "ports": ports, "repository": repository, "root": root}
+    finally:
+        _end(server)
+
+
+def _url(remote, protocol: str = "http") -> str:
+    return f"{protocol}://127.0.0.1:{remote['ports'][protocol + '_port']}"
+
+
+def _stubs(server: subprocess.Popen) -> List[int]:
+    """The stub processes of the server (its children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == server.pid and stat.split("(", 1)[1].startswith("triton_python_b"):  # comm: 15 chars
+                found.append(int(entry))
+    return found
+
+
+def _check_served(remote, name: str) -> None:
+    with ModelClient(_url(remote), name, init_timeout_s=10) as client:
+        for data in (SMALL, LARGE):
+            np.testing.assert_array_equal(client.infer_sample(x=data)["y"], data)
+    raw = grpcclient.InferenceServerClient(f"127.0.0.1:{remote['ports']['grpc_port']}")
+    try:
+        batch = LARGE[np.newaxis]  # the model batches (max_batch_size 4): [batch, n]
+        tensor = grpcclient.InferInput("x", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        np.testing.assert_array_equal(raw.infer(name, [tensor]).as_numpy("y"), batch)
+    finally:
+        raw.close()
+
+
+def _check_unloaded(remote, name: str) -> None:
+    server = remote["server"]
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{remote['ports']['http_port']}")
+    try:
+        assert wait_for(lambda: not client.is_model_ready(name), 10.0)
+        assert wait_for(lambda: not _stubs(server), 10.0), "the model's stubs did not exit"
+        assert client.is_server_live() and server.poll() is None  # the server keeps running
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp", "tcp-clear"])
+def test_bind_serve_and_unload(remote, transport):
+    name = f"Remote_{transport.replace('-', '_')}"
+    triton = RemoteTriton(
+        _url(remote),
+        access_token=TOKEN,
+        transport=transport.split("-")[0],
+        tcp_encryption=transport == "tcp",  # CURVE (the default) and in clear
+    )
+    assert not triton.is_connected()
+    with triton:
+        _bind(triton, name)
+        triton.run()
+        assert triton.is_connected() and triton.is_alive()
+        segments = shm_entries(triton._shm_prefix)
+        _check_served(remote, name)
+        if transport != "unix":
+            assert triton.tcp_endpoint is not None and triton.tcp_endpoint.startswith("tcp://127.0.0.1:")
+            assert shm_entries(triton._shm_prefix) == segments == []  # nothing through shared memory
+        socket_dir = triton._socket_dir
+        assert socket_dir is not None and socket_dir.exists()
+        # A model bound while connected is loaded before bind() returns; here, a decoupled one.
+        triton.bind(
+            f"{name}_late",
+            stream,
+            [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+            [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+            config=ModelConfig(decoupled=True),
+        )
+        with DecoupledModelClient(_url(remote, "grpc"), f"{name}_late") as client:
+            chunks = [chunk["y"] for chunk in client.infer_sample(x=LARGE)]
+        assert len(chunks) == 20
+        np.testing.assert_array_equal(chunks[-1], LARGE + 19)
+        workspace = triton._workspace.path
+    assert not triton.is_connected() and not triton.is_alive()
+    _check_unloaded(remote, name)
+    _check_unloaded(remote, f"{name}_late")
+    assert not socket_dir.exists() and not workspace.exists()
+    assert shm_entries(triton._shm_prefix) == []
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("pytriton-tcp-hub")]
+
+
+def test_local_model_store_writes_into_the_server_repository(remote):
+    repository = remote["repository"]
+    policy = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
+    with RemoteTriton(
+        _url(remote, "grpc"), workspace=repository, access_token=TOKEN, triton_lifecycle_policy=policy
+    ) as triton:
+        _bind(triton, "RemoteLocal")
+        triton.run()
+        assert (repository / "RemoteLocal" / "config.pbtxt").is_file()
+        with ModelClient(_url(remote), "RemoteLocal") as client:
+            np.testing.assert_array_equal(client.infer_sample(x=SMALL)["y"], SMALL)
+    _check_unloaded(remote, "RemoteLocal")
+    assert not (repository / "RemoteLocal").exists() and repository.is_dir()
+
+
+def test_restricted_repository_needs_the_token(remote):
+    with RemoteTriton(_url(remote)) as triton:  # no access token
+        _bind(triton, "RemoteNoToken")
+        with pytest.raises(PyTritonModelConfigError, match="could not load model 'RemoteNoToken'.*restricted"):
+            triton.run()
+
+
+def test_missing_pyzmq_in_the_stub_environment_is_named(tmp_path):
+    """A stub environment without pyzmq (pytriton's own has none): the TCP transport's load error says so."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    server, ports = _start_server(repository, stub_env_overlay(tmp_path, with_pyzmq=False))
+    try:
+        with RemoteTriton(f"http://127.0.0.1:{ports['http_port']}", access_token=TOKEN, transport="tcp") as triton:
+            _bind(triton, "RemoteNoZmq")
+            with pytest.raises(PyTritonModelConfigError, match="TCP transport needs pyzmq"):
+                triton.run()
+    finally:
+        _end(server)
+
+
+def test_a_killed_stub_is_noticed_over_tcp(remote):
+    """No goodbye from a SIGKILLed stub: the hub's socket monitor ends its connection (is_alive turns false)."""
+    before = set(_stubs(remote["server"]))
+    with RemoteTriton(_url(remote), access_token=TOKEN, transport="tcp") as triton:
+        _bind(triton, "RemoteKilled")
+        triton.run()
+        assert triton.is_alive()
+        (stub,) = set(_stubs(remote["server"])) - before
+        os.kill(stub, signal.SIGKILL)
+        assert wait_for(lambda: not triton.is_alive(), 10.0)
+    _check_unloaded(remote, "RemoteKilled")

@@ -1,0 +1,212 @@
+"""The TCP transport (pytriton/proxy/_zmq_channel.py) over a loopback hub and stub channel, no server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
+from pytriton.proxy import _wire, _zmq_channel
+from pytriton.proxy._worker import InstanceWorker
+
+TOKEN = "unit-token"
+
+
+@pytest.fixture()
+def hub():
+    hub = _zmq_channel.Hub("127.0.0.1", 0, TOKEN)
+    yield hub
+    hub.close()
+
+
+def _serve_one(listener: _zmq_channel.Listener, replies: int = 1) -> threading.Thread:
+    """Accept one connection and echo ``replies`` messages back, wrapped in OK."""
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        channel = connection.channel()
+        try:
+            for _ in range(replies):
+                channel.send(_wire.ok(None, [channel.recv()]))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_round_trip_and_goodbye(hub):
+    assert hub.endpoint == f"tcp://127.0.0.1:{hub.port}" and hub.port > 0
+    listener = hub.register("m1/0")
+    accepted = []
+
+    def run() -> None:
+        connection, route = listener.accept()
+        accepted.append(route)
+        channel = connection.channel()
+        message = channel.recv()
+        channel.send(_wire.ok(None, [message]))
+        with pytest.raises(EOFError):
+            channel.recv()  # the stub's close() ends the connection
+        accepted.append("eof")
+        connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
+    payload = np.arange(300_000, dtype=np.float32).tobytes()  # larger than any socket buffer
+    stub.send(("INFER", payload))
+    reply = _wire.parse_ok(stub.recv())
+    assert reply.results == [("INFER", payload)]
+    stub.close()
+    thread.join(5)
+    assert accepted == ["m1/0", "eof"]
+
+
+@pytest.mark.parametrize(
+    ("token", "route", "reason"),
+    [("wrong", "m1/0", "wrong token"), (TOKEN, "m9/0", "no model instance is served under that route")],
+)
+def test_refused_stubs_get_the_reason(hub, token, route, reason):
+    hub.register("m1/0")
+    with pytest.raises(ConnectionError, match=reason):
+        _zmq_channel.StubChannel(hub.endpoint, token, route)
+
+
+def test_unreachable_hub_is_named():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ConnectionError, match="no answer from the pytriton process"):
+        _zmq_channel.StubChannel(f"tcp://127.0.0.1:{port}", TOKEN, "m1/0", auth_timeout_s=0.2)
+
+
+def test_receive_timeout_and_lost_hub():
+    hub = _zmq_channel.Hub("127.0.0.1", 0, TOKEN)
+    listener = hub.register("r")
+    _serve_one(listener, replies=0)
+    stub = _zmq_channel.connect(hub.endpoint, TOKEN, "r")
+    try:
+        stub.settimeout(0.05)
+        with pytest.raises(socket.timeout):
+            stub.recv()
+        hub.close()  # the user's process goes away: the stub sees the connection drop
+        stub.settimeout(5.0)
+        with pytest.raises(EOFError):
+            stub.recv()
+    finally:
+        stub.close()
+        hub.close()
+
+
+def test_garbage_peer_is_refused_and_ignored(hub):
+    zmq = pytest.importorskip("zmq")
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
+    try:
+        peer.connect(hub.endpoint)
+        peer.send(b"\x00not marshal")
+        assert peer.poll(5000)
+        assert peer.recv().startswith(b"REFUSED not a pytriton greeting")
+        peer.send(b"PYTRITON1 " + TOKEN.encode() + b" r")  # too late: nothing from it is read any more
+        assert not peer.poll(200)
+    finally:
+        peer.close(linger=0)
+        context.term()
+
+
+def test_inline_arena_puts_every_tensor_in_the_message():
+    arena = _zmq_channel.InlineArena()
+    large = np.arange(1 << 18, dtype=np.float32)  # 1 MiB, above the shared-memory threshold
+    segment, metas = _wire.write_tensors(arena, [[("x", large)]])  # type: ignore[arg-type]
+    assert segment is None and type(metas[0][0][3]) is bytes
+    np.testing.assert_array_equal(_wire.read_tensor(None, metas[0][0], copy=True), large)
+
+
+def test_worker_serves_a_stub_over_tcp(hub):
+    """An InstanceWorker on a hub route: HELLO, INFER with a large input, BYE, all inline."""
+    config = TritonModelConfig(
+        model_name="Echo",
+        max_batch_size=0,
+        batching=False,
+        inputs=[TensorSpec(name="x", shape=(-1,), dtype=np.float32)],
+        outputs=[TensorSpec(name="y", shape=(-1,), dtype=np.float32)],
+    )
+    worker = InstanceWorker(
+        path=hub.path("m1/0"),
+        infer_func=lambda requests: [{"y": request["x"] * 2} for request in requests],
+        config=config,
+        strict=False,
+        shm_prefix="pytriton-unit-zmq",
+        on_unrecoverable=lambda exc: None,
+        name="Echo-0",
+    )
+    worker.start()
+    stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
+    try:
+        stub.send(_wire.hello(12345, 0))
+        assert stub.recv()[_wire.KIND] == _wire.WELCOME
+        assert worker.connected
+        large = np.arange(1 << 18, dtype=np.float32)
+        segment, metas = _wire.write_tensors(_zmq_channel.InlineArena(), [[("x", large)]])  # type: ignore[arg-type]
+        stub.send(_wire.infer(segment, [(metas[0], None, None)]))
+        reply = _wire.parse_ok(stub.recv())
+        assert reply.segment is None
+        np.testing.assert_array_equal(_wire.read_tensor(None, reply.results[0][0], copy=True), large * 2)
+        stub.send(_wire.BYE_MESSAGE)
+        stub.recv()
+        assert not worker.connected
+    finally:
+        stub.close()
+        worker.stop()
+
+
+def test_encrypted_hub_needs_its_key():
+    hub = _zmq_channel.Hub("127.0.0.1", 0, TOKEN, encrypt=True)
+    try:
+        assert hub.public_key is not None and len(hub.public_key) == 40  # Z85 of a 32-byte key
+        thread = _serve_one(hub.register("r"))
+        stub = _zmq_channel.connect(hub.endpoint, TOKEN, "r", hub.public_key)
+        try:
+            stub.send(("x", b"\x01" * 100_000))
+            assert _wire.parse_ok(stub.recv()).results == [("x", b"\x01" * 100_000)]
+        finally:
+            stub.close()
+        thread.join(5)
+        # Without the key the CURVE handshake fails: the greeting never arrives.
+        with pytest.raises(ConnectionError, match="no answer"):
+            _zmq_channel.StubChannel(hub.endpoint, TOKEN, "r", auth_timeout_s=0.3)
+    finally:
+        hub.close()
+
+
+def test_a_peer_that_vanishes_without_goodbye_ends_its_connection(hub):
+    """A killed stub sends no goodbye: the hub's socket monitor ends its connection all the same."""
+    zmq = pytest.importorskip("zmq")
+    listener = hub.register("r")
+    ended = threading.Event()
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        with pytest.raises(EOFError):
+            connection.channel().recv()
+        connection.close()
+        ended.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    for round_number in range(3):  # descriptors get reused: each round must end its own connection only
+        ended.clear()
+        context = zmq.Context()
+        peer = context.socket(zmq.DEALER)
+        peer.connect(hub.endpoint)
+        peer.send(b"PYTRITON1 " + TOKEN.encode() + b" r")
+        assert peer.poll(5000) and peer.recv() == b"OK"
+        peer.close(linger=0)  # no empty goodbye frame
+        context.term()
+        assert ended.wait(5), "the hub did not notice the peer's disconnection"
+        if round_number < 2:
+            threading.Thread(target=run, daemon=True).start()
