@@ -28,6 +28,7 @@ _NOT_FLAGS = frozenset(
         "http_restricted_api",
         "grpc_restricted_protocol",
         "max_request_bytes",
+        "callable_metrics",
     }
 )
 LOOPBACK = "127.0.0.1"

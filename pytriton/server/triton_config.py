@@ -57,6 +57,9 @@ class TritonConfig:
       counted as Triton serialises them) that is forwarded to a bound callable; a larger one gets
       an error response naming the limit. ``None``: 2 GiB (``DEFAULT_MAX_REQUEST_BYTES``);
       ``0``: no limit. See docs/configuration.md, "Request size".
+    * ``callable_metrics``: the bound callables' metrics (``pytriton_*``: duration, batch size,
+      errors, requests in flight) on Triton's ``/metrics`` endpoint, next to Triton's own. ``None``:
+      on (off when ``allow_metrics`` is ``False``); ``False``: off. See docs/metrics.md.
     """
 
     id: Optional[str] = None
@@ -118,6 +121,7 @@ class TritonConfig:
     python_backend_shm_recycle_idle_secs: Optional[int] = None
     server_malloc_arena_max: Optional[int] = None
     max_request_bytes: Optional[int] = None
+    callable_metrics: Optional[bool] = None
     tritonserver_dir: Optional[pathlib.Path] = None
 
     def __post_init__(self) -> None:
