@@ -6,7 +6,7 @@ library, numpy and ``triton_python_backend_utils`` exist. ``Triton.bind`` copies
 each metric means: docs/metrics.md.
 
 Cost. Every operation of the Python backend's metric API (``Metric.increment``, ``set``,
-``observe``) is an inter-process round trip from the stub to the server: 15-20 us each on the
+``observe``) is an inter-process round trip from the stub to the server: 15-23 us each on the
 development machine (``python -m bench.metric_api_cost``), against a whole request of about
 0.3 ms. So nothing calls it on the request path: :class:`StubMetrics` counts in plain Python
 attributes there (a few hundred nanoseconds per batch), and a daemon thread of the stub
