@@ -52,7 +52,6 @@ BATCH_SIZE = "pytriton_batch_size"
 ERRORS = "pytriton_callable_errors_total"
 RECONNECTS = "pytriton_stub_reconnects_total"
 IN_FLIGHT = "pytriton_requests_in_flight"
-GENERATION = "pytriton_model_generation"
 
 # name -> (kind, help text); every stub of every model creates the same families (Triton shares them).
 _FAMILIES: Dict[str, Tuple[str, str]] = {
@@ -65,7 +64,6 @@ _FAMILIES: Dict[str, Tuple[str, str]] = {
     ERRORS: ("COUNTER", "pytriton: batches that failed in the user's process (the callable raised or its result was invalid)"),
     RECONNECTS: ("COUNTER", "pytriton: times the stub abandoned a batch at the execution timeout and reconnected"),
     IN_FLIGHT: ("GAUGE", "pytriton: requests of the instance being executed (sampled once per second)"),
-    GENERATION: ("GAUGE", "pytriton: generation of the model's stubs (raised by each reload that replaces a dead stub or recycles memory)"),
 }  # fmt: skip
 
 
@@ -142,8 +140,17 @@ class StubMetrics(NullMetrics):
     ):
         self._pb_utils = pb_utils
         self._model = model
-        self._labels = {"model": model, "version": str(version), "instance": str(instance)}
-        self._generation = generation
+        # Every live stub has its own label set: Triton 2.51 frees a series once per stub that created
+        # it (each stub's family counts its own references), so two stubs sharing one crashed the
+        # server when both were unloaded (``malloc(): unaligned tcache chunk detected`` after a
+        # version was unbound). The generation makes them unique: a reload raises it, and within one
+        # generation the slot lock (``slot-<n>-g<generation>.lock``) gives each slot to one stub.
+        self._labels = {
+            "model": model,
+            "version": str(version),
+            "instance": str(instance),
+            "generation": str(generation),
+        }
         self._interval_s = interval_s
         self.size_bounds = batch_size_bounds(max_batch_size)
         # Written on the request path.
@@ -219,9 +226,6 @@ class StubMetrics(NullMetrics):
                     gauge = _FAMILIES[name][0] == "GAUGE"
                     self._series.append((families[name].Metric(labels=labels), gauge))
                     self._pushed.append(0.0)
-                generation = self._series[-1][0]  # the last series (see _series_labels)
-                generation.set(float(self._generation))
-                self._pushed[-1] = float(self._generation)
             except Exception as exc:  # noqa: BLE001 - an older or different backend: no metrics
                 self._fail(f"could not create them ({type(exc).__name__}: {exc})")
                 return False
@@ -235,19 +239,19 @@ class StubMetrics(NullMetrics):
                 series.append((name + "_bucket", {**self._labels, "le": le_text(bound)}))
             series.append((name + "_sum", self._labels))
             series.append((name + "_count", self._labels))
-        for name in (ERRORS, RECONNECTS, IN_FLIGHT, GENERATION):
+        for name in (ERRORS, RECONNECTS, IN_FLIGHT):
             series.append((name, self._labels))
         return series
 
     def _values(self) -> List[float]:
-        """The current value of every series (the generation is the last one, set once)."""
+        """The current value of every series."""
         values: List[float] = []
         for counts, total in ((list(self.duration_counts), self.duration_sum), (list(self.size_counts), self.size_sum)):
             cumulative = list(itertools.accumulate(counts))
             values.extend(cumulative)
             values.append(float(total))
             values.append(float(cumulative[-1]))
-        values.extend((self.errors, self.reconnects, self.in_flight, self._generation))
+        values.extend((self.errors, self.reconnects, self.in_flight))
         return values
 
     def flush(self) -> None:
