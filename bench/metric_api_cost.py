@@ -8,7 +8,9 @@ Starts a server with pytriton, loads a plain Python-backend model next to a boun
 it to time ``CALLS`` (default 2000) calls each of ``Metric.observe`` (histogram), ``increment``
 (counter) and ``set`` (gauge) inside its ``execute``. Each is a round trip from the stub to the
 server process; the figure is why pytriton's stub counts in its own memory and pushes the changes
-from a thread once per second (pytriton/proxy/_stub_metrics.py, docs/metrics.md).
+from a thread once per second (pytriton/proxy/_stub_metrics.py, docs/metrics.md). It then times
+what pytriton does per batch instead (``hot_path``): the stub's counting with the metrics on and
+off, and the worker's final reply with and without the duration field (``timeit``, best of 5).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import timeit
 from typing import Any, Dict, List
 
 import numpy as np
@@ -24,6 +27,7 @@ import tritonclient.http as httpclient
 from bench.__main__ import free_ports
 from pytriton.decorators import batch
 from pytriton.model_config import Tensor
+from pytriton.proxy import _stub_metrics, _wire
 from pytriton.triton import Triton, TritonConfig
 
 _MODEL = """
@@ -99,10 +103,33 @@ def run(calls: int = 2000, rounds: int = 3) -> List[Dict[str, float]]:
                 client.close()
 
 
+def hot_path(number: int = 100_000) -> Dict[str, float]:
+    """Nanoseconds per batch of what the stub and the worker do for the metrics (no metric API call)."""
+    metrics = _stub_metrics.StubMetrics(None, model="m", version="1", instance=0, max_batch_size=32)  # not started
+    null = _stub_metrics.NULL
+    final = _wire.with_duration(_wire.ok(None, []), 0.0003)
+
+    def counted(counter: _stub_metrics.NullMetrics) -> None:
+        counter.enter(1)
+        counter.settled(final)
+        counter.leave()
+
+    def best(statement: Any) -> float:
+        return min(timeit.repeat(statement, number=number, repeat=5)) / number * 1e9
+
+    return {
+        "stub, metrics on": best(lambda: counted(metrics)),
+        "stub, metrics off": best(lambda: counted(null)),
+        "worker reply with duration": best(lambda: _wire.with_duration(_wire.ok(None, []), 0.1)),
+        "worker reply without": best(lambda: _wire.ok(None, [])),
+    }
+
+
 def main() -> int:
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     for result in run(calls):
         print("  ".join(f"{name} {value:.1f} us" for name, value in result.items()) + f"   ({calls} calls each)")
+    print("per batch: " + ", ".join(f"{name} {value:.0f} ns" for name, value in hot_path().items()))
     return 0
 
 

@@ -218,7 +218,7 @@ def test_a_failing_api_is_logged_once_and_counting_goes_on(capsys):
 def test_create_is_null_when_off_or_unsupported(capsys):
     assert _stub_metrics.create(FakeMetricApi(), False, model="Unit", version="1", instance=0) is _stub_metrics.NULL
     assert capsys.readouterr().err == ""
-    unsupported = object()  # a backend without MetricFamily (Triton before 23.01)
+    unsupported = object()  # a backend without MetricFamily (an older Triton)
     assert _stub_metrics.create(unsupported, True, model="Unit", version="1", instance=0) is _stub_metrics.NULL
     assert "has no custom-metric API" in capsys.readouterr().err
 
