@@ -6,7 +6,9 @@ Usage::
 
 Each key names a variant: the same ``[1,16]`` float32 identity callable bound with the polling
 windows that the given environment variables (``PYTRITON_PROXY_SPIN_US``, ``PYTRITON_WORKER_SPIN_US``,
-over the current environment) resolve to. ``Triton`` resolves them once, at construction; this
+over the current environment) resolve to, and with the callables' metrics on or off as
+``PYTRITON_TRITON_CONFIG_CALLABLE_METRICS`` says (docs/metrics.md).
+For example ``'{"on": {}, "off": {"PYTRITON_TRITON_CONFIG_CALLABLE_METRICS": "0"}}'``. ``Triton`` resolves them once, at construction; this
 script swaps the resolved windows in before each bind, so that one server serves every variant.
 Models are bound after the server started, so every variant gets its own worker threads and stubs. One client process then measures every variant and ``plain_identity`` in
 alternating blocks of 50 sequential HTTP requests (``bench.load.latency_interleaved``) and the
@@ -29,6 +31,7 @@ from bench.__main__ import ROOT, free_ports, load, load_plain_models
 from bench.models import identity, write_plain_models
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy._binding import PollingWindows
+from pytriton.server.triton_config import parse_bool
 from pytriton.triton import Triton, TritonConfig
 
 
@@ -56,6 +59,8 @@ def _measure(variants: Dict[str, Dict[str, str]], count: int, repository: pathli
         for name, environment in variants.items():
             # What Triton(...) would have resolved with these variables set (see the module docstring).
             triton._polling = PollingWindows.from_env({**os.environ, **environment})
+            metrics = environment.get("PYTRITON_TRITON_CONFIG_CALLABLE_METRICS")
+            triton._config.callable_metrics = None if metrics is None else parse_bool(metrics)
             triton.bind(
                 name,
                 identity,

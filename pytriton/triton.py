@@ -273,6 +273,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             max_request_bytes=_max_request_bytes(self._config),
             on_stub_lost=self._on_stub_lost,
             polling=self._polling,
+            metrics=_callable_metrics(self._config),
         )
 
     def bind(
@@ -922,6 +923,11 @@ def _max_request_bytes(config: TritonConfig) -> int:
     """The request-size limit the proxies enforce (0: none)."""
     limit = config.max_request_bytes
     return DEFAULT_MAX_REQUEST_BYTES if limit is None else limit
+
+
+def _callable_metrics(config: TritonConfig) -> bool:
+    """Whether the stubs export the callables' metrics (docs/metrics.md): on unless turned off, or no /metrics."""
+    return config.callable_metrics is not False and config.allow_metrics is not False
 
 
 def _server_environment(

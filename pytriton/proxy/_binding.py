@@ -124,6 +124,7 @@ class BindingContext:
     polling: PollingWindows = PollingWindows()  # resolved by Triton at construction
     # The TCP transport's endpoint in this process (RemoteTriton(transport="tcp")); None: Unix sockets.
     tcp: Optional[_zmq_channel.Hub] = None
+    metrics: bool = False  # the callables' metrics on Triton's /metrics (TritonConfig.callable_metrics)
 
 
 class BoundModel:
@@ -199,6 +200,7 @@ class BoundModel:
             # Larger requests get an error in the stub, before any copy (docs/configuration.md).
             "max_request_bytes": context.max_request_bytes,
             "execution_timeout_s": self.execution_timeout_s or 0.0,
+            "metrics": context.metrics,  # pytriton_* metrics from the stub (docs/metrics.md)
         }
         self._route = f"m{index}"
         if context.tcp is not None:  # the stub connects here instead (proxy/_zmq_channel.py)
@@ -255,6 +257,7 @@ class BoundModel:
         shutil.copyfile(_wire.__file__, version_dir / "_pytriton_wire.py")
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_bytes.py"), version_dir / "_pytriton_stub_bytes.py")
         shutil.copyfile(_zmq_channel.__file__, version_dir / "_pytriton_zmq_channel.py")
+        shutil.copyfile(pathlib.Path(__file__).with_name("_stub_metrics.py"), version_dir / "_pytriton_stub_metrics.py")
 
     def start_workers(self) -> None:
         """Start one worker per instance slot (before Triton loads the model)."""
@@ -273,6 +276,7 @@ class BoundModel:
                 name=f"{self.name}-{slot}",
                 poll_s=self._worker_poll_s,
                 on_stub_lost=self._stub_lost,
+                metrics=self._context.metrics,
             )
             worker.start()
             self._workers.append(worker)

@@ -1,8 +1,9 @@
 """The proxy model that runs inside Triton's Python-backend stub.
 
 ``Triton.bind`` copies this file as ``model.py`` (and ``_wire.py`` beside it as
-``_pytriton_wire.py``) into the model repository. Only the standard library and numpy are
-available here (the stub's own environment), so nothing else from pytriton may be imported.
+``_pytriton_wire.py``, likewise ``_stub_bytes.py`` and ``_stub_metrics.py``) into the model
+repository. Only the standard library and numpy are available here (the stub's own environment),
+so nothing else from pytriton may be imported.
 
 Per model instance (one stub process each) the proxy claims a free *slot* of the model by taking
 an exclusive ``flock`` on ``slot-<n>-g<generation>.lock``; the kernel releases it when the stub
@@ -36,10 +37,11 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 try:  # the copies placed next to model.py by Triton.bind
     import _pytriton_stub_bytes as _stub_bytes  # type: ignore[import-not-found]
+    import _pytriton_stub_metrics as _stub_metrics  # type: ignore[import-not-found]
     import _pytriton_wire as _wire  # type: ignore[import-not-found]
     import _pytriton_zmq_channel as _zmq_channel  # type: ignore[import-not-found]
 except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _stub_bytes, _wire, _zmq_channel
+    from pytriton.proxy import _stub_bytes, _stub_metrics, _wire, _zmq_channel
 
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
@@ -172,7 +174,18 @@ class TritonPythonModel:
         self._reader = _wire.ArenaReader()
         # After a large request, both arenas give their memory back once this instance is idle.
         self._releaser = _wire.IdleReleaser(lambda: (self._arena, self._reader))
+        self._metrics: _stub_metrics.NullMetrics = _stub_metrics.NULL
         self._connect()
+        # Counted here, pushed to Triton's /metrics by a thread of their own (docs/metrics.md).
+        self._metrics = _stub_metrics.create(
+            pb_utils,
+            bool(params.get("metrics", False)),
+            model=self._model_name,
+            version=args["model_version"],
+            instance=self._slot,
+            generation=self._generation,
+            max_batch_size=int(config.get("max_batch_size", 0)),
+        )
 
     def _connect(self) -> None:
         """Connect to the slot's worker and say hello."""
@@ -198,6 +211,7 @@ class TritonPythonModel:
             f"pytriton: model {self._model_name!r} did not answer within its execution timeout of "
             f"{self._timeout_s:g} s (ModelConfig.execution_timeout_s); the request was abandoned."
         )
+        self._metrics.reconnected()
         self._socket.close()
         self._arena.close()  # the hung call may still read it: the next batch gets a fresh segment
         self._reader.close()
@@ -324,15 +338,18 @@ class TritonPythonModel:
 
     def _settle(self, final: Any) -> None:
         """After the last reply of a batch: a fresh segment if the callable kept views of our arena."""
+        self._metrics.settled(final)
         if final[_wire.KIND] in _wire.FINAL_KINDS and _wire.retires(final):
             self._arena.close()  # the next batch gets a fresh segment; the kept arrays keep the old one
 
     def execute(self, requests: List[Any]) -> Optional[List[Any]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
         self._releaser.enter()  # no arena memory is released while a batch is in flight
+        self._metrics.enter(len(requests))
         try:
             return self._execute(requests)
         finally:
+            self._metrics.leave()
             self._releaser.leave()
 
     def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
@@ -428,6 +445,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         """Tell the worker this instance is going away and release every resource."""
+        self._metrics.close()  # pushes the last changes
         try:
             self._socket.settimeout(1.0)
             self._channel.send(_wire.BYE_MESSAGE)

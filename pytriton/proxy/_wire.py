@@ -52,10 +52,10 @@ NEXT = 3  # (NEXT,)  acknowledges streamed chunks: send more
 BYE = 4  # (BYE,)  the instance is going away
 CANCEL = 5  # (CANCEL,)  instead of NEXT: nobody wants the rest of this stream; close the generator
 # user -> stub
-OK = 10  # (OK, segment, results, retire)  results: [outputs] one per request
-ERROR = 11  # (ERROR, text, retire)  the whole batch failed
+OK = 10  # (OK, segment, results, retire[, duration_s])  results: [outputs] one per request
+ERROR = 11  # (ERROR, text, retire[, duration_s])  the whole batch failed
 CHUNK = 12  # (CHUNK, segment, results)  one streamed response per request, more follow
-END = 13  # (END, retire)  the stream finished
+END = 13  # (END, retire[, duration_s])  the stream finished
 WELCOME = 14  # (WELCOME, slot)
 
 KIND = 0
@@ -65,8 +65,10 @@ SLOT = 1  # WELCOME: the worker's name for the slot
 SEGMENT = 1  # INFER, OK, CHUNK: the sender's arena segment to map, or None if every tensor is inline
 BODY = 2  # INFER: the entries; OK, CHUNK: the results
 TEXT = 1  # ERROR: the error text for every request of the batch
-RETIRE = -1  # OK, ERROR, END (the final reply of a batch): the last field, mandatory; see ``retires``
 FINAL_KINDS = (OK, ERROR, END)
+# OK, ERROR, END (the final reply of a batch): where the mandatory retire flag is (``retires``); an
+# optional trailing field after it says how long the callable ran (``callable_duration``).
+RETIRE_AT = {OK: 3, ERROR: 2, END: 1}
 
 NEXT_MESSAGE = (NEXT,)
 CANCEL_MESSAGE = (CANCEL,)
@@ -139,7 +141,7 @@ def ok(segment: Optional[str], results: List[Any], retire: bool = False) -> Tupl
 
 
 def parse_ok(message: Sequence[Any]) -> Ok:
-    return Ok(message[SEGMENT], message[BODY], bool(message[RETIRE]))
+    return Ok(message[SEGMENT], message[BODY], bool(message[RETIRE_AT[OK]]))
 
 
 def error(text: str, retire: bool = False) -> Tuple[int, str, bool]:
@@ -155,7 +157,7 @@ UNAVAILABLE_MESSAGE = (ERROR, UNAVAILABLE_TEXT, False)
 
 
 def parse_error(message: Sequence[Any]) -> Error:
-    return Error(message[TEXT], bool(message[RETIRE]))
+    return Error(message[TEXT], bool(message[RETIRE_AT[ERROR]]))
 
 
 def chunk(segment: Optional[str], results: List[Any]) -> Tuple[int, Optional[str], List[Any]]:
@@ -171,12 +173,28 @@ def end(retire: bool = False) -> Tuple[int, bool]:
 
 
 def parse_end(message: Sequence[Any]) -> End:
-    return End(bool(message[RETIRE]))
+    return End(bool(message[RETIRE_AT[END]]))
 
 
 def with_retire(final: Tuple[Any, ...], retire: bool) -> Tuple[Any, ...]:
-    """``final`` (an OK, ERROR or END reply) with its retire flag set to ``retire``."""
-    return (*final[:RETIRE], retire)
+    """``final`` (an OK, ERROR or END reply) with its retire flag set to ``retire`` (other fields kept)."""
+    at = RETIRE_AT[final[KIND]]
+    return (*final[:at], retire, *final[at + 1 :])
+
+
+def with_duration(final: Tuple[Any, ...], duration_s: float) -> Tuple[Any, ...]:
+    """``final`` (an OK, ERROR or END reply, without a duration yet) carrying ``duration_s``."""
+    return (*final, duration_s)
+
+
+def callable_duration(final: Sequence[Any]) -> Optional[float]:
+    """Seconds the callable ran for this batch (a stream: until its generator finished), or None.
+
+    The optional field after the retire flag: the worker measures it around the call when the
+    model's metrics are on (docs/metrics.md). Older messages without it stay valid.
+    """
+    at = RETIRE_AT[final[KIND]] + 1
+    return final[at] if len(final) > at else None
 
 
 def retires(final: Sequence[Any]) -> bool:
@@ -184,9 +202,9 @@ def retires(final: Sequence[Any]) -> bool:
 
     The worker sets it when the callable kept views of the stub's arena (large inputs are handed
     over without a copy): the stub then moves to a fresh segment and the kept arrays stay valid.
-    Every builder of a final reply writes the flag as its last field (``RETIRE``).
+    Every builder of a final reply writes the flag, at ``RETIRE_AT[kind]``.
     """
-    return bool(final[RETIRE])
+    return bool(final[RETIRE_AT[final[KIND]]])
 
 
 def must_acknowledge(chunk_message: Sequence[Any], unacknowledged: int) -> bool:

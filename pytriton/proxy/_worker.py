@@ -94,6 +94,9 @@ class _Session:
         self.abandoned = False
         # Its stub belongs to a model generation that was replaced (see InstanceWorker.retire).
         self.retired = False
+        # perf_counter() around the current batch's call (call_started 0: the callable was not called).
+        self.call_started = 0.0
+        self.call_ended = 0.0
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -138,6 +141,7 @@ class InstanceWorker:
         name: str,
         poll_s: float = 0.0,
         on_stub_lost: Optional[Callable[[int, int], None]] = None,
+        metrics: bool = False,
     ):
         self._path = path
         self._infer_func = infer_func
@@ -150,6 +154,7 @@ class InstanceWorker:
         self._on_stub_lost = on_stub_lost
         self._name = name
         self._poll_s = poll_s  # how long to poll for the next message before sleeping (0: never)
+        self._metrics = metrics  # final replies carry the callable's duration (docs/metrics.md)
         self._thread: Optional[threading.Thread] = None
         self._listener: Any = None  # a Unix socket, or a TCP transport's listener
         self._sessions: List[_Session] = []
@@ -465,9 +470,13 @@ class InstanceWorker:
         not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
         """
         views: List[npt.NDArray[Any]] = []
+        session.call_started = 0.0
         reply = self._call_callable(session, message, views)
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
-        return _wire.with_retire(reply, retire) if retire else reply
+        reply = _wire.with_retire(reply, retire) if retire else reply
+        if self._metrics and session.call_started:
+            return _wire.with_duration(reply, session.call_ended - session.call_started)
+        return reply
 
     def _call_callable(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
         # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the
@@ -475,13 +484,16 @@ class InstanceWorker:
         # a real Ctrl-C is delivered to the main thread, never here.
         try:
             requests = self._decode_on(session, message, views)
+            session.call_started = time.perf_counter()
             result = self._infer_func(requests)
             # A plain list is by far the common answer: skip the inspect calls for it (each costs a
             # few microseconds right after the thread wakes up, see docs/performance.md).
             if type(result) is not list and inspect.iscoroutine(result):
                 result = self._run_async(session, result)
         except BaseException as exc:  # noqa: BLE001
+            session.call_ended = time.perf_counter()
             return self._failure(exc)
+        session.call_ended = time.perf_counter()  # a generator: once it finished, below
         streaming = type(result) is not list and (inspect.isgenerator(result) or inspect.isasyncgen(result))
         if streaming and not self._decoupled:
             self._close_stream(session, result)
@@ -501,6 +513,7 @@ class InstanceWorker:
         try:
             return self._stream(session, result, len(requests))
         finally:
+            session.call_ended = time.perf_counter()
             # Run the generator's clean-up (finally blocks, context managers) now, on this thread,
             # whether it finished, failed, was cancelled or lost its stub.
             self._close_stream(session, result)

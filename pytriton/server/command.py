@@ -30,6 +30,7 @@ _NOT_FLAGS = frozenset(
         "max_request_bytes",
         # Triton.stop()'s drain (server/_drain.py), which also sets the server's own exit timeout.
         "drain_delay_secs",
+        "callable_metrics",
     }
 )
 # Every interface, as Triton and NVIDIA PyTriton default to. Only inference, health, metadata and

@@ -61,6 +61,9 @@ class TritonConfig:
     * ``drain_delay_secs``: how long :meth:`Triton.stop` keeps serving after readiness turned false
       and before it refuses new requests (default 0); ``exit_timeout_secs`` then bounds the wait
       for requests in flight. See docs/architecture.md, "Graceful drain".
+    * ``callable_metrics``: the bound callables' metrics (``pytriton_*``: duration, batch size,
+      errors, requests in flight) on Triton's ``/metrics`` endpoint, next to Triton's own. ``None``:
+      on (off when ``allow_metrics`` is ``False``); ``False``: off. See docs/metrics.md.
     """
 
     id: Optional[str] = None
@@ -123,6 +126,7 @@ class TritonConfig:
     python_backend_shm_recycle_idle_secs: Optional[int] = None
     server_malloc_arena_max: Optional[int] = None
     max_request_bytes: Optional[int] = None
+    callable_metrics: Optional[bool] = None
     tritonserver_dir: Optional[pathlib.Path] = None
 
     def __post_init__(self) -> None:
