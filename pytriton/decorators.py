@@ -36,6 +36,7 @@ import wrapt
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from pytriton.model_config.triton_model_config import TritonModelConfig
+from pytriton.proxy import _tracing
 from pytriton.proxy.types import InferenceRequest, InferenceRequests, InferenceResult, InferenceResults, Request
 
 __all__ = [
@@ -304,16 +305,20 @@ def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     sizes = [get_inference_request_batch_size(request) for request in requests]
     call_kwargs = dict(kwargs)
     call_kwargs.update(inputs)
-    token = _CURRENT_REQUESTS.set(requests)
-    try:
-        result = wrapped(*args[1:], **call_kwargs)
-    finally:
-        _CURRENT_REQUESTS.reset(token)
+
+    def call() -> Any:
+        token = _CURRENT_REQUESTS.set(requests)
+        try:
+            return wrapped(*args[1:], **call_kwargs)
+        finally:
+            _CURRENT_REQUESTS.reset(token)
 
     def finish(outputs: Any) -> InferenceResults:
         return _split_outputs(convert_output(outputs, wrapped, instance), sizes)
 
-    return _after(result, finish, requests)
+    # A "batch" child span of each traced request's span covers the call (None when none is traced).
+    spans = _tracing.open_batch_spans(requests)
+    return _tracing.call_in_batch_spans(spans, call, lambda result: _after(result, finish, requests))
 
 
 @wrapt.decorator

@@ -122,6 +122,7 @@ class BindingContext:
     # Called with (model name, stub generation, server pid) when a stub process died without saying goodbye.
     on_stub_lost: Optional[Callable[[str, int, int], None]] = None
     polling: PollingWindows = PollingWindows()  # resolved by Triton at construction
+    tracing: bool = False  # the server traces in OpenTelemetry mode (proxy/_tracing.py)
 
 
 class BoundModel:
@@ -197,6 +198,8 @@ class BoundModel:
             # Larger requests get an error in the stub, before any copy (docs/configuration.md).
             "max_request_bytes": context.max_request_bytes,
             "execution_timeout_s": self.execution_timeout_s or 0.0,
+            # The stub forwards Triton's trace contexts only then (proxy/_stub_trace.py).
+            "trace": context.tracing,
         }
         if not self.config.outputs:
             raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
@@ -246,6 +249,7 @@ class BoundModel:
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub.py"), version_dir / "model.py")
         shutil.copyfile(_wire.__file__, version_dir / "_pytriton_wire.py")
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_bytes.py"), version_dir / "_pytriton_stub_bytes.py")
+        shutil.copyfile(pathlib.Path(__file__).with_name("_stub_trace.py"), version_dir / "_pytriton_stub_trace.py")
 
     def start_workers(self) -> None:
         """Start one worker per instance slot (before Triton loads the model)."""

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _wire
+from pytriton.proxy import _tracing, _wire
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import Request
 
@@ -89,6 +89,7 @@ class _Session:
         self.abandoned = False
         # Its stub belongs to a model generation that was replaced (see InstanceWorker.retire).
         self.retired = False
+        self.spans: Optional[List[Any]] = None  # of the batch in flight, when Triton traces it (_tracing)
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -408,6 +409,10 @@ class InstanceWorker:
                     views.append(array.base if array.base is not None else array)
                 data[meta[0]] = array
             requests.append(Request(data, parameters, requested_output_names=requested))
+        if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode): Request.span
+            session.spans = _tracing.start_spans(
+                _wire.parse_trace(message), requests, self._config.model_name, self._config.model_version
+            )
         return requests
 
     def _encode_on(
@@ -439,7 +444,13 @@ class InstanceWorker:
         not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
         """
         views: List[npt.NDArray[Any]] = []
-        reply = self._call_callable(session, message, views)
+        reply = None
+        try:
+            reply = self._call_callable(session, message, views)
+        finally:
+            if session.spans is not None:  # a traced batch (also when its stub left mid-stream: reply None)
+                spans, session.spans = session.spans, None
+                _tracing.end_spans(spans, reply)
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
         return _wire.with_retire(reply, retire) if retire else reply
 

@@ -186,12 +186,13 @@ def test_repository_files(context, tmp_path):
     version_dir = repository / "Identity" / "3"
     assert sorted(path.name for path in (repository / "Identity").iterdir()) == ["3", "config.pbtxt"]
     assert sorted(path.name for path in version_dir.iterdir()) == sorted(
-        ["model.py", "_pytriton_wire.py", "_pytriton_stub_bytes.py", _wire.PRIVATE_FILE]
+        ["model.py", "_pytriton_wire.py", "_pytriton_stub_bytes.py", "_pytriton_stub_trace.py", _wire.PRIVATE_FILE]
     )
     proxy = pathlib.Path(_binding.__file__).parent
     assert (version_dir / "model.py").read_bytes() == (proxy / "_stub.py").read_bytes()
     assert (version_dir / "_pytriton_wire.py").read_bytes() == (proxy / "_wire.py").read_bytes()
     assert (version_dir / "_pytriton_stub_bytes.py").read_bytes() == (proxy / "_stub_bytes.py").read_bytes()
+    assert (version_dir / "_pytriton_stub_trace.py").read_bytes() == (proxy / "_stub_trace.py").read_bytes()
     pbtxt = (repository / "Identity" / "config.pbtxt").read_text()
     assert 'name: "Identity"' in pbtxt and 'backend: "python"' in pbtxt
     assert 'name: "x"' in pbtxt and 'name: "y"' in pbtxt and "TYPE_FP32" in pbtxt

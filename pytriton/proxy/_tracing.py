@@ -1,0 +1,338 @@
+"""OpenTelemetry spans for bound models, in the user's process (docs/tracing.md).
+
+How a traced request travels: Triton, started with ``--trace-config mode=opentelemetry``, opens
+its ``InferRequest`` span and a span named after the model, and gives the Python backend the
+model span's W3C trace context. The stub forwards it unparsed in the INFER message's optional
+``TRACE`` field, with the time it received the batch (``pytriton/proxy/_stub_trace.py``; the
+stub runs no OpenTelemetry SDK). Here the worker opens one span per traced request,
+``proxy_inference_callable`` (the name NVIDIA PyTriton uses), a child of Triton's model span that
+starts when the stub received the batch and ends once the reply is ready: it is
+:attr:`Request.span`. ``Request.traced_span(name)`` opens a child of it, and ``@batch`` opens a
+``batch`` child of every traced request's span around the batched call.
+
+Spans are created with the process's global tracer provider (``opentelemetry.trace``): configure
+the OpenTelemetry SDK (a ``TracerProvider`` with an exporter) to export them. OpenTelemetry is an
+optional extra (``pip install pytriton[tracing]``): without it, or for a request Triton does not
+trace, ``Request.span`` is None, ``traced_span`` does nothing and nothing here is imported.
+
+Cost: nothing at all while the server does not trace in OpenTelemetry mode (the stub sends no
+field; the worker checks the message's length); per traced request, one span (two under
+``@batch``).
+
+Per-model settings (``Triton.bind(..., trace_config=[...])``): :func:`model_settings` turns them
+into the body of Triton's ``POST /v2/models/<model>/trace/setting``; Triton keeps the OpenTelemetry
+mode and collector URL server-wide (``TritonConfig.trace_config``).
+
+Unit tests: tests/unit/test_tracing.py; with a server: tests/e2e/test_tracing.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
+from pytriton.proxy import _wire
+
+LOGGER = logging.getLogger(__name__)
+
+REQUEST_SPAN = "proxy_inference_callable"
+BATCH_SPAN = "batch"
+TRACER_NAME = "pytriton"
+_MISSING = "opentelemetry is not installed"
+
+
+class _State:
+    """Lazily imported OpenTelemetry modules (``None`` until first needed, ``False`` if absent)."""
+
+    api: Any = None
+    propagator: Any = None
+    tracer: Any = None
+    seen = False  # a traced batch arrived once: from then on @batch looks for spans
+    warned = False
+
+
+def _api() -> Any:
+    """``opentelemetry.trace``, or None if OpenTelemetry is not importable (checked once)."""
+    if _State.api is None:
+        try:
+            from opentelemetry import trace  # type: ignore[import-not-found]  # optional extra
+            from opentelemetry.trace.propagation.tracecontext import (  # type: ignore[import-not-found]
+                TraceContextTextMapPropagator,
+            )
+        except ImportError:
+            _State.api = False
+        else:
+            _State.api = trace
+            _State.propagator = TraceContextTextMapPropagator()
+            # A ProxyTracer follows a tracer provider that the user sets later.
+            _State.tracer = trace.get_tracer(TRACER_NAME)
+    return _State.api or None
+
+
+def _reset() -> None:
+    """Forget what was imported (tests simulate an environment without OpenTelemetry)."""
+    _State.api = _State.propagator = _State.tracer = None
+    _State.seen = _State.warned = False
+
+
+def enabled(trace_config: Optional[Sequence[str]]) -> bool:
+    """True if ``TritonConfig.trace_config`` puts the server in OpenTelemetry trace mode."""
+    return any(entry.replace(" ", "").lower() == "mode=opentelemetry" for entry in trace_config or ())
+
+
+def start_spans(
+    trace: Any, requests: Sequence[Any], model_name: str, model_version: int
+) -> Optional[List[Optional[Any]]]:
+    """Open the span of every traced request and set it as ``request.span``.
+
+    ``trace`` is the INFER message's ``TRACE`` field. Returns the spans, one per request (None for
+    an untraced one), for :func:`end_spans`, or None when nothing was opened.
+    """
+    _State.seen = True
+    trace_api = _api()
+    if trace_api is None:
+        if not _State.warned:
+            _State.warned = True
+            LOGGER.warning(
+                "Triton traces requests to model %r (OpenTelemetry mode) but %s in this process: Request.span "
+                "stays None. Install it with: pip install 'pytriton[tracing]'",
+                model_name,
+                _MISSING,
+            )
+        return None
+    started_ns, contexts = trace
+    decoded_ns = time.time_ns()
+    spans: List[Optional[Any]] = []
+    attributes = {
+        "pytriton.model_name": model_name,
+        "pytriton.model_version": model_version,
+        "pytriton.batch.requests": len(requests),
+    }
+    for request, context in zip(requests, contexts):
+        if not context:
+            spans.append(None)
+            continue
+        try:
+            parent = _State.propagator.extract(carrier=json.loads(context))
+        except ValueError:
+            LOGGER.debug("Unreadable trace context from Triton: %r", context)
+            spans.append(None)
+            continue
+        span = _State.tracer.start_span(REQUEST_SPAN, context=parent, start_time=started_ns, attributes=attributes)
+        # Up to here the time went to the stub reading the inputs and to the hop to this process.
+        span.add_event("inputs_ready", timestamp=decoded_ns)
+        request.span = span
+        spans.append(span)
+    return spans
+
+
+def end_spans(spans: Optional[List[Optional[Any]]], reply: Any) -> None:
+    """End the spans of :func:`start_spans` once the batch's final reply is built (ERROR: failed)."""
+    if not spans:
+        return
+    error = None
+    if reply is not None and reply[_wire.KIND] == _wire.ERROR:
+        error = _wire.parse_error(reply).text
+    status = None
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode  # type: ignore[import-not-found]
+
+        status = Status(StatusCode.ERROR, error)
+    for span in spans:
+        if span is not None:
+            if status is not None:
+                span.set_status(status)
+            span.end()
+
+
+# -- @batch ---------------------------------------------------------------------------------------
+def open_batch_spans(requests: Sequence[Any]) -> Optional[List[Any]]:
+    """A ``batch`` child span for every traced request (None if there is none, the common case)."""
+    if not _State.seen:
+        return None
+    parents = [span for span in (getattr(request, "span", None) for request in requests) if span is not None]
+    trace_api = _api() if parents else None
+    if trace_api is None:
+        return None
+    attributes = {"pytriton.batch.requests": len(requests)}
+    return [
+        _State.tracer.start_span(BATCH_SPAN, context=trace_api.set_span_in_context(parent), attributes=attributes)
+        for parent in parents
+    ]
+
+
+def _end_all(spans: List[Any], exc: Optional[BaseException]) -> None:
+    for span in spans:
+        if exc is not None:
+            span.record_exception(exc)
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.end()
+
+
+def call_in_batch_spans(spans: Optional[List[Any]], call: Callable[[], Any], finish: Callable[[Any], Any]) -> Any:
+    """``finish(call())`` with ``spans`` (from :func:`open_batch_spans`) covering the whole call.
+
+    While ``call`` runs, the first span is the current span, so spans the callable opens itself
+    nest under it. For a coroutine or (async) generator that ``finish`` returns, the spans end when
+    it completes, fails or is closed.
+    """
+    if spans is None:
+        return finish(call())
+    trace_api = _State.api
+    try:
+        with trace_api.use_span(spans[0], end_on_exit=False):
+            result = finish(call())
+    except BaseException as exc:
+        _end_all(spans, exc)
+        raise
+    return _end_when_done(result, spans)
+
+
+def _end_when_done(result: Any, spans: List[Any]) -> Any:
+    import inspect
+
+    if inspect.isawaitable(result):
+
+        async def awaiting() -> Any:
+            try:
+                value = await result
+            except BaseException as exc:
+                _end_all(spans, exc)
+                raise
+            _end_all(spans, None)
+            return value
+
+        return awaiting()
+    if inspect.isgenerator(result):
+
+        def iterating() -> Any:
+            error: Optional[BaseException] = None
+            try:
+                yield from result
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                _end_all(spans, error if not isinstance(error, GeneratorExit) else None)
+
+        return iterating()
+    if inspect.isasyncgen(result):
+
+        async def iterating_async() -> Any:
+            error: Optional[BaseException] = None
+            try:
+                async for item in result:
+                    yield item
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                _end_all(spans, error if not isinstance(error, GeneratorExit) else None)
+
+        return iterating_async()
+    _end_all(spans, None)
+    return result
+
+
+# -- per-model settings -----------------------------------------------------------------------------
+_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+_MODEL_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count"}
+
+
+def model_settings(trace_config: Any, model_name: str) -> Dict[str, Any]:
+    """The body of ``POST /v2/models/<model>/trace/setting`` for ``bind(..., trace_config=...)``.
+
+    ``trace_config`` is a list of ``setting=value`` strings, as in ``TritonConfig.trace_config``,
+    limited to what Triton sets per model: ``level`` (``OFF``, ``TIMESTAMPS``, ``TENSORS``; may be
+    repeated), ``rate`` (trace one request in N) and ``count`` (stop after N traces, -1: no limit).
+    """
+    where = f"Model {model_name!r}: trace_config"
+    if isinstance(trace_config, (str, bytes)) or not isinstance(trace_config, (list, tuple)):
+        raise PyTritonBadParameterError(f"{where} must be a list of 'setting=value' strings, got {trace_config!r}.")
+    body: Dict[str, Any] = {}
+    for entry in trace_config:
+        key, sep, value = str(entry).replace(" ", "").partition("=")
+        key = key.lower()
+        if not sep or not value:
+            raise PyTritonBadParameterError(f"{where}: {entry!r} is not a 'setting=value' string.")
+        if key == "mode" or key.startswith(("opentelemetry,", "triton,")):
+            raise PyTritonBadParameterError(
+                f"{where}: {entry!r} is a server-wide setting in Triton; set it in TritonConfig(trace_config=[...]). "
+                "Per model, only level, rate and count can be set."
+            )
+        if key not in _MODEL_KEYS:
+            raise PyTritonBadParameterError(
+                f"{where}: unknown setting {key!r}; per model Triton accepts level, rate and count."
+            )
+        if key == "level":
+            level = value.upper()
+            if level not in _LEVELS:
+                raise PyTritonBadParameterError(f"{where}: level must be one of {', '.join(_LEVELS)}, got {value!r}.")
+            body.setdefault("trace_level", []).append(level)
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            number = -2
+        if (key == "rate" and number < 1) or (key == "count" and number < -1):
+            smallest = "1" if key == "rate" else "-1 (no limit)"
+            raise PyTritonBadParameterError(f"{where}: {key} must be a whole number >= {smallest}, got {value!r}.")
+        body[_MODEL_KEYS[key]] = str(number)
+    if not body:
+        raise PyTritonBadParameterError(f"{where} is empty; give level, rate or count (or leave it None).")
+    return body
+
+
+def send_model_settings(
+    options: Mapping[str, Any], access: Any, model_name: str, settings: Dict[str, Any], timeout_s: float
+) -> None:
+    """Apply per-model trace ``settings`` on the running server (HTTP, or gRPC when HTTP is off).
+
+    ``options`` are the launch options (addresses and ports), ``access`` the
+    :class:`~pytriton.server.security.AccessPolicy` whose headers the restricted ``trace`` endpoint
+    needs. Triton forgets the settings when it restarts, so the caller sends them after every load.
+    """
+    if options.get("allow_http", True):
+        import http.client
+
+        host = options["http_address"]
+        connection = http.client.HTTPConnection(
+            "127.0.0.1" if host in ("0.0.0.0", "", "::") else host, options["http_port"], timeout=timeout_s
+        )
+        try:
+            connection.request(
+                "POST",
+                f"/v2/models/{model_name}/trace/setting",
+                body=json.dumps(settings).encode(),
+                headers={"Content-Type": "application/json", **access.http_headers("trace")},
+            )
+            response = connection.getresponse()
+            body = response.read()
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise PyTritonServerError(
+                f"Triton refused the trace settings {settings} of model {model_name!r}: "
+                f"{body.decode(errors='replace').strip()}"
+            )
+        return
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    host = options["grpc_address"]
+    client = grpcclient.InferenceServerClient(
+        f"{'127.0.0.1' if host in ('0.0.0.0', '', '::') else host}:{options['grpc_port']}"
+    )
+    try:
+        client.update_trace_settings(model_name=model_name, settings=settings, headers=access.grpc_headers("trace"))
+    except InferenceServerException as exc:
+        raise PyTritonServerError(
+            f"Triton refused the trace settings {settings} of model {model_name!r}: {exc.message()}"
+        ) from None
+    finally:
+        client.close()
