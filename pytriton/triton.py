@@ -196,6 +196,8 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
         self._tracing = _tracing.enabled(self._config.trace_config) and not self._embedded
         self._trace_settings: Dict[str, Dict[str, Any]] = {}
+        if self._tracing:
+            _tracing.configure_export(self._config.trace_config)  # where unconfigured processes send spans
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
             raise PyTritonBadParameterError(
                 f"security_config must be a TritonSecurityConfig, got {type(security_config).__name__}."

@@ -10,9 +10,12 @@ starts when the stub received the batch and ends once the reply is ready: it is
 :attr:`Request.span`. ``Request.traced_span(name)`` opens a child of it, and ``@batch`` opens a
 ``batch`` child of every traced request's span around the batched call.
 
-Spans are created with the process's global tracer provider (``opentelemetry.trace``): configure
-the OpenTelemetry SDK (a ``TracerProvider`` with an exporter) to export them. OpenTelemetry is an
-optional extra (``pip install pytriton[tracing]``): without it, or for a request Triton does not
+Spans are created with the process's global tracer provider (``opentelemetry.trace``). If the
+process has not configured one by the first traced batch, pytriton sets one up as NVIDIA PyTriton
+does: exporting to the collector URL (and with the ``resource`` attributes) of
+``TritonConfig.trace_config``, where Triton sends its own spans, provided the OTLP/HTTP exporter
+(``opentelemetry-exporter-otlp-proto-http``) is installed (:func:`configure_export`). OpenTelemetry
+is an optional extra (``pip install pytriton[tracing]``): without it, or for a request Triton does not
 trace, ``Request.span`` is None, ``traced_span`` does nothing and nothing here is imported.
 
 Cost: nothing at all while the server does not trace in OpenTelemetry mode (the stub sends no
@@ -52,6 +55,9 @@ class _State:
     tracer: Any = None
     seen = False  # a traced batch arrived once: from then on @batch looks for spans
     warned = False
+    export_url: Optional[str] = None  # TritonConfig.trace_config's collector, for configure_export
+    export_resource: Dict[str, str] = {}
+    export_checked = False
 
 
 def _api() -> Any:
@@ -75,12 +81,66 @@ def _api() -> Any:
 def _reset() -> None:
     """Forget what was imported (tests simulate an environment without OpenTelemetry)."""
     _State.api = _State.propagator = _State.tracer = None
-    _State.seen = _State.warned = False
+    _State.seen = _State.warned = _State.export_checked = False
 
 
 def enabled(trace_config: Optional[Sequence[str]]) -> bool:
     """True if ``TritonConfig.trace_config`` puts the server in OpenTelemetry trace mode."""
     return any(entry.replace(" ", "").lower() == "mode=opentelemetry" for entry in trace_config or ())
+
+
+# Where Triton 2.51 exports when trace_config names no URL.
+DEFAULT_COLLECTOR_URL = "http://localhost:4318/v1/traces"
+
+
+def configure_export(trace_config: Optional[Sequence[str]]) -> None:
+    """Remember the collector URL and resource attributes of a tracing server's ``trace_config``."""
+    _State.export_url = DEFAULT_COLLECTOR_URL
+    _State.export_resource = {}
+    for entry in trace_config or ():
+        key, _, value = entry.strip().partition("=")
+        key = key.replace(" ", "").lower()
+        if key == "opentelemetry,url":
+            _State.export_url = value.strip()
+        elif key == "opentelemetry,resource":
+            name, sep, attribute = value.partition("=")
+            if sep:
+                _State.export_resource[name.strip()] = attribute.strip()
+
+
+def export_provider(url: str, resource: Dict[str, str]) -> Any:
+    """An SDK tracer provider exporting over OTLP/HTTP to ``url``; None if those packages are missing."""
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
+            OTLPSpanExporter,
+        )
+        from opentelemetry.sdk.resources import Resource  # type: ignore[import-not-found]
+        from opentelemetry.sdk.trace import TracerProvider  # type: ignore[import-not-found]
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    provider = TracerProvider(resource=Resource.create({"service.name": "pytriton", **resource}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    return provider
+
+
+def _ensure_export(trace_api: Any) -> None:
+    """Once, at the first traced batch: set up :func:`export_provider` unless the process has a provider."""
+    if _State.export_checked or _State.export_url is None:
+        return
+    _State.export_checked = True
+    if not isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
+        return  # the application configured OpenTelemetry itself: its provider gets the spans
+    provider = export_provider(_State.export_url, _State.export_resource)
+    if provider is None:
+        LOGGER.info(
+            "pytriton's spans are not exported: configure an OpenTelemetry TracerProvider in this process, or "
+            "install opentelemetry-exporter-otlp-proto-http to send them to %s with Triton's.",
+            _State.export_url,
+        )
+        return
+    trace_api.set_tracer_provider(provider)
+    LOGGER.info("pytriton exports its spans to %s (OTLP/HTTP), as Triton does", _State.export_url)
 
 
 def start_spans(
@@ -103,6 +163,7 @@ def start_spans(
                 _MISSING,
             )
         return None
+    _ensure_export(trace_api)
     started_ns, contexts = trace
     decoded_ns = time.time_ns()
     spans: List[Optional[Any]] = []

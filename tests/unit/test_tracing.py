@@ -510,3 +510,87 @@ def test_model_settings_go_over_grpc_when_http_is_off(monkeypatch):
     _tracing.send_model_settings(options, access, "m", {"trace_rate": "1"}, TIMEOUT_S)
     assert calls[0] == "127.0.0.1:8001" and calls[-1] == "closed"
     assert calls[1][:2] == ("m", {"trace_rate": "1"}) and "secret" in calls[1][2].values()
+
+
+# -- exporting like NVIDIA PyTriton when the process configured nothing -------------------------
+
+
+def test_configure_export_reads_the_collector_and_resources():
+    _tracing.configure_export(
+        ["mode=opentelemetry", "opentelemetry,resource=service.name=svc", "opentelemetry, url=http://c:1/v1/traces"]
+    )
+    assert _tracing._State.export_url == "http://c:1/v1/traces"
+    assert _tracing._State.export_resource == {"service.name": "svc"}
+    _tracing.configure_export(["mode=opentelemetry"])
+    assert _tracing._State.export_url == _tracing.DEFAULT_COLLECTOR_URL and _tracing._State.export_resource == {}
+
+
+def test_an_unconfigured_process_gets_an_exporting_provider_once(monkeypatch, caplog):
+    from opentelemetry import trace
+
+    built, installed = [], []
+    fake_api = types.SimpleNamespace(
+        ProxyTracerProvider=trace.ProxyTracerProvider,
+        get_tracer_provider=lambda: trace.ProxyTracerProvider(),
+        set_tracer_provider=installed.append,
+    )
+    monkeypatch.setattr(_tracing, "export_provider", lambda url, resource: built.append((url, resource)) or "provider")
+    monkeypatch.setattr(_tracing._State, "export_url", "http://c:1/v1/traces")
+    monkeypatch.setattr(_tracing._State, "export_resource", {"a": "b"})
+    monkeypatch.setattr(_tracing._State, "export_checked", False)
+    _tracing._ensure_export(fake_api)
+    _tracing._ensure_export(fake_api)
+    assert built == [("http://c:1/v1/traces", {"a": "b"})] and installed == ["provider"]
+
+    # A process that set up its own provider keeps it.
+    monkeypatch.setattr(_tracing._State, "export_checked", False)
+    fake_api.get_tracer_provider = lambda: object()
+    _tracing._ensure_export(fake_api)
+    assert installed == ["provider"]
+
+    # Without the OTLP exporter package: nothing is installed, and the log says how to export.
+    monkeypatch.setattr(_tracing._State, "export_checked", False)
+    fake_api.get_tracer_provider = lambda: trace.ProxyTracerProvider()
+    monkeypatch.setattr(_tracing, "export_provider", lambda url, resource: None)
+    with caplog.at_level(logging.INFO, logger="pytriton.proxy._tracing"):
+        _tracing._ensure_export(fake_api)
+    assert installed == ["provider"] and "opentelemetry-exporter-otlp-proto-http" in caplog.text
+
+
+def test_export_provider_sends_to_the_collector_with_the_resources(monkeypatch):
+    exported = []
+
+    class FakeOTLPSpanExporter:
+        def __init__(self, endpoint):
+            self.endpoint = endpoint
+
+        def export(self, spans):
+            exported.append((self.endpoint, [span.name for span in spans]))
+            return 0
+
+        def shutdown(self):
+            pass
+
+        def force_flush(self, timeout_millis=None):
+            return True
+
+    leaf = types.ModuleType("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    leaf.OTLPSpanExporter = FakeOTLPSpanExporter
+    for name in [
+        "opentelemetry.exporter",
+        "opentelemetry.exporter.otlp",
+        "opentelemetry.exporter.otlp.proto",
+        "opentelemetry.exporter.otlp.proto.http",
+    ]:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, leaf.__name__, leaf)
+    provider = _tracing.export_provider("http://c:1/v1/traces", {"service.name": "svc"})
+    try:
+        assert provider.resource.attributes["service.name"] == "svc"
+        provider.get_tracer("t").start_span("s").end()
+        provider.force_flush()
+        assert exported == [("http://c:1/v1/traces", ["s"])]
+    finally:
+        provider.shutdown()
+    monkeypatch.setitem(sys.modules, leaf.__name__, None)
+    assert _tracing.export_provider("http://c:1/v1/traces", {}) is None
