@@ -305,20 +305,24 @@ def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     sizes = [get_inference_request_batch_size(request) for request in requests]
     call_kwargs = dict(kwargs)
     call_kwargs.update(inputs)
-
-    def call() -> Any:
-        token = _CURRENT_REQUESTS.set(requests)
-        try:
-            return wrapped(*args[1:], **call_kwargs)
-        finally:
-            _CURRENT_REQUESTS.reset(token)
+    # A "batch" child span of each traced request's span covers the call (None: nothing is traced,
+    # and State.seen keeps even the look for spans off the path until a traced batch has arrived).
+    spans = _tracing.open_batch_spans(requests) if _tracing.State.seen else None
+    token = _CURRENT_REQUESTS.set(requests)
+    try:
+        if spans is None:
+            result = wrapped(*args[1:], **call_kwargs)
+        else:
+            result = _tracing.call_in_spans(spans, wrapped, args[1:], call_kwargs)
+    finally:
+        _CURRENT_REQUESTS.reset(token)
 
     def finish(outputs: Any) -> InferenceResults:
         return _split_outputs(convert_output(outputs, wrapped, instance), sizes)
 
-    # A "batch" child span of each traced request's span covers the call (None when none is traced).
-    spans = _tracing.open_batch_spans(requests)
-    return _tracing.call_in_batch_spans(spans, call, lambda result: _after(result, finish, requests))
+    if spans is None:
+        return _after(result, finish, requests)
+    return _tracing.finish_in_spans(spans, lambda: _after(result, finish, requests))
 
 
 @wrapt.decorator

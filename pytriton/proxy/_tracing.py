@@ -47,7 +47,7 @@ TRACER_NAME = "pytriton"
 _MISSING = "opentelemetry is not installed"
 
 
-class _State:
+class State:
     """Lazily imported OpenTelemetry modules (``None`` until first needed, ``False`` if absent)."""
 
     api: Any = None
@@ -62,26 +62,26 @@ class _State:
 
 def _api() -> Any:
     """``opentelemetry.trace``, or None if OpenTelemetry is not importable (checked once)."""
-    if _State.api is None:
+    if State.api is None:
         try:
             from opentelemetry import trace  # type: ignore[import-not-found]  # optional extra
             from opentelemetry.trace.propagation.tracecontext import (  # type: ignore[import-not-found]
                 TraceContextTextMapPropagator,
             )
         except ImportError:
-            _State.api = False
+            State.api = False
         else:
-            _State.api = trace
-            _State.propagator = TraceContextTextMapPropagator()
+            State.api = trace
+            State.propagator = TraceContextTextMapPropagator()
             # A ProxyTracer follows a tracer provider that the user sets later.
-            _State.tracer = trace.get_tracer(TRACER_NAME)
-    return _State.api or None
+            State.tracer = trace.get_tracer(TRACER_NAME)
+    return State.api or None
 
 
 def _reset() -> None:
     """Forget what was imported (tests simulate an environment without OpenTelemetry)."""
-    _State.api = _State.propagator = _State.tracer = None
-    _State.seen = _State.warned = _State.export_checked = False
+    State.api = State.propagator = State.tracer = None
+    State.seen = State.warned = State.export_checked = False
 
 
 def enabled(trace_config: Optional[Sequence[str]]) -> bool:
@@ -95,17 +95,17 @@ DEFAULT_COLLECTOR_URL = "http://localhost:4318/v1/traces"
 
 def configure_export(trace_config: Optional[Sequence[str]]) -> None:
     """Remember the collector URL and resource attributes of a tracing server's ``trace_config``."""
-    _State.export_url = DEFAULT_COLLECTOR_URL
-    _State.export_resource = {}
+    State.export_url = DEFAULT_COLLECTOR_URL
+    State.export_resource = {}
     for entry in trace_config or ():
         key, _, value = entry.strip().partition("=")
         key = key.replace(" ", "").lower()
         if key == "opentelemetry,url":
-            _State.export_url = value.strip()
+            State.export_url = value.strip()
         elif key == "opentelemetry,resource":
             name, sep, attribute = value.partition("=")
             if sep:
-                _State.export_resource[name.strip()] = attribute.strip()
+                State.export_resource[name.strip()] = attribute.strip()
 
 
 def export_provider(url: str, resource: Dict[str, str]) -> Any:
@@ -126,21 +126,21 @@ def export_provider(url: str, resource: Dict[str, str]) -> Any:
 
 def _ensure_export(trace_api: Any) -> None:
     """Once, at the first traced batch: set up :func:`export_provider` unless the process has a provider."""
-    if _State.export_checked or _State.export_url is None:
+    if State.export_checked or State.export_url is None:
         return
-    _State.export_checked = True
+    State.export_checked = True
     if not isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
         return  # the application configured OpenTelemetry itself: its provider gets the spans
-    provider = export_provider(_State.export_url, _State.export_resource)
+    provider = export_provider(State.export_url, State.export_resource)
     if provider is None:
         LOGGER.info(
             "pytriton's spans are not exported: configure an OpenTelemetry TracerProvider in this process, or "
             "install opentelemetry-exporter-otlp-proto-http to send them to %s with Triton's.",
-            _State.export_url,
+            State.export_url,
         )
         return
     trace_api.set_tracer_provider(provider)
-    LOGGER.info("pytriton exports its spans to %s (OTLP/HTTP), as Triton does", _State.export_url)
+    LOGGER.info("pytriton exports its spans to %s (OTLP/HTTP), as Triton does", State.export_url)
 
 
 def start_spans(
@@ -151,11 +151,11 @@ def start_spans(
     ``trace`` is the INFER message's ``TRACE`` field. Returns the spans, one per request (None for
     an untraced one), for :func:`end_spans`, or None when nothing was opened.
     """
-    _State.seen = True
+    State.seen = True
     trace_api = _api()
     if trace_api is None:
-        if not _State.warned:
-            _State.warned = True
+        if not State.warned:
+            State.warned = True
             LOGGER.warning(
                 "Triton traces requests to model %r (OpenTelemetry mode) but %s in this process: Request.span "
                 "stays None. Install it with: pip install 'pytriton[tracing]'",
@@ -177,12 +177,12 @@ def start_spans(
             spans.append(None)
             continue
         try:
-            parent = _State.propagator.extract(carrier=json.loads(context))
+            parent = State.propagator.extract(carrier=json.loads(context))
         except ValueError:
             LOGGER.debug("Unreadable trace context from Triton: %r", context)
             spans.append(None)
             continue
-        span = _State.tracer.start_span(REQUEST_SPAN, context=parent, start_time=started_ns, attributes=attributes)
+        span = State.tracer.start_span(REQUEST_SPAN, context=parent, start_time=started_ns, attributes=attributes)
         # Up to here the time went to the stub reading the inputs and to the hop to this process.
         span.add_event("inputs_ready", timestamp=decoded_ns)
         request.span = span
@@ -212,7 +212,7 @@ def end_spans(spans: Optional[List[Optional[Any]]], reply: Any) -> None:
 # -- @batch ---------------------------------------------------------------------------------------
 def open_batch_spans(requests: Sequence[Any]) -> Optional[List[Any]]:
     """A ``batch`` child span for every traced request (None if there is none, the common case)."""
-    if not _State.seen:
+    if not State.seen:
         return None
     parents = [span for span in (getattr(request, "span", None) for request in requests) if span is not None]
     trace_api = _api() if parents else None
@@ -220,7 +220,7 @@ def open_batch_spans(requests: Sequence[Any]) -> Optional[List[Any]]:
         return None
     attributes = {"pytriton.batch.requests": len(requests)}
     return [
-        _State.tracer.start_span(BATCH_SPAN, context=trace_api.set_span_in_context(parent), attributes=attributes)
+        State.tracer.start_span(BATCH_SPAN, context=trace_api.set_span_in_context(parent), attributes=attributes)
         for parent in parents
     ]
 
@@ -235,19 +235,22 @@ def _end_all(spans: List[Any], exc: Optional[BaseException]) -> None:
         span.end()
 
 
-def call_in_batch_spans(spans: Optional[List[Any]], call: Callable[[], Any], finish: Callable[[Any], Any]) -> Any:
-    """``finish(call())`` with ``spans`` (from :func:`open_batch_spans`) covering the whole call.
-
-    While ``call`` runs, the first span is the current span, so spans the callable opens itself
-    nest under it. For a coroutine or (async) generator that ``finish`` returns, the spans end when
-    it completes, fails or is closed.
-    """
-    if spans is None:
-        return finish(call())
-    trace_api = _State.api
+def call_in_spans(spans: List[Any], func: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)`` with the first of ``spans`` (from :func:`open_batch_spans`) as the
+    current span, so spans the callable opens itself nest under it; a failure ends ``spans`` as errors."""
     try:
-        with trace_api.use_span(spans[0], end_on_exit=False):
-            result = finish(call())
+        with State.api.use_span(spans[0], end_on_exit=False):
+            return func(*args, **kwargs)
+    except BaseException as exc:
+        _end_all(spans, exc)
+        raise
+
+
+def finish_in_spans(spans: List[Any], finish: Callable[[], Any]) -> Any:
+    """``finish()`` (post-processing the call's result), then end ``spans``: at once for a plain result,
+    when it completes, fails or is closed for a coroutine or (async) generator."""
+    try:
+        result = finish()
     except BaseException as exc:
         _end_all(spans, exc)
         raise

@@ -444,15 +444,24 @@ class InstanceWorker:
         not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
         """
         views: List[npt.NDArray[Any]] = []
+        if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode)
+            reply = self._call_traced(session, message, views)
+        else:
+            reply = self._call_callable(session, message, views)
+        retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
+        return _wire.with_retire(reply, retire) if retire else reply
+
+    def _call_traced(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
+        """:meth:`_call_callable` for a traced batch: its spans (opened by ``_decode_on`` as
+        ``Request.span``) end once the final reply is built, or when the stub left mid-stream."""
         reply = None
         try:
             reply = self._call_callable(session, message, views)
+            return reply
         finally:
-            if session.spans is not None:  # a traced batch (also when its stub left mid-stream: reply None)
+            if session.spans is not None:
                 spans, session.spans = session.spans, None
                 _tracing.end_spans(spans, reply)
-        retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
-        return _wire.with_retire(reply, retire) if retire else reply
 
     def _call_callable(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
         # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the

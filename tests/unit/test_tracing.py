@@ -350,7 +350,7 @@ def test_batch_with_plain_dict_requests_and_no_spans_is_unchanged(spans):
     def infer(k):
         return {"y": k * 2}
 
-    _tracing._State.seen = True  # even once traced batches were seen
+    _tracing.State.seen = True  # even once traced batches were seen
     assert infer([{"k": np.array([[3]])}])[0]["y"].tolist() == [[6]]
     assert not spans.get_finished_spans()
 
@@ -519,10 +519,10 @@ def test_configure_export_reads_the_collector_and_resources():
     _tracing.configure_export(
         ["mode=opentelemetry", "opentelemetry,resource=service.name=svc", "opentelemetry, url=http://c:1/v1/traces"]
     )
-    assert _tracing._State.export_url == "http://c:1/v1/traces"
-    assert _tracing._State.export_resource == {"service.name": "svc"}
+    assert _tracing.State.export_url == "http://c:1/v1/traces"
+    assert _tracing.State.export_resource == {"service.name": "svc"}
     _tracing.configure_export(["mode=opentelemetry"])
-    assert _tracing._State.export_url == _tracing.DEFAULT_COLLECTOR_URL and _tracing._State.export_resource == {}
+    assert _tracing.State.export_url == _tracing.DEFAULT_COLLECTOR_URL and _tracing.State.export_resource == {}
 
 
 def test_an_unconfigured_process_gets_an_exporting_provider_once(monkeypatch, caplog):
@@ -535,21 +535,21 @@ def test_an_unconfigured_process_gets_an_exporting_provider_once(monkeypatch, ca
         set_tracer_provider=installed.append,
     )
     monkeypatch.setattr(_tracing, "export_provider", lambda url, resource: built.append((url, resource)) or "provider")
-    monkeypatch.setattr(_tracing._State, "export_url", "http://c:1/v1/traces")
-    monkeypatch.setattr(_tracing._State, "export_resource", {"a": "b"})
-    monkeypatch.setattr(_tracing._State, "export_checked", False)
+    monkeypatch.setattr(_tracing.State, "export_url", "http://c:1/v1/traces")
+    monkeypatch.setattr(_tracing.State, "export_resource", {"a": "b"})
+    monkeypatch.setattr(_tracing.State, "export_checked", False)
     _tracing._ensure_export(fake_api)
     _tracing._ensure_export(fake_api)
     assert built == [("http://c:1/v1/traces", {"a": "b"})] and installed == ["provider"]
 
     # A process that set up its own provider keeps it.
-    monkeypatch.setattr(_tracing._State, "export_checked", False)
+    monkeypatch.setattr(_tracing.State, "export_checked", False)
     fake_api.get_tracer_provider = lambda: object()
     _tracing._ensure_export(fake_api)
     assert installed == ["provider"]
 
     # Without the OTLP exporter package: nothing is installed, and the log says how to export.
-    monkeypatch.setattr(_tracing._State, "export_checked", False)
+    monkeypatch.setattr(_tracing.State, "export_checked", False)
     fake_api.get_tracer_provider = lambda: trace.ProxyTracerProvider()
     monkeypatch.setattr(_tracing, "export_provider", lambda url, resource: None)
     with caplog.at_level(logging.INFO, logger="pytriton.proxy._tracing"):
