@@ -298,7 +298,8 @@ def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     of arrays whose first axis is the batch. Each request gets the rows matching its own batch
     size, in order. All requests must carry the same inputs (see ``@group_by_keys``). Generators
     stream: every yielded batch is split the same way. Request parameters stay reachable through
-    :func:`current_requests`.
+    :func:`current_requests`. When Triton traces requests, a ``batch`` child span of each traced
+    request's span covers the call (docs/tracing.md).
     """
     requests: List[Request] = list(args[0])
     inputs = _stack_inputs(requests)
