@@ -6,7 +6,8 @@ and switched on for one model by ``bind(..., trace_config=...)`` (sent through t
 ``trace`` endpoint with pytriton's access token). The user's process exports its spans to an
 in-memory exporter; the tests check the chain client -> ``InferRequest`` -> model span (Triton's)
 -> ``proxy_inference_callable`` -> ``batch`` and the user's own span (pytriton's), and that a
-model bound again under the same name without ``trace_config`` is no longer traced.
+server restarted after a crash traces the model again, and that a model bound again under the
+same name without ``trace_config`` is no longer traced.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import os
+import signal
 import threading
 from typing import Any, Dict, Iterator, List
 
@@ -166,6 +169,16 @@ def test_tritons_own_trace_id_reaches_the_user_and_untraced_models_stay_untraced
     assert _triton_spans(trace_id)["Traced"]["spanId"] == f"{proxy.parent.span_id:016x}"
     with _Receiver.lock:
         assert not [span for span in _Receiver.spans if span["name"] == "Untraced"]
+
+
+def test_a_restarted_server_gets_the_model_trace_settings_again(server):
+    port, exporter, triton = server
+    os.kill(triton._server.pid, signal.SIGKILL)
+    # The restart counts once the new server is ready, its models loaded and their settings sent.
+    assert wait_for(lambda: triton.server_restarts == 1, 60), "the server was not restarted"
+    exporter.clear()
+    _infer(port, "Traced", {})
+    assert [span.name for span in exporter.get_finished_spans()].count(_tracing.REQUEST_SPAN) == 1
 
 
 def test_a_model_bound_again_without_trace_config_is_not_traced(server):
