@@ -504,7 +504,9 @@ def test_model_settings_go_over_grpc_when_http_is_off(monkeypatch):
         def close(self):
             calls.append("closed")
 
-    monkeypatch.setitem(sys.modules, "tritonclient.grpc", types.SimpleNamespace(InferenceServerClient=FakeClient))
+    import tritonclient.grpc
+
+    monkeypatch.setattr(tritonclient.grpc, "InferenceServerClient", FakeClient)
     access = AccessPolicy(TritonConfig(), TritonSecurityConfig(access_token="secret"))
     options = {"allow_http": False, "grpc_address": "0.0.0.0", "grpc_port": 8001}
     _tracing.send_model_settings(options, access, "m", {"trace_rate": "1"}, TIMEOUT_S)
