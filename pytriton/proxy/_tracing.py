@@ -18,8 +18,9 @@ does: exporting to the collector URL (and with the ``resource`` attributes) of
 is an optional extra (``pip install pytriton[tracing]``): without it, or for a request Triton does not
 trace, ``Request.span`` is None, ``traced_span`` does nothing and nothing here is imported.
 
-Cost: nothing at all while the server does not trace in OpenTelemetry mode (the stub sends no
-field; the worker checks the message's length); per traced request, one span (two under
+Cost: while the server does not trace in OpenTelemetry mode, the stub checks one flag per batch
+and sends no field, the worker checks the message's length and ``@batch`` checks
+``State.seen`` (``python -m bench.tracing_cost``); per traced request, one span (two under
 ``@batch``).
 
 Per-model settings (``Triton.bind(..., trace_config=[...])``): :func:`model_settings` turns them
@@ -48,7 +49,9 @@ _MISSING = "opentelemetry is not installed"
 
 
 class State:
-    """Lazily imported OpenTelemetry modules (``None`` until first needed, ``False`` if absent)."""
+    """Process-wide tracing state: the lazily imported OpenTelemetry API (``None`` until first
+    needed, ``False`` if absent), whether a traced batch has arrived, and the export settings of
+    :func:`configure_export` (the last ``Triton`` in OpenTelemetry mode constructed sets them)."""
 
     api: Any = None
     propagator: Any = None
