@@ -18,7 +18,7 @@ import pathlib
 import queue
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
 from pytriton.exceptions import PyTritonServerError
@@ -80,6 +80,9 @@ class SelfHealing:
         raise NotImplementedError
 
     def _request_load(self, model_name: str) -> None:
+        raise NotImplementedError
+
+    def _apply_trace_settings(self, model_names: Sequence[str]) -> None:
         raise NotImplementedError
 
     def _ready_probe(self) -> Callable[[], bool]:
@@ -197,6 +200,7 @@ class SelfHealing:
                     for name in self._model_names():
                         if name not in self._startup_models:  # bound after run(): load it again
                             self._request_load(name)
+                    self._apply_trace_settings(self._startup_models)  # a new server knows none
                 except PyTritonServerError as exc:
                     self._claim_scratch(False)
                     if self._state is not _State.RUNNING or not self._count_crash(str(exc)):

@@ -36,6 +36,7 @@ import wrapt
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from pytriton.model_config.triton_model_config import TritonModelConfig
+from pytriton.proxy import _tracing
 from pytriton.proxy.types import InferenceRequest, InferenceRequests, InferenceResult, InferenceResults, Request
 
 # wrapt's type stubs declare their whole module for Python 3.10 and later only, so a type check for
@@ -302,23 +303,32 @@ def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     of arrays whose first axis is the batch. Each request gets the rows matching its own batch
     size, in order. All requests must carry the same inputs (see ``@group_by_keys``). Generators
     stream: every yielded batch is split the same way. Request parameters stay reachable through
-    :func:`current_requests`.
+    :func:`current_requests`. When Triton traces requests, a ``batch`` child span of each traced
+    request's span covers the call (docs/tracing.md).
     """
     requests: List[Request] = list(args[0])
     inputs = _stack_inputs(requests)
     sizes = [get_inference_request_batch_size(request) for request in requests]
     call_kwargs = dict(kwargs)
     call_kwargs.update(inputs)
+    # A "batch" child span of each traced request's span covers the call (None: nothing is traced,
+    # and State.seen keeps even the look for spans off the path until a traced batch has arrived).
+    spans = _tracing.open_batch_spans(requests) if _tracing.State.seen else None
     token = _CURRENT_REQUESTS.set(requests)
     try:
-        result = wrapped(*args[1:], **call_kwargs)
+        if spans is None:
+            result = wrapped(*args[1:], **call_kwargs)
+        else:
+            result = _tracing.call_in_spans(spans, wrapped, args[1:], call_kwargs)
     finally:
         _CURRENT_REQUESTS.reset(token)
 
     def finish(outputs: Any) -> InferenceResults:
         return _split_outputs(convert_output(outputs, wrapped, instance), sizes)
 
-    return _after(result, finish, requests)
+    if spans is None:
+        return _after(result, finish, requests)
+    return _tracing.finish_in_spans(spans, lambda: _after(result, finish, requests))
 
 
 @_decorator

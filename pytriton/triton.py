@@ -54,7 +54,7 @@ from pytriton.exceptions import (
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy import _stub_bytes, _wire
+from pytriton.proxy import _stub_bytes, _tracing, _wire
 from pytriton.proxy._binding import (
     BindingContext,
     BoundModel,
@@ -205,6 +205,11 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         self._exit_timeout_s = float(EXIT_TIMEOUT_S if exit_timeout is None else exit_timeout)
         self._drain_delay_s = float(self._config.drain_delay_secs or 0)  # stop(): serve on, not ready
         self._polling = PollingWindows.from_env()  # PYTRITON_*_SPIN_US, read once (docs/configuration.md)
+        # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
+        self._tracing = _tracing.enabled(self._config.trace_config) and not self._embedded
+        self._trace_settings: Dict[str, Dict[str, Any]] = {}
+        if self._tracing:
+            _tracing.configure_export(self._config.trace_config)  # where unconfigured processes send spans
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
             raise PyTritonBadParameterError(
                 f"security_config must be a TritonSecurityConfig, got {type(security_config).__name__}."
@@ -274,6 +279,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             on_stub_lost=self._on_stub_lost,
             polling=self._polling,
             metrics=_callable_metrics(self._config),
+            tracing=self._tracing,
         )
 
     def bind(
@@ -285,6 +291,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         model_version: int = 1,
         config: Optional[ModelConfig] = None,
         strict: bool = False,
+        trace_config: Optional[List[str]] = None,
     ) -> None:
         """Serve ``infer_func`` as version ``model_version`` of model ``model_name``.
 
@@ -300,10 +307,16 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         version of a name that is already served reloads the name: its other versions get new
         stubs, and keep serving while the new ones start.
 
+        ``trace_config``: this model's own trace settings, ``setting=value`` strings as in
+        ``TritonConfig.trace_config`` but only ``level``, ``rate`` and ``count`` (e.g.
+        ``["level=TIMESTAMPS", "rate=1"]``); the server must trace in OpenTelemetry mode
+        (``TritonConfig(trace_config=["mode=opentelemetry", ...])``). See docs/tracing.md.
+
         Raises:
             PyTritonModelAlreadyBoundError: this name and version are already bound.
         """
         validate_model_name(model_name)
+        trace_settings = self._model_trace_settings(model_name, trace_config)
         with self._lock:
             if self._state is _State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")
@@ -337,11 +350,15 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             key = (model_name, model.version)
             self._models[key] = model
             self._attach_context(model)
+            if trace_settings is not None:
+                self._trace_settings[model_name] = trace_settings
             if self._state is _State.RUNNING:
                 try:
                     self._load_live(model)
                 except BaseException:
                     del self._models[key]
+                    if not siblings:
+                        self._trace_settings.pop(model_name, None)
                     model.stop_workers()
                     assert self._repository is not None
                     if siblings:
@@ -384,7 +401,10 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                     if failure is not None:
                         LOGGER.error("Model %s: reloading its remaining versions failed: %s", model_name, failure)
                 else:
+                    self._clear_trace_settings(model_name)
                     self._repository_request("unload", model_name)
+            if not remaining:
+                self._trace_settings.pop(model_name, None)
             deadline = time.monotonic() + self._exit_timeout_s
             if self._state is _State.RUNNING and not remaining:
                 self._wait_detached(removed, deadline)
@@ -462,6 +482,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             self._repository_request("load", model_name)
         except (http.client.HTTPException, OSError) as exc:
             raise self._load_interrupted(model_name, exc) from None
+        self._apply_trace_settings([model_name])
         _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
 
     def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
@@ -497,6 +518,43 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                 return False
             time.sleep(0.01)
         return True
+
+    def _model_trace_settings(self, model_name: str, trace_config: Optional[List[str]]) -> Optional[Dict[str, Any]]:
+        """``bind``'s ``trace_config`` as Triton's per-model trace settings (None: none given)."""
+        if trace_config is None:
+            return None
+        settings = _tracing.model_settings(trace_config, model_name)
+        if not self._tracing:
+            raise PyTritonValidationError(
+                f"Model {model_name!r}: bind(trace_config=...) needs a server that traces in OpenTelemetry mode: "
+                "TritonConfig(trace_config=['mode=opentelemetry', 'opentelemetry,url=<collector>/v1/traces', ...])"
+                + (" (Triton(embedded=True) cannot trace)." if self._embedded else ".")
+            )
+        known = self._trace_settings.get(model_name)
+        if known is not None and known != settings and self._versions(model_name):
+            raise PyTritonValidationError(
+                f"Model {model_name!r}: Triton keeps one trace setting per model name, and another version was "
+                f"bound with trace_config giving {known}; bind every version with the same trace_config."
+            )
+        return settings
+
+    def _apply_trace_settings(self, model_names: Sequence[str]) -> None:
+        """Send the per-model trace settings of ``model_names`` to the loaded server (after each load)."""
+        for name in model_names:
+            settings = self._trace_settings.get(name)
+            if settings is not None and not self._embedded:
+                _tracing.send_model_settings(self._options, self._access, name, settings, STARTUP_TIMEOUT_S)
+
+    def _clear_trace_settings(self, model_name: str) -> None:
+        """Before the last version is unloaded: Triton keeps a model's trace settings by name, so a
+        model bound later under this name would inherit them; null values restore the server's."""
+        settings = self._trace_settings.get(model_name)
+        if settings is not None and not self._embedded:
+            try:
+                cleared = dict.fromkeys(settings)
+                _tracing.send_model_settings(self._options, self._access, model_name, cleared, STARTUP_TIMEOUT_S)
+            except (PyTritonServerError, OSError) as exc:
+                LOGGER.warning("Model %s: could not clear its trace settings: %s", model_name, exc)
 
     def _repository_request(self, action: str, model_name: str) -> None:
         """``POST /v2/repository/models/<model_name>/<action>`` (``load``/``unload``), over HTTP or gRPC.
@@ -607,6 +665,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                 self._server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to start")
                 for name in warm:
                     self._request_load(name)
+                self._apply_trace_settings(startup)
             except BaseException:
                 self._claim_scratch(False)
                 self.stop()

@@ -125,6 +125,7 @@ class BindingContext:
     # The TCP transport's endpoint in this process (RemoteTriton(transport="tcp")); None: Unix sockets.
     tcp: Optional[_zmq_channel.Hub] = None
     metrics: bool = False  # the callables' metrics on Triton's /metrics (TritonConfig.callable_metrics)
+    tracing: bool = False  # the server traces in OpenTelemetry mode (proxy/_tracing.py)
 
 
 class BoundModel:
@@ -201,6 +202,8 @@ class BoundModel:
             "max_request_bytes": context.max_request_bytes,
             "execution_timeout_s": self.execution_timeout_s or 0.0,
             "metrics": context.metrics,  # pytriton_* metrics from the stub (docs/metrics.md)
+            # The stub forwards Triton's trace contexts only then (proxy/_stub_trace.py).
+            "trace": context.tracing,
         }
         self._route = f"m{index}"
         if context.tcp is not None:  # the stub connects here instead (proxy/_zmq_channel.py)
@@ -258,6 +261,7 @@ class BoundModel:
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_bytes.py"), version_dir / "_pytriton_stub_bytes.py")
         shutil.copyfile(_zmq_channel.__file__, version_dir / "_pytriton_zmq_channel.py")
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_metrics.py"), version_dir / "_pytriton_stub_metrics.py")
+        shutil.copyfile(pathlib.Path(__file__).with_name("_stub_trace.py"), version_dir / "_pytriton_stub_trace.py")
 
     def start_workers(self) -> None:
         """Start one worker per instance slot (before Triton loads the model)."""

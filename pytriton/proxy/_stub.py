@@ -38,10 +38,11 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 try:  # the copies placed next to model.py by Triton.bind
     import _pytriton_stub_bytes as _stub_bytes  # type: ignore[import-not-found]
     import _pytriton_stub_metrics as _stub_metrics  # type: ignore[import-not-found]
+    import _pytriton_stub_trace as _stub_trace  # type: ignore[import-not-found]
     import _pytriton_wire as _wire  # type: ignore[import-not-found]
     import _pytriton_zmq_channel as _zmq_channel  # type: ignore[import-not-found]
 except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _stub_bytes, _stub_metrics, _wire, _zmq_channel
+    from pytriton.proxy import _stub_bytes, _stub_metrics, _stub_trace, _wire, _zmq_channel
 
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
@@ -160,6 +161,8 @@ class TritonPythonModel:
         self._single_output = len(config.get("output", [])) == 1
         self._model_name = args["model_name"]
         self._max_request_bytes = int(params.get("max_request_bytes", 0))  # 0: no limit
+        # The server traces in OpenTelemetry mode: forward each request's trace context (_stub_trace).
+        self._trace = bool(params.get("trace", False))
         # The generation is in the public config on purpose: a new value makes Triton reload the
         # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
         public = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
@@ -275,7 +278,7 @@ class TritonPythonModel:
         except (EOFError, OSError):
             raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
 
-    def _encode(self, requests: List[Any], requested: List[Any]) -> Any:
+    def _encode(self, requests: List[Any], requested: List[Any], trace: Any = None) -> Any:
         """The INFER message for a batch; raises ``RequestsTooLarge`` (before any copy) if needed."""
         groups = []
         entries = []
@@ -293,7 +296,7 @@ class TritonPythonModel:
         if rejected:
             raise RequestsTooLarge(rejected)
         segment, metas = _wire.write_tensors(self._arena, groups)
-        return _wire.infer(segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)])
+        return _wire.infer(segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)], trace)
 
     def _too_large(self, nbytes: int) -> str:
         return (
@@ -353,12 +356,13 @@ class TritonPythonModel:
             self._releaser.leave()
 
     def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
+        trace = _stub_trace.collect(requests) if self._trace else None
         if self._single_output:
             requested: List[Any] = [None] * len(requests)
         else:
             requested = [request.requested_output_names() or None for request in requests]
         try:
-            message = self._encode(requests, requested)
+            message = self._encode(requests, requested, trace)
         except RequestsTooLarge as exc:
             return self._reject(requests, exc.rejected)
         except Exception as exc:  # malformed input we cannot forward

@@ -47,7 +47,7 @@ import numpy.typing as npt
 # read them through the field constants and parsers: both ends then agree on one definition.
 # stub -> user
 HELLO = 1  # (HELLO, stub_pid, generation)
-INFER = 2  # (INFER, segment, entries)  entries: [(inputs, parameters, requested_outputs)] per request
+INFER = 2  # (INFER, segment, entries[, trace])  entries: [(inputs, parameters, requested_outputs)] per request
 NEXT = 3  # (NEXT,)  acknowledges streamed chunks: send more
 BYE = 4  # (BYE,)  the instance is going away
 CANCEL = 5  # (CANCEL,)  instead of NEXT: nobody wants the rest of this stream; close the generator
@@ -64,6 +64,9 @@ GENERATION = 2  # HELLO: the stub's generation (see proxy/_stub.py)
 SLOT = 1  # WELCOME: the worker's name for the slot
 SEGMENT = 1  # INFER, OK, CHUNK: the sender's arena segment to map, or None if every tensor is inline
 BODY = 2  # INFER: the entries; OK, CHUNK: the results
+# INFER, optional trailing field, present only while Triton traces a request of the batch (OpenTelemetry
+# mode): (stub_started_ns, [Triton's trace context (a JSON string with "traceparent") or None per request]).
+TRACE = 3
 TEXT = 1  # ERROR: the error text for every request of the batch
 FINAL_KINDS = (OK, ERROR, END)
 # OK, ERROR, END (the final reply of a batch): where the mandatory retire flag is (``retires``); an
@@ -128,12 +131,19 @@ def parse_welcome(message: Sequence[Any]) -> Welcome:
     return Welcome(message[SLOT])
 
 
-def infer(segment: Optional[str], entries: List[Any]) -> Tuple[int, Optional[str], List[Any]]:
-    return (INFER, segment, entries)
+def infer(segment: Optional[str], entries: List[Any], trace: Optional[Tuple[int, List[Any]]] = None) -> Tuple[Any, ...]:
+    """An INFER message; ``trace`` (see ``TRACE``) is appended only when given, so untraced batches
+    keep the three-field message."""
+    return (INFER, segment, entries) if trace is None else (INFER, segment, entries, trace)
 
 
 def parse_infer(message: Sequence[Any]) -> Infer:
     return Infer(message[SEGMENT], message[BODY])
+
+
+def parse_trace(message: Sequence[Any]) -> Optional[Tuple[int, List[Any]]]:
+    """The ``TRACE`` field of an INFER message, or None (the message has none)."""
+    return message[TRACE] if len(message) > TRACE else None
 
 
 def ok(segment: Optional[str], results: List[Any], retire: bool = False) -> Tuple[int, Optional[str], List[Any], bool]:

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _wire, _zmq_channel
+from pytriton.proxy import _tracing, _wire, _zmq_channel
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import Request
 
@@ -97,6 +97,7 @@ class _Session:
         # perf_counter() around the current batch's call (call_started 0: the callable was not called).
         self.call_started = 0.0
         self.call_ended = 0.0
+        self.spans: Optional[List[Any]] = None  # of the batch in flight, when Triton traces it (_tracing)
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -439,6 +440,10 @@ class InstanceWorker:
                     views.append(array.base if array.base is not None else array)
                 data[meta[0]] = array
             requests.append(Request(data, parameters, requested_output_names=requested))
+        if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode): Request.span
+            session.spans = _tracing.start_spans(
+                _wire.parse_trace(message), requests, self._config.model_name, self._config.model_version
+            )
         return requests
 
     def _encode_on(
@@ -471,12 +476,27 @@ class InstanceWorker:
         """
         views: List[npt.NDArray[Any]] = []
         session.call_started = 0.0
-        reply = self._call_callable(session, message, views)
+        if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode)
+            reply = self._call_traced(session, message, views)
+        else:
+            reply = self._call_callable(session, message, views)
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
         reply = _wire.with_retire(reply, retire) if retire else reply
         if self._metrics and session.call_started:
             return _wire.with_duration(reply, session.call_ended - session.call_started)
         return reply
+
+    def _call_traced(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
+        """:meth:`_call_callable` for a traced batch: its spans (opened by ``_decode_on`` as
+        ``Request.span``) end once the final reply is built, or when the stub left mid-stream."""
+        reply = None
+        try:
+            reply = self._call_callable(session, message, views)
+            return reply
+        finally:
+            if session.spans is not None:
+                spans, session.spans = session.spans, None
+                _tracing.end_spans(spans, reply)
 
     def _call_callable(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
         # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the

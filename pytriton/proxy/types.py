@@ -1,6 +1,7 @@
 """Shared vocabulary of inference callables: ``Request`` and the result types.
 
 Unit tests: tests/unit/test_api_drift.py (``Request``'s argument order, ``traced_span``),
+tests/unit/test_tracing.py (``span`` and ``traced_span`` with and without OpenTelemetry),
 tests/unit/test_decorators.py (``Request`` as callables see it).
 """
 
@@ -39,8 +40,9 @@ class Request:
         data: input tensors by name (absent optional inputs are simply missing).
         parameters: request parameters sent by the client, plus headers forwarded by Triton's
             ``*_header_forward_pattern`` options (``None`` when there are none).
-        span: the tracing span of this request, or ``None`` (always ``None`` while OpenTelemetry
-            tracing is not set up; see :meth:`traced_span`).
+        span: the request's OpenTelemetry span (``proxy_inference_callable``, a child of Triton's
+            model span) when Triton traces the request, else ``None`` (docs/tracing.md; see
+            :meth:`traced_span`).
         requested_output_names: outputs the client asked for (``None`` means all; always
             ``None`` for a model with a single output, where there is nothing to choose).
 
