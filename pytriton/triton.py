@@ -272,6 +272,8 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         model_version: int = 1,
         config: Optional[ModelConfig] = None,
         strict: bool = False,
+        *,
+        instance_kind: str = "thread",
     ) -> None:
         """Serve ``infer_func`` as version ``model_version`` of model ``model_name``.
 
@@ -286,6 +288,12 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         ``ModelConfig`` and number of instances (``PyTritonValidationError`` otherwise). Binding a
         version of a name that is already served reloads the name: its other versions get new
         stubs, and keep serving while the new ones start.
+
+        ``instance_kind="process"`` runs each instance's callable in a worker process of its own
+        instead of a thread of this process, so pure-Python work of several instances runs in
+        parallel. The callable must then be picklable (a module-level function, an object of a
+        module-level class, ``functools.partial`` of those; decorators included), which is checked
+        here; see docs/architecture.md, "Instances: threads or processes".
 
         Raises:
             PyTritonModelAlreadyBoundError: this name and version are already bound.
@@ -310,6 +318,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                 config=config if config is not None else ModelConfig(),
                 strict=strict,
                 context=self._binding_context(),
+                instance_kind=instance_kind,
             )
             siblings = self._versions(model_name)
             if siblings:

@@ -17,6 +17,10 @@ With an execution timeout (``ModelConfig.execution_timeout_s``) the stub waits t
 reply. When it expires, the batch fails with an error naming the timeout, and the stub drops the
 connection (and its arena, which the hung call may still read) and connects again: the worker
 serves the new connection on a fresh thread and discards the hung call's late result.
+
+When the connection breaks under a batch (the worker *process* of a process instance died), that
+batch fails; the next batch first connects again, with fresh arenas: the user's process keeps the
+slot's socket listening while it starts a new worker process (``proxy/_process.py``).
 """
 
 from __future__ import annotations
@@ -162,6 +166,7 @@ class TritonPythonModel:
         self._reader = _wire.ArenaReader()
         # After a large request, both arenas give their memory back once this instance is idle.
         self._releaser = _wire.IdleReleaser(lambda: (self._arena, self._reader))
+        self._broken = False  # the connection ended under a batch: connect again before the next one
         self._connect()
 
     def _connect(self) -> None:
@@ -183,14 +188,21 @@ class TritonPythonModel:
             f"pytriton: model {self._model_name!r} did not answer within its execution timeout of "
             f"{self._timeout_s:g} s (ModelConfig.execution_timeout_s); the request was abandoned."
         )
+        self._reconnect()
+        return message
+
+    def _reconnect(self) -> bool:
+        """Drop the connection and both arenas, connect again; False if that failed (the next batch tries again)."""
+        self._broken = True
         self._socket.close()
-        self._arena.close()  # the hung call may still read it: the next batch gets a fresh segment
+        self._arena.close()  # the peer may still read it (or has unlinked its name): the next batch gets a fresh segment
         self._reader.close()
         try:
             self._connect()
         except Exception:  # noqa: BLE001 - the next batch reports the user's process as gone
-            pass
-        return message
+            return False
+        self._broken = False
+        return True
 
     def _claim_slot(self, slots: int) -> int:
         deadline = time.monotonic() + 60.0
@@ -234,7 +246,7 @@ class TritonPythonModel:
         except socket.timeout:
             raise ExecutionTimedOut() from None
         except (EOFError, OSError):
-            raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
+            raise self._gone() from None
 
     def _receive(self) -> Any:
         try:
@@ -242,7 +254,11 @@ class TritonPythonModel:
         except socket.timeout:
             raise ExecutionTimedOut() from None
         except (EOFError, OSError):
-            raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
+            raise self._gone() from None
+
+    def _gone(self) -> UserProcessGone:
+        self._broken = True
+        return UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection")
 
     def _encode(self, requests: List[Any], requested: List[Any]) -> Any:
         """The INFER message for a batch; raises ``RequestsTooLarge`` (before any copy) if needed."""
@@ -323,6 +339,8 @@ class TritonPythonModel:
             requested: List[Any] = [None] * len(requests)
         else:
             requested = [request.requested_output_names() or None for request in requests]
+        if self._broken and not self._reconnect():  # before _encode: reconnecting replaces the arena
+            return self._fail(requests, f"the pytriton process (pid {self._user_pid}) is not accepting connections")
         try:
             message = self._encode(requests, requested)
         except RequestsTooLarge as exc:

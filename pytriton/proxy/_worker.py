@@ -164,11 +164,17 @@ class InstanceWorker:
         """True while a batch is being processed for a stub that still waits for it."""
         return any(session.busy and not session.abandoned for session in self._sessions)
 
-    def start(self) -> None:
-        """Listen on the slot's socket and start serving."""
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self._path)
-        self._listener.listen(4)
+    def start(self, listener: Optional[socket.socket] = None) -> None:
+        """Listen on the slot's socket and start serving.
+
+        ``listener``: a socket already listening on the slot's path, to serve instead of binding
+        one (a worker process gets it from the process that bound the model, see ``_process.py``).
+        """
+        if listener is None:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(self._path)
+            listener.listen(4)
+        self._listener = listener
         self._thread = threading.Thread(target=self._accept, name=f"pytriton-{self._name}", daemon=True)
         self._thread.start()
 
@@ -247,7 +253,7 @@ class InstanceWorker:
                         sock.close()
                         return
                     self._session_count += 1
-                    session = _Session(self._session_count, sock, self._shm_prefix)
+                    session = self._new_session(self._session_count, sock)
                     self._sessions.append(session)
                 session.thread = threading.Thread(
                     target=self._run_session,
@@ -260,6 +266,10 @@ class InstanceWorker:
             LOGGER.exception("Worker %s: accepting connections failed", self._name)
         finally:
             listener.close()
+
+    def _new_session(self, number: int, sock: socket.socket) -> _Session:
+        """The state of one accepted connection (a seam: a worker process publishes it, see ``_process_child.py``)."""
+        return _Session(number, sock, self._shm_prefix)
 
     def _run_session(self, session: _Session) -> None:
         try:
