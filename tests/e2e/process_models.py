@@ -46,8 +46,8 @@ async def async_echo(requests):
 def tokens(requests):
     """A generator (decoupled model): ``n`` responses per request."""
     (request,) = requests
-    for step in range(int(request["n"][0])):
-        yield [{"token": np.array([step], dtype=np.int32)}]
+    for step in range(int(request["n"].ravel()[0])):
+        yield [{"token": np.full((len(request["n"]), 1), step, dtype=np.int32)}]
 
 
 def fails_or_crashes(requests):
