@@ -103,6 +103,11 @@ def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
     return target
 
 
+def _rewrap(wrapped: Any, wrapper: Any, enabled: Any) -> Any:
+    """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
+    return wrapt.FunctionWrapper(wrapped, wrapper, enabled)
+
+
 def _named(obj: Any) -> Optional[Tuple[str, str, int]]:
     """``(module, qualname, depth)`` if ``obj`` can be imported by name, itself or ``depth`` decorators below."""
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
@@ -145,16 +150,18 @@ class _CallablePickler(pickle.Pickler):
                 f"{named[1]} is defined in the __main__ module of an interactive session or 'python -c', "
                 "which a worker process cannot import; move it to a module (a .py file)"
             )
+        if named is not None and (wrapper or named[2] > 0):
+            # A decorated function by name, or the function inside a decorator (its name holds the
+            # decorator: @wrapt.decorator's own function, e.g. the one @batch wraps its target with).
+            return _resolve, named
         if not wrapper:
             return NotImplemented  # plain pickle: a function or class by name (or its own error)
-        if named is not None:
-            return _resolve, named
         if issubclass(kind, wrapt.BoundFunctionWrapper):
             owner, name = obj._self_instance, getattr(obj, "__name__", None)
             if owner is not None and isinstance(name, str) and _same_method(getattr(owner, name, None), obj):
                 return getattr, (owner, name)
-        if kind is wrapt.FunctionWrapper:
-            return wrapt.FunctionWrapper, (obj.__wrapped__, obj._self_wrapper, obj._self_enabled)
+        if kind is wrapt.FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
+            return _rewrap, (obj.__wrapped__, obj._self_wrapper, obj._self_enabled)
         raise pickle.PicklingError(f"cannot pickle the decorated callable {obj!r}")
 
 
