@@ -1,7 +1,8 @@
 """Run every benchmark scenario; write results.json, results.md and results.png.
 
-Usage: ``python -m bench [--out DIR] [--quick] [--only inprocess]`` (``make bench`` runs the full
-suite; ``--only inprocess`` runs only the in-process scenarios of bench/inprocess.py).
+Usage: ``python -m bench [--out DIR] [--quick] [--only inprocess|instances]`` (``make bench`` runs the
+full suite; ``--only inprocess`` runs only the in-process scenarios of bench/inprocess.py,
+``--only instances`` only the thread/process instance scenarios of bench/instances.py).
 Each figure of the project is measured next to the plain Python-backend baseline, on the same
 tritonserver binary and in the same run, and reported with the ratio.
 """
@@ -24,7 +25,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from bench import host, inprocess, report
+from bench import host, inprocess, instances, report
 from bench.models import BatchCounter, bind_project_models, write_plain_models
 from pytriton.triton import Triton, TritonConfig
 
@@ -344,6 +345,11 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
         scenarios["inprocess"] = inprocess.run_scenarios(quick)
     except Exception as exc:  # reported, never hidden
         scenarios["inprocess"] = {"error": str(exc)[-500:]}
+    print("thread and process instances ...", flush=True)
+    try:
+        scenarios["instances"] = instances.run_scenarios(quick)
+    except Exception as exc:  # reported, never hidden
+        scenarios["instances"] = {"error": str(exc)[-500:]}
     results["host"]["after"] = host.probe()
     results["host"]["steal_percent"] = steal.percent()
     out.mkdir(parents=True, exist_ok=True)
@@ -353,6 +359,9 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
     if "summary" in scenarios.get("inprocess", {}):
         section = {"environment": results["environment"], "command": "make bench", "inprocess": scenarios["inprocess"]}
         table += "\nIn-process scenarios (bench/inprocess.py):\n\n" + report.inprocess_table(section)
+    if "summary" in scenarios.get("instances", {}):
+        section = {"environment": results["environment"], "command": "make bench", "instances": scenarios["instances"]}
+        table += "\nThread and process instances (bench/instances.py):\n\n" + instances.table(section)
     (out / "results.md").write_text(table)
     report.chart(results, out / "results.png")
     print(table)
@@ -363,13 +372,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke runs)")
-    parser.add_argument("--only", choices=["inprocess"], help="run only these scenarios (bench/inprocess.py)")
+    parser.add_argument(
+        "--only",
+        choices=["inprocess", "instances"],
+        help="run only these scenarios (bench/inprocess.py, bench/instances.py)",
+    )
     args = parser.parse_args(argv)
     # Turn SIGTERM into SystemExit so that an interrupted run still stops its servers and removes
     # its temporary model repository (the finally blocks run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.only == "inprocess":
         return inprocess.main(["--out", str(args.out)] + (["--quick"] if args.quick else []))
+    if args.only == "instances":
+        return instances.main(["--out", str(args.out)] + (["--quick"] if args.quick else []))
     started = time.monotonic()
     run(args.out, args.quick)
     print(f"bench finished in {time.monotonic() - started:.0f} s; results in {args.out}")
