@@ -280,9 +280,12 @@ class Status:
             self._FIELDS.pack_into(self._map, 0, busy, connected, retired_busy, stub_pid, last_active)
 
     def read(self) -> Tuple[bool, bool, bool, int, float]:
-        if self._map is None:
+        """``(busy, connected, retired_busy, stub_pid, last_active)``; all clear once closed (also by another thread)."""
+        page = self._map
+        try:
+            busy, connected, retired_busy, stub_pid, last_active = self._FIELDS.unpack_from(page)  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # None, or closed under us
             return False, False, False, 0, 0.0
-        busy, connected, retired_busy, stub_pid, last_active = self._FIELDS.unpack_from(self._map)
         return bool(busy), bool(connected), bool(retired_busy), stub_pid, last_active
 
     def close(self) -> None:

@@ -4,7 +4,9 @@ Threading model: each instance slot of a bound model gets a dedicated thread lis
 Unix socket, so a batch goes from the stub to the callable with no thread hop in between. Instances of
 one model therefore run concurrently as threads of the user's process and share its GIL; work that
 releases the GIL (numpy, PyTorch, I/O) runs in parallel, pure-Python work does not. ``async``
-callables run on a private event loop owned by the worker thread.
+callables run on a private event loop owned by the worker thread. With
+``bind(..., instance_kind="process")`` the same worker runs in a worker process of its own per
+instance instead (``_process.py``, ``_process_child.py``).
 """
 
 from __future__ import annotations
