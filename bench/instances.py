@@ -8,7 +8,7 @@ One ``Triton`` serves:
 
 * ``cpu_t1``, ``cpu_t2``, ``cpu_p1``, ``cpu_p2``: a pure-Python CPU-bound callable (a loop of about
   2 ms per request, :func:`cpu_work`; it never releases the GIL) with 1 or 2 thread instances and 1
-  or 2 process instances. Throughput with ``CONCURRENCY`` requests in flight from one gRPC asyncio
+  or 2 process instances, one request per batch (``max_batch_size=1``). Throughput with ``CONCURRENCY`` requests in flight from one gRPC asyncio
   client process; the figure of interest is the speed-up of 2 instances over 1 of the same kind;
 * ``id_thread``, ``id_process``: the ``[1,16]`` fp32 identity with one thread instance and one
   process instance, sequential p50/p99 over HTTP, measured interleaved in one client (blocks of 50
@@ -71,12 +71,15 @@ def bind_models(triton: Any) -> None:
     tensors = dict(
         inputs=[Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
         outputs=[Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
-        config=ModelConfig(max_batch_size=8),
     )
+    # One request per batch for the CPU-bound models: the dynamic batcher would otherwise gather every
+    # request in flight into one batch for one instance while the other waits, hiding parallelism.
     for name, kind, count in (("t1", "thread", 1), ("t2", "thread", 2), ("p1", "process", 1), ("p2", "process", 2)):
-        triton.bind(f"cpu_{name}", [cpu_work] * count, instance_kind=kind, **tensors)
-    triton.bind("id_thread", identity, instance_kind="thread", **tensors)
-    triton.bind("id_process", identity, instance_kind="process", **tensors)
+        triton.bind(
+            f"cpu_{name}", [cpu_work] * count, instance_kind=kind, config=ModelConfig(max_batch_size=1), **tensors
+        )
+    triton.bind("id_thread", identity, instance_kind="thread", config=ModelConfig(max_batch_size=8), **tensors)
+    triton.bind("id_process", identity, instance_kind="process", config=ModelConfig(max_batch_size=8), **tensors)
 
 
 def summarize(rounds: List[Dict[str, Dict[str, float]]]) -> Dict[str, Dict[str, float]]:
