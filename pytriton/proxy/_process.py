@@ -259,6 +259,7 @@ class Status:
     """
 
     _FIELDS = struct.Struct("<qqqqd")  # busy, connected, retired_busy, stub_pid, last_active
+    _LAST_ACTIVE = struct.Struct("<d")  # at offset 32
     SIZE = 4096
 
     def __init__(self, fd: int):
@@ -278,6 +279,10 @@ class Status:
     def write(self, busy: bool, connected: bool, retired_busy: bool, stub_pid: int, last_active: float) -> None:
         if self._map is not None:
             self._FIELDS.pack_into(self._map, 0, busy, connected, retired_busy, stub_pid, last_active)
+
+    def write_last_active(self, value: float) -> None:
+        if self._map is not None:
+            self._LAST_ACTIVE.pack_into(self._map, 32, value)
 
     def read(self) -> Tuple[bool, bool, bool, int, float]:
         """``(busy, connected, retired_busy, stub_pid, last_active)``; all clear once closed (also by another thread)."""
