@@ -156,6 +156,16 @@ def test_an_unpicklable_callable_is_refused_at_bind(served):
     assert ("Lambda", 1) not in triton._models
 
 
+def test_a_live_bind_serves_and_unbind_ends_its_worker_processes(served):
+    triton, http, _ = served
+    triton.bind("Live", process_models.doubled, [_t("x")], [_t("y")], instance_kind="process")
+    (pid,) = _worker_pids(triton, "Live")
+    with ModelClient(http, "Live") as client:
+        np.testing.assert_array_equal(client.infer_sample(np.ones(2, np.float32))["y"], [2.0, 2.0])
+    triton.unbind("Live")
+    assert wait_for(lambda: not _alive(pid), 10)
+
+
 def _run_child(ports):
     child = subprocess.Popen(
         [sys.executable, str(CHILD), *(str(ports[key]) for key in ("http_port", "grpc_port", "metrics_port"))],
