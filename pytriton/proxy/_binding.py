@@ -264,26 +264,26 @@ class BoundModel:
         if self._workers:
             return
         self.endpoint_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for slot, func in enumerate(self.infer_funcs):
-            common: Dict[str, Any] = dict(
-                path=str(self.endpoint_dir / f"slot-{slot}.sock"),
-                config=self.config,
-                strict=self.strict,
-                shm_prefix=f"{self.shm_prefix}-w{slot}",
-                on_unrecoverable=self._context.on_unrecoverable,
-                name=f"{self.name}-{slot}",
-                poll_s=self._worker_poll_s,
-                on_stub_lost=self._stub_lost,
-            )
-            if self._payloads:
-                instance = _process.ProcessInstance(payload=self._payloads[slot], **common)
-                self._workers.append(instance)
-                instance.launch()
-            else:
-                worker = InstanceWorker(infer_func=func, **common)
-                worker.start()
-                self._workers.append(worker)
         try:
+            for slot, func in enumerate(self.infer_funcs):
+                common: Dict[str, Any] = dict(
+                    path=str(self.endpoint_dir / f"slot-{slot}.sock"),
+                    config=self.config,
+                    strict=self.strict,
+                    shm_prefix=f"{self.shm_prefix}-w{slot}",
+                    on_unrecoverable=self._context.on_unrecoverable,
+                    name=f"{self.name}-{slot}",
+                    poll_s=self._worker_poll_s,
+                    on_stub_lost=self._stub_lost,
+                )
+                if self._payloads:
+                    instance = _process.ProcessInstance(payload=self._payloads[slot], **common)
+                    self._workers.append(instance)
+                    instance.launch()
+                else:
+                    worker = InstanceWorker(infer_func=func, **common)
+                    worker.start()
+                    self._workers.append(worker)
             for started in self._workers:
                 if isinstance(started, _process.ProcessInstance):
                     started.wait_ready()

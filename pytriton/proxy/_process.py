@@ -532,8 +532,11 @@ class ProcessInstance:
                     return
                 if self._wake.wait(_RESTART_BACKOFF_S[min(failures, len(_RESTART_BACKOFF_S) - 1)]):
                     return
-        except BaseException:  # noqa: BLE001 - log whatever ends this thread
+        except BaseException as exc:  # noqa: BLE001 - log whatever ends this thread (e.g. no process could be started)
             LOGGER.exception("Model %s: supervising the worker process of instance %s failed", self._model, self._name)
+            if not self._ready.is_set():
+                self._start_error = f"starting it failed ({type(exc).__name__}: {exc})"
+            self._gave_up = True
             self._ready.set()
 
     def _run_one(self) -> Tuple[bool, int]:
