@@ -588,7 +588,11 @@ class ProcessInstance:
             if logger.isEnabledFor(record.levelno):
                 logger.handle(record)
         elif kind == "failed":
-            self._start_error = message[1]
+            self._start_error = str(message[1]).rstrip(".")
+            # It exits after its atexit handlers; one that hangs must not hold bind()/run() up.
+            timer = threading.Timer(10.0, _kill_quietly, (self._child,))
+            timer.daemon = True
+            timer.start()
         elif kind == "reply":
             future = self._replies.pop(message[1], None)
             if future is not None:
@@ -662,6 +666,11 @@ def _parent_settings() -> Dict[str, Any]:
             "pytriton": logging.getLogger("pytriton").getEffectiveLevel(),
         },
     }
+
+
+def _kill_quietly(child: Optional[subprocess.Popen[bytes]]) -> None:
+    if child is not None and child.poll() is None:
+        child.kill()
 
 
 def _sweep_segments_of(prefix: str, pid: int) -> None:

@@ -13,14 +13,17 @@ records of this process (re-emitted there by the logger of the same name, so the
 configuration applies), ``stub_lost`` and ``unrecoverable`` events, and replies to ``retire``. It
 publishes ``busy``/``connected``/``last_active`` in the shared status page (``_process.Status``) at
 each change. It exits on ``stop`` (after stopping the worker) or as soon as the control socket
-closes (the parent is gone): with ``os._exit``, so threads left running by a hung callable cannot
-hold it up; ``atexit`` handlers of the callable's modules do not run.
+closes (the parent is gone). It ends with ``os._exit``, so threads left running by a hung callable
+cannot hold it up; ``atexit`` handlers (of the callable's modules, or of a ``Triton`` that a main
+module without its ``__main__`` guard created while being imported) run first, except when the
+parent is gone.
 
 Unit tests: tests/unit/test_process_instances.py.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import multiprocessing.spawn
@@ -198,7 +201,7 @@ def main(argv: List[str]) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it from bind()/run()
         link.send("failed", error_text(exc))
         LOGGER.error("Loading the inference callable failed", exc_info=exc)
-        _exit(1)
+        _exit(1, run_atexit=True)
     worker = _PublishingWorker(
         _process.Status(status_fd),
         path=settings["path"],
@@ -213,7 +216,8 @@ def main(argv: List[str]) -> None:
     )
     worker.start(listener=socket.socket(fileno=listen_fd))
     link.send("ready")
-    _exit(_control_loop(link, worker))
+    code = _control_loop(link, worker)
+    _exit(code, run_atexit=code == 0)
 
 
 def _control_loop(link: _Link, worker: InstanceWorker) -> int:
@@ -230,8 +234,13 @@ def _control_loop(link: _Link, worker: InstanceWorker) -> int:
             return 0
 
 
-def _exit(code: int) -> None:
-    """Flush what this process wrote and end it at once (see the module docstring)."""
+def _exit(code: int, run_atexit: bool) -> None:
+    """Run the ``atexit`` handlers if asked, flush what this process wrote and end it at once."""
+    if run_atexit:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - a failing handler must not keep the process alive
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
