@@ -8,7 +8,8 @@ Typical use::
         triton.serve()
 
 Resource contract: ``run()`` starts one ``tritonserver`` process (which starts one stub process per
-model instance), one worker thread per model instance, a small watchdog process, unix sockets in a
+model instance), one worker thread per model instance (a worker process for models bound with
+``instance_kind="process"``), a small watchdog process, unix sockets in a
 private directory and shared-memory segments named ``pytriton-<pid>-<token>-*``. ``stop()`` (also
 called by ``__exit__``, ``serve()`` on SIGINT/SIGTERM, and at interpreter exit) removes all of it;
 if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it. With
