@@ -20,7 +20,9 @@ serves the new connection on a fresh thread and discards the hung call's late re
 
 When the connection breaks under a batch (the worker *process* of a process instance died), that
 batch fails; the next batch first connects again, with fresh arenas: the user's process keeps the
-slot's socket listening while it starts a new worker process (``proxy/_process.py``).
+slot's socket listening while it starts a new worker process (``proxy/_process.py``). A connection
+found closed when a batch is sent (the worker died while idle) is made again and the batch sent
+there, once: nothing of it had reached a worker.
 """
 
 from __future__ import annotations
@@ -119,7 +121,13 @@ class RequestsTooLarge(Exception):
 
 
 class UserProcessGone(RuntimeError):
-    """The process that bound the model is no longer running."""
+    """The process that bound the model is no longer running (or its connection ended).
+
+    ``unsent``: the connection had already ended when a message was sent, so the worker never
+    received it (e.g. a worker process that died while idle, since replaced).
+    """
+
+    unsent = False
 
 
 class ExecutionTimedOut(RuntimeError):
@@ -242,11 +250,13 @@ class TritonPythonModel:
         """
         try:
             self._channel.send(message)
-            return self._channel.recv()
         except socket.timeout:
             raise ExecutionTimedOut() from None
-        except (EOFError, OSError):
-            raise self._gone() from None
+        except OSError:
+            gone = self._gone()
+            gone.unsent = True
+            raise gone from None
+        return self._receive()
 
     def _receive(self) -> Any:
         try:
@@ -339,20 +349,24 @@ class TritonPythonModel:
             requested: List[Any] = [None] * len(requests)
         else:
             requested = [request.requested_output_names() or None for request in requests]
-        if self._broken and not self._reconnect():  # before _encode: reconnecting replaces the arena
-            return self._fail(requests, f"the pytriton process (pid {self._user_pid}) is not accepting connections")
-        try:
-            message = self._encode(requests, requested)
-        except RequestsTooLarge as exc:
-            return self._reject(requests, exc.rejected)
-        except Exception as exc:  # malformed input we cannot forward
-            return self._fail(requests, f"pytriton proxy could not read the request: {exc}")
-        try:
-            reply = self._call(message)
-        except UserProcessGone as exc:
-            return self._fail(requests, str(exc))
-        except ExecutionTimedOut:
-            return self._fail(requests, self._abandon())
+        for attempt in (1, 2):
+            if self._broken and not self._reconnect():  # before _encode: reconnecting replaces the arena
+                return self._fail(requests, f"the pytriton process (pid {self._user_pid}) is not accepting connections")
+            try:
+                message = self._encode(requests, requested)
+            except RequestsTooLarge as exc:
+                return self._reject(requests, exc.rejected)
+            except Exception as exc:  # malformed input we cannot forward
+                return self._fail(requests, f"pytriton proxy could not read the request: {exc}")
+            try:
+                reply = self._call(message)
+                break
+            except UserProcessGone as exc:
+                if exc.unsent and attempt == 1:
+                    continue  # the connection had ended while idle: nothing of this batch ran, connect again
+                return self._fail(requests, str(exc))
+            except ExecutionTimedOut:
+                return self._fail(requests, self._abandon())
         if not self._decoupled:
             try:
                 kind = reply[_wire.KIND]

@@ -140,6 +140,17 @@ def test_a_crashed_worker_fails_its_request_cleanly_and_is_replaced(served, capl
         np.testing.assert_array_equal(client.infer_sample(np.ones(2, np.float32))["y"], [2.0, 2.0])
 
 
+def test_a_worker_killed_while_idle_is_replaced_without_failing_a_request(served):
+    triton, http, _ = served
+    (old,) = _worker_pids(triton, "Faulty")
+    with ModelClient(http, "Faulty") as client:
+        np.testing.assert_array_equal(client.infer_sample(np.array([3.0], np.float32))["y"], [3.0])
+        os.kill(old, signal.SIGKILL)
+        assert wait_for(lambda: _worker_pids(triton, "Faulty")[0] not in (None, old), 60)
+        assert triton.is_alive()  # its stub lives on and connects again on its next batch
+        np.testing.assert_array_equal(client.infer_sample(np.array([4.0], np.float32))["y"], [4.0])
+
+
 def test_an_unpicklable_callable_is_refused_at_bind(served):
     triton, _, _ = served
     factor = 2.0

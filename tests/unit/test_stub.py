@@ -650,6 +650,21 @@ def test_a_connection_broken_under_a_batch_is_made_again_for_the_next_one(setup,
     assert response.error is None
 
 
+def test_a_connection_that_ended_while_idle_is_made_again_without_failing_the_batch(setup, pool):
+    # A worker process died between batches and was replaced: the send fails, nothing of the batch
+    # ran, so the stub connects again and sends it there.
+    worker = setup.worker()
+    model = setup.model()
+    worker.channel().sock.close()
+    future = pool.submit(model.execute, [FakeRequest({"x": np.full(1, 4.0)})])
+    second = worker.channel()
+    ((inputs, _, _),) = _inputs(second.recv())
+    np.testing.assert_array_equal(inputs["x"], np.full(1, 4.0))
+    second.send(_ok(None, [{"y": np.full(1, 5.0)}]))
+    (response,) = future.result(TIMEOUT_S)
+    assert response.error is None and len(worker.hellos) == 2
+
+
 def test_finalize_survives_a_worker_that_is_already_gone(setup):
     worker = setup.worker()
     model = setup.model()
