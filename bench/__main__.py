@@ -1,8 +1,9 @@
 """Run every benchmark scenario; write results.json, results.md and results.png.
 
-Usage: ``python -m bench [--out DIR] [--quick] [--only inprocess|remote]`` (``make bench`` runs the full
-suite; ``--only inprocess`` runs only the in-process scenarios of bench/inprocess.py, ``--only remote``
-RemoteTriton's transports, bench/remote.py).
+Usage: ``python -m bench [--out DIR] [--quick] [--only inprocess|remote|instances]`` (``make bench``
+runs the full suite; ``--only inprocess`` runs only the in-process scenarios of bench/inprocess.py,
+``--only remote`` RemoteTriton's transports, bench/remote.py, ``--only instances`` the
+thread/process instance scenarios of bench/instances.py).
 Each figure of the project is measured next to the plain Python-backend baseline, on the same
 tritonserver binary and in the same run, and reported with the ratio.
 """
@@ -25,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from bench import host, inprocess, report
+from bench import host, inprocess, instances, report
 from bench.models import BatchCounter, bind_project_models, write_plain_models
 from pytriton.triton import Triton, TritonConfig
 
@@ -345,6 +346,11 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
         scenarios["inprocess"] = inprocess.run_scenarios(quick)
     except Exception as exc:  # reported, never hidden
         scenarios["inprocess"] = {"error": str(exc)[-500:]}
+    print("thread and process instances ...", flush=True)
+    try:
+        scenarios["instances"] = instances.run_scenarios(quick)
+    except Exception as exc:  # reported, never hidden
+        scenarios["instances"] = {"error": str(exc)[-500:]}
     results["host"]["after"] = host.probe()
     results["host"]["steal_percent"] = steal.percent()
     out.mkdir(parents=True, exist_ok=True)
@@ -354,6 +360,9 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
     if "summary" in scenarios.get("inprocess", {}):
         section = {"environment": results["environment"], "command": "make bench", "inprocess": scenarios["inprocess"]}
         table += "\nIn-process scenarios (bench/inprocess.py):\n\n" + report.inprocess_table(section)
+    if "summary" in scenarios.get("instances", {}):
+        section = {"environment": results["environment"], "command": "make bench", "instances": scenarios["instances"]}
+        table += "\nThread and process instances (bench/instances.py):\n\n" + instances.table(section)
     (out / "results.md").write_text(table)
     report.chart(results, out / "results.png")
     print(table)
@@ -365,7 +374,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke runs)")
     parser.add_argument(
-        "--only", choices=["inprocess", "remote"], help="run only these scenarios (bench/inprocess.py, bench/remote.py)"
+        "--only",
+        choices=["inprocess", "remote", "instances"],
+        help="run only these scenarios (bench/inprocess.py, bench/remote.py, bench/instances.py)",
     )
     args = parser.parse_args(argv)
     # Turn SIGTERM into SystemExit so that an interrupted run still stops its servers and removes
@@ -377,6 +388,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bench import remote
 
         return remote.main(["--out", str(args.out)] + (["--quick"] if args.quick else []))
+    if args.only == "instances":
+        return instances.main(["--out", str(args.out)] + (["--quick"] if args.quick else []))
     started = time.monotonic()
     run(args.out, args.quick)
     print(f"bench finished in {time.monotonic() - started:.0f} s; results in {args.out}")

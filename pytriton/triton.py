@@ -8,7 +8,8 @@ Typical use::
         triton.serve()
 
 Resource contract: ``run()`` starts one ``tritonserver`` process (which starts one stub process per
-model instance), one worker thread per model instance, a small watchdog process, unix sockets in a
+model instance), one worker thread per model instance (a worker process for models bound with
+``instance_kind="process"``), a small watchdog process, unix sockets in a
 private directory and shared-memory segments named ``pytriton-<pid>-<token>-*``. ``stop()`` (also
 called by ``__exit__``, ``serve()`` on SIGINT/SIGTERM, and at interpreter exit) removes all of it;
 if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it. With
@@ -292,6 +293,8 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         config: Optional[ModelConfig] = None,
         strict: bool = False,
         trace_config: Optional[List[str]] = None,
+        *,
+        instance_kind: str = "thread",
     ) -> None:
         """Serve ``infer_func`` as version ``model_version`` of model ``model_name``.
 
@@ -311,6 +314,11 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         ``TritonConfig.trace_config`` but only ``level``, ``rate`` and ``count`` (e.g.
         ``["level=TIMESTAMPS", "rate=1"]``); the server must trace in OpenTelemetry mode
         (``TritonConfig(trace_config=["mode=opentelemetry", ...])``). See docs/tracing.md.
+        ``instance_kind="process"`` runs each instance's callable in a worker process of its own
+        instead of a thread of this process, so pure-Python work of several instances runs in
+        parallel. The callable must then be picklable (a module-level function, an object of a
+        module-level class, ``functools.partial`` of those; decorators included), which is checked
+        here; see docs/architecture.md, "Instances: threads or processes".
 
         Raises:
             PyTritonModelAlreadyBoundError: this name and version are already bound.
@@ -336,6 +344,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                 config=config if config is not None else ModelConfig(),
                 strict=strict,
                 context=self._binding_context(),
+                instance_kind=instance_kind,
             )
             siblings = self._versions(model_name)
             if siblings:

@@ -1,4 +1,4 @@
-"""One bound model: its resolved configuration, its repository files and its worker threads."""
+"""One bound model: its resolved configuration, its repository files and its workers (threads or processes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
-from pytriton.proxy import _wire, _zmq_channel
+from pytriton.proxy import _process, _wire, _zmq_channel
 from pytriton.proxy._worker import InstanceWorker
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
@@ -148,6 +148,7 @@ class BoundModel:
         config: ModelConfig,
         strict: bool,
         context: BindingContext,
+        instance_kind: str = "thread",
     ):
         self.name = validate_model_name(model_name)
         if not isinstance(model_version, int) or isinstance(model_version, bool) or model_version < 1:
@@ -167,6 +168,20 @@ class BoundModel:
         self.execution_timeout_s = _execution_timeout(config.execution_timeout_s, model_name)
         self.generation = 0  # grows with each reload that replaces a dead stub (see proxy/_stub.py)
         self.infer_funcs = funcs
+        self.instance_kind = _process.check_instance_kind(instance_kind, model_name)
+        if self.instance_kind == "process" and context.tcp is not None:
+            # A worker process is handed the slot's listening Unix socket; the TCP transport has one
+            # ZeroMQ hub in this process instead, so nothing could be handed over.
+            raise PyTritonBadParameterError(
+                f"Model {model_name!r}: instance_kind='process' works with the Unix transport only; "
+                "use RemoteTriton(transport='unix') or thread instances with transport='tcp'."
+            )
+        # Process instances: each callable is pickled now, so one that cannot travel fails bind().
+        self._payloads = (
+            [_process.dump_callable(func, model_name, slot) for slot, func in enumerate(funcs)]
+            if self.instance_kind == "process"
+            else []
+        )
         self.strict = strict
         self._context = context
         self.endpoint_dir = context.socket_dir / f"m{index}"
@@ -217,7 +232,7 @@ class BoundModel:
         self.config.model_warmup = warmup.entries if warmup is not None else None
         self._warmup_files = warmup.files if warmup is not None else {}
         self._worker_poll_s = context.polling.worker_us / 1e6
-        self._workers: List[InstanceWorker] = []
+        self._workers: List[Union[InstanceWorker, _process.ProcessInstance]] = []
 
     def incompatibility(self, other: BoundModel) -> Optional[str]:
         """Why this model cannot be another version of ``other`` (a different Triton config), or None."""
@@ -264,26 +279,42 @@ class BoundModel:
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_trace.py"), version_dir / "_pytriton_stub_trace.py")
 
     def start_workers(self) -> None:
-        """Start one worker per instance slot (before Triton loads the model)."""
+        """Start one worker per instance slot (before Triton loads the model).
+
+        Process instances start in parallel; if one cannot load its callable, every worker started
+        here is stopped again and ``_process.WorkerStartError`` says why.
+        """
         if self._workers:
             return
         self.endpoint_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for slot, func in enumerate(self.infer_funcs):
+        try:
             tcp = self._context.tcp
-            worker = InstanceWorker(
-                path=tcp.path(f"{self._route}/{slot}") if tcp else str(self.endpoint_dir / f"slot-{slot}.sock"),
-                infer_func=func,
-                config=self.config,
-                strict=self.strict,
-                shm_prefix=f"{self.shm_prefix}-w{slot}",
-                on_unrecoverable=self._context.on_unrecoverable,
-                name=f"{self.name}-{slot}",
-                poll_s=self._worker_poll_s,
-                on_stub_lost=self._stub_lost,
-                metrics=self._context.metrics,
-            )
-            worker.start()
-            self._workers.append(worker)
+            for slot, func in enumerate(self.infer_funcs):
+                common: Dict[str, Any] = dict(
+                    path=tcp.path(f"{self._route}/{slot}") if tcp else str(self.endpoint_dir / f"slot-{slot}.sock"),
+                    config=self.config,
+                    strict=self.strict,
+                    shm_prefix=f"{self.shm_prefix}-w{slot}",
+                    on_unrecoverable=self._context.on_unrecoverable,
+                    name=f"{self.name}-{slot}",
+                    poll_s=self._worker_poll_s,
+                    on_stub_lost=self._stub_lost,
+                    metrics=self._context.metrics,
+                )
+                if self._payloads:
+                    instance = _process.ProcessInstance(payload=self._payloads[slot], **common)
+                    self._workers.append(instance)
+                    instance.launch()
+                else:
+                    worker = InstanceWorker(infer_func=func, **common)
+                    worker.start()
+                    self._workers.append(worker)
+            for started in self._workers:
+                if isinstance(started, _process.ProcessInstance):
+                    started.wait_ready()
+        except BaseException:
+            self.stop_workers()
+            raise
 
     def _stub_lost(self, generation: int, server_pid: int) -> None:
         callback = self._context.on_stub_lost
@@ -341,7 +372,7 @@ class BoundModel:
             worker.admission = admission
 
     def stop_workers(self) -> None:
-        """Stop the worker threads and remove the socket files."""
+        """Stop the worker threads (or processes) and remove the socket files."""
         for worker in self._workers:
             worker.stop()
         self._workers = []

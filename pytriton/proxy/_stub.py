@@ -18,6 +18,12 @@ With an execution timeout (``ModelConfig.execution_timeout_s``) the stub waits t
 reply. When it expires, the batch fails with an error naming the timeout, and the stub drops the
 connection (and its arena, which the hung call may still read) and connects again: the worker
 serves the new connection on a fresh thread and discards the hung call's late result.
+
+When the connection breaks under a batch (the worker *process* of a process instance died), that
+batch fails; the next batch first connects again, with fresh arenas: the user's process keeps the
+slot's socket listening while it starts a new worker process (``proxy/_process.py``). A connection
+found closed when a batch is sent (the worker died while idle) is made again and the batch sent
+there, once: nothing of it had reached a worker.
 """
 
 from __future__ import annotations
@@ -122,7 +128,13 @@ class RequestsTooLarge(Exception):
 
 
 class UserProcessGone(RuntimeError):
-    """The process that bound the model is no longer running."""
+    """The process that bound the model is no longer running (or its connection ended).
+
+    ``unsent``: the connection had already ended when a message was sent, so the worker never
+    received it (e.g. a worker process that died while idle, since replaced).
+    """
+
+    unsent = False
 
 
 class ExecutionTimedOut(RuntimeError):
@@ -178,6 +190,7 @@ class TritonPythonModel:
         # After a large request, both arenas give their memory back once this instance is idle.
         self._releaser = _wire.IdleReleaser(lambda: (self._arena, self._reader))
         self._metrics: _stub_metrics.NullMetrics = _stub_metrics.NULL
+        self._broken = False  # the connection ended under a batch: connect again before the next one
         self._connect()
         # Counted here, pushed to Triton's /metrics by a thread of their own (docs/metrics.md).
         self._metrics = _stub_metrics.create(
@@ -214,15 +227,22 @@ class TritonPythonModel:
             f"pytriton: model {self._model_name!r} did not answer within its execution timeout of "
             f"{self._timeout_s:g} s (ModelConfig.execution_timeout_s); the request was abandoned."
         )
+        self._reconnect()
+        return message
+
+    def _reconnect(self) -> bool:
+        """Drop the connection and both arenas, connect again; False if that failed (the next batch tries again)."""
         self._metrics.reconnected()
+        self._broken = True
         self._socket.close()
-        self._arena.close()  # the hung call may still read it: the next batch gets a fresh segment
+        self._arena.close()  # the peer may still read it (or has unlinked its name): the next batch gets a fresh segment
         self._reader.close()
         try:
             self._connect()
         except Exception:  # noqa: BLE001 - the next batch reports the user's process as gone
-            pass
-        return message
+            return False
+        self._broken = False
+        return True
 
     def _claim_slot(self, slots: int) -> int:
         deadline = time.monotonic() + 60.0
@@ -264,11 +284,13 @@ class TritonPythonModel:
         """
         try:
             self._channel.send(message)
-            return self._channel.recv()
         except socket.timeout:
             raise ExecutionTimedOut() from None
-        except (EOFError, OSError):
-            raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
+        except OSError:
+            gone = self._gone()
+            gone.unsent = True
+            raise gone from None
+        return self._receive()
 
     def _receive(self) -> Any:
         try:
@@ -276,7 +298,11 @@ class TritonPythonModel:
         except socket.timeout:
             raise ExecutionTimedOut() from None
         except (EOFError, OSError):
-            raise UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection") from None
+            raise self._gone() from None
+
+    def _gone(self) -> UserProcessGone:
+        self._broken = True
+        return UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection")
 
     def _encode(self, requests: List[Any], requested: List[Any], trace: Any = None) -> Any:
         """The INFER message for a batch; raises ``RequestsTooLarge`` (before any copy) if needed."""
@@ -361,18 +387,24 @@ class TritonPythonModel:
             requested: List[Any] = [None] * len(requests)
         else:
             requested = [request.requested_output_names() or None for request in requests]
-        try:
-            message = self._encode(requests, requested, trace)
-        except RequestsTooLarge as exc:
-            return self._reject(requests, exc.rejected)
-        except Exception as exc:  # malformed input we cannot forward
-            return self._fail(requests, f"pytriton proxy could not read the request: {exc}")
-        try:
-            reply = self._call(message)
-        except UserProcessGone as exc:
-            return self._fail(requests, str(exc))
-        except ExecutionTimedOut:
-            return self._fail(requests, self._abandon())
+        for attempt in (1, 2):
+            if self._broken and not self._reconnect():  # before _encode: reconnecting replaces the arena
+                return self._fail(requests, f"the pytriton process (pid {self._user_pid}) is not accepting connections")
+            try:
+                message = self._encode(requests, requested, trace)
+            except RequestsTooLarge as exc:
+                return self._reject(requests, exc.rejected)
+            except Exception as exc:  # malformed input we cannot forward
+                return self._fail(requests, f"pytriton proxy could not read the request: {exc}")
+            try:
+                reply = self._call(message)
+                break
+            except UserProcessGone as exc:
+                if exc.unsent and attempt == 1:
+                    continue  # the connection had ended while idle: nothing of this batch ran, connect again
+                return self._fail(requests, str(exc))
+            except ExecutionTimedOut:
+                return self._fail(requests, self._abandon())
         if not self._decoupled:
             try:
                 kind = reply[_wire.KIND]

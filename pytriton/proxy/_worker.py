@@ -4,7 +4,9 @@ Threading model: each instance slot of a bound model gets a dedicated thread lis
 Unix socket, so a batch goes from the stub to the callable with no thread hop in between. Instances of
 one model therefore run concurrently as threads of the user's process and share its GIL; work that
 releases the GIL (numpy, PyTorch, I/O) runs in parallel, pure-Python work does not. ``async``
-callables run on a private event loop owned by the worker thread.
+callables run on a private event loop owned by the worker thread. With
+``bind(..., instance_kind="process")`` the same worker runs in a worker process of its own per
+instance instead (``_process.py``, ``_process_child.py``).
 """
 
 from __future__ import annotations
@@ -177,9 +179,15 @@ class InstanceWorker:
         """True while a batch is being processed for a stub that still waits for it."""
         return any(session.busy and not session.abandoned for session in self._sessions)
 
-    def start(self) -> None:
-        """Listen on the slot's socket (or its route of the TCP transport) and start serving."""
-        if self._path.startswith(_zmq_channel.SCHEME):
+    def start(self, listener: Optional[Any] = None) -> None:
+        """Listen on the slot's socket (or its route of the TCP transport) and start serving.
+
+        ``listener``: a socket already listening on the slot's path, to serve instead of binding
+        one (a worker process gets it from the process that bound the model, see ``_process.py``).
+        """
+        if listener is not None:
+            self._listener = listener
+        elif self._path.startswith(_zmq_channel.SCHEME):
             self._listener = _zmq_channel.listen(self._path)
         else:
             self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -263,7 +271,7 @@ class InstanceWorker:
                         sock.close()
                         return
                     self._session_count += 1
-                    session = _Session(self._session_count, sock, self._shm_prefix)
+                    session = self._new_session(self._session_count, sock)
                     self._sessions.append(session)
                 session.thread = threading.Thread(
                     target=self._run_session,
@@ -276,6 +284,10 @@ class InstanceWorker:
             LOGGER.exception("Worker %s: accepting connections failed", self._name)
         finally:
             listener.close()
+
+    def _new_session(self, number: int, sock: socket.socket) -> _Session:
+        """The state of one accepted connection (a seam: a worker process publishes it, see ``_process_child.py``)."""
+        return _Session(number, sock, self._shm_prefix)
 
     def _run_session(self, session: _Session) -> None:
         try:

@@ -83,8 +83,8 @@ class Request:
             from opentelemetry import trace  # type: ignore[import-not-found]  # optional extra
         except ImportError:
             return contextlib.nullcontext()
-        context = trace.set_span_in_context(self.span)
-        return trace.get_tracer("pytriton").start_as_current_span(span_name, context=context)  # type: ignore[no-any-return]
+        context = trace.set_span_in_context(self.span)  # type: ignore[attr-defined,unused-ignore]
+        return trace.get_tracer("pytriton").start_as_current_span(span_name, context=context)  # type: ignore[no-any-return,attr-defined,unused-ignore]
 
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
         return self.data[name]

@@ -59,6 +59,11 @@ class Admission:
         self._left = budget
         self._lock = threading.Lock()
 
+    def remaining(self) -> int:
+        """The budget left (at most 0 once spent)."""
+        with self._lock:
+            return self._left
+
     def admit(self, requests: int) -> bool:
         with self._lock:
             if self._left <= 0:

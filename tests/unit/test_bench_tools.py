@@ -1,4 +1,4 @@
-"""The benchmark's helpers: trace splitting, the host-state line, the cold-path probe, interleaving (no server)."""
+"""The benchmark's helpers: trace splitting, the host-state line, the cold-path probe, interleaving, the instance scenarios' summary (no server)."""
 
 from __future__ import annotations
 
@@ -179,3 +179,45 @@ def test_the_inprocess_load_loops_are_bounded_and_report_failures() -> None:
 
     with pytest.raises(ValueError, match="broken model"):
         inprocess_child.in_flight(fails, concurrency=4, duration_s=0.2, warmup_s=0.0)
+
+
+def test_instance_figures_are_medians_with_speedups_and_the_process_p50_ratio() -> None:
+    import pytest
+
+    from bench import instances
+
+    def one(scale: float) -> dict:
+        return {
+            "cpu_t1": {"requests_per_s": 100.0 * scale},
+            "cpu_t2": {"requests_per_s": 100.0 * scale},
+            "cpu_p1": {"requests_per_s": 100.0 * scale},
+            "cpu_p2": {"requests_per_s": 190.0 * scale},
+            "id_thread": {"p50_ms": 1.0 * scale, "p99_ms": 2.0},
+            "id_process": {"p50_ms": 0.9 * scale, "p99_ms": 2.0},
+        }
+
+    summary = instances.summarize([one(1.0), one(3.0), one(2.0)])
+    assert summary["cpu_t2"] == {"requests_per_s": 200.0, "speedup": 1.0}
+    assert summary["cpu_p2"]["speedup"] == pytest.approx(1.9) and summary["cpu_p1"]["vs_thread"] == 1.0
+    assert summary["id_process"]["p50_ratio"] == pytest.approx(0.9)
+    results = {
+        "environment": {"time": "T", "pytriton": "0", "tritonserver": "2.51.0", "python": "3.11", "numpy": "2",
+                        "cpu_count": 2, "machine": "x86_64"},
+        "command": "python -m bench --only instances",
+        "instances": {"rounds": [one(1.0)], "summary": instances.summarize([one(1.0)]), "concurrency": 8,
+                      "loop_ms": 2.0},
+    }  # fmt: skip
+    table = instances.table(results)
+    assert "| CPU-bound ~2 ms, 2 process instances | 190 req/s | 1.90x |" in table
+    assert "| identity [1,16] fp32, 1 process instance |  |  | 0.900 ms | 2.000 ms | 0.90x |" in table
+    assert "8 in flight" in table and "took 2.00 ms" in table
+
+
+def test_the_cpu_bound_instance_model_answers_with_its_input() -> None:
+    import numpy as np
+
+    from bench import instances
+
+    array = np.arange(32, dtype=np.float32).reshape(2, 16)
+    assert instances.cpu_work([{"INPUT": array}])[0]["OUTPUT"] is array
+    assert instances.loop_ms(repeats=1) > 0

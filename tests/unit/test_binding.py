@@ -329,3 +329,21 @@ def test_short_socket_dir(monkeypatch):
     finally:
         path.rmdir()
         shutil.rmtree(runtime)
+
+
+def test_process_instances_are_checked_at_bind_and_started_and_stopped_as_processes(context):
+    with pytest.raises(PyTritonBadParameterError, match="instance_kind must be"):
+        _model(context, instance_kind="fork")
+    with pytest.raises(PyTritonBadParameterError, match="callable of instance 1 .* cannot be pickled"):
+        _model(context, infer_funcs=[identity, lambda requests: requests], instance_kind="process")
+    model = _model(context, infer_funcs=[identity, identity], instance_kind="process")
+    model.start_workers()
+    try:
+        pids = [worker.pid for worker in model._workers]
+        assert len(set(pids)) == 2 and os.getpid() not in pids and None not in pids
+    finally:
+        model.stop_workers()
+    assert not model.endpoint_dir.exists()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

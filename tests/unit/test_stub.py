@@ -629,6 +629,42 @@ def test_execution_timeout_fails_the_batch_and_reconnects(setup, pool):
     assert response.error is None
 
 
+def test_a_connection_broken_under_a_batch_is_made_again_for_the_next_one(setup, pool):
+    # A process instance's worker process died mid-batch: that batch fails, the next one connects
+    # again (the user's process kept the slot's socket listening) and is served.
+    worker = setup.worker()
+    model = setup.model()
+    first = worker.channel()
+    future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1)})])
+    first.recv()
+    first.sock.close()
+    (response,) = future.result(TIMEOUT_S)
+    assert "closed the connection" in response.error.message()
+    future = pool.submit(model.execute, [FakeRequest({"x": np.full(1, 3.0)})])
+    second = worker.channel()
+    assert worker.hellos == [_wire.hello(os.getpid(), 0)] * 2
+    ((inputs, _, _),) = _inputs(second.recv())
+    np.testing.assert_array_equal(inputs["x"], np.full(1, 3.0))
+    second.send(_ok(None, [{"y": np.full(1, 2.0)}]))
+    (response,) = future.result(TIMEOUT_S)
+    assert response.error is None
+
+
+def test_a_connection_that_ended_while_idle_is_made_again_without_failing_the_batch(setup, pool):
+    # A worker process died between batches and was replaced: the send fails, nothing of the batch
+    # ran, so the stub connects again and sends it there.
+    worker = setup.worker()
+    model = setup.model()
+    worker.channel().sock.close()
+    future = pool.submit(model.execute, [FakeRequest({"x": np.full(1, 4.0)})])
+    second = worker.channel()
+    ((inputs, _, _),) = _inputs(second.recv())
+    np.testing.assert_array_equal(inputs["x"], np.full(1, 4.0))
+    second.send(_ok(None, [{"y": np.full(1, 5.0)}]))
+    (response,) = future.result(TIMEOUT_S)
+    assert response.error is None and len(worker.hellos) == 2
+
+
 def test_finalize_survives_a_worker_that_is_already_gone(setup):
     worker = setup.worker()
     model = setup.model()

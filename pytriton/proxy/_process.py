@@ -1,0 +1,702 @@
+"""Process instances: each instance's callable in a worker process of its own.
+
+``Triton.bind(..., instance_kind="process")`` serves every instance of a model from a child process
+instead of a thread of the user's process, so pure-Python work of several instances runs in parallel
+(each process has its own GIL). See docs/architecture.md, "Instances: threads or processes".
+
+What runs where (one :class:`ProcessInstance` per instance slot):
+
+- the user's process creates the slot's listening Unix socket (the path the stub connects to) and
+  keeps it for the life of the instance, so a stub connecting while its worker restarts waits in
+  the socket's backlog instead of being refused;
+- the worker process (``_process_child.py``) gets that listening socket, a control socket and a
+  status page as inherited file descriptors, and runs the same :class:`~pytriton.proxy._worker.InstanceWorker`
+  as thread instances on it: the stub talks to the worker process directly, with no hop through the
+  user's process;
+- a monitor thread in the user's process (``pytriton-<model>-<slot>-process``) reads the control
+  socket (readiness, log records, lost stubs, unrecoverable errors, replies), notices the worker's
+  death (the control socket closes), logs it and starts a new worker process;
+- the status page (a ``memfd``, never visible in ``/dev/shm``) is written by the worker at each
+  batch start and end and read by the user's process (``busy``, ``connected``, ``last_active``),
+  so the stop, unbind and healing logic see process instances as they see threads, without a
+  message per batch.
+
+Start method: a fresh interpreter (``sys.executable -c ...``), i.e. *spawn*, never ``fork``: the
+user's process runs threads (workers, the supervisor, the server's log readers) and forking it would
+copy their locks in whatever state they are. *forkserver* would start processes from a server
+process, which then is their parent, so ``PR_SET_PDEATHSIG`` would no longer tie them to the user's
+process. The child prepares its main module as ``multiprocessing`` does for spawn (the callable's
+module is imported, ``__main__`` is the user's script run as ``__mp_main__``), so the same rules
+apply: the code that starts Triton must sit under ``if __name__ == "__main__":``.
+
+Lifetime: every worker process is started from one long-lived thread (:class:`_Spawner`) and sets
+``PR_SET_PDEATHSIG`` (the kernel kills it when that thread, i.e. the user's process, dies) and
+lives in its own session (a Ctrl-C in the terminal reaches only the user's process, which stops it
+in order). :meth:`ProcessInstance.stop` asks the worker to stop, kills it if it does not, and closes
+every descriptor; the socket directory and segments are removed by the owner (``BoundModel``).
+
+Unit tests: tests/unit/test_process_instances.py; with a server: tests/e2e/test_process_instances.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import importlib
+import io
+import itertools
+import logging
+import mmap
+import os
+import pickle
+import queue
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import types
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import wrapt
+
+from pytriton.decorators import TritonContext
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
+from pytriton.model_config.triton_model_config import TritonModelConfig
+from pytriton.proxy import _wire
+from pytriton.proxy._worker import _process_running
+from pytriton.server.process import describe_exit
+
+LOGGER = logging.getLogger(__name__)
+
+INSTANCE_KINDS = ("thread", "process")
+READY_TIMEOUT_S = 120.0  # a worker process imports the user's modules (torch can take a while)
+STOP_TIMEOUT_S = 2.0
+MAX_START_FAILURES = 5  # consecutive worker processes that died before being ready: give up
+_RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
+# Set in a worker process while it imports the user's main module (see ProcessInstance.launch).
+IN_WORKER_PROCESS = False
+
+
+def check_instance_kind(value: Any, model: str) -> str:
+    """``"thread"`` or ``"process"``; raises ``PyTritonBadParameterError`` for anything else."""
+    if value not in INSTANCE_KINDS:
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: instance_kind must be 'thread' (worker threads in this process, the default) or "
+            f"'process' (a worker process per instance), got {value!r}."
+        )
+    return str(value)
+
+
+# -- the callable's way to the worker process -------------------------------------------------
+_CONTEXT_ID = "pytriton.TritonContext"
+_WRAPPERS = (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper)
+
+
+def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
+    """The object named ``module.qualname``, then ``depth`` times its ``__wrapped__`` (used when unpickling)."""
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    for _ in range(depth):
+        target = target.__wrapped__
+    return target
+
+
+def _rewrap(wrapped: Any, wrapper: Any, enabled: Any) -> Any:
+    """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
+    return wrapt.FunctionWrapper(wrapped, wrapper, enabled)
+
+
+def _named(obj: Any) -> Optional[Tuple[str, str, int]]:
+    """``(module, qualname, depth)`` if ``obj`` can be imported by name, itself or ``depth`` decorators below."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<locals>" in qualname:
+        return None
+    try:
+        found = _resolve(module, qualname)
+    except Exception:  # noqa: BLE001 - anything that does not resolve is simply not importable by name
+        return None
+    for depth in range(8):
+        if found is obj:
+            return module, qualname, depth
+        found = getattr(found, "__wrapped__", None)
+        if found is None:
+            return None
+    return None
+
+
+class _CallablePickler(pickle.Pickler):
+    """Pickles a callable for a worker process.
+
+    Beyond plain pickle it handles the ``wrapt`` wrappers that ``pytriton.decorators`` produce
+    (they refuse to pickle): a decorated function is pickled by name when it is importable
+    (``@batch`` on a module-level function), a decorated method as ``getattr(object, name)``, and
+    a decorator applied at bind time as the decorator's function around the pickled callable.
+    The ``TritonContext`` that ``bind`` attaches is left out: the worker process attaches its own.
+    """
+
+    def persistent_id(self, obj: Any) -> Optional[str]:
+        return _CONTEXT_ID if type(obj) is TritonContext else None
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)  # not isinstance: a wrapt proxy reports the class of what it wraps
+        wrapper = issubclass(kind, _WRAPPERS)
+        if not (wrapper or issubclass(kind, (types.FunctionType, type))):
+            return NotImplemented
+        named = _named(obj)
+        if named is not None and named[0] == "__main__" and not _main_importable():
+            raise pickle.PicklingError(
+                f"{named[1]} is defined in the __main__ module of an interactive session or 'python -c', "
+                "which a worker process cannot import; move it to a module (a .py file)"
+            )
+        if named is not None and (wrapper or named[2] > 0):
+            # A decorated function by name, or the function inside a decorator (its name holds the
+            # decorator: @wrapt.decorator's own function, e.g. the one @batch wraps its target with).
+            return _resolve, named
+        if not wrapper:
+            return NotImplemented  # plain pickle: a function or class by name (or its own error)
+        if issubclass(kind, wrapt.BoundFunctionWrapper):
+            owner, name = obj._self_instance, getattr(obj, "__name__", None)
+            if owner is not None and isinstance(name, str) and _same_method(getattr(owner, name, None), obj):
+                return getattr, (owner, name)
+        if kind is wrapt.FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
+            return _rewrap, (obj.__wrapped__, obj._self_wrapper, obj._self_enabled)
+        raise pickle.PicklingError(f"cannot pickle the decorated callable {obj!r}")
+
+
+def _same_method(found: Any, bound: Any) -> bool:
+    return issubclass(type(found), wrapt.BoundFunctionWrapper) and found.__wrapped__ == bound.__wrapped__
+
+
+def _main_importable() -> bool:
+    main = sys.modules.get("__main__")
+    return getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None
+
+
+def dump_callable(func: Any, model: str, slot: int) -> bytes:
+    """The pickled callable of one instance; raises ``PyTritonBadParameterError`` saying how to fix it."""
+    buffer = io.BytesIO()
+    try:
+        _CallablePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(func)
+    except Exception as exc:  # noqa: BLE001 - whatever pickle raises, the fix is the same
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: instance_kind='process' sends each instance's callable to its worker process by "
+            f"pickling it, and the callable of instance {slot} ({func!r}) cannot be pickled: "
+            f"{type(exc).__name__}: {exc}. Define the function, or the class of the callable object, at module "
+            "level (lambdas, nested functions and objects holding locks, sockets or open files cannot travel), "
+            "or bind it with instance_kind='thread'."
+        ) from None
+    return buffer.getvalue()
+
+
+def load_callable(data: bytes, context: TritonContext) -> Any:
+    """Unpickle a callable from :func:`dump_callable`, with ``context`` in place of the parent's TritonContext."""
+
+    class _Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            if pid != _CONTEXT_ID:
+                raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+            return context
+
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def preparation_data() -> Dict[str, Any]:
+    """What a worker process needs to import the callable's modules as this process does.
+
+    The keys of ``multiprocessing.spawn.get_preparation_data`` that concern imports (the child
+    applies them with ``multiprocessing.spawn.prepare``); that function itself is not called
+    because it would fix this process's multiprocessing start method as a side effect.
+    """
+    sys_path = [os.getcwd() if entry == "" else entry for entry in sys.path]
+    data: Dict[str, Any] = {"sys_path": sys_path, "sys_argv": list(sys.argv), "dir": os.getcwd()}
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        data["init_main_from_name"] = name
+    else:
+        path = getattr(main, "__file__", None)
+        if isinstance(path, str):
+            data["init_main_from_path"] = os.path.abspath(path)
+    return data
+
+
+# -- control socket and status page -----------------------------------------------------------
+_LENGTH = struct.Struct("<I")
+
+
+def send_message(sock: socket.socket, lock: threading.Lock, message: Any) -> None:
+    """Send one pickled, length-prefixed message (thread-safe with ``lock``)."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    with lock:
+        sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def recv_message(sock: socket.socket) -> Any:
+    """Receive one message of :func:`send_message`; ``EOFError`` once the peer has closed its end."""
+    (size,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
+    return pickle.loads(_recv_exactly(sock, size))
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            raise EOFError("the peer closed the control socket")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+class Status:
+    """The state a worker process publishes for the user's process: one shared page (``memfd``).
+
+    Written by the worker (:meth:`write`, at each batch start and end and connection change), read
+    by the user's process (:meth:`read`). Each field is an aligned 8-byte word, so a reader never
+    sees half a field.
+    """
+
+    _FIELDS = struct.Struct("<qqqqd")  # busy, connected, retired_busy, stub_pid, last_active
+    _LAST_ACTIVE = struct.Struct("<d")  # at offset 32
+    SIZE = 4096
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._map: Optional[mmap.mmap] = mmap.mmap(fd, self.SIZE)
+
+    @classmethod
+    def create(cls) -> Status:
+        fd = os.memfd_create("pytriton-instance-status", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, cls.SIZE)
+            return cls(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def write(self, busy: bool, connected: bool, retired_busy: bool, stub_pid: int, last_active: float) -> None:
+        if self._map is not None:
+            self._FIELDS.pack_into(self._map, 0, busy, connected, retired_busy, stub_pid, last_active)
+
+    def write_last_active(self, value: float) -> None:
+        if self._map is not None:
+            self._LAST_ACTIVE.pack_into(self._map, 32, value)
+
+    def read(self) -> Tuple[bool, bool, bool, int, float]:
+        """``(busy, connected, retired_busy, stub_pid, last_active)``; all clear once closed (also by another thread)."""
+        page = self._map
+        try:
+            busy, connected, retired_busy, stub_pid, last_active = self._FIELDS.unpack_from(page)  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # None, or closed under us
+            return False, False, False, 0, 0.0
+        return bool(busy), bool(connected), bool(retired_busy), stub_pid, last_active
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+            os.close(self.fd)
+
+
+# -- starting processes -----------------------------------------------------------------------
+class _Spawner:
+    """Starts every worker process from one thread that lives as long as this process.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that started a process ends, not the process: a
+    worker started from a passing thread (``bind`` on a request thread, a restart on a monitor
+    thread) would be killed when that thread returns. A daemon thread, so it never delays exit.
+    """
+
+    _lock = threading.Lock()
+    _queue: queue.SimpleQueue[Tuple[concurrent.futures.Future[subprocess.Popen[bytes]], List[str], Dict[str, Any]]]
+    _thread: Optional[threading.Thread] = None
+
+    @classmethod
+    def popen(cls, argv: List[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        """``subprocess.Popen(argv, **kwargs)``, run on the spawner thread."""
+        with cls._lock:
+            if cls._thread is None or not cls._thread.is_alive():
+                cls._queue = queue.SimpleQueue()
+                cls._thread = threading.Thread(target=cls._run, name="pytriton-process-spawner", daemon=True)
+                cls._thread.start()
+            future: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
+            cls._queue.put((future, argv, kwargs))
+        return future.result()
+
+    @classmethod
+    def _run(cls) -> None:
+        requests = cls._queue
+        while True:
+            future, argv, kwargs = requests.get()
+            try:
+                future.set_result(subprocess.Popen(argv, **kwargs))  # noqa: S603 - our own interpreter
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+
+_BOOTSTRAP = "import sys; from pytriton.proxy._process_child import main; main(sys.argv[1:])"
+
+
+class WorkerStartError(PyTritonBadParameterError):
+    """A worker process could not load its callable (the message says why and how to fix it)."""
+
+
+class ProcessInstance:
+    """Serves one instance slot of a bound model from a worker process; the user's side of it.
+
+    Offers what ``BoundModel`` uses of :class:`~pytriton.proxy._worker.InstanceWorker`: ``start``,
+    ``stop``, ``connected``, ``busy``, ``last_active``, ``retire`` and ``retired_busy``.
+
+    Lifetime: :meth:`launch` creates the listening socket, the status page and the monitor thread,
+    which starts the first worker process; :meth:`wait_ready` returns once it has loaded the
+    callable (or raises :class:`WorkerStartError`); :meth:`stop` ends the worker process and
+    releases everything. A worker process that dies is logged and replaced (after a backoff when it
+    died before being ready; after ``MAX_START_FAILURES`` such deaths in a row the instance gives up
+    and closes its socket, so its stub's requests fail at once).
+    """
+
+    def __init__(
+        self,
+        *,
+        path: str,
+        payload: bytes,
+        config: TritonModelConfig,
+        strict: bool,
+        shm_prefix: str,
+        on_unrecoverable: Callable[[BaseException], None],
+        name: str,
+        poll_s: float = 0.0,
+        on_stub_lost: Optional[Callable[[int, int], None]] = None,
+        metrics: bool = False,
+    ):
+        self._path = path
+        self._name = name
+        self._shm_prefix = shm_prefix
+        self._on_unrecoverable = on_unrecoverable
+        self._on_stub_lost = on_stub_lost
+        # Everything the worker process needs besides the descriptors it inherits.
+        self._envelope = {
+            "payload": payload,
+            "config": config,
+            "strict": strict,
+            "shm_prefix": shm_prefix,
+            "name": name,
+            "path": path,
+            "poll_s": poll_s,
+            "metrics": metrics,  # the callable's duration in each reply (docs/metrics.md)
+        }
+        self._model = config.model_name
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._listener: Optional[socket.socket] = None
+        self._status: Optional[Status] = None
+        self._thread: Optional[threading.Thread] = None
+        self._child: Optional[subprocess.Popen[bytes]] = None
+        self._control: Optional[socket.socket] = None
+        self._stopping = False
+        self._gave_up = False
+        self._wake = threading.Event()
+        self._ready = threading.Event()  # the first worker process loaded the callable (or failed to)
+        self._start_error: Optional[str] = None
+        self._orphan = 0  # pid of the stub a dead worker process served, until it connects again
+        self._replies: Dict[int, concurrent.futures.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self.restarts = 0  # worker processes started after the first one
+        self._admission: Any = None
+
+    @property
+    def admission(self) -> Any:
+        """The drain's admission (``pytriton.server._drain.Admission``), once ``Triton.stop`` drains."""
+        return self._admission
+
+    @admission.setter
+    def admission(self, admission: Any) -> None:
+        """Draining: the worker process admits at most the model's budget left now, then refuses.
+
+        The budget cannot be shared with the other instances' processes, so each gets all of it:
+        a few more queued requests may be served, none that Triton had queued is refused.
+        """
+        self._admission = admission
+        if self._request("drain", admission.remaining()) is None:
+            LOGGER.warning("Model %s: instance %s did not confirm the drain.", self._model, self._name)
+
+    # -- what BoundModel reads --------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """True while a stub is attached, or a stub whose worker process died lives on (it reconnects)."""
+        if self._status is None or self._gave_up:
+            return False
+        if self._status.read()[1]:
+            return True
+        return bool(self._orphan) and _process_running(self._orphan)
+
+    @property
+    def busy(self) -> bool:
+        return self._status is not None and self._status.read()[0]
+
+    @property
+    def last_active(self) -> float:
+        return self._status.read()[4] if self._status is not None else 0.0
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The current worker process's pid (None between a death and its replacement)."""
+        child = self._child
+        return child.pid if child is not None and child.poll() is None else None
+
+    def retired_busy(self) -> bool:
+        return self._status is not None and self._status.read()[2]
+
+    def retire(self, generation: int) -> List[int]:
+        """Like ``InstanceWorker.retire``, in the worker process; [] if it does not answer within 5 s."""
+        result = self._request("retire", generation)
+        return list(result) if isinstance(result, list) else []
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Create the slot's socket and status page, and start the monitor thread (which starts the worker)."""
+        if IN_WORKER_PROCESS:
+            raise PyTritonBadParameterError(
+                "A worker process of pytriton is importing your main module, and that module starts Triton again. "
+                'Put the code that creates Triton and binds models under `if __name__ == "__main__":` (worker '
+                "processes import the main module to find your callable, as multiprocessing's spawn does)."
+            )
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(self._path)
+            self._listener.listen(16)
+            self._status = Status.create()
+        except BaseException:
+            self._close()
+            raise
+        self._thread = threading.Thread(target=self._monitor, name=f"pytriton-{self._name}-process", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until the first worker process has loaded the callable; raise ``WorkerStartError`` if it failed."""
+        if not self._ready.wait(timeout_s):
+            self._start_error = f"it did not report ready within {timeout_s:g} s"
+        if self._start_error is not None:
+            raise WorkerStartError(
+                f"Model {self._model!r}: the worker process of instance {self._name} could not load the inference "
+                f"callable: {self._start_error}. Its module must be importable in a fresh Python process (the same "
+                'sys.path is used), with the code that starts Triton under `if __name__ == "__main__":`; '
+                "or bind it with instance_kind='thread'."
+            )
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the worker process (killing it after ``timeout_s``) and release everything. Idempotent."""
+        with self._lock:
+            self._stopping = True
+            child = self._child
+        self._wake.set()
+        if child is not None:
+            with contextlib.suppress(OSError):
+                self._send(("stop", timeout_s))
+            try:
+                child.wait(timeout_s + 1.0)
+            except subprocess.TimeoutExpired:
+                LOGGER.warning(
+                    "Model %s: the worker process of instance %s did not stop; killing it.", self._model, self._name
+                )
+                child.kill()
+                child.wait()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s + 1.0)
+        self._thread = None
+        self._close()
+
+    def _close(self) -> None:
+        for sock in (self._listener, self._control):
+            if sock is not None:
+                sock.close()
+        self._listener = self._control = None
+        if self._status is not None:
+            self._status.close()
+
+    # -- the monitor thread -----------------------------------------------------------------
+    def _monitor(self) -> None:
+        """Start worker processes one after another for as long as the instance lives."""
+        failures = 0
+        try:
+            while True:
+                ready, code = self._run_one()
+                if not self._ready.is_set():  # the first worker: bind()/run() reports its failure
+                    self._start_error = self._start_error or f"its process ended ({describe_exit(code)})"
+                    self._ready.set()
+                    return
+                if self._stopping:
+                    return
+                failures = 0 if ready else failures + 1
+                if failures >= MAX_START_FAILURES:
+                    LOGGER.error(
+                        "Model %s: the worker process of instance %s died %d times in a row before it was ready; "
+                        "giving up on this instance (its requests fail until the model is bound again).",
+                        self._model,
+                        self._name,
+                        failures,
+                    )
+                    self._gave_up = True
+                    if self._listener is not None:
+                        # Closing (not only shutting down) it also ends the connections waiting in its
+                        # backlog, so stubs waiting for their hello's answer fail at once.
+                        self._listener.close()
+                    return
+                if self._wake.wait(_RESTART_BACKOFF_S[min(failures, len(_RESTART_BACKOFF_S) - 1)]):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - log whatever ends this thread (e.g. no process could be started)
+            LOGGER.exception("Model %s: supervising the worker process of instance %s failed", self._model, self._name)
+            if not self._ready.is_set():
+                self._start_error = f"starting it failed ({type(exc).__name__}: {exc})"
+            self._gave_up = True
+            self._ready.set()
+
+    def _run_one(self) -> Tuple[bool, int]:
+        """Start one worker process and serve its control socket until it ends; (was it ready, exit code)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        assert self._listener is not None and self._status is not None
+        fds = (theirs.fileno(), self._listener.fileno(), self._status.fd)
+        try:
+            child = _Spawner.popen(
+                [sys.executable, "-c", _BOOTSTRAP, str(os.getpid()), *map(str, fds)],
+                pass_fds=fds,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+        with self._lock:
+            if self._stopping:
+                child.kill()
+            self._child, self._control = child, ours
+        ready = False
+        try:
+            send_message(ours, self._send_lock, {**self._envelope, **_parent_settings()})
+            while True:
+                message = recv_message(ours)
+                if message[0] == "ready":
+                    ready = True
+                    if self._ready.is_set():
+                        LOGGER.warning(
+                            "Model %s: instance %s serves again from a new worker process (pid %d).",
+                            self._model,
+                            self._name,
+                            child.pid,
+                        )
+                    self._ready.set()
+                else:
+                    self._handle(message)
+        except (EOFError, OSError):
+            pass
+        code = child.wait()
+        self._after_death(child, ready, code)
+        return ready, code
+
+    def _handle(self, message: Tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "log":
+            record = logging.makeLogRecord(message[1])
+            logger = logging.getLogger(record.name)
+            if logger.isEnabledFor(record.levelno):
+                logger.handle(record)
+        elif kind == "failed":
+            self._start_error = str(message[1]).rstrip(".")
+            # It exits after its atexit handlers; one that hangs must not hold bind()/run() up.
+            timer = threading.Timer(10.0, _kill_quietly, (self._child,))
+            timer.daemon = True
+            timer.start()
+        elif kind == "reply":
+            future = self._replies.pop(message[1], None)
+            if future is not None:
+                future.set_result(message[2])
+        elif kind == "stub_lost" and self._on_stub_lost is not None:
+            self._on_stub_lost(message[1], message[2])
+        elif kind == "unrecoverable":
+            self._on_unrecoverable(PyTritonUnrecoverableError(message[1]))
+
+    def _after_death(self, child: subprocess.Popen[bytes], ready: bool, code: int) -> None:
+        """Reset the status page and sweep the dead worker's segments; log the death unless stopping."""
+        with self._lock:
+            self._child = None
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+        for future in self._replies.values():
+            future.set_result(None)
+        self._replies.clear()
+        assert self._status is not None
+        busy, connected, _, stub_pid, last_active = self._status.read()
+        self._orphan = stub_pid if connected else 0
+        self._status.write(False, False, False, 0, last_active)
+        # Segments are named <prefix>-c<connection>-<pid of the creating process>-<n> (_wire.Arena).
+        _sweep_segments_of(f"{self._shm_prefix}-c", child.pid)
+        if self._stopping or not ready:
+            if not self._stopping and self._ready.is_set():
+                LOGGER.error(
+                    "Model %s: a new worker process for instance %s ended (%s) before it was ready.",
+                    self._model,
+                    self._name,
+                    describe_exit(code),
+                )
+            return
+        self.restarts += 1
+        LOGGER.error(
+            "Model %s: the worker process of instance %s (pid %d) died (%s)%s; starting a new one.",
+            self._model,
+            self._name,
+            child.pid,
+            describe_exit(code),
+            "; the batch it was running failed" if busy else "",
+        )
+
+    def _send(self, message: Tuple[Any, ...]) -> None:
+        control = self._control
+        if control is None:
+            raise OSError("no worker process")
+        send_message(control, self._send_lock, message)
+
+    def _request(self, kind: str, argument: Any, timeout_s: float = 5.0) -> Any:
+        """Send a command to the worker process and wait for its reply (None if there is none)."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        number = next(self._ids)
+        self._replies[number] = future
+        try:
+            self._send((kind, number, argument))
+            return future.result(timeout_s)
+        except (OSError, concurrent.futures.TimeoutError):
+            return None
+        finally:
+            self._replies.pop(number, None)
+
+
+def _parent_settings() -> Dict[str, Any]:
+    """What the worker process copies from this process at each start: imports and log levels."""
+    return {
+        "preparation": preparation_data(),
+        "levels": {
+            "": logging.getLogger().getEffectiveLevel(),
+            "pytriton": logging.getLogger("pytriton").getEffectiveLevel(),
+        },
+    }
+
+
+def _kill_quietly(child: Optional[subprocess.Popen[bytes]]) -> None:
+    if child is not None and child.poll() is None:
+        child.kill()
+
+
+def _sweep_segments_of(prefix: str, pid: int) -> None:
+    """Remove the ``/dev/shm`` segments named ``<prefix>...-<pid>-...`` (a dead worker process's arenas)."""
+    marker = f"-{pid}-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(_wire.SHM_DIR):
+            if name.startswith(prefix) and marker in name[len(prefix) :]:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(_wire.SHM_DIR, name))

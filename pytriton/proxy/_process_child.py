@@ -1,0 +1,254 @@
+"""The worker process of a process instance (``bind(..., instance_kind="process")``).
+
+Started by :class:`pytriton.proxy._process.ProcessInstance` as ``python -c <bootstrap> PARENT_PID
+CONTROL_FD LISTEN_FD STATUS_FD``. It ties its life to the user's process (``PR_SET_PDEATHSIG``,
+then a check that the parent is still the one that started it), reads its settings from the
+control socket, imports the callable's modules as ``multiprocessing``'s spawn does, unpickles the
+callable and serves the inherited listening socket with the same
+:class:`~pytriton.proxy._worker.InstanceWorker` as a thread instance: same data path through shared
+memory, decorators, ``async`` callables, generators, output checks and error handling.
+
+To its parent it sends, over the control socket: ``ready`` (or ``failed`` with the reason), the log
+records of this process (re-emitted there by the logger of the same name, so the user's logging
+configuration applies), ``stub_lost`` and ``unrecoverable`` events, and replies to ``retire``. It
+publishes ``busy``/``connected``/``last_active`` in the shared status page (``_process.Status``) at
+each change. It exits on ``stop`` (after stopping the worker) or as soon as the control socket
+closes (the parent is gone). It ends with ``os._exit``, so threads left running by a hung callable
+cannot hold it up; ``atexit`` handlers (of the callable's modules, or of a ``Triton`` that a main
+module without its ``__main__`` guard created while being imported) run first, except when the
+parent is gone.
+
+Unit tests: tests/unit/test_process_instances.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import multiprocessing.spawn
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Any, Dict, List, Optional
+
+from pytriton.decorators import TritonContext
+from pytriton.proxy import _process
+from pytriton.proxy._worker import InstanceWorker, _Session, error_text
+from pytriton.server import _drain
+
+_PR_SET_PDEATHSIG = 1
+LOGGER = logging.getLogger(__name__)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Get SIGKILL when the user's process dies; exit now if it already has (its child was re-parented)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - every Linux libc has prctl
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+class _Link:
+    """The control socket to the parent, shared by every thread of this process."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def send(self, *message: Any) -> None:
+        try:
+            _process.send_message(self.sock, self.lock, message)
+        except OSError:
+            pass  # the parent is gone; the control loop sees it and exits
+
+
+class _ForwardingHandler(logging.Handler):
+    """Sends each log record to the parent, formatted as far as a ``LogRecord`` dict allows."""
+
+    def __init__(self, link: _Link):
+        super().__init__()
+        self._link = link
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = dict(record.__dict__)
+            fields["msg"] = record.getMessage()
+            fields["args"] = None
+            if record.exc_info:
+                fields["exc_text"] = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+            fields["exc_info"] = None
+            fields = {key: value for key, value in fields.items() if _plain(value)}
+            self._link.send("log", fields)
+        except Exception:  # noqa: BLE001 - logging must never fail the caller
+            pass
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+class _PublishedSession(_Session):
+    """A connection whose state changes are published to the parent (see :class:`_PublishingWorker`)."""
+
+    _TRACKED = frozenset({"busy", "connected", "abandoned", "retired", "stub_pid"})
+    _owner: _PublishingWorker
+
+    def __init__(self, owner: _PublishingWorker, number: int, sock: Optional[socket.socket], prefix: str):
+        object.__setattr__(self, "_owner", owner)
+        super().__init__(number, sock, prefix)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in self._TRACKED:
+            self._owner.publish()
+
+    def close(self) -> None:
+        super().close()
+        self._owner.publish()  # called once the session has left the worker's list
+
+
+class _PublishingWorker(InstanceWorker):
+    """``InstanceWorker`` that mirrors ``busy``, ``connected``, ``retired_busy`` and ``last_active`` into the status page."""
+
+    def __init__(self, status: _process.Status, **kwargs: Any):
+        self._status = status
+        self._publish_lock = threading.Lock()
+        self._last_active = 0.0
+        super().__init__(**kwargs)
+
+    @property  # type: ignore[override]
+    def last_active(self) -> float:
+        return self._last_active
+
+    @last_active.setter
+    def last_active(self, value: float) -> None:
+        self._last_active = value
+        self._status.write_last_active(value)
+
+    def _new_session(self, number: int, sock: socket.socket) -> _Session:
+        return _PublishedSession(self, number, sock, self._shm_prefix)
+
+    def publish(self) -> None:
+        """Write the worker's ``busy``, ``connected`` and ``retired_busy`` (as ``InstanceWorker`` defines them).
+
+        On the path of every batch (twice), so one plain loop instead of the properties (5 us -> 1 us).
+        """
+        sessions = getattr(self, "_sessions", None)
+        if sessions is None:
+            return  # still in __init__
+        with self._publish_lock:
+            busy = connected = retired_busy = False
+            stub_pid = 0
+            for session in sessions:
+                if session.abandoned:
+                    continue
+                if session.busy:
+                    busy = True
+                    retired_busy = retired_busy or session.retired
+                if session.connected:
+                    connected = True
+                    stub_pid = max(stub_pid, session.stub_pid)
+            self._status.write(busy, connected, retired_busy, stub_pid, self._last_active)
+
+
+def _attach_context(func: Any, context: TritonContext, config: Any) -> None:
+    """What ``Triton.bind`` does in the user's process: decorators find the model config through it."""
+    context.model_configs[func] = config
+    owner = getattr(func, "__self__", None)
+    target = owner if owner is not None and not isinstance(owner, type(sys)) else func
+    try:
+        target.__triton_context__ = context
+    except (AttributeError, TypeError):
+        LOGGER.debug("Cannot attach the Triton context to %r; decorators needing it will fail.", func)
+
+
+def _load(settings: Dict[str, Any]) -> Any:
+    """Import the user's modules as the parent has them and unpickle the callable."""
+    _process.IN_WORKER_PROCESS = True  # a main module that starts Triton again gets a clear error
+    multiprocessing.spawn.prepare(settings["preparation"])
+    context = TritonContext()
+    func = _process.load_callable(settings["payload"], context)
+    _attach_context(func, context, settings["config"])
+    return func
+
+
+def _set_up_logging(link: _Link, levels: Dict[str, int]) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(_ForwardingHandler(link))
+    for name, level in levels.items():
+        logging.getLogger(name or None).setLevel(level)
+
+
+def main(argv: List[str]) -> None:
+    """Entry point of the worker process (see the module docstring); never returns."""
+    parent_pid, control_fd, listen_fd, status_fd = (int(arg) for arg in argv)
+    _die_with_parent(parent_pid)
+    link = _Link(socket.socket(fileno=control_fd))
+    try:
+        settings = _process.recv_message(link.sock)
+    except (EOFError, OSError):
+        os._exit(0)
+    _set_up_logging(link, settings["levels"])
+    try:
+        func = _load(settings)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it from bind()/run()
+        link.send("failed", error_text(exc))
+        LOGGER.error("Loading the inference callable failed", exc_info=exc)
+        _exit(1, run_atexit=True)
+    worker = _PublishingWorker(
+        _process.Status(status_fd),
+        path=settings["path"],
+        infer_func=func,
+        config=settings["config"],
+        strict=settings["strict"],
+        shm_prefix=settings["shm_prefix"],
+        on_unrecoverable=lambda exc: link.send("unrecoverable", error_text(exc)),
+        name=settings["name"],
+        poll_s=settings["poll_s"],
+        metrics=settings.get("metrics", False),
+        on_stub_lost=lambda generation, server_pid: link.send("stub_lost", generation, server_pid),
+    )
+    worker.start(listener=socket.socket(fileno=listen_fd))
+    link.send("ready")
+    code = _control_loop(link, worker)
+    _exit(code, run_atexit=code == 0)
+
+
+def _control_loop(link: _Link, worker: InstanceWorker) -> int:
+    """Answer the parent's commands until ``stop`` (0) or until the parent is gone (1)."""
+    while True:
+        try:
+            message = _process.recv_message(link.sock)
+        except (EOFError, OSError):
+            return 1  # the parent closed its end: it is gone, or gave up on this process
+        if message[0] == "retire":
+            link.send("reply", message[1], worker.retire(message[2]))
+        elif message[0] == "drain":  # Triton.stop() drains: admit this many more requests, refuse the rest
+            worker.admission = _drain.Admission(message[2])
+            link.send("reply", message[1], True)
+        elif message[0] == "stop":
+            worker.stop(message[1])
+            return 0
+
+
+def _exit(code: int, run_atexit: bool) -> None:
+    """Run the ``atexit`` handlers if asked, flush what this process wrote and end it at once."""
+    if run_atexit:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - a failing handler must not keep the process alive
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream
+            pass
+    os._exit(code)

@@ -1,0 +1,60 @@
+"""Inference callables for tests/e2e/test_process_instances.py, importable by a worker process.
+
+Kept apart from the test module so that a worker process imports numpy and pytriton only (not
+pytest and the test's fixtures) when it unpickles its callable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+
+from pytriton.decorators import batch
+
+
+def pid_echo(requests):
+    """Each request's ``x`` back, with the pid of the process that ran it."""
+    return [{"x": r["x"], "pid": np.full((len(r["x"]), 1), os.getpid(), dtype=np.int64)} for r in requests]
+
+
+@batch
+def doubled(x):
+    """A ``@batch`` function defined at module level: pickled by name."""
+    return {"y": x * 2}
+
+
+class Scaler:
+    """A callable object; its state travels to the worker process by pickling."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.calls = 0
+
+    @batch
+    def __call__(self, x):
+        self.calls += 1
+        return {"y": x * self.factor}
+
+
+async def async_echo(requests):
+    await asyncio.sleep(0)
+    return [{"y": r["x"] + 1} for r in requests]
+
+
+def tokens(requests):
+    """A generator (decoupled model): ``n`` responses per request."""
+    (request,) = requests
+    for step in range(int(request["n"].ravel()[0])):
+        yield [{"token": np.full((len(request["n"]), 1), step, dtype=np.int32)}]
+
+
+def fails_or_crashes(requests):
+    """x == 1: raise; x == 2: end the worker process at once; else echo."""
+    value = int(requests[0]["x"].ravel()[0])
+    if value == 1:
+        raise ValueError("bad value 1")
+    if value == 2:
+        os._exit(3)
+    return [{"y": r["x"]} for r in requests]
