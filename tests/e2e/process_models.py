@@ -58,3 +58,11 @@ def fails_or_crashes(requests):
     if value == 2:
         os._exit(3)
     return [{"y": r["x"]} for r in requests]
+
+
+def slow_echo(requests):
+    """Echo after 0.3 s: keeps a batch in flight while ``Triton.stop`` drains."""
+    import time
+
+    time.sleep(0.3)
+    return [{"y": r["x"]} for r in requests]

@@ -220,3 +220,47 @@ def test_signals_leave_no_worker_process(signum):
             child.kill()
             child.wait()
         child.stdout.close()
+
+
+def test_stop_drains_process_instances_without_losing_accepted_requests():
+    """Requests running or queued when stop() begins are all answered, from worker processes too."""
+    from pytriton.server import _drain
+
+    ports = triton_ports()
+    triton = Triton(config=TritonConfig(**ports, exit_timeout_secs=20))
+    triton.bind(
+        "Slow",
+        [process_models.slow_echo] * 2,
+        [_t("x")],
+        [_t("y")],
+        config=ModelConfig(batching=False),
+        instance_kind="process",
+    )
+    triton.run()
+    url = f"grpc://127.0.0.1:{ports['grpc_port']}"
+    clients = [ModelClient(url, "Slow", init_timeout_s=10) for _ in range(8)]
+    results = {}
+    try:
+        for client in clients:  # connected and ready before the burst
+            client.infer_sample(x=np.zeros((2,), dtype=np.float32))
+
+        def send(index):
+            results[index] = clients[index].infer_sample(x=np.full((2,), float(index), dtype=np.float32))["y"].tolist()
+
+        senders = [threading.Thread(target=send, args=(index,)) for index in range(8)]
+        for sender in senders:
+            sender.start()
+
+        def accepted():  # two batches in the worker processes, six requests queued in Triton
+            pending = _drain.pending_requests("127.0.0.1", ports["metrics_port"]).get(("Slow", "1"), 0)
+            return triton._models[("Slow", 1)].busy and pending >= 6
+
+        assert wait_for(accepted, 10.0)
+        assert triton.stop()
+        for sender in senders:
+            sender.join(30)
+    finally:
+        triton.stop()
+        for client in clients:
+            client.close()
+    assert results == {index: [float(index)] * 2 for index in range(8)}
