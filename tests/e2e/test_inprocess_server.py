@@ -134,6 +134,31 @@ def test_infer_implicit_request_inputs_of_every_form(server):
         model.infer(inputs={"INPUT0": data.tolist()})
 
 
+def test_response_ids_and_callback_threads_keep_their_state(server, monkeypatch):
+    """A response carries its request's id (None without one). Triton's callback threads keep their
+    Python thread state between callbacks, so each keeps one set of response-reading out-parameters."""
+    seen = []
+    original = _request._out_params
+
+    def recording():
+        params = original()
+        seen.append((threading.get_native_id(), params))  # (params referenced: ids are not reused)
+        return params
+
+    monkeypatch.setattr(_request, "_out_params", recording)
+    model = server.model("identity")
+    value = np.ones((1, 2), np.float32)
+    (named,) = model.infer(inputs={"INPUT0": value}, request_id="req-7")
+    assert named.request_id == "req-7"
+    for _ in range(5):
+        (response,) = model.infer(inputs={"INPUT0": value})
+        assert response.request_id is None
+    by_thread: dict = {}
+    for thread, params in seen:
+        by_thread.setdefault(thread, set()).add(id(params))
+    assert len(seen) == 6 and all(len(ids) == 1 for ids in by_thread.values())
+
+
 @needs_stub_strings
 def test_bytes_tensors(server):
     for tensor in (
