@@ -126,6 +126,7 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "TRITONSERVER_InferenceRequestSetTimeoutMicroseconds": (P, [P, U64]),
     "TRITONSERVER_InferenceRequestAddInput": (P, [P, S, I32, ctypes.POINTER(I64), U64]),
     "TRITONSERVER_InferenceRequestAppendInputData": (P, [P, S, P, SZ, I32, I64]),
+    "TRITONSERVER_InferenceRequestRemoveAllInputs": (P, [P]),
     "TRITONSERVER_InferenceRequestAddRequestedOutput": (P, [P, S]),
     "TRITONSERVER_InferenceRequestSetStringParameter": (P, [P, S, S]),
     "TRITONSERVER_InferenceRequestSetIntParameter": (P, [P, S, I64]),

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Un
 
 import numpy as np
 
-from pytriton.inprocess import _lib
+from pytriton.inprocess import _lib, _pool
 from pytriton.inprocess._enums import (
     DataType,
     ErrorCode,
@@ -99,7 +99,20 @@ class _RequestState:
     ``inputs`` holds what Triton reads the input data from until the request is released.
     """
 
-    __slots__ = ("model", "allocator", "deliver", "request_id", "handle", "inputs", "released", "finished", "lock")
+    __slots__ = (
+        "model",
+        "allocator",
+        "deliver",
+        "request_id",
+        "handle",
+        "inputs",
+        "released",
+        "finished",
+        "lock",
+        "pool",
+        "pool_entry",
+        "model_key",
+    )
 
     def __init__(
         self,
@@ -117,6 +130,10 @@ class _RequestState:
         self.released = False
         self.finished = False
         self.lock = threading.Lock()
+        # A plain request's pool, and (handle, key, generation) to pool once released and finished.
+        self.pool: Optional[_pool.RequestPool] = None
+        self.pool_entry: Optional[_pool.Entry] = None
+        self.model_key: _pool.ModelKey = (b"", -1)
 
 
 # Triton's callbacks and the callers touch these registries with single dict operations, which the
@@ -141,9 +158,15 @@ def inflight_count() -> int:
 
 
 def _forget_if_done(key: int, state: _RequestState) -> None:
-    # Each of the two callbacks sets its own flag, then checks both: one of them sees both set.
-    if state.released and state.finished:
-        _INFLIGHT.pop(key, None)
+    """Drop the entry of a request released and finished; pool (or delete) a plain one's handle.
+
+    Each of the two callbacks sets its own flag, then calls this: one of them sees both set, and the
+    atomic ``pop`` lets exactly one of them go on (the key is reused only once the handle is pooled).
+    """
+    if state.released and state.finished and _INFLIGHT.pop(key, None) is not None:
+        entry, state.pool_entry = state.pool_entry, None
+        if entry is not None and state.pool is not None and not state.pool.put(state.model_key, entry):
+            _pool.delete_request(_lib.library(), entry[0])
 
 
 class _OutParams:
@@ -252,10 +275,10 @@ def _request_released(request: Optional[int], flags: int, userp: Optional[int]) 
                 state.released = True
                 state.handle = None
                 state.inputs = None  # Triton no longer reads the input buffers
-        error = lib.TRITONSERVER_InferenceRequestDelete(request)
-        if error:
-            LOGGER.warning("deleting a released request failed: %s", lib.error_message(error))
-            lib.TRITONSERVER_ErrorDelete(error)
+            if state.pool_entry is not None:  # a plain request: pooled once its final response is in
+                _forget_if_done(key, state)
+                return
+        _pool.delete_request(lib, request or 0)
         if state is not None:
             _forget_if_done(key, state)
     except BaseException:  # noqa: BLE001
@@ -482,25 +505,38 @@ def submit(
     # No allocator: _alloc does what NumpyAllocator does, inline.
     state = _RequestState(model, request.output_memory_allocator, deliver, request_id)
     allocator = _ALLOCATOR or _response_allocator(lib)
-    out = ctypes.c_void_p()
-    error = lib.TRITONSERVER_InferenceRequestNew(
-        ctypes.byref(out), server_handle, _encoded(model.name), int(model.version)
-    )
-    if error:
-        lib.check(error)
-    handle = out.value
-    key = next(_KEYS)
+    model_key = (_encoded(model.name), int(model.version))
+    pool: Optional[_pool.RequestPool] = model._server._requests if _is_plain(request) else None
+    entry = pool.take(model_key) if pool is not None else None
+    if entry is not None:  # a released request of this model: clear its inputs, keep its callbacks
+        handle, key, generation = entry
+        error = lib.TRITONSERVER_InferenceRequestRemoveAllInputs(handle)
+        if error:
+            _pool.delete_request(lib, handle)
+            lib.check(error)
+    else:
+        generation = pool.generation if pool is not None else 0  # read before New (see _pool)
+        out = ctypes.c_void_p()
+        error = lib.TRITONSERVER_InferenceRequestNew(ctypes.byref(out), server_handle, *model_key)
+        if error:
+            lib.check(error)
+        handle, key = out.value or 0, next(_KEYS)
     keep: List[Any] = []
     try:
-        _fill(lib, handle or 0, request, keep)
+        _fill(lib, handle, request, keep)
         state.inputs = keep
         state.handle = handle
-        error = lib.TRITONSERVER_InferenceRequestSetReleaseCallback(handle, _REQUEST_RELEASE_CB, key)
-        if error:
-            lib.check(error)
-        error = lib.TRITONSERVER_InferenceRequestSetResponseCallback(handle, allocator, key, _RESPONSE_COMPLETE_CB, key)
-        if error:
-            lib.check(error)
+        if entry is None:
+            error = lib.TRITONSERVER_InferenceRequestSetReleaseCallback(handle, _REQUEST_RELEASE_CB, key)
+            if error:
+                lib.check(error)
+            error = lib.TRITONSERVER_InferenceRequestSetResponseCallback(
+                handle, allocator, key, _RESPONSE_COMPLETE_CB, key
+            )
+            if error:
+                lib.check(error)
+        if pool is not None:
+            state.pool, state.model_key, state.pool_entry = pool, model_key, (handle, key, generation)
         _INFLIGHT[key] = state
         error = lib.TRITONSERVER_ServerInferAsync(server_handle, handle, None)
         if error:
@@ -509,9 +545,22 @@ def submit(
         _INFLIGHT.pop(key, None)
         state.handle = None
         state.inputs = None
+        state.pool_entry = None
         lib.check(lib.TRITONSERVER_InferenceRequestDelete(handle))  # still ours: Triton refused it
         raise
     return state
+
+
+def _is_plain(request: InferenceRequest) -> bool:
+    """True if ``request`` sets inputs only: what a pooled request can be reused for (see _pool)."""
+    return (
+        request.request_id is None
+        and not request.flags
+        and request.correlation_id is None
+        and not request.priority
+        and not request.timeout
+        and not request.parameters
+    )
 
 
 def cancel(lib: _lib.Library, state: _RequestState) -> None:
