@@ -2,9 +2,11 @@
 
 Lifetimes and ownership (each Triton object is deleted exactly once):
 
-* ``TRITONSERVER_InferenceRequest``: created by :func:`submit`; if ``ServerInferAsync`` fails it is
-  deleted there, otherwise Triton owns it until the release callback, which deletes it and drops the
-  input tensors kept alive for it (inputs are handed to Triton without a copy).
+* ``TRITONSERVER_InferenceRequest``: created by :func:`submit` (or taken from the server's pool of
+  released requests, see :mod:`pytriton.inprocess._pool`); if ``ServerInferAsync`` fails it is
+  deleted there, otherwise Triton owns it until the release callback, which drops the input tensors
+  kept alive for it (inputs are handed to Triton without a copy) and deletes it, or, for a plain
+  request (inputs only), hands it to the pool once its final response is in too.
 * ``TRITONSERVER_InferenceResponse``: read in the response callback (on a Triton thread), turned into
   an :class:`InferenceResponse` and deleted at once. Output memory comes from a Python allocator, so
   the output :class:`Tensor` objects keep that memory alive after the delete (no copy).
@@ -12,13 +14,14 @@ Lifetimes and ownership (each Triton object is deleted exactly once):
 
 A request's bookkeeping entry is dropped when it is both released and has seen its final response.
 
-Cost (the path every call takes, see docs/performance.md "In-process calls"): a call makes six
-ctypes calls on the caller's thread (``InferenceRequestNew``, ``AddInput``, ``AppendInputData``, the
-two callback setters, ``ServerInferAsync``) and three Python callbacks on Triton's thread (output
-allocation, response complete with the buffer release nested in it, request release). The callbacks
-keep their Python thread state between calls (:func:`pytriton.inprocess._lib.keep_thread_state`),
-read the response with per-thread, pre-built ctypes out-parameters, and look enums up in dicts; the
-caller converts a contiguous numpy input without building a :class:`Tensor`.
+Cost (see docs/performance.md "In-process calls"): a call makes four ctypes calls on the caller's
+thread when it reuses a released request (``RemoveAllInputs``, ``AddInput``, ``AppendInputData``,
+``ServerInferAsync``; a new request adds ``InferenceRequestNew`` and the two callback setters) and
+three Python callbacks on Triton's thread (output allocation, response complete with the buffer
+release nested in it, request release). The callbacks keep their Python thread state between calls
+(:data:`pytriton.inprocess._lib.keep_thread_state`), read the response with per-thread, pre-built
+ctypes out-parameters and look enums up in dicts; the caller hands a contiguous numpy input over
+without building a :class:`Tensor`.
 
 Unit test: tests/unit/test_inprocess_request.py (iterators, cancel and parameters without the
 library); requests against the library: tests/e2e/test_inprocess_server.py.
