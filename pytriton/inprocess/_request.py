@@ -54,6 +54,7 @@ from pytriton.inprocess._tensor import (
     MemoryAllocator,
     MemoryBuffer,
     Tensor,
+    array_address,
     fast_data_type,
     parse_device,
 )
@@ -230,7 +231,7 @@ def _alloc(
         chosen = state.allocator if state is not None else None
         if chosen is None:  # the default: what NumpyAllocator does, without the calls
             array = np.empty(max(byte_size, 1), dtype=np.uint8)
-            memory = MemoryBuffer(array.ctypes.data, _CPU, 0, byte_size, array)
+            memory = MemoryBuffer(array_address(array), _CPU, 0, byte_size, array)
         else:
             requested = _MEMORY_TYPES.get(memory_type) or MemoryType(memory_type)
             memory = chosen.allocate(int(byte_size), requested, int(memory_type_id))
@@ -470,7 +471,7 @@ def _fill(lib: _lib.Library, handle: int, request: InferenceRequest, keep: List[
         if data_type is not None:  # a contiguous numpy array of a numeric dtype: no Tensor needed
             keep.append(value)
             shape = value.shape
-            data_ptr, size, memory_type, memory_type_id = value.ctypes.data, value.nbytes, 0, 0
+            data_ptr, size, memory_type, memory_type_id = array_address(value), value.nbytes, 0, 0
         else:
             tensor = Tensor._from_object(value)
             if tensor.memory_type == MemoryType.GPU:

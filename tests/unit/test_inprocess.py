@@ -366,3 +366,18 @@ def test_name_and_shape_caches_are_bounded(monkeypatch):
     assert len(_request._NAMES) <= 4 and len(_request._SHAPES) <= 4
     assert _request._shape_array((9, 2)) is _request._shape_array((9, 2))  # reused while cached
     assert list(_request._shape_array(())) == [0]  # a scalar still passes a valid pointer
+
+
+def test_array_address_matches_numpy_for_every_layout():
+    read_only = np.ones(4)
+    read_only.flags.writeable = False
+    arrays = [
+        np.ones(4, np.float32),
+        np.ones(4)[1:],  # a view with an offset
+        np.zeros(0),  # no byte to point at: the general path
+        np.ones((3, 4))[:, ::2],  # not contiguous: the general path
+        np.frombuffer(b"abcd", np.uint8),  # read-only: the general path
+        read_only,
+        np.ones(()),
+    ]
+    assert [_tensor.array_address(array) for array in arrays] == [array.ctypes.data for array in arrays]
