@@ -510,7 +510,10 @@ def submit(
     state = _RequestState(model, request.output_memory_allocator, deliver, request_id)
     allocator = _ALLOCATOR or _response_allocator(lib)
     model_key = (_encoded(model.name), int(model.version))
-    pool: Optional[_pool.RequestPool] = model._server._requests if _is_plain(request) else None
+    server = model._server
+    # (a request built for another server's model goes out on this one: never pooled there)
+    plain = _is_plain(request) and server._handle == server_handle
+    pool: Optional[_pool.RequestPool] = server._requests if plain else None
     entry = pool.take(model_key) if pool is not None else None
     if entry is not None:  # a released request of this model: clear its inputs, keep its callbacks
         handle, key, generation = entry

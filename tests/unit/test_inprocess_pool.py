@@ -113,7 +113,7 @@ def fake(monkeypatch):
 
 @pytest.fixture
 def model():
-    server = SimpleNamespace(_requests=_pool.RequestPool())
+    server = SimpleNamespace(_requests=_pool.RequestPool(), _handle=1)
     return SimpleNamespace(name="m", version=1, _server=server)
 
 
@@ -244,3 +244,12 @@ def test_delete_request_logs_an_error_and_deletes_it(caplog):
     )
     _pool.delete_request(lib, 5)
     assert errors == [99] and "busy" in caplog.text
+
+
+def test_a_request_sent_through_another_server_is_not_pooled(fake, model):
+    responses: List[Any] = []
+    request = _request.InferenceRequest(model=model, inputs={"A": np.ones(1, np.float32)})
+    _request.submit(fake, 2, request, responses.append)  # type: ignore[arg-type]  # not model's server (1)
+    handle = fake.sent[-1][0]
+    fake.complete(handle)
+    assert fake.deleted == [handle] and model._server._requests.idle_count() == 0
