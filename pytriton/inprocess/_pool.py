@@ -65,9 +65,11 @@ class RequestPool:
             idle.append(entry)
             return True
 
-    def idle_count(self) -> int:
-        """Requests waiting in the pool (for tests and diagnostics)."""
+    def idle_count(self, model: Optional[ModelKey] = None) -> int:
+        """Requests waiting in the pool, of ``model`` or of all models (for tests and diagnostics)."""
         with self._lock:
+            if model is not None:
+                return len(self._idle.get(model, ()))
             return sum(len(idle) for idle in self._idle.values())
 
     def invalidate(self, lib: Any) -> None:

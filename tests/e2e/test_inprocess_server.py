@@ -166,14 +166,15 @@ def test_released_requests_are_reused_without_their_inputs(server, monkeypatch):
     original_new = lib.TRITONSERVER_InferenceRequestNew
     monkeypatch.setattr(lib, "TRITONSERVER_InferenceRequestNew", lambda *args: created.append(1) or original_new(*args))
     model = server.model("add_sub")
+    key = (b"add_sub", -1)  # the pool's key: name and version
     ones = np.ones(4, np.float32)
     for index in range(5):
         # (the release callback comes just after the response: wait for it, so the call must reuse)
-        assert index == 0 or wait_for(lambda: server._requests.idle_count() >= 1, 10)
+        assert index == 0 or wait_for(lambda: server._requests.idle_count(key) >= 1, 10)
         (response,) = model.infer(inputs={"INPUT0": np.full(4, index, np.float32), "INPUT1": ones})
         np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT0"]), np.full(4, index + 1))
     assert len(created) <= 1  # one at most (none if an earlier test left one idle)
-    assert wait_for(lambda: server._requests.idle_count() >= 1, 10)
+    assert wait_for(lambda: server._requests.idle_count(key) >= 1, 10)
     with pytest.raises(tritonserver.InvalidArgumentError, match="INPUT1"):  # INPUT1 of the last call is gone
         model.infer(inputs={"INPUT0": ones})
     before = len(created)

@@ -227,6 +227,7 @@ def test_the_pool_keeps_at_most_capacity_per_model():
     model = (b"m", -1)
     assert [pool.put(model, (handle, handle, 0)) for handle in (1, 2, 3)] == [True, True, False]
     assert pool.put((b"other", -1), (4, 4, 0))
+    assert pool.idle_count(model) == 2 and pool.idle_count((b"other", -1)) == 1 and pool.idle_count() == 3
     assert pool.put(model, (5, 5, 1)) is False  # made in another generation
     assert pool.take(model) == (2, 2, 0) and pool.take(model) == (1, 1, 0) and pool.take(model) is None
     deleted: List[int] = []
