@@ -177,7 +177,7 @@ class _ThreadStateKeeper:
 
     A ctypes callback on one of Triton's threads runs between ``PyGILState_Ensure`` and
     ``PyGILState_Release``; on a thread Python did not create, the release deletes the thread state
-    the ensure created, so every callback created and destroyed one (measured: about 10 us of CPU
+    the ensure created, so every callback created and destroyed one (measured: about 40 us of CPU
     per callback here, three callbacks per request). One extra ``PyGILState_Ensure`` that is never
     released keeps the thread state, and what hangs on it (``threading.local`` values), for the
     thread's life; the GIL is still released after each callback. Cost: one thread state (a few
