@@ -29,6 +29,7 @@ class InProcessModelClient:
     def __init__(self, server: Server, model_name: str, model_version: Union[int, str, None] = None) -> None:
         self._model: Model = server.model(model_name, int(model_version) if model_version is not None else -1)
         self._config: Optional[Dict[str, Any]] = None
+        self._decoupled: Optional[bool] = None
         self._closed = False
 
     def __enter__(self) -> InProcessModelClient:
@@ -47,7 +48,7 @@ class InProcessModelClient:
 
     @property
     def model_config(self) -> Dict[str, Any]:
-        """The model configuration (read once)."""
+        """The model configuration (read once; so is whether the model is decoupled)."""
         if self._config is None:
             self._config = self._model.config()
         return self._config
@@ -81,7 +82,9 @@ class InProcessModelClient:
             raise InvalidArgumentError(
                 f"Model {self._model.name!r} does not batch (max_batch_size 0): use infer_sample"
             )
-        if self._model.transaction_properties() == ModelTxnPropertyFlag.DECOUPLED:
+        if self._decoupled is None:  # read once, like the configuration (a call into Triton otherwise)
+            self._decoupled = self._model.transaction_properties() == ModelTxnPropertyFlag.DECOUPLED
+        if self._decoupled:
             raise InvalidArgumentError(f"Model {self._model.name!r} is decoupled: iterate Model.infer() instead")
         names: List[str] = [entry["name"] for entry in config.get("input", [])]
         if inputs:

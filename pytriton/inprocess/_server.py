@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -24,9 +25,9 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
 
-from pytriton.inprocess import _lib, _request
+from pytriton.inprocess import _lib, _pool, _request
 from pytriton.inprocess._enums import (
     InstanceGroupKind,
     LogFormat,
@@ -303,6 +304,26 @@ def _message_json(lib: _lib.Library, message: int) -> Any:
         lib.check(lib.TRITONSERVER_MessageDelete(message))
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _changes_models(method: _Method) -> _Method:
+    """Model-control methods: the released requests kept for reuse are dropped before and after.
+
+    A kept request holds the model object it was created for (see pytriton/inprocess/_pool.py).
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Server, *args: Any, **kwargs: Any) -> Any:
+        self._requests.invalidate(self._lib)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._requests.invalidate(self._lib)
+
+    return cast(_Method, wrapper)
+
+
 class Server:
     """An in-process Triton server. Create it with options, then ``start()``; ``stop()`` when done."""
 
@@ -318,6 +339,8 @@ class Server:
         self._env_held = False
         self._own_shm_prefix = f"pytriton-inproc-{os.getpid()}-{next(_SERVER_IDS)}-"
         self._shm_prefix = self._own_shm_prefix
+        # Released plain requests for reuse (pytriton/inprocess/_pool.py); a new pool per start().
+        self._requests = _pool.RequestPool()
 
     # -- internals used by Model and the iterators --------------------------------------------------
     def _library(self) -> _lib.Library:
@@ -387,6 +410,7 @@ class Server:
                 except BaseException:
                     self._release_env()
                     raise
+                self._requests = _pool.RequestPool()
                 self._handle = server.value
                 with _LIVE_LOCK:
                     _LIVE.add(self)
@@ -419,6 +443,7 @@ class Server:
             with _LIVE_LOCK:
                 _LIVE.discard(self)
             lib = self._library()
+            self._requests.close(lib)  # idle requests hold their models: deleted before the stop
             try:
                 lib.check(lib.TRITONSERVER_ServerStop(handle))
             except InternalError as exc:  # e.g. "Exit timeout expired": the server is freed all the same
@@ -496,6 +521,7 @@ class Server:
         return result
 
     # -- model control -------------------------------------------------------------------------------
+    @_changes_models
     def load(self, model_name: str, parameters: Optional[Dict[str, Union[str, int, bool, bytes]]] = None) -> Model:
         """Load (or reload) a model and wait until it is loaded (EXPLICIT control mode).
 
@@ -548,6 +574,7 @@ class Server:
                 lib.TRITONSERVER_ParameterDelete(parameter)
         return Model(self, model_name)
 
+    @_changes_models
     def unload(
         self,
         model: Union[str, Model],
@@ -573,12 +600,14 @@ class Server:
                     raise UnavailableError(f"Model {name!r} was not unloaded within {timeout} s")
                 time.sleep(polling_interval)
 
+    @_changes_models
     def poll_model_repository(self) -> Server:
         """Apply repository changes (POLL control mode)."""
         lib = self._library()
         lib.check(lib.TRITONSERVER_ServerPollModelRepository(self._handle_or_raise()))
         return self
 
+    @_changes_models
     def register_model_repository(self, repository_path: str, name_mapping: Optional[Dict[str, str]] = None) -> None:
         """Add a repository (EXPLICIT mode); ``name_mapping`` maps subdirectory names to model names."""
         lib = self._library()
@@ -598,6 +627,7 @@ class Server:
             for parameter in created:
                 lib.TRITONSERVER_ParameterDelete(parameter)
 
+    @_changes_models
     def unregister_model_repository(self, repository_path: str) -> Server:
         """Remove a repository added at start or with :meth:`register_model_repository`."""
         lib = self._library()

@@ -134,6 +134,55 @@ def test_infer_implicit_request_inputs_of_every_form(server):
         model.infer(inputs={"INPUT0": data.tolist()})
 
 
+def test_response_ids_and_callback_threads_keep_their_state(server, monkeypatch):
+    """A response carries its request's id (None without one). Triton's callback threads keep their
+    Python thread state between callbacks, so each keeps one set of response-reading out-parameters."""
+    seen = []
+    original = _request._out_params
+
+    def recording():
+        params = original()
+        seen.append((threading.get_native_id(), params))  # (params referenced: ids are not reused)
+        return params
+
+    monkeypatch.setattr(_request, "_out_params", recording)
+    model = server.model("identity")
+    value = np.ones((1, 2), np.float32)
+    (named,) = model.infer(inputs={"INPUT0": value}, request_id="req-7")
+    assert named.request_id == "req-7"
+    for _ in range(5):
+        (response,) = model.infer(inputs={"INPUT0": value})
+        assert response.request_id is None
+    by_thread: dict = {}
+    for thread, params in seen:
+        by_thread.setdefault(thread, set()).add(id(params))
+    assert len(seen) == 6 and all(len(ids) == 1 for ids in by_thread.values())
+
+
+def test_released_requests_are_reused_without_their_inputs(server, monkeypatch):
+    """Plain calls reuse released requests (no InferenceRequestNew) and never carry earlier inputs."""
+    lib = server._library()
+    created = []
+    original_new = lib.TRITONSERVER_InferenceRequestNew
+    monkeypatch.setattr(lib, "TRITONSERVER_InferenceRequestNew", lambda *args: created.append(1) or original_new(*args))
+    model = server.model("add_sub")
+    key = (b"add_sub", -1)  # the pool's key: name and version
+    ones = np.ones(4, np.float32)
+    for index in range(5):
+        # (the release callback comes just after the response: wait for it, so the call must reuse)
+        assert index == 0 or wait_for(lambda: server._requests.idle_count(key) >= 1, 10)
+        (response,) = model.infer(inputs={"INPUT0": np.full(4, index, np.float32), "INPUT1": ones})
+        np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT0"]), np.full(4, index + 1))
+    assert len(created) <= 1  # one at most (none if an earlier test left one idle)
+    assert wait_for(lambda: server._requests.idle_count(key) >= 1, 10)
+    with pytest.raises(tritonserver.InvalidArgumentError, match="INPUT1"):  # INPUT1 of the last call is gone
+        model.infer(inputs={"INPUT0": ones})
+    before = len(created)
+    with_id = model.create_request(inputs={"INPUT0": ones, "INPUT1": ones}, request_id="not-pooled")
+    (response,) = model.infer(with_id)
+    assert response.request_id == "not-pooled" and len(created) == before + 1  # never reused: ids stay
+
+
 @needs_stub_strings
 def test_bytes_tensors(server):
     for tensor in (

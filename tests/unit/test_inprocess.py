@@ -306,3 +306,78 @@ def test_public_names():
     for name in tritonserver.__all__:
         assert hasattr(tritonserver, name)
     assert issubclass(_server.ModelDictionary, dict)
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.bool_, np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64]
+)
+def test_fast_data_type_agrees_with_the_general_path(dtype):
+    array = np.zeros((2, 3), dtype)
+    assert _tensor.fast_data_type(array) == tritonserver.Tensor._from_object(array).data_type
+    assert (
+        _tensor.fast_data_type(np.zeros((), dtype)) == tritonserver.Tensor._from_object(np.zeros((), dtype)).data_type
+    )
+
+
+def test_fast_data_type_leaves_everything_else_to_the_general_path():
+    data = np.zeros((2, 3), np.float32)
+    others = [
+        np.asfortranarray(data),  # not C-contiguous
+        data[:, ::2],
+        data.astype(">f4"),  # byte-swapped
+        np.array([b"x"], dtype=object),
+        np.array(["x"]),
+        np.zeros(2, np.complex64),  # no Triton type: the general path raises the error
+        np.ma.masked_array(data),  # a subclass
+        data.tolist(),
+        tritonserver.Tensor.from_dlpack(data),
+    ]
+    assert [_tensor.fast_data_type(value) for value in others] == [None] * len(others)
+
+
+def test_thread_state_keeper_ensures_once_per_thread():
+    import threading
+
+    calls: List[int] = []
+    keeper = _lib._ThreadStateKeeper()
+    keeper._ensure = lambda: calls.append(threading.get_ident()) or 0  # type: ignore[assignment]
+    keeper()
+    keeper()
+    thread = threading.Thread(target=lambda: (keeper(), keeper()))
+    thread.start()
+    thread.join(10)
+    assert len(calls) == 2 and calls[0] != calls[1]  # once on this thread, once on the other
+    keeper._ensure = None  # no C API (not CPython): nothing to keep, nothing fails
+    other = threading.Thread(target=keeper)
+    other.start()
+    other.join(10)
+    assert len(calls) == 2
+
+
+def test_name_and_shape_caches_are_bounded(monkeypatch):
+    from pytriton.inprocess import _request
+
+    monkeypatch.setattr(_request, "_CACHE_LIMIT", 4)
+    monkeypatch.setattr(_request, "_NAMES", {})
+    monkeypatch.setattr(_request, "_SHAPES", {})
+    for index in range(10):
+        assert _request._encoded(f"name-{index}") == f"name-{index}".encode()
+        assert list(_request._shape_array((index, 2))) == [index, 2]
+    assert len(_request._NAMES) <= 4 and len(_request._SHAPES) <= 4
+    assert _request._shape_array((9, 2)) is _request._shape_array((9, 2))  # reused while cached
+    assert list(_request._shape_array(())) == [0]  # a scalar still passes a valid pointer
+
+
+def test_array_address_matches_numpy_for_every_layout():
+    read_only = np.ones(4)
+    read_only.flags.writeable = False
+    arrays = [
+        np.ones(4, np.float32),
+        np.ones(4)[1:],  # a view with an offset
+        np.zeros(0),  # no byte to point at: the general path
+        np.ones((3, 4))[:, ::2],  # not contiguous: the general path
+        np.frombuffer(b"abcd", np.uint8),  # read-only: the general path
+        read_only,
+        np.ones(()),
+    ]
+    assert [_tensor.array_address(array) for array in arrays] == [array.ctypes.data for array in arrays]

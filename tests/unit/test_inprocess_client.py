@@ -34,6 +34,7 @@ class FakeModel:
         self._decoupled = decoupled
         self._ready = ready
         self.config_reads = 0
+        self.properties_reads = 0
         self.calls: List[Dict[str, Any]] = []
 
     def config(self) -> Dict[str, Any]:
@@ -44,6 +45,7 @@ class FakeModel:
         return self._ready
 
     def transaction_properties(self) -> int:
+        self.properties_reads += 1
         return int(ModelTxnPropertyFlag.DECOUPLED) if self._decoupled else 0
 
     def infer(self, inputs: Dict[str, Any], parameters: Dict[str, Any]) -> Any:
@@ -77,6 +79,7 @@ def test_infer_sample_adds_and_removes_the_batch_axis_and_follows_the_input_orde
         batch = client.infer_batch(a=np.float32([[1], [2]]), b=np.float32([[3], [4]]))
         np.testing.assert_array_equal(batch["sum"], [[4], [6]])
         assert client.model_config is client.model_config and model.config_reads == 1  # read once
+        assert model.properties_reads == 1  # whether it is decoupled: read once too
     assert server.asked == [("AddSub", 2)]
 
 
