@@ -18,6 +18,7 @@ script prints p50, p90 and the ratio to the plain model, and writes them to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -30,8 +31,7 @@ import numpy as np
 from bench.__main__ import ROOT, free_ports, load, load_plain_models
 from bench.models import identity, write_plain_models
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.proxy._binding import PollingWindows
-from pytriton.server.triton_config import parse_bool
+from pytriton.server import settings
 from pytriton.triton import Triton, TritonConfig
 
 
@@ -58,9 +58,10 @@ def _measure(variants: Dict[str, Dict[str, str]], count: int, repository: pathli
         triton.run()
         for name, environment in variants.items():
             # What Triton(...) would have resolved with these variables set (see the module docstring).
-            triton._polling = PollingWindows.from_env({**os.environ, **environment})
-            metrics = environment.get("PYTRITON_TRITON_CONFIG_CALLABLE_METRICS")
-            triton._config.callable_metrics = None if metrics is None else parse_bool(metrics)
+            variant = settings.resolve(config, environ={**os.environ, **environment})
+            triton._settings = dataclasses.replace(
+                triton._settings, polling=variant.polling, callable_metrics=variant.callable_metrics
+            )
             triton.bind(
                 name,
                 identity,

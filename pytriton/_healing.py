@@ -27,6 +27,7 @@ from pytriton.proxy._binding import BoundModel, backend_region_prefix
 from pytriton.server import _recycle
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
+from pytriton.server.settings import Settings
 from pytriton.server.triton_config import TritonConfig
 
 LOGGER = logging.getLogger(__name__)
@@ -67,8 +68,7 @@ class SelfHealing:
     _healing: Set[str]
     _failure: Optional[PyTritonServerError]
     _recycled_at: Dict[str, float]
-    _recycle_bytes: int
-    _recycle_idle_s: float
+    _settings: Settings
 
     def _versions(self, model_name: str) -> List[BoundModel]:
         raise NotImplementedError
@@ -119,7 +119,7 @@ class SelfHealing:
         *thread* that forked the server ends, so that thread must live as long as the server.
         """
         # Between events the supervisor looks for grown shared-memory regions of idle models.
-        poll_s = self._recycle_idle_s / 4 if self._recycle_bytes else None
+        poll_s = self._settings.recycle_idle_s / 4 if self._settings.recycle_byte_size else None
         while True:
             try:
                 kind, payload = self._events.get(timeout=poll_s)
@@ -298,12 +298,12 @@ class SelfHealing:
             return
         regions = _recycle.stub_regions(server.pid, repository, backend_region_prefix(self._shm_prefix))
         now = time.monotonic()
-        for name, resident in _recycle.grown_models(regions, self._recycle_bytes).items():
+        for name, resident in _recycle.grown_models(regions, self._settings.recycle_byte_size).items():
             models = self._versions(name)
             if not models or name in self._healing or any(m.busy for m in models) or self._state is not _State.RUNNING:
                 continue
             last_active = max(m.last_active for m in models)
-            if now - last_active < self._recycle_idle_s or last_active <= self._recycled_at.get(name, 0.0):
+            if now - last_active < self._settings.recycle_idle_s or last_active <= self._recycled_at.get(name, 0.0):
                 continue  # still in use, or nothing ran since the last recycle (old stubs still exiting)
             self._recycled_at[name] = now
             started = time.monotonic()

@@ -308,7 +308,7 @@ class RemoteTriton(Triton):
                 except Exception as exc:  # noqa: BLE001 - the server may be gone; release our side anyway
                     LOGGER.warning("Model %s: unloading it from Triton at %s failed: %s", name, self._url, exc)
             # Only an unloaded model's stubs say goodbye; waiting for the others would only time out.
-            self._wait_detached(unloaded, time.monotonic() + self._exit_timeout_s)
+            self._wait_detached(unloaded, time.monotonic() + self._settings.exit_timeout_s)
         for model in models:
             model.stop_workers()
             if running and self._repository is not None and self.triton_lifecycle_policy.local_model_store:

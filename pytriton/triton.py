@@ -59,7 +59,6 @@ from pytriton.proxy import _stub_bytes, _tracing, _wire
 from pytriton.proxy._binding import (
     BindingContext,
     BoundModel,
-    PollingWindows,
     backend_region_prefix,
     short_socket_dir,
     validate_model_name,
@@ -67,7 +66,7 @@ from pytriton.proxy._binding import (
 from pytriton.server import _drain
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
-from pytriton.server.command import LaunchSettings, build_command, effective_options
+from pytriton.server.command import LaunchSettings, build_command
 from pytriton.server.distribution import (
     check_python_supported,
     find_server,
@@ -87,7 +86,9 @@ from pytriton.server.security import (  # noqa: F401  (the constants are importa
     AccessPolicy,
     TritonSecurityConfig,
 )
-from pytriton.server.triton_config import DEFAULT_MAX_REQUEST_BYTES, TritonConfig
+from pytriton.server.settings import EXIT_TIMEOUT_S, RECYCLE_BYTE_SIZE, RECYCLE_IDLE_S  # noqa: F401 - kept names
+from pytriton.server.settings import resolve as resolve_settings
+from pytriton.server.triton_config import TritonConfig
 from pytriton.server.workspace import Workspace, cleanup_paths
 
 if TYPE_CHECKING:
@@ -99,28 +100,14 @@ LOGGER = logging.getLogger(__name__)  # "pytriton.triton", a documented name
 MONITORING_PERIOD_S = 5.0
 MONITORING_PERIOD_SEC = MONITORING_PERIOD_S  # the name before NVIDIA PyTriton 0.4
 STARTUP_TIMEOUT_S = _healing.STARTUP_TIMEOUT_S
-# Python-backend regions that grew past this are given back once their model is idle (_recycle.py).
-RECYCLE_BYTE_SIZE = 16 << 20
-RECYCLE_IDLE_S = 10.0
 # glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
 SERVER_MALLOC_ARENA_MAX = 1
-# How long stop() and unbinding wait for batches in flight when TritonConfig.exit_timeout_secs is
-# None (tritonserver's own default for --exit-timeout-secs).
-EXIT_TIMEOUT_S = 30
 # When batches were still running as a stop began, it waits this much longer after the last one:
 # the worker marks a batch done before its reply reaches the stub, and Triton then writes the
 # responses; with 8 instances finishing together on 2 cores that took over 0.1 s
 # (tests/e2e/test_drain.py). A stop of an idle server does not pay it.
 RESPONSE_SETTLE_S = 0.4
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
-
-
-def _merge_config(config: Optional[TritonConfig]) -> TritonConfig:
-    """Explicit config over ``PYTRITON_TRITON_CONFIG_*`` variables over defaults."""
-    merged = {key: value for key, value in TritonConfig.from_env().to_dict().items() if value is not None}
-    if config is not None:
-        merged.update({key: value for key, value in config.to_dict().items() if value is not None})
-    return TritonConfig(**merged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,12 +187,10 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             )
         self.triton_lifecycle_policy = triton_lifecycle_policy or TritonLifecyclePolicy()
         self._embedded = _embedded.check_embedded_flag(embedded)
-        self._config = _merge_config(config)
-        self._options = effective_options(self._config)
-        exit_timeout = self._config.exit_timeout_secs
-        self._exit_timeout_s = float(EXIT_TIMEOUT_S if exit_timeout is None else exit_timeout)
-        self._drain_delay_s = float(self._config.drain_delay_secs or 0)  # stop(): serve on, not ready
-        self._polling = PollingWindows.from_env()  # PYTRITON_*_SPIN_US, read once (docs/configuration.md)
+        # Everything this instance runs with, resolved once (server/settings.py): the explicit
+        # config over PYTRITON_TRITON_CONFIG_* and PYTRITON_*_SPIN_US over defaults, frozen.
+        self._settings = resolve_settings(config)
+        self._config = self._settings.config  # the merged copy, for the command line; read only
         # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
         self._tracing = _tracing.enabled(self._config.trace_config) and not self._embedded
         self._trace_settings: Dict[str, Dict[str, Any]] = {}
@@ -250,10 +235,6 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         self._startup_models: List[str] = []
         # Giving grown Python-backend regions back (server/_recycle.py): model -> when it was recycled.
         self._recycled_at: Dict[str, float] = {}
-        recycle_bytes = self._config.python_backend_shm_recycle_byte_size
-        recycle_idle = self._config.python_backend_shm_recycle_idle_secs
-        self._recycle_bytes = RECYCLE_BYTE_SIZE if recycle_bytes is None else max(0, recycle_bytes)
-        self._recycle_idle_s = RECYCLE_IDLE_S if recycle_idle is None else max(1.0, float(recycle_idle))
         self.triton_context = TritonContext()
         # Even a Triton that is never run owns a workspace (and, once a model is bound, a socket
         # directory): make sure interpreter exit removes them. stop() unregisters this.
@@ -276,10 +257,10 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             shm_prefix=self._shm_prefix,
             socket_dir=self._socket_dir,
             on_unrecoverable=self._on_unrecoverable,
-            max_request_bytes=_max_request_bytes(self._config),
+            max_request_bytes=self._settings.max_request_bytes,
             on_stub_lost=self._on_stub_lost,
-            polling=self._polling,
-            metrics=_callable_metrics(self._config),
+            polling=self._settings.polling,
+            metrics=self._settings.callable_metrics,
             tracing=self._tracing,
         )
 
@@ -414,7 +395,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                     self._repository_request("unload", model_name)
             if not remaining:
                 self._trace_settings.pop(model_name, None)
-            deadline = time.monotonic() + self._exit_timeout_s
+            deadline = time.monotonic() + self._settings.exit_timeout_s
             if self._state is _State.RUNNING and not remaining:
                 self._wait_detached(removed, deadline)
             while any(model.busy for model in removed) and time.monotonic() < deadline:
@@ -552,7 +533,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         for name in model_names:
             settings = self._trace_settings.get(name)
             if settings is not None and not self._embedded:
-                _tracing.send_model_settings(self._options, self._access, name, settings, STARTUP_TIMEOUT_S)
+                _tracing.send_model_settings(*self._trace_endpoints(), self._access, name, settings, STARTUP_TIMEOUT_S)
 
     def _clear_trace_settings(self, model_name: str) -> None:
         """Before the last version is unloaded: Triton keeps a model's trace settings by name, so a
@@ -561,7 +542,9 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         if settings is not None and not self._embedded:
             try:
                 cleared = dict.fromkeys(settings)
-                _tracing.send_model_settings(self._options, self._access, model_name, cleared, STARTUP_TIMEOUT_S)
+                _tracing.send_model_settings(
+                    *self._trace_endpoints(), self._access, model_name, cleared, STARTUP_TIMEOUT_S
+                )
             except (PyTritonServerError, OSError) as exc:
                 LOGGER.warning("Model %s: could not clear its trace settings: %s", model_name, exc)
 
@@ -573,9 +556,11 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         """
         if self._embedded:
             return self._embedded_request(action, model_name)
-        if self._options.get("allow_http", True):
-            host, port = self._options["http_address"], self._options["http_port"]
-            connection = http.client.HTTPConnection(_client_host(host), port, timeout=STARTUP_TIMEOUT_S)
+        http_endpoint = self._settings.http
+        if http_endpoint.enabled:
+            connection = http.client.HTTPConnection(
+                http_endpoint.client_host, http_endpoint.port, timeout=STARTUP_TIMEOUT_S
+            )
             try:
                 connection.request(
                     "POST",
@@ -597,9 +582,7 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             import tritonclient.grpc as grpcclient
             from tritonclient.utils import InferenceServerException
 
-            client = grpcclient.InferenceServerClient(
-                f"{_client_host(self._options['grpc_address'])}:{self._options['grpc_port']}"
-            )
+            client = grpcclient.InferenceServerClient(f"{self._settings.grpc.client_host}:{self._settings.grpc.port}")
             try:
                 call = client.load_model if action == "load" else client.unload_model
                 call(model_name, headers=self._access.grpc_headers("model-repository"))
@@ -653,8 +636,10 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
                 ),
             )
             argv = [arg for arg in argv if not arg.startswith("--log-file=")]
-            if self._drain_delay_s > 0 and not self._embedded:  # Triton must not end the drain first
-                argv = _drain.with_server_exit_timeout(argv, self._drain_delay_s + self._exit_timeout_s)
+            if self._settings.drain_delay_s > 0 and not self._embedded:  # Triton must not end the drain first
+                argv = _drain.with_server_exit_timeout(
+                    argv, self._settings.drain_delay_s + self._settings.exit_timeout_s
+                )
             env = _server_environment(
                 stub_env.bin_dir,
                 [libpython, *distribution.library_dirs],
@@ -693,10 +678,9 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         if self._embedded:
             return "Triton runs embedded in this process: no network endpoints"
         parts = []
-        for label, shown in (("http", "HTTP"), ("grpc", "GRPC"), ("metrics", "metrics")):
-            if self._options.get(f"allow_{label}", True):
-                address = self._options.get(f"{label}_address", "127.0.0.1")
-                parts.append(f"{shown} {address}:{self._options[label + '_port']}")
+        for (_, endpoint), shown in zip(self._settings.endpoints, ("HTTP", "GRPC", "metrics")):
+            if endpoint.enabled:
+                parts.append(f"{shown} {endpoint.address}:{endpoint.port}")
         restricted = []
         for protocol in ("http", "grpc"):
             groups = self._access.restricted(protocol)
@@ -704,23 +688,25 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         return f"Triton listening on {', '.join(parts)}; restricted endpoints ({'; '.join(restricted)})"
 
     def _check_ports(self) -> None:
-        ports: Dict[str, int] = {}
-        if self._options.get("allow_http", True):
-            ports["http"] = self._options["http_port"]
-        if self._options.get("allow_grpc", True):
-            ports["grpc"] = self._options["grpc_port"]
-        if self._options.get("allow_metrics", True):
-            ports["metrics"] = self._options["metrics_port"]
-        for label, port in ports.items():
-            address = self._options.get(f"{label}_address", "127.0.0.1")
-            check_ports_free({label: port}, address)
+        for label, endpoint in self._settings.endpoints:
+            if endpoint.enabled:
+                check_ports_free({label: endpoint.port}, endpoint.address)
 
     def _ready_probe(self) -> Callable[[], bool]:
-        if self._options.get("allow_http", True):
-            host, port = _client_host(self._options["http_address"]), self._options["http_port"]
-            return http_ready_probe(host, port, headers=self._access.http_headers("health"))
-        host, port = _client_host(self._options["grpc_address"]), self._options["grpc_port"]
-        return grpc_ready_probe(host, port, headers=self._access.grpc_headers("health"))
+        http_endpoint, grpc_endpoint = self._settings.http, self._settings.grpc
+        if http_endpoint.enabled:
+            return http_ready_probe(
+                http_endpoint.client_host, http_endpoint.port, headers=self._access.http_headers("health")
+            )
+        return grpc_ready_probe(
+            grpc_endpoint.client_host, grpc_endpoint.port, headers=self._access.grpc_headers("health")
+        )
+
+    def _trace_endpoints(self) -> Tuple[Optional[Tuple[str, int]], Tuple[str, int]]:
+        """Where this process reaches the HTTP endpoint (None if off) and the gRPC endpoint."""
+        http_endpoint, grpc_endpoint = self._settings.http, self._settings.grpc
+        http_at = (http_endpoint.client_host, http_endpoint.port) if http_endpoint.enabled else None
+        return http_at, (grpc_endpoint.client_host, grpc_endpoint.port)
 
     def _claim_scratch(self, loaded: bool) -> None:
         """End the first-load window; hand a claimed scratch directory to the watchdog as well."""
@@ -838,11 +824,11 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
         started = time.monotonic()
         self._events.put(("stop", None))
         if server is not None and self._embedded:  # no network endpoints: nothing to drain
-            server.stop(grace_s=self._exit_timeout_s, wait_idle=self._wait_models_detached)
+            server.stop(grace_s=self._settings.exit_timeout_s, wait_idle=self._wait_models_detached)
         elif server is not None:
             held = self._hold_http() if server.is_alive() else None  # before the SIGINT (server/_drain.py)
             try:
-                server.stop(grace_s=self._drain_delay_s + self._exit_timeout_s, wait_idle=self._drain)
+                server.stop(grace_s=self._settings.drain_delay_s + self._settings.exit_timeout_s, wait_idle=self._drain)
             finally:
                 if held is not None:
                     held.close()
@@ -868,10 +854,12 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
 
     def _hold_http(self) -> Optional[_drain.HeldConnection]:
         """An idle connection that keeps Triton serving while it drains (None without HTTP)."""
-        if not self._options.get("allow_http", True):
+        http_endpoint = self._settings.http
+        if not http_endpoint.enabled:
             return None
-        host, port = _client_host(self._options["http_address"]), self._options["http_port"]
-        return _drain.HeldConnection.open(host, port, headers=self._access.http_headers("health"))
+        return _drain.HeldConnection.open(
+            http_endpoint.client_host, http_endpoint.port, headers=self._access.http_headers("health")
+        )
 
     def _drain(self, deadline: float) -> bool:
         """After SIGINT: the drain delay, then refuse new batches and wait for those in flight."""
@@ -881,14 +869,14 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
             return server is not None and server.is_alive()
 
         def pending() -> Dict[Tuple[str, str], int]:
-            if not self._options.get("allow_metrics", True):
+            metrics = self._settings.metrics
+            if not metrics.enabled:
                 return {}  # nothing tells what Triton has queued: refuse at once (docs/architecture.md)
-            host, port = _client_host(self._options["metrics_address"]), self._options["metrics_port"]
-            return _drain.pending_requests(host, port)
+            return _drain.pending_requests(metrics.client_host, metrics.port)
 
         return _drain.drain(
             deadline,
-            self._drain_delay_s,
+            self._settings.drain_delay_s,
             lambda: list(self._models.values()),
             self._wait_models_detached,
             alive,
@@ -973,29 +961,13 @@ class Triton(_healing.SelfHealing, _embedded.EmbeddedTriton):
     def http_url(self) -> str:
         """``http://host:port`` of the HTTP endpoint."""
         self._no_network("http_url")
-        return f"http://{_client_host(self._options['http_address'])}:{self._options['http_port']}"
+        return f"http://{self._settings.http.client_host}:{self._settings.http.port}"
 
     @property
     def grpc_url(self) -> str:
         """``grpc://host:port`` of the gRPC endpoint."""
         self._no_network("grpc_url")
-        return f"grpc://{_client_host(self._options['grpc_address'])}:{self._options['grpc_port']}"
-
-
-def _client_host(address: str) -> str:
-    """Where a local client connects for a bind address (wildcards mean loopback)."""
-    return "127.0.0.1" if address in ("0.0.0.0", "", "::") else address
-
-
-def _max_request_bytes(config: TritonConfig) -> int:
-    """The request-size limit the proxies enforce (0: none)."""
-    limit = config.max_request_bytes
-    return DEFAULT_MAX_REQUEST_BYTES if limit is None else limit
-
-
-def _callable_metrics(config: TritonConfig) -> bool:
-    """Whether the stubs export the callables' metrics (docs/metrics.md): on unless turned off, or no /metrics."""
-    return config.callable_metrics is not False and config.allow_metrics is not False
+        return f"grpc://{self._settings.grpc.client_host}:{self._settings.grpc.port}"
 
 
 def _server_environment(

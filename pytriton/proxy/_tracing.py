@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
 from pytriton.proxy import _wire
@@ -356,21 +356,24 @@ def model_settings(trace_config: Any, model_name: str) -> Dict[str, Any]:
 
 
 def send_model_settings(
-    options: Mapping[str, Any], access: Any, model_name: str, settings: Dict[str, Any], timeout_s: float
+    http: Optional[Tuple[str, int]],
+    grpc: Tuple[str, int],
+    access: Any,
+    model_name: str,
+    settings: Dict[str, Any],
+    timeout_s: float,
 ) -> None:
     """Apply per-model trace ``settings`` on the running server (HTTP, or gRPC when HTTP is off).
 
-    ``options`` are the launch options (addresses and ports), ``access`` the
+    ``http`` and ``grpc`` are ``(host, port)`` where a local client reaches each endpoint (``http``
+    is None when the server has no HTTP endpoint), ``access`` the
     :class:`~pytriton.server.security.AccessPolicy` whose headers the restricted ``trace`` endpoint
     needs. Triton forgets the settings when it restarts, so the caller sends them after every load.
     """
-    if options.get("allow_http", True):
-        import http.client
+    if http is not None:
+        import http.client as httpclient
 
-        host = options["http_address"]
-        connection = http.client.HTTPConnection(
-            "127.0.0.1" if host in ("0.0.0.0", "", "::") else host, options["http_port"], timeout=timeout_s
-        )
+        connection = httpclient.HTTPConnection(http[0], http[1], timeout=timeout_s)
         try:
             connection.request(
                 "POST",
@@ -391,10 +394,7 @@ def send_model_settings(
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    host = options["grpc_address"]
-    client = grpcclient.InferenceServerClient(
-        f"{'127.0.0.1' if host in ('0.0.0.0', '', '::') else host}:{options['grpc_port']}"
-    )
+    client = grpcclient.InferenceServerClient(f"{grpc[0]}:{grpc[1]}")
     try:
         client.update_trace_settings(model_name=model_name, settings=settings, headers=access.grpc_headers("trace"))
     except InferenceServerException as exc:

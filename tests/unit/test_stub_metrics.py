@@ -404,13 +404,13 @@ def test_the_duration_field_keeps_the_retire_flag_readable():
 
 
 def test_the_switch(monkeypatch):
-    from pytriton.triton import _callable_metrics
+    from pytriton.server.settings import resolve
 
-    assert _callable_metrics(TritonConfig()) is True  # on by default
-    assert _callable_metrics(TritonConfig(callable_metrics=False)) is False
-    assert _callable_metrics(TritonConfig(allow_metrics=False)) is False  # no /metrics: nothing to export
+    assert resolve(TritonConfig(), environ={}).callable_metrics is True  # on by default
+    assert resolve(TritonConfig(callable_metrics=False), environ={}).callable_metrics is False
+    assert resolve(TritonConfig(allow_metrics=False), environ={}).callable_metrics is False  # no /metrics
     monkeypatch.setenv("PYTRITON_TRITON_CONFIG_CALLABLE_METRICS", "off")
-    assert _callable_metrics(TritonConfig.from_env()) is False
+    assert resolve(None).callable_metrics is False
     from pytriton.server.command import LaunchSettings, build_command
 
     argv = build_command(

@@ -475,13 +475,13 @@ def test_model_settings_are_posted_with_the_access_token():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeTritonTraceApi)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    options = {"http_address": "127.0.0.1", "http_port": server.server_address[1]}
+    endpoint = ("127.0.0.1", server.server_address[1])
     try:
-        _tracing.send_model_settings(options, access, "m", {"trace_rate": "1"}, TIMEOUT_S)
+        _tracing.send_model_settings(endpoint, ("127.0.0.1", 1), access, "m", {"trace_rate": "1"}, TIMEOUT_S)
         assert _FakeTritonTraceApi.calls == [("/v2/models/m/trace/setting", "secret", {"trace_rate": "1"})]
         _FakeTritonTraceApi.status = 400
         with pytest.raises(PyTritonServerError, match="refused"):
-            _tracing.send_model_settings(options, access, "m", {"trace_rate": "1"}, TIMEOUT_S)
+            _tracing.send_model_settings(endpoint, ("127.0.0.1", 1), access, "m", {"trace_rate": "1"}, TIMEOUT_S)
     finally:
         server.shutdown()
         server.server_close()
@@ -508,8 +508,7 @@ def test_model_settings_go_over_grpc_when_http_is_off(monkeypatch):
 
     monkeypatch.setattr(tritonclient.grpc, "InferenceServerClient", FakeClient)
     access = AccessPolicy(TritonConfig(), TritonSecurityConfig(access_token="secret"))
-    options = {"allow_http": False, "grpc_address": "0.0.0.0", "grpc_port": 8001}
-    _tracing.send_model_settings(options, access, "m", {"trace_rate": "1"}, TIMEOUT_S)
+    _tracing.send_model_settings(None, ("127.0.0.1", 8001), access, "m", {"trace_rate": "1"}, TIMEOUT_S)
     assert calls[0] == "127.0.0.1:8001" and calls[-1] == "closed"
     assert calls[1][:2] == ("m", {"trace_rate": "1"}) and "secret" in calls[1][2].values()
 

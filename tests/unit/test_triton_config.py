@@ -140,7 +140,7 @@ def test_triton_resolves_the_polling_windows_and_exit_timeout_once_at_constructi
     try:
         monkeypatch.setenv("PYTRITON_PROXY_SPIN_US", "0")  # read once: a later change does not apply
         assert triton._binding_context().polling == PollingWindows(proxy_us=40, worker_us=30)
-        assert triton._exit_timeout_s == EXIT_TIMEOUT_S
+        assert triton._settings.exit_timeout_s == EXIT_TIMEOUT_S
     finally:
         triton.stop()
     monkeypatch.delenv("PYTRITON_PROXY_SPIN_US")
@@ -148,17 +148,17 @@ def test_triton_resolves_the_polling_windows_and_exit_timeout_once_at_constructi
     triton = Triton(config=TritonConfig(exit_timeout_secs=5))
     try:
         assert triton._binding_context().polling == PollingWindows(proxy_us=1000, worker_us=0)
-        assert triton._exit_timeout_s == 5.0
+        assert triton._settings.exit_timeout_s == 5.0
     finally:
         triton.stop()
 
 
 def test_max_request_bytes_from_field_and_environment():
-    from pytriton.triton import _max_request_bytes
+    from pytriton.server.settings import resolve
 
-    assert _max_request_bytes(TritonConfig()) == 2 * 1024**3
-    assert _max_request_bytes(TritonConfig(max_request_bytes=0)) == 0  # no limit
-    config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_MAX_REQUEST_BYTES": "1048576"})
-    assert _max_request_bytes(config) == 1 << 20
+    assert resolve(TritonConfig(), environ={}).max_request_bytes == 2 * 1024**3
+    assert resolve(TritonConfig(max_request_bytes=0), environ={}).max_request_bytes == 0  # no limit
+    environ = {"PYTRITON_TRITON_CONFIG_MAX_REQUEST_BYTES": "1048576"}
+    assert resolve(None, environ=environ).max_request_bytes == 1 << 20
     with pytest.raises(PyTritonValidationError, match="max_request_bytes=-1 is negative"):
         TritonConfig(max_request_bytes=-1)
