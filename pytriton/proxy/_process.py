@@ -360,33 +360,24 @@ class ProcessInstance:
     def __init__(
         self,
         *,
-        path: str,
         payload: bytes,
-        config: TritonModelConfig,
-        strict: bool,
-        shm_prefix: str,
         on_unrecoverable: Callable[[BaseException], None],
-        name: str,
-        poll_s: float = 0.0,
         on_stub_lost: Optional[Callable[[int, int], None]] = None,
-        metrics: bool = False,
+        **worker_options: Any,
     ):
-        self._path = path
-        self._name = name
-        self._shm_prefix = shm_prefix
+        """``payload``: the pickled callable (:func:`dump_callable`); ``worker_options``: the keyword
+        arguments of :class:`~pytriton.proxy._worker.InstanceWorker` other than the callable and the
+        two callbacks (``path``, ``config``, ``strict``, ``shm_prefix``, ``name``, ``poll_s``,
+        ``metrics``), which the worker process passes on to its own ``InstanceWorker`` as they are.
+        The callbacks run here, on messages from the worker process."""
+        config: TritonModelConfig = worker_options["config"]
+        self._path: str = worker_options["path"]
+        self._name: str = worker_options["name"]
+        self._shm_prefix: str = worker_options["shm_prefix"]
         self._on_unrecoverable = on_unrecoverable
         self._on_stub_lost = on_stub_lost
         # Everything the worker process needs besides the descriptors it inherits.
-        self._envelope = {
-            "payload": payload,
-            "config": config,
-            "strict": strict,
-            "shm_prefix": shm_prefix,
-            "name": name,
-            "path": path,
-            "poll_s": poll_s,
-            "metrics": metrics,  # the callable's duration in each reply (docs/metrics.md)
-        }
+        self._envelope = {"payload": payload, "worker": worker_options}
         self._model = config.model_name
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()

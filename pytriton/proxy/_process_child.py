@@ -174,7 +174,7 @@ def _load(settings: Dict[str, Any]) -> Any:
     multiprocessing.spawn.prepare(settings["preparation"])
     context = TritonContext()
     func = _process.load_callable(settings["payload"], context)
-    _attach_context(func, context, settings["config"])
+    _attach_context(func, context, settings["worker"]["config"])
     return func
 
 
@@ -205,16 +205,10 @@ def main(argv: List[str]) -> None:
         _exit(1, run_atexit=True)
     worker = _PublishingWorker(
         _process.Status(status_fd),
-        path=settings["path"],
         infer_func=func,
-        config=settings["config"],
-        strict=settings["strict"],
-        shm_prefix=settings["shm_prefix"],
         on_unrecoverable=lambda exc: link.send("unrecoverable", error_text(exc)),
-        name=settings["name"],
-        poll_s=settings["poll_s"],
-        metrics=settings.get("metrics", False),
         on_stub_lost=lambda generation, server_pid: link.send("stub_lost", generation, server_pid),
+        **settings["worker"],
     )
     worker.start(listener=socket.socket(fileno=listen_fd))
     link.send("ready")

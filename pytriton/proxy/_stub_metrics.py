@@ -293,28 +293,22 @@ class StubMetrics(NullMetrics):
             self._families.clear()
 
 
-def create(
-    pb_utils: Any,
-    enabled: bool,
-    *,
-    model: str,
-    version: str,
-    instance: int,
-    generation: int = 0,
-    max_batch_size: int = 0,
-) -> NullMetrics:
-    """The started metrics of one instance, or :data:`NULL` if off or unsupported (logged once)."""
+def create(pb_utils: Any, enabled: bool, **series: Any) -> NullMetrics:
+    """The started metrics of one instance, or :data:`NULL` if off or unsupported (logged once).
+
+    ``series``: the keyword arguments of :class:`StubMetrics` (``model``, ``version``,
+    ``instance``, ``generation``, ``max_batch_size``).
+    """
     if not enabled:
         return NULL
     if getattr(pb_utils, "MetricFamily", None) is None:
         log(
             pb_utils,
-            f"pytriton: the metrics of model {model!r} (instance {instance}) are off: this Triton's Python backend "
-            "has no custom-metric API (triton_python_backend_utils.MetricFamily). Inference is not affected.",
+            f"pytriton: the metrics of model {series['model']!r} (instance {series['instance']}) are off: this "
+            "Triton's Python backend has no custom-metric API (triton_python_backend_utils.MetricFamily). "
+            "Inference is not affected.",
         )
         return NULL
-    metrics = StubMetrics(
-        pb_utils, model=model, version=version, instance=instance, generation=generation, max_batch_size=max_batch_size
-    )
+    metrics = StubMetrics(pb_utils, **series)
     metrics.start()
     return metrics
