@@ -90,7 +90,10 @@ def check_instance_kind(value: Any, model: str) -> str:
 
 # -- the callable's way to the worker process -------------------------------------------------
 _CONTEXT_ID = "pytriton.TritonContext"
-_WRAPPERS = (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper)
+# wrapt's type stubs declare nothing for Python 3.9 (see pytriton/decorators.py), which CI type-checks
+# too: the wrapper classes are used untyped.
+_wrapt: Any = wrapt
+_WRAPPERS = (_wrapt.FunctionWrapper, _wrapt.BoundFunctionWrapper)
 
 
 def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
@@ -105,7 +108,7 @@ def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
 
 def _rewrap(wrapped: Any, wrapper: Any, enabled: Any) -> Any:
     """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
-    return wrapt.FunctionWrapper(wrapped, wrapper, enabled)
+    return _wrapt.FunctionWrapper(wrapped, wrapper, enabled)
 
 
 def _named(obj: Any) -> Optional[Tuple[str, str, int]]:
@@ -156,17 +159,17 @@ class _CallablePickler(pickle.Pickler):
             return _resolve, named
         if not wrapper:
             return NotImplemented  # plain pickle: a function or class by name (or its own error)
-        if issubclass(kind, wrapt.BoundFunctionWrapper):
+        if issubclass(kind, _wrapt.BoundFunctionWrapper):
             owner, name = obj._self_instance, getattr(obj, "__name__", None)
             if owner is not None and isinstance(name, str) and _same_method(getattr(owner, name, None), obj):
                 return getattr, (owner, name)
-        if kind is wrapt.FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
+        if kind is _wrapt.FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
             return _rewrap, (obj.__wrapped__, obj._self_wrapper, obj._self_enabled)
         raise pickle.PicklingError(f"cannot pickle the decorated callable {obj!r}")
 
 
 def _same_method(found: Any, bound: Any) -> bool:
-    return issubclass(type(found), wrapt.BoundFunctionWrapper) and found.__wrapped__ == bound.__wrapped__
+    return issubclass(type(found), _wrapt.BoundFunctionWrapper) and found.__wrapped__ == bound.__wrapped__
 
 
 def _main_importable() -> bool:
