@@ -238,6 +238,20 @@ def _end_all(spans: List[Any], exc: Optional[BaseException]) -> None:
         span.end()
 
 
+class _EndingSpans:
+    """Ends ``spans`` when a streaming callable's generator finishes: as errors if it raised, plainly
+    when it returned or was closed early (``GeneratorExit``: the stream was cancelled, not failed)."""
+
+    def __init__(self, spans: List[Any]):
+        self._spans = spans
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Optional[BaseException], traceback: Any) -> None:
+        _end_all(self._spans, None if isinstance(exc, GeneratorExit) else exc)  # the exception goes on
+
+
 def call_in_spans(spans: List[Any], func: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     """``func(*args, **kwargs)`` with the first of ``spans`` (from :func:`open_batch_spans`) as the
     current span, so spans the callable opens itself nest under it; a failure ends ``spans`` as errors."""
@@ -278,28 +292,16 @@ def _end_when_done(result: Any, spans: List[Any]) -> Any:
     if inspect.isgenerator(result):
 
         def iterating() -> Any:
-            error: Optional[BaseException] = None
-            try:
+            with _EndingSpans(spans):
                 yield from result
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                _end_all(spans, error if not isinstance(error, GeneratorExit) else None)
 
         return iterating()
     if inspect.isasyncgen(result):
 
         async def iterating_async() -> Any:
-            error: Optional[BaseException] = None
-            try:
+            with _EndingSpans(spans):
                 async for item in result:
                     yield item
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                _end_all(spans, error if not isinstance(error, GeneratorExit) else None)
 
         return iterating_async()
     _end_all(spans, None)

@@ -345,6 +345,51 @@ def test_batch_spans_cover_a_generator_until_it_ends_and_record_errors(spans):
     _tracing.end_spans(opened, None)
 
 
+def test_batch_spans_of_a_stream_that_fails_or_is_closed_early(spans):
+    @batch
+    def failing_stream(k):
+        yield {"y": k}
+        raise RuntimeError("mid-stream")
+
+    @batch
+    def endless(k):
+        while True:
+            yield {"y": k}
+
+    @batch
+    async def async_failing(k):
+        yield {"y": k}
+        raise ValueError("async mid-stream")
+
+    requests, opened = _traced_requests(spans, [CONTEXT])
+    generator = failing_stream(requests)
+    next(generator)
+    with pytest.raises(RuntimeError):
+        next(generator)
+    (failed,) = by_name(spans.get_finished_spans())[_tracing.BATCH_SPAN]
+    assert failed.status.description == "RuntimeError: mid-stream"
+
+    spans.clear()
+    generator = endless(requests)
+    next(generator)
+    generator.close()  # a cancelled stream: the span ends, not as an error
+    (closed,) = by_name(spans.get_finished_spans())[_tracing.BATCH_SPAN]
+    assert closed.status.description is None and not closed.events
+
+    async def drain_async():
+        chunks = []
+        with pytest.raises(ValueError):
+            async for chunk in async_failing(requests):
+                chunks.append(chunk)
+        return chunks
+
+    spans.clear()
+    assert len(asyncio.run(drain_async())) == 1
+    (failed_async,) = by_name(spans.get_finished_spans())[_tracing.BATCH_SPAN]
+    assert failed_async.status.description == "ValueError: async mid-stream"
+    _tracing.end_spans(opened, None)
+
+
 def test_batch_with_plain_dict_requests_and_no_spans_is_unchanged(spans):
     @batch
     def infer(k):
