@@ -115,6 +115,7 @@ class StubChannel:
 
     def __init__(
         self,
+        *,  # three strings in a row: named at every call, so they cannot be swapped
         endpoint: str,
         token: str,
         route: str,
@@ -191,7 +192,7 @@ def connect(endpoint: str, token: str, route: str, server_key: Optional[str] = N
 
     ``server_key``: the hub's CURVE public key (Z85) when the hub encrypts, else None.
     """
-    return StubChannel(endpoint, token, route, server_key)
+    return StubChannel(endpoint=endpoint, token=token, route=route, server_key=server_key)
 
 
 def _check_curve(zmq: Any) -> None:

@@ -74,7 +74,7 @@ def test_round_trip_and_goodbye(hub):
 def test_refused_stubs_get_the_reason(hub, token, route, reason):
     hub.register("m1/0")
     with pytest.raises(ConnectionError, match=reason):
-        _zmq_channel.StubChannel(hub.endpoint, token, route)
+        _zmq_channel.StubChannel(endpoint=hub.endpoint, token=token, route=route)
 
 
 def test_unreachable_hub_is_named():
@@ -82,7 +82,7 @@ def test_unreachable_hub_is_named():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(ConnectionError, match="no answer from the pytriton process"):
-        _zmq_channel.StubChannel(f"tcp://127.0.0.1:{port}", TOKEN, "m1/0", auth_timeout_s=0.2)
+        _zmq_channel.StubChannel(endpoint=f"tcp://127.0.0.1:{port}", token=TOKEN, route="m1/0", auth_timeout_s=0.2)
 
 
 def test_receive_timeout_and_lost_hub():
@@ -179,7 +179,7 @@ def test_encrypted_hub_needs_its_key():
         thread.join(5)
         # Without the key the CURVE handshake fails: the greeting never arrives.
         with pytest.raises(ConnectionError, match="no answer"):
-            _zmq_channel.StubChannel(hub.endpoint, TOKEN, "r", auth_timeout_s=0.3)
+            _zmq_channel.StubChannel(endpoint=hub.endpoint, token=TOKEN, route="r", auth_timeout_s=0.3)
     finally:
         hub.close()
 
