@@ -21,7 +21,7 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
-from pytriton.proxy import _process, _wire, _zmq_channel
+from pytriton.proxy import _process, _stub_exit, _wire, _zmq_channel
 from pytriton.proxy._worker import InstanceWorker
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
@@ -216,6 +216,9 @@ class BoundModel:
             # Larger requests get an error in the stub, before any copy (docs/configuration.md).
             "max_request_bytes": context.max_request_bytes,
             "execution_timeout_s": self.execution_timeout_s or 0.0,
+            # A stub being unloaded ends within this time, its stacks in the server's log if it
+            # had to be ended (proxy/_stub_exit.py).
+            "exit_deadline_s": _stub_exit.DEADLINE_S,
             "metrics": context.metrics,  # pytriton_* metrics from the stub (docs/metrics.md)
             # The stub forwards Triton's trace contexts only then (proxy/_stub_trace.py).
             "trace": context.tracing,
@@ -277,6 +280,7 @@ class BoundModel:
         shutil.copyfile(_zmq_channel.__file__, version_dir / "_pytriton_zmq_channel.py")
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_metrics.py"), version_dir / "_pytriton_stub_metrics.py")
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_trace.py"), version_dir / "_pytriton_stub_trace.py")
+        shutil.copyfile(_stub_exit.__file__, version_dir / "_pytriton_stub_exit.py")
 
     def start_workers(self) -> None:
         """Start one worker per instance slot (before Triton loads the model).

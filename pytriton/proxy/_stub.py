@@ -1,9 +1,10 @@
 """The proxy model that runs inside Triton's Python-backend stub.
 
 ``Triton.bind`` copies this file as ``model.py`` (and ``_wire.py`` beside it as
-``_pytriton_wire.py``, likewise ``_stub_bytes.py`` and ``_stub_metrics.py``) into the model
-repository. Only the standard library and numpy are available here (the stub's own environment),
-so nothing else from pytriton may be imported.
+``_pytriton_wire.py``, likewise ``_stub_bytes.py``, ``_stub_metrics.py``, ``_stub_trace.py``,
+``_stub_exit.py`` and ``_zmq_channel.py``) into the model repository. Only the standard library
+and numpy are available here (the stub's own environment), so nothing else from pytriton may be
+imported.
 
 Per model instance (one stub process each) the proxy claims a free *slot* of the model by taking
 an exclusive ``flock`` on ``slot-<n>-g<generation>.lock``; the kernel releases it when the stub
@@ -43,12 +44,13 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 try:  # the copies placed next to model.py by Triton.bind
     import _pytriton_stub_bytes as _stub_bytes  # type: ignore[import-not-found]
+    import _pytriton_stub_exit as _stub_exit  # type: ignore[import-not-found]
     import _pytriton_stub_metrics as _stub_metrics  # type: ignore[import-not-found]
     import _pytriton_stub_trace as _stub_trace  # type: ignore[import-not-found]
     import _pytriton_wire as _wire  # type: ignore[import-not-found]
     import _pytriton_zmq_channel as _zmq_channel  # type: ignore[import-not-found]
 except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _stub_bytes, _stub_metrics, _stub_trace, _wire, _zmq_channel
+    from pytriton.proxy import _stub_bytes, _stub_exit, _stub_metrics, _stub_trace, _wire, _zmq_channel
 
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
@@ -179,6 +181,8 @@ class TritonPythonModel:
         # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
         public = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         self._generation = int(public.get("pytriton.generation", "0"))
+        # Once finalize begins, this process ends within this many seconds however it goes (_stub_exit).
+        self._exit_deadline_s = float(params.get("exit_deadline_s", 0.0))
         timeout_s = float(params.get("execution_timeout_s", 0.0))
         self._timeout_s: Optional[float] = timeout_s if timeout_s > 0 else None
         # Poll for replies instead of sleeping (only while they usually come within the window): a
@@ -481,6 +485,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         """Tell the worker this instance is going away and release every resource."""
+        _stub_exit.arm(self._exit_deadline_s)  # Triton waits for this process to exit with no limit
         self._metrics.close()  # pushes the last changes
         try:
             self._socket.settimeout(1.0)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import threading
+import warnings
 from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
@@ -59,14 +61,16 @@ def _bind(triton: RemoteTriton, name: str) -> None:
 
 
 def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[subprocess.Popen, Dict[str, int]]:
+    """The server, its output going to ``server.log`` beside ``repository`` (shown when a check fails)."""
     ports = triton_ports()
     argv, env = server_command(
         repository, TritonConfig(**ports), TritonSecurityConfig(access_token=TOKEN), region_prefix=REGIONS
     )
     env["PATH"] = f"{stub_bin}{os.pathsep}{env['PATH']}"
-    server = subprocess.Popen(  # noqa: S603
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    with open(repository.parent / "server.log", "wb") as log:
+        server = subprocess.Popen(  # noqa: S603
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
 
     def live() -> bool:
@@ -122,6 +126,37 @@ def _stubs(server: subprocess.Popen) -> List[int]:
     return found
 
 
+def _diagnose(remote) -> str:
+    """What a stub that does not exit is doing, and the end of the server's log (for a failure message)."""
+    lines = []
+    for pid in _stubs(remote["server"]):
+        lines.append(f"stub {pid}: " + pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        for task in sorted(os.listdir(f"/proc/{pid}/task")):
+            base = pathlib.Path(f"/proc/{pid}/task/{task}")
+            try:
+                lines.append(f"  thread {task} {(base / 'comm').read_text().strip()}: {(base / 'wchan').read_text()}")
+            except OSError:
+                continue
+        spy = shutil.which("py-spy")
+        if spy:
+            dump = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True)  # noqa: S603
+            lines.append(dump.stdout + dump.stderr)
+    log = pathlib.Path(remote["root"]) / "server.log"
+    if log.exists():
+        lines.append("server log (end):\n" + log.read_text(errors="replace")[-6000:])
+    return "\n".join(lines)
+
+
+def _report_ended_stubs(remote) -> None:
+    """A stub that had to be ended by its exit deadline is a warning with its stacks (the unload still completed)."""
+    log = pathlib.Path(remote["root"]) / "server.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    dumps = text.split("Timeout (")[1:]
+    for dump in dumps[remote.setdefault("ended_stubs", 0) :]:
+        warnings.warn(f"a stub was ended by its exit deadline; its threads:\nTimeout ({dump[:4000]}", stacklevel=2)
+    remote["ended_stubs"] = len(dumps)
+
+
 def _check_served(remote, name: str) -> None:
     with ModelClient(_url(remote), name, init_timeout_s=10) as client:
         for data in (SMALL, LARGE):
@@ -141,7 +176,9 @@ def _check_unloaded(remote, name: str) -> None:
     client = httpclient.InferenceServerClient(f"127.0.0.1:{remote['ports']['http_port']}")
     try:
         assert wait_for(lambda: not client.is_model_ready(name), 10.0)
-        assert wait_for(lambda: not _stubs(server), 10.0), "the model's stubs did not exit"
+        # A stub ends within its exit deadline (proxy/_stub_exit.py, 20 s) however its shutdown goes.
+        assert wait_for(lambda: not _stubs(server), 40.0), f"the model's stubs did not exit\n{_diagnose(remote)}"
+        _report_ended_stubs(remote)
         assert client.is_server_live() and server.poll() is None  # the server keeps running
     finally:
         client.close()

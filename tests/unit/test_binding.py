@@ -192,6 +192,7 @@ def test_repository_files(context, tmp_path):
             "_pytriton_stub_bytes.py",
             "_pytriton_stub_metrics.py",
             "_pytriton_stub_trace.py",
+            "_pytriton_stub_exit.py",
             "_pytriton_zmq_channel.py",
             _wire.PRIVATE_FILE,
         ]
@@ -202,6 +203,7 @@ def test_repository_files(context, tmp_path):
     assert (version_dir / "_pytriton_stub_bytes.py").read_bytes() == (proxy / "_stub_bytes.py").read_bytes()
     assert (version_dir / "_pytriton_stub_metrics.py").read_bytes() == (proxy / "_stub_metrics.py").read_bytes()
     assert (version_dir / "_pytriton_stub_trace.py").read_bytes() == (proxy / "_stub_trace.py").read_bytes()
+    assert (version_dir / "_pytriton_stub_exit.py").read_bytes() == (proxy / "_stub_exit.py").read_bytes()
     pbtxt = (repository / "Identity" / "config.pbtxt").read_text()
     assert 'name: "Identity"' in pbtxt and 'backend: "python"' in pbtxt
     assert 'name: "x"' in pbtxt and 'name: "y"' in pbtxt and "TYPE_FP32" in pbtxt

@@ -722,3 +722,15 @@ def test_waiting_for_a_busy_slot_ends_when_the_user_process_is_gone(setup, stub)
     child.wait()
     with pytest.raises(stub.UserProcessGone, match=rf"the pytriton process \(pid {child.pid}\) .* is gone"):
         setup.model(user_pid=child.pid)
+
+
+def test_finalize_first_arms_the_exit_deadline_of_the_private_file(setup, monkeypatch):
+    """The deadline is armed before anything of finalize can block (the real timers: test_stub_exit.py)."""
+    worker = setup.worker()
+    model = setup.model(exit_deadline_s=7.5)
+    armed = []
+    monkeypatch.setattr(setup.stub._stub_exit, "arm", armed.append)
+    monkeypatch.setattr(model._metrics, "close", lambda: armed.append("metrics closed"))
+    worker.channel().sock.close()
+    setup.finalize(model)
+    assert armed == [7.5, "metrics closed"]
