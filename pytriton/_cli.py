@@ -40,6 +40,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     install.add_argument(
         "--no-stub-env", action="store_true", help="do not create the stub's private numpy 1.x environment"
     )
+    install.add_argument(
+        "--with-pyzmq",
+        action="store_true",
+        help="also put pyzmq in the stub environment, for RemoteTriton's TCP transport (docs/remote.md)",
+    )
     commands.add_parser("where-server", help="print the directory of the server pytriton would use")
     remote = commands.add_parser(
         "server-command",
@@ -73,6 +78,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 force=args.force,
                 find_links=args.find_links,
                 stub_env=not args.no_stub_env,
+                stub_pyzmq=args.with_pyzmq,
                 progress=_progress,
             )
         elif args.command == "server-command":

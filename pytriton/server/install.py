@@ -22,6 +22,7 @@ temporary directory that is renamed into place only when complete.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -38,6 +39,8 @@ Progress = Callable[[str], None]
 
 _SERVER_PREFIX = "pytriton/tritonserver/"
 _LIBS_PREFIX = "nvidia_pytriton.libs/"
+# What `install-server --with-pyzmq` adds to the stub environment (the extra `remote` asks the same).
+STUB_PYZMQ_REQUIREMENT = "pyzmq>=23"
 _WANTED_SERVER_DIRS = ("bin/", "backends/python/", "caches/", "python_backend_stubs/")
 
 
@@ -158,10 +161,34 @@ def _link_or_copy(source: pathlib.Path, dest: pathlib.Path) -> None:
         shutil.copy2(source, dest)
 
 
+def _pip_install_target(
+    site_packages: pathlib.Path, requirement: str, find_links: Optional[pathlib.Path], purpose: str
+) -> None:
+    """``pip install --target site_packages requirement`` (binary wheels only); ``InstallError`` naming ``purpose``."""
+    command: List[str] = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
+    if find_links is not None:  # options of `pip install`, so after the subcommand
+        command += ["--no-index", "--find-links", str(find_links)]
+    command += ["--target", str(site_packages), "--only-binary=:all:", requirement]
+    result = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)  # noqa: S603
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise InstallError(
+            f"Could not install {requirement} for {purpose}:\n"
+            f"{tail}\nOffline, put a {requirement} wheel in a folder and pass `--find-links DIR`."
+        )
+
+
 def create_stub_environment(
-    progress: Progress, find_links: Optional[pathlib.Path] = None, home: Optional[pathlib.Path] = None
+    progress: Progress,
+    find_links: Optional[pathlib.Path] = None,
+    home: Optional[pathlib.Path] = None,
+    *,
+    pyzmq: bool = False,
 ) -> Optional[pathlib.Path]:
     """Create the stub's private environment (numpy 1.x) for this interpreter.
+
+    ``pyzmq``: also put pyzmq in it, which the stubs of RemoteTriton's TCP transport import
+    (docs/remote.md); added to an existing environment that lacks it.
 
     Returns the environment directory, or ``None`` when numpy 1.x does not exist for this Python
     (3.13+); the stub then uses the user's environment.
@@ -172,39 +199,30 @@ def create_stub_environment(
             f"numpy 1.x has no build for Python {dist.python_tag()}: the stub will use this environment's numpy "
             "(numpy 2 works through pytriton's workarounds, see docs/architecture.md)."
         )
+        if pyzmq and importlib.util.find_spec("zmq") is None:
+            progress(
+                "The stub imports pyzmq from this environment too, which has none: pip install 'pytriton[remote]'."
+            )
         return None
+    site = pathlib.Path("lib") / f"python{dist.python_tag()}" / "site-packages"
     python = env_dir / "bin" / "python3"
     if python.exists() and dist._site_packages_has(env_dir, "numpy"):
         progress(f"Stub environment already present: {env_dir}")
-        return env_dir
-    progress(f"Creating the stub environment (numpy 1.x) in {env_dir} ...")
-    partial = env_dir.with_name(env_dir.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(partial)], check=True)
-        command: List[str] = [
-            sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--quiet",
-            "--target", str(partial / "lib" / f"python{dist.python_tag()}" / "site-packages"),
-            "--only-binary=:all:", dist.STUB_NUMPY_REQUIREMENT,
-        ]  # fmt: skip
-        if find_links is not None:  # options of `pip install`, so after the subcommand
-            command[command.index("install") + 1 : command.index("install") + 1] = [
-                "--no-index",
-                "--find-links",
-                str(find_links),
-            ]
-        result = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)
-        if result.returncode != 0:
-            tail = "\n".join(result.stderr.strip().splitlines()[-5:])
-            raise InstallError(
-                f"Could not install {dist.STUB_NUMPY_REQUIREMENT} for the stub:\n"
-                f"{tail}\nOffline, put a numpy 1.x wheel in a folder and pass `--find-links DIR`."
-            )
-        if env_dir.exists():
-            shutil.rmtree(env_dir)
-        partial.rename(env_dir)
-    finally:
+    else:
+        progress(f"Creating the stub environment (numpy 1.x) in {env_dir} ...")
+        partial = env_dir.with_name(env_dir.name + f".tmp-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(partial)], check=True)  # noqa: S603
+            _pip_install_target(partial / site, dist.STUB_NUMPY_REQUIREMENT, find_links, "the stub")
+            if env_dir.exists():
+                shutil.rmtree(env_dir)
+            partial.rename(env_dir)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    if pyzmq and not dist._site_packages_has(env_dir, "zmq"):
+        progress(f"Adding pyzmq (RemoteTriton's TCP transport) to the stub environment {env_dir} ...")
+        _pip_install_target(env_dir / site, STUB_PYZMQ_REQUIREMENT, find_links, "the stub (the TCP transport)")
     return env_dir
 
 
@@ -214,6 +232,7 @@ def install_server(
     force: bool = False,
     find_links: Optional[pathlib.Path] = None,
     stub_env: bool = True,
+    stub_pyzmq: bool = False,
     progress: Progress = print,
     home: Optional[pathlib.Path] = None,
 ) -> pathlib.Path:
@@ -221,7 +240,8 @@ def install_server(
 
     Idempotent: an existing complete install is kept unless ``force``. A failed install leaves
     no partial directory behind. On a Python the server has no stub for, fails at once
-    (``dist.check_python_supported``), before downloading anything.
+    (``dist.check_python_supported``), before downloading anything. ``stub_env``: also create the
+    stub's numpy 1.x environment; ``stub_pyzmq``: with pyzmq in it (RemoteTriton's TCP transport).
     """
     dist.check_python_supported()
     target = dist.install_dir(home)
@@ -250,5 +270,5 @@ def install_server(
             staging.rename(target)
         progress(f"Installed Triton {dist.TRITON_VERSION} in {target}")
     if stub_env:
-        create_stub_environment(progress, find_links=find_links, home=home)
+        create_stub_environment(progress, find_links=find_links, home=home, pyzmq=stub_pyzmq)
     return target

@@ -3,6 +3,8 @@
 import hashlib
 import os
 import pathlib
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -112,6 +114,74 @@ def test_stub_environment_offline_asks_pip_the_folder(home, tmp_path, monkeypatc
     message = str(caught.value)
     assert "no such option" not in message
     assert "No matching distribution" in message or "Could not find a version" in message, message
+
+
+class _FakePip:
+    """``subprocess.run`` of the install module: records each pip command, "installs" the requirement."""
+
+    def __init__(self):
+        self.commands = []
+
+    def __call__(self, command, **kwargs):
+        self.commands.append(command)
+        target = pathlib.Path(command[command.index("--target") + 1])
+        package = "zmq" if command[-1].startswith("pyzmq") else command[-1].split(">")[0]
+        (target / package).mkdir(parents=True)
+        (target / package / "__init__.py").write_text("")
+        return subprocess.CompletedProcess(command, 0, stderr="")
+
+
+def _existing_stub_env(home):
+    env = dist.stub_env_dir(home)
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").write_text("")
+    site = env / "lib" / f"python{dist.python_tag()}" / "site-packages"
+    (site / "numpy").mkdir(parents=True)
+    (site / "numpy" / "__init__.py").write_text("")
+    return site
+
+
+def test_with_pyzmq_adds_pyzmq_to_the_stub_environment_once(home, tmp_path, monkeypatch):
+    """``install-server --with-pyzmq``: pyzmq goes into the existing stub environment, offline too, and only once."""
+    from pytriton.server import install
+
+    monkeypatch.setattr(dist, "python_version", lambda: (3, 11))
+    site = _existing_stub_env(home)
+    pip = _FakePip()
+    monkeypatch.setattr(install.subprocess, "run", pip)
+    wheels = tmp_path / "wheels"
+    assert install.create_stub_environment(lambda _: None, find_links=wheels, home=home, pyzmq=True)
+    (command,) = pip.commands
+    assert command[-1] == install.STUB_PYZMQ_REQUIREMENT and "--only-binary=:all:" in command
+    assert command[command.index("--target") + 1] == str(site)
+    assert command[command.index("--find-links") + 1] == str(wheels) and "--no-index" in command
+    assert (site / "zmq" / "__init__.py").is_file()
+    install.create_stub_environment(lambda _: None, home=home, pyzmq=True)
+    install.create_stub_environment(lambda _: None, home=home)
+    assert len(pip.commands) == 1  # already there, or not asked for
+
+
+def test_without_pyzmq_the_stub_environment_gets_numpy_only(home, monkeypatch):
+    from pytriton.server import install
+
+    monkeypatch.setattr(dist, "python_version", lambda: (3, 11))
+    pip = _FakePip()
+    monkeypatch.setattr(install.subprocess, "run", lambda command, **kwargs: pip(command) if "pip" in command else None)
+    env = install.create_stub_environment(lambda _: None, home=home)
+    (command,) = pip.commands
+    assert command[-1] == dist.STUB_NUMPY_REQUIREMENT
+    assert env is not None and dist._site_packages_has(env, "numpy") and not dist._site_packages_has(env, "zmq")
+
+
+def test_with_pyzmq_on_python_3_13_names_the_extra(home, monkeypatch):
+    """3.13 has no private stub environment: the stub imports pyzmq from the user's, which is told how to get it."""
+    from pytriton.server import install
+
+    monkeypatch.setattr(dist, "python_version", lambda: (3, 13))
+    monkeypatch.setitem(sys.modules, "zmq", None)  # this environment then cannot import pyzmq
+    said = []
+    assert install.create_stub_environment(said.append, home=home, pyzmq=True) is None
+    assert "pip install 'pytriton[remote]'" in said[-1]
 
 
 def test_missing_server_error_names_the_command(home, monkeypatch):
