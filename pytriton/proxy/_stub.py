@@ -114,6 +114,23 @@ def _input_bytes(tensors: List[Any]) -> int:
     return total
 
 
+def _own_backend_region(cmdline: str = "/proc/self/cmdline") -> Optional[str]:
+    """This stub's Python-backend region: the second argument Triton starts the stub with, or None.
+
+    A server started by hand (RemoteTriton) names its regions with a prefix pytriton did not
+    choose, so the prefix in the private file does not match them; the stub's own argument does.
+    None outside a real stub (its program is ``triton_python_backend_stub``), e.g. in unit tests.
+    """
+    try:
+        with open(cmdline, "rb") as file:
+            argv = file.read().split(b"\0")
+    except OSError:
+        return None
+    if len(argv) < 3 or os.path.basename(argv[0]) != b"triton_python_backend_stub" or not argv[2]:
+        return None
+    return argv[2].decode(errors="replace")
+
+
 def _size_text(nbytes: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= size:
@@ -160,6 +177,9 @@ class TritonPythonModel:
         # The backend created this instance's region 0644 just before starting us; no request has
         # used it yet. Close it (and any sibling's) to other users before the model can be ready.
         _wire.make_private(params["backend_shm_prefix"])
+        region = _own_backend_region()
+        if region is not None:  # also under a server whose region prefix pytriton did not choose
+            _wire.make_private(region)
         self._user_pid = int(params["user_pid"])
         self._endpoint_dir = params["endpoint_dir"]
         # The TCP transport (RemoteTriton(transport="tcp"), proxy/_zmq_channel.py): the user's process

@@ -198,6 +198,9 @@ def test_bind_serve_and_unload(remote, transport):
         _bind(triton, name)
         triton.run()
         assert triton.is_connected() and triton.is_alive()
+        # The server chose its region prefix, not pytriton: each stub closes its own region to others.
+        modes = {name: os.stat(f"/dev/shm/{name}").st_mode & 0o777 for name in shm_entries(REGIONS)}
+        assert modes and set(modes.values()) == {0o600}, modes
         segments = shm_entries(triton._shm_prefix)
         _check_served(remote, name)
         if transport != "unix":

@@ -734,3 +734,26 @@ def test_finalize_first_arms_the_exit_deadline_of_the_private_file(setup, monkey
     worker.channel().sock.close()
     setup.finalize(model)
     assert armed == [7.5, "metrics closed"]
+
+
+def test_the_stub_finds_its_own_backend_region_in_its_arguments(stub, tmp_path):
+    """Triton starts the stub as ``triton_python_backend_stub MODEL_PATH REGION ...``; nothing else counts."""
+    cmdline = tmp_path / "cmdline"
+    for argv, region in [
+        (
+            [
+                b"/opt/tritonserver/backends/python/triton_python_backend_stub",
+                b"/m/1/model.py",
+                b"hand-pb_3",
+                b"1048576",
+            ],
+            "hand-pb_3",
+        ),
+        ([b"python", b"-m", b"pytest", b"tests"], None),  # not a stub: no region
+        ([b"/x/triton_python_backend_stub", b"/m/1/model.py", b""], None),
+        ([b"/x/triton_python_backend_stub"], None),
+    ]:
+        cmdline.write_bytes(b"\0".join(argv) + b"\0")
+        assert stub._own_backend_region(str(cmdline)) == region
+    assert stub._own_backend_region(str(tmp_path / "missing")) is None
+    assert stub._own_backend_region() is None  # this process is pytest
