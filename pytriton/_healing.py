@@ -101,16 +101,28 @@ class SelfHealing:
     def _on_stub_lost(self, model_name: str, generation: int, server_pid: int) -> None:
         """A stub died without saying goodbye (called on a worker thread): let the supervisor replace it."""
         with self._lock:
-            server = self._server
             if self._state is not _State.RUNNING or model_name in self._healing or self._restarting:
                 return
-            if server is None or server.pid != server_pid or not server.is_alive():
-                return  # its server died or was replaced: restarting the server handles it
+            if not self._stub_loss_is_ours(server_pid):
+                return
             self._healing.add(model_name)
         LOGGER.error(
             "Model %s: a stub process died (generation %d); replacing the model's instances.", model_name, generation
         )
         self._events.put(("stub", (model_name, generation)))
+
+    def _stub_loss_is_ours(self, server_pid: int) -> bool:
+        """True if a stub whose parent was ``server_pid`` died under the running server (replace it).
+
+        Otherwise its server died or was replaced, and restarting the server handles it.
+        """
+        server = self._server
+        return server is not None and server.pid == server_pid and server.is_alive()
+
+    def _server_serving(self) -> bool:
+        """True while the server the models are loaded into runs."""
+        server = self._server
+        return server is not None and server.is_alive()
 
     def _supervise(self) -> None:
         """Handle server deaths and stub deaths one at a time, until :meth:`stop`.
@@ -232,8 +244,7 @@ class SelfHealing:
         """
         try:
             models = self._versions(model_name)
-            server = self._server
-            if not models or models[0].generation != generation or server is None or not server.is_alive():
+            if not models or models[0].generation != generation or not self._server_serving():
                 return  # unbound, already replaced, or the server itself died (restarted as a whole)
             if self._restarting or self._state is not _State.RUNNING:
                 return

@@ -42,6 +42,7 @@ import logging
 import pathlib
 import secrets
 import shutil
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -264,6 +265,11 @@ class RemoteTriton(Triton):
                     self._check_stub_support(model)
                     model.start_workers()
                 self._request_load(name)
+            # Replaces the stubs that die (SelfHealing._replace_stubs; the Unix transport only).
+            self._supervisor = threading.Thread(
+                target=self._supervise, name=f"pytriton-supervisor-{self._token}", daemon=True
+            )
+            self._supervisor.start()
             LOGGER.info("%d model(s) loaded into Triton at %s", len(self._model_names()), self._url)
 
     def _store(self) -> pathlib.Path:
@@ -277,14 +283,24 @@ class RemoteTriton(Triton):
             if self._state is not _State.RUNNING:
                 return False
             models = list(self._models.values())
+        return self._server_serving() and all(model.serving for model in models)
+
+    def _server_serving(self) -> bool:
+        """True while the server answers that it is live."""
         client = self._client()
         try:
-            live = bool(client.is_server_live(headers=self._headers()))
-        except Exception:  # noqa: BLE001 - unreachable counts as not alive
-            live = False
+            return bool(client.is_server_live(headers=self._headers()))
+        except Exception:  # noqa: BLE001 - unreachable counts as not live
+            return False
         finally:
             client.close()
-        return live and all(model.serving for model in models)
+
+    def _stub_loss_is_ours(self, server_pid: int) -> bool:
+        # With the Unix transport the stubs run on this host and their deaths are checked in /proc
+        # (proxy/_worker.py), so a lost stub is replaced as under Triton. Over TCP the stub's process
+        # is not visible here: a dropped connection cannot be told from a dead stub, and a live
+        # stub connects again by itself at its next batch.
+        return self._hub is None
 
     def stop(self) -> bool:
         """Unload the bound models (the server keeps running) and release every resource. Idempotent.
@@ -298,6 +314,10 @@ class RemoteTriton(Triton):
             running = self._state is _State.RUNNING
             self._state = _State.STOPPED
         atexit.unregister(self.stop)
+        self._events.put(("stop", None))
+        supervisor = self._supervisor
+        if supervisor is not None and supervisor is not threading.current_thread():
+            supervisor.join(LOAD_TIMEOUT_S)  # a replacement it is loading ends first
         models = list(self._models.values())
         if running:
             unloaded = []

@@ -112,7 +112,7 @@ def _url(remote, protocol: str = "http") -> str:
 
 
 def _stubs(server: subprocess.Popen) -> List[int]:
-    """The stub processes of the server (its children)."""
+    """The running stub processes of the server (its children, zombies left out)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -120,7 +120,9 @@ def _stubs(server: subprocess.Popen) -> List[int]:
                 stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            fields = stat.rsplit(")", 1)[1].split()
+            fields = stat.rsplit(")", 1)[1].split()  # state, ppid, ...
+            if fields[0] == "Z":  # exited; Triton has not reaped it (yet)
+                continue
             if int(fields[1]) == server.pid and stat.split("(", 1)[1].startswith("triton_python_b"):  # comm: 15 chars
                 found.append(int(entry))
     return found
@@ -276,3 +278,19 @@ def test_a_killed_stub_is_noticed_over_tcp(remote):
         os.kill(stub, signal.SIGKILL)
         assert wait_for(lambda: not triton.is_alive(), 10.0)
     _check_unloaded(remote, "RemoteKilled")
+
+
+def test_a_killed_stub_is_replaced_over_the_unix_transport(remote):
+    """A SIGKILLed stub: a new generation of the model is loaded over the repository API and serves."""
+    before = set(_stubs(remote["server"]))
+    with RemoteTriton(_url(remote), access_token=TOKEN) as triton:
+        _bind(triton, "RemoteHealed")
+        triton.run()
+        (stub,) = set(_stubs(remote["server"])) - before
+        os.kill(stub, signal.SIGKILL)
+        assert wait_for(lambda: triton._versions("RemoteHealed")[0].generation == 1, 30.0), "no new generation"
+        assert wait_for(triton.is_alive, 30.0)
+        (replacement,) = set(_stubs(remote["server"])) - before
+        assert replacement != stub
+        _check_served(remote, "RemoteHealed")
+    _check_unloaded(remote, "RemoteHealed")
