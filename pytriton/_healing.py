@@ -103,8 +103,8 @@ class SelfHealing:
         with self._lock:
             if self._state is not _State.RUNNING or model_name in self._healing or self._restarting:
                 return
-            if not self._stub_loss_is_ours(server_pid):
-                return
+            if not self._versions(model_name) or not self._stub_loss_is_ours(server_pid):
+                return  # unbound meanwhile (its stubs go away), or a stub of a server that is gone
             self._healing.add(model_name)
         LOGGER.error(
             "Model %s: a stub process died (generation %d); replacing the model's instances.", model_name, generation

@@ -138,6 +138,8 @@ def test_execution_timeout_is_validated_at_bind(bad):
 
 def test_a_lost_stub_is_reported_once_and_only_while_running_on_the_current_server():
     triton = Triton()
+    x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+    triton.bind("Model", lambda requests: [], x, x)
     try:
         assert triton._state is _State.CREATED
         triton._on_stub_lost("Model", 0, 42)
@@ -145,6 +147,7 @@ def test_a_lost_stub_is_reported_once_and_only_while_running_on_the_current_serv
         triton._state = _State.RUNNING
         triton._server = SimpleNamespace(pid=42, is_alive=lambda: True)
         triton._on_stub_lost("Model", 0, 41)  # a stub of an earlier server: the restart handles it
+        triton._on_stub_lost("Unbound", 0, 42)  # a model unbound meanwhile: its stubs go away
         assert triton._events.empty()
         triton._on_stub_lost("Model", 3, 42)
         triton._on_stub_lost("Model", 3, 42)  # already being replaced
