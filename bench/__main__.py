@@ -3,7 +3,7 @@
 Usage: ``python -m bench [--out DIR] [--quick] [--only inprocess|remote|instances]`` (``make bench``
 runs the full suite; ``--only inprocess`` runs only the in-process scenarios of bench/inprocess.py,
 ``--only remote`` RemoteTriton's transports, bench/remote.py, ``--only instances`` the
-thread/process instance scenarios of bench/instances.py).
+thread/process instance scenarios of bench/instances.py; the full suite runs all three too).
 Each figure of the project is measured next to the plain Python-backend baseline, on the same
 tritonserver binary and in the same run, and reported with the ratio.
 """
@@ -351,6 +351,13 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
         scenarios["instances"] = instances.run_scenarios(quick)
     except Exception as exc:  # reported, never hidden
         scenarios["instances"] = {"error": str(exc)[-500:]}
+    print("RemoteTriton's transports ...", flush=True)
+    from bench import remote  # imports this module's helpers itself
+
+    try:
+        scenarios["remote"] = remote.run_scenarios(quick)
+    except Exception as exc:  # reported, never hidden
+        scenarios["remote"] = {"error": str(exc)[-500:]}
     results["host"]["after"] = host.probe()
     results["host"]["steal_percent"] = steal.percent()
     out.mkdir(parents=True, exist_ok=True)
@@ -363,6 +370,10 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
     if "summary" in scenarios.get("instances", {}):
         section = {"environment": results["environment"], "command": "make bench", "instances": scenarios["instances"]}
         table += "\nThread and process instances (bench/instances.py):\n\n" + instances.table(section)
+    if "p50_ms" in scenarios.get("remote", {}):
+        table += "\nRemoteTriton's transports, sequential HTTP (bench/remote.py):\n\n" + remote.table(
+            scenarios["remote"]
+        )
     (out / "results.md").write_text(table)
     report.chart(results, out / "results.png")
     print(table)

@@ -5,7 +5,9 @@ Usage: ``python -m bench --only remote`` (or ``python -m bench.remote [--quick]`
 restricted by a token), whose stub environment is pytriton's plus pyzmq (:func:`stub_env_overlay`),
 binds the identity model into it with ``RemoteTriton`` over each transport in turn, and measures the
 p50 of sequential HTTP requests (raw tritonclient, one connection) of 64 bytes and 1 MiB. TCP runs
-twice: encrypted (CURVE, the default) and in clear (``tcp_encryption=False``).
+twice: encrypted (CURVE, the default) and in clear (``tcp_encryption=False``). The baseline, in the
+same server and run: a plain Python-backend identity model with the same inputs and outputs; every
+transport is also given as a ratio to it.
 """
 
 from __future__ import annotations
@@ -80,10 +82,38 @@ def _p50(client: Any, name: str, data: np.ndarray, count: int) -> float:
     return statistics.median(times) * 1e3
 
 
+PLAIN = "plain_identity"
+_PLAIN_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+            for r in requests
+        ]
+"""
+_PLAIN_CONFIG = f"""name: "{PLAIN}"
+backend: "python"
+max_batch_size: 4
+input [{{ name: "x" data_type: TYPE_FP32 dims: [-1] }}]
+output [{{ name: "y" data_type: TYPE_FP32 dims: [-1] }}]
+instance_group [{{ kind: KIND_CPU count: 1 }}]
+"""
+
+
+def _write_plain(repository: pathlib.Path) -> None:
+    """The baseline: the identity in a plain Python-backend model, the same tensors as the bound one."""
+    (repository / PLAIN / "1").mkdir(parents=True)
+    (repository / PLAIN / "1" / "model.py").write_text(_PLAIN_MODEL)
+    (repository / PLAIN / "config.pbtxt").write_text(_PLAIN_CONFIG)
+
+
 def run_scenarios(quick: bool) -> Dict[str, Any]:
     import tritonclient.http as httpclient
 
-    from bench.__main__ import free_ports
+    from bench.__main__ import free_ports, load_plain_models
     from pytriton._remote import server_command
     from pytriton.model_config import Tensor
     from pytriton.proxy import _wire
@@ -92,9 +122,11 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
     regions = f"pytriton-bremote-{os.getpid()}-"
     counts = {"64 B": 100 if quick else 400, "1 MiB": 20 if quick else 100}
     results: Dict[str, Any] = {}
+    baselines: List[Dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="pytriton-bench-remote-") as scratch:
         root = pathlib.Path(scratch)
         (root / "repository").mkdir()
+        _write_plain(root / "repository")
         http, grpc, metrics = free_ports(3)
         ports = {"http_port": http}
         argv, env = server_command(
@@ -117,6 +149,14 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
                         break
                 except Exception:  # noqa: BLE001 - not up yet
                     time.sleep(0.1)
+            load_plain_models(http, [PLAIN], TOKEN)
+
+            def measure(name: str) -> Dict[str, float]:
+                return {
+                    label: round(_p50(client, name, np.arange(n, dtype=np.float32), counts[label]), 3)
+                    for label, n in SIZES.items()
+                }
+
             for variant in ("unix", "tcp", "tcp-clear"):
                 name = f"Identity_{variant.replace('-', '_')}"
                 transport = variant.split("-")[0]
@@ -131,10 +171,12 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
                         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
                     )
                     triton.run()
-                    results[variant] = {
-                        label: round(_p50(client, name, np.arange(n, dtype=np.float32), counts[label]), 3)
-                        for label, n in SIZES.items()
-                    }
+                    results[variant] = measure(name)
+                    # The baseline right after each transport, so that drift of a shared host hits both.
+                    baselines.append(measure(PLAIN))
+            results["plain Python backend"] = {
+                label: round(statistics.median(b[label] for b in baselines), 3) for label in SIZES
+            }
             client.close()
         finally:
             server.send_signal(signal.SIGTERM)  # a clean exit removes its /tmp/python_env_* and regions
@@ -148,9 +190,16 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
 
 
 def table(results: Dict[str, Any]) -> str:
-    rows = ["| transport | 64 B p50 (ms) | 1 MiB p50 (ms) |", "| --- | ---: | ---: |"]
-    for transport, values in results["p50_ms"].items():
-        rows.append(f"| {transport} | {values['64 B']:.3f} | {values['1 MiB']:.3f} |")
+    """Markdown: each transport's p50 and its ratio to the plain Python-backend baseline of the same run."""
+    p50 = results["p50_ms"]
+    plain = p50["plain Python backend"]
+    rows = [
+        "| transport | 64 B p50 (ms) | ratio | 1 MiB p50 (ms) | ratio |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for transport, values in p50.items():
+        cells = [f"{values[label]:.3f} | {values[label] / plain[label]:.2f}x" for label in SIZES]
+        rows.append(f"| {transport} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -164,6 +213,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results["command"] = "python -m bench --only remote" + (" --quick" if args.quick else "")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "remote.json").write_text(json.dumps(results, indent=2))
+    (args.out / "remote.md").write_text(f"Command: `{results['command']}`\n\n" + table(results))
     print(table(results))
     return 0
 
