@@ -83,17 +83,6 @@ def _p50(client: Any, name: str, data: np.ndarray, count: int) -> float:
 
 
 PLAIN = "plain_identity"
-_PLAIN_MODEL = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
-            for r in requests
-        ]
-"""
 _PLAIN_CONFIG = f"""name: "{PLAIN}"
 backend: "python"
 max_batch_size: 4
@@ -106,7 +95,12 @@ instance_group [{{ kind: KIND_CPU count: 1 }}]
 def _write_plain(repository: pathlib.Path) -> None:
     """The baseline: the identity in a plain Python-backend model, the same tensors as the bound one."""
     (repository / PLAIN / "1").mkdir(parents=True)
-    (repository / PLAIN / "1" / "model.py").write_text(_PLAIN_MODEL)
+    from bench.models import _PLAIN_IDENTITY  # the main suite's baseline, with this model's tensor names
+
+    source = _PLAIN_IDENTITY.replace('"INPUT"', '"x"').replace('"OUTPUT"', '"y"')
+    if source == _PLAIN_IDENTITY:
+        raise RuntimeError("bench: could not rename the baseline model's tensors")
+    (repository / PLAIN / "1" / "model.py").write_text(source)
     (repository / PLAIN / "config.pbtxt").write_text(_PLAIN_CONFIG)
 
 
