@@ -59,9 +59,19 @@ def _assert_clean(server_pid, shm_prefix, socket_dir, workspace, scratch=None):
     assert not pathlib.Path(workspace).exists(), "workspace left behind"
 
 
-def test_start_serve_stop_leaves_nothing(ports):
+@pytest.fixture()
+def stop_at_teardown():
+    """Tritons a test drives by hand: stopped at teardown too, so a failed assertion leaks no server."""
+    made = []
+    yield made.append
+    for triton in made:
+        triton.stop()
+
+
+def test_start_serve_stop_leaves_nothing(ports, stop_at_teardown):
     started = time.monotonic()
     triton = Triton(config=TritonConfig(**ports))
+    stop_at_teardown(triton)
     _bind_echo(triton)
     triton.run()
     ready_s = time.monotonic() - started
@@ -83,12 +93,13 @@ def test_start_serve_stop_leaves_nothing(ports):
     triton.stop()  # idempotent
 
 
-def test_polling_worker_serves_and_stops_promptly(ports, monkeypatch):
+def test_polling_worker_serves_and_stops_promptly(ports, monkeypatch, stop_at_teardown):
     # Both polling windows at their maximum: the worker polls between the sequential requests
     # below, and stop() must still end it at once (shutdown wakes a polling recv as well).
     monkeypatch.setenv("PYTRITON_WORKER_SPIN_US", "1000000")
     monkeypatch.setenv("PYTRITON_PROXY_SPIN_US", "1000000")
     triton = Triton(config=TritonConfig(**ports))
+    stop_at_teardown(triton)
     _bind_echo(triton)
     triton.run()
     client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
@@ -108,10 +119,11 @@ def test_polling_worker_serves_and_stops_promptly(ports, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name.startswith("pytriton-Echo")], "worker thread left"
 
 
-def test_live_binding_claims_the_backend_scratch_directory(ports):
+def test_live_binding_claims_the_backend_scratch_directory(ports, stop_at_teardown):
     # No model at start-up: the Python backend starts with the first live bind, and its /tmp
     # directory must be found then, and removed at stop.
     triton = Triton(config=TritonConfig(**ports))
+    stop_at_teardown(triton)
     triton.run()
     assert triton._scratch.path is None
     _bind_echo(triton)
