@@ -41,11 +41,10 @@ def stub_env_overlay(root: pathlib.Path, with_pyzmq: bool = True) -> pathlib.Pat
     """
     import zmq
 
-    from pytriton.server.distribution import stub_environment
+    from pytriton.server.distribution import site_packages, stub_environment
 
     base = stub_environment()
-    tag = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = base.bin_dir.parent / "lib" / tag / "site-packages" if base.own else sysconfig.get_paths()["purelib"]
+    site = site_packages(base.bin_dir.parent) if base.own else sysconfig.get_paths()["purelib"]
     env = root / f"stub-env-{'zmq' if with_pyzmq else 'nozmq'}"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     extra = root / f"extra-{'zmq' if with_pyzmq else 'nozmq'}"
@@ -60,7 +59,7 @@ def stub_env_overlay(root: pathlib.Path, with_pyzmq: bool = True) -> pathlib.Pat
         (extra / "zmq").mkdir()
         (extra / "zmq" / "__init__.py").write_text("raise ImportError('no pyzmq in this stub environment')\n")
         paths = [extra, site]
-    (env / "lib" / tag / "site-packages" / "overlay.pth").write_text("".join(f"{path}\n" for path in paths))
+    (site_packages(env) / "overlay.pth").write_text("".join(f"{path}\n" for path in paths))
     return env / "bin"
 
 

@@ -216,8 +216,13 @@ def stub_env_dir(home: Optional[pathlib.Path] = None) -> pathlib.Path:
     return (home or pytriton_home()) / "stub-env" / f"py{python_tag()}-{digest}"
 
 
+def site_packages(env_dir: pathlib.Path) -> pathlib.Path:
+    """The site-packages directory of the virtual environment ``env_dir`` for this interpreter."""
+    return env_dir / "lib" / f"python{python_tag()}" / "site-packages"
+
+
 def _site_packages_has(env_dir: pathlib.Path, *modules: str) -> bool:
-    site = env_dir / "lib" / f"python{python_tag()}" / "site-packages"
+    site = site_packages(env_dir)
     return all((site / module / "__init__.py").is_file() for module in modules)
 
 

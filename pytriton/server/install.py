@@ -204,7 +204,6 @@ def create_stub_environment(
                 "The stub imports pyzmq from this environment too, which has none: pip install 'pytriton[remote]'."
             )
         return None
-    site = pathlib.Path("lib") / f"python{dist.python_tag()}" / "site-packages"
     python = env_dir / "bin" / "python3"
     if python.exists() and dist._site_packages_has(env_dir, "numpy"):
         progress(f"Stub environment already present: {env_dir}")
@@ -214,7 +213,7 @@ def create_stub_environment(
         shutil.rmtree(partial, ignore_errors=True)
         try:
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(partial)], check=True)  # noqa: S603
-            _pip_install_target(partial / site, dist.STUB_NUMPY_REQUIREMENT, find_links, "the stub")
+            _pip_install_target(dist.site_packages(partial), dist.STUB_NUMPY_REQUIREMENT, find_links, "the stub")
             if env_dir.exists():
                 shutil.rmtree(env_dir)
             partial.rename(env_dir)
@@ -222,7 +221,9 @@ def create_stub_environment(
             shutil.rmtree(partial, ignore_errors=True)
     if pyzmq and not dist._site_packages_has(env_dir, "zmq"):
         progress(f"Adding pyzmq (RemoteTriton's TCP transport) to the stub environment {env_dir} ...")
-        _pip_install_target(env_dir / site, STUB_PYZMQ_REQUIREMENT, find_links, "the stub (the TCP transport)")
+        _pip_install_target(
+            dist.site_packages(env_dir), STUB_PYZMQ_REQUIREMENT, find_links, "the stub (the TCP transport)"
+        )
     return env_dir
 
 

@@ -135,7 +135,7 @@ def _existing_stub_env(home):
     env = dist.stub_env_dir(home)
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python3").write_text("")
-    site = env / "lib" / f"python{dist.python_tag()}" / "site-packages"
+    site = dist.site_packages(env)
     (site / "numpy").mkdir(parents=True)
     (site / "numpy" / "__init__.py").write_text("")
     return site
