@@ -67,6 +67,44 @@ def _has_outputs(result: Any) -> bool:
     return len(result.get_response().outputs) > 0
 
 
+# How long a half-closed stream may take to end before it is cancelled after all (a peer gone silent).
+GRACEFUL_CLOSE_TIMEOUT_S = 5.0
+
+
+def end_stream(client: Any, graceful: bool) -> None:
+    """End ``client``'s gRPC stream: half-close it once the server has ended it, else cancel it.
+
+    Why not always cancel: Triton 2.51's gRPC frontend mishandles a cancellation that arrives while
+    the stream's final response is still being written. It then waits for a callback that never
+    comes and keeps the stream's state, and with it the model, for good. The model never finishes
+    unloading: its stubs keep running, and a server stop waits for them until it is killed.
+    The server log shows "Waiting for the callback to retrieve cancellation" for that stream.
+    It hit a few percent of the streams closed right after their final response (reproduced with
+    ``--log-verbose=1``; tests/e2e/test_remote.py ran into it).
+    A half-close (``stop_stream(cancel_requests=False)``) lets the server end the stream itself.
+    Since the server has already sent its last response, that takes a round trip. If the server has
+    not ended it within :data:`GRACEFUL_CLOSE_TIMEOUT_S` (a connection gone silent), the stream is
+    cancelled. A stream the caller left early is cancelled at once, as before, so the model stops
+    generating.
+    """
+    timer = None
+    if graceful:
+        # tritonclient's stream object and its gRPC call: cancelling that call (a no-op once it has
+        # ended) ends the half-close wait, and cannot touch a later stream of the same client.
+        call = getattr(getattr(client, "_stream", None), "_response_iterator", None)
+        if call is not None:
+            timer = threading.Timer(GRACEFUL_CLOSE_TIMEOUT_S, call.cancel)
+            timer.daemon = True
+            timer.start()
+    try:
+        client.stop_stream(cancel_requests=not graceful)
+    except Exception:  # noqa: BLE001 - the connection may already be closed; the stream is over either way
+        pass
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
 def check_decoupled(config: TritonModelConfig) -> None:
     """``PyTritonClientInferenceServerError`` (the type the reference raises) for a non-decoupled model."""
     if not config.decoupled:
@@ -200,22 +238,25 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
             self._active = events
             client = self._infer_client
             client.start_stream(callback=lambda result, error: events.put((result, error)), headers=headers)
+            ended_by_server = False  # True: half-close the stream; False: the caller left it, cancel it
             try:
                 client.async_stream_infer(name, request.pop("inputs"), enable_empty_final_response=True, **request)
                 while True:
                     result, error = events.get()
                     if error is not None:
+                        # An error response (or a broken stream) ends the stream from the server's side;
+                        # interrupt()'s errors are this client's own and leave a live stream behind.
+                        ended_by_server = not isinstance(error, PyTritonClientError)
                         raise map_error(error, f"Streaming inference on model {name!r}")
+                    # Before the yield: a caller that stops at the last response still closes gracefully.
+                    ended_by_server = _is_final(result)
                     if _has_outputs(result):
                         yield self._core.decode(result, config, add_axis)
-                    if _is_final(result):
+                    if ended_by_server:
                         return
             finally:
                 self._active = None
-                try:
-                    client.stop_stream(cancel_requests=True)
-                except Exception:  # the connection may already be closed; the stream is over either way
-                    pass
+                end_stream(client, graceful=ended_by_server)
 
 
 class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], AsyncioModelClient):  # type: ignore[misc]

@@ -420,10 +420,20 @@ class FakeStreamServer(FakeServer):
         self.fail_after = fail_after
         self.count = 2  # responses per request
         self.callback: Any = None
+        self.stops: List[bool] = []  # cancel_requests of each stop_stream
+        self.hang_on_half_close = False  # a half-close waits until the call is cancelled (a silent peer)
+        self._stream: Any = None  # what tritonclient names its stream object, holding its gRPC call
 
     def start_stream(self, callback: Any, headers: Any = None) -> None:
+        import threading
+
         self.calls.append("start_stream")
         self.callback = callback
+        call = type("Call", (), {})()
+        call.cancelled = threading.Event()
+        call.cancel = call.cancelled.set
+        self._stream = type("Stream", (), {})()
+        self._stream._response_iterator = call
 
     def async_stream_infer(self, name: str, inputs: Any, **kwargs: Any) -> None:
         import threading
@@ -444,6 +454,10 @@ class FakeStreamServer(FakeServer):
 
     def stop_stream(self, cancel_requests: bool = False) -> None:
         self.calls.append("stop_stream")
+        self.stops.append(cancel_requests)
+        if not cancel_requests and self.hang_on_half_close:
+            assert self._stream._response_iterator.cancelled.wait(10.0), "the half-close was never bounded"
+        self._stream = None
 
 
 @pytest.fixture
@@ -460,7 +474,29 @@ def _tokens(outputs: Any) -> List[int]:
 def test_stream_is_not_bounded_by_inference_timeout(fake_stream):
     with DecoupledModelClient("grpc://fake:1", "Gen", inference_timeout_s=0.01) as client:
         assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]
-        assert fake_stream.calls.count("stop_stream") == 1
+        assert fake_stream.stops == [False]  # ended by the server: half-closed, not cancelled (end_stream)
+
+
+def test_a_stream_left_early_is_cancelled_and_an_ended_one_half_closed(fake_stream):
+    fake_stream.count = 5
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        for _ in client.infer_sample(np.array([5], np.int32)):
+            break  # the caller leaves: the model should stop generating
+        assert fake_stream.stops == [True]
+        fake_stream.fail_after = 1
+        with pytest.raises(PyTritonClientInferenceServerError, match="broke"):
+            list(client.infer_sample(np.array([5], np.int32)))
+        assert fake_stream.stops == [True, False]  # an error response ends the stream on the server's side
+
+
+def test_a_half_close_the_server_never_answers_is_cancelled(fake_stream, monkeypatch):
+    from pytriton.client import _decoupled
+
+    monkeypatch.setattr(_decoupled, "GRACEFUL_CLOSE_TIMEOUT_S", 0.2)
+    fake_stream.hang_on_half_close = True
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]  # returns once the call is cancelled
+        assert fake_stream.stops == [False]
 
 
 def test_stream_error_then_next_stream_both_drivers(fake_stream):
@@ -496,4 +532,4 @@ def test_asyncio_stream_bounds_each_wait(fake_stream):
                     pass
 
     asyncio.run(main())
-    assert fake_stream.calls.count("stop_stream") == 1  # the abandoned request was cancelled
+    assert fake_stream.stops == [True]  # the abandoned request was cancelled

@@ -383,3 +383,43 @@ def test_infer_context_runs_requests_and_keeps_the_legacy_bookkeeping(monkeypatc
     assert connection.closed
     with pytest.raises(InferenceServerException, match="closed"):
         context.run({"X": samples[:1]}, {"Y": ResultFormat.RAW})
+
+
+class FakeStreamConnection(FakeInferConnection):
+    """A gRPC transport with a stream that never answers (its requests stay in flight)."""
+
+    is_grpc = True
+
+    def __init__(self, url, protocol, verbose, http_headers):
+        super().__init__(url, protocol, verbose, http_headers)
+        self.stops = []
+        self.grpc_client = self
+        self._stream = None  # no gRPC call to bound the half-close with: stop_stream returns at once
+
+    def call(self, method, *args, what="", **kwargs):
+        if method == "start_stream":
+            return None
+        return {"config": dict(NOBATCH, max_batch_size=4)}
+
+    def async_stream_infer(self, **kwargs):
+        self.requests.append(kwargs)
+
+    def stop_stream(self, cancel_requests=False):
+        self.stops.append(cancel_requests)
+
+
+def test_a_streaming_context_cancels_its_stream_only_with_requests_in_flight(monkeypatch):
+    from pytriton.client.legacy import _infer
+
+    monkeypatch.setattr(_infer, "Connection", FakeStreamConnection)
+    idle = InferContext("fake:8001", ProtocolType.GRPC, "nb", streaming=True)
+    idle.close()
+    # Nothing in flight: half-closed, since cancelling a stream whose last response is still being
+    # written can keep the model from ever unloading (client/_decoupled.py, end_stream).
+    assert idle._conn.stops == [False] and idle._conn.closed
+    busy = InferContext("fake:8001", ProtocolType.GRPC, "nb", streaming=True)
+    request_id = busy.async_run(None, {"X": [np.zeros(3, np.float32)]}, {"Y": ResultFormat.RAW}, batch_size=1)
+    busy.close()
+    assert busy._conn.stops == [True]  # abandoned: cancelled
+    with pytest.raises(InferenceServerException, match="closed"):
+        busy.get_async_run_results(request_id)

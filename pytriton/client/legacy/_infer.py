@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from pytriton.client._base import ClosesOnExit
+from pytriton.client._decoupled import end_stream
 from pytriton.client.legacy._errors import InferenceServerException, describe
 from pytriton.client.legacy._requests import (
     InferRequestHeader,
@@ -212,11 +213,11 @@ class InferContext(ClosesOnExit):
             if self._closed:
                 return
             self._closed = True
+            idle = not self._stream_pending
         if self._streaming:
-            try:
-                self._conn.grpc_client.stop_stream(cancel_requests=True)
-            except Exception:  # the stream may already be broken; closing must still finish
-                LOGGER.debug("stopping the stream failed", exc_info=True)
+            # Cancelled only with requests in flight: cancelling a stream whose last response is
+            # still being written can keep the model from ever unloading (client/_decoupled.py).
+            end_stream(self._conn.grpc_client, graceful=idle)
         self._conn.close()
         with self._cond:
             for pending in list(self._stream_pending.values()) + list(self._async.values()):
