@@ -201,7 +201,10 @@ def test_a_server_that_exits_on_sigint_is_not_killed(tmp_path, servers):
         servers,
         _server(
             tmp_path,
-            "import sys, time\nprint('up', flush=True)\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(0)\n",
+            # The handler is installed explicitly: Python leaves SIGINT ignored when it starts with it
+            # ignored, as under a shell's background job (`.ci/run &`).
+            "import signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "print('up', flush=True)\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(0)\n",
         ),
     )
     # Printed once the interpreter runs the script, so its SIGINT handler is in place.
