@@ -61,6 +61,16 @@ def _bind(triton: RemoteTriton, name: str) -> None:
     )
 
 
+def _bind_stream(triton: RemoteTriton, name: str) -> None:
+    triton.bind(
+        name,
+        stream,
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+        config=ModelConfig(decoupled=True),
+    )
+
+
 def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[subprocess.Popen, Dict[str, int]]:
     """The server, its output going to ``server.log`` beside ``repository`` (shown when a check fails)."""
     ports = triton_ports()
@@ -212,13 +222,7 @@ def test_bind_serve_and_unload(remote, transport):
         socket_dir = triton._socket_dir
         assert socket_dir is not None and socket_dir.exists()
         # A model bound while connected is loaded before bind() returns; here, a decoupled one.
-        triton.bind(
-            f"{name}_late",
-            stream,
-            [Tensor(name="x", shape=(-1,), dtype=np.float32)],
-            [Tensor(name="y", shape=(-1,), dtype=np.float32)],
-            config=ModelConfig(decoupled=True),
-        )
+        _bind_stream(triton, f"{name}_late")
         with DecoupledModelClient(_url(remote, "grpc"), f"{name}_late") as client:
             chunks = [chunk["y"] for chunk in client.infer_sample(x=LARGE)]
         assert len(chunks) == 20
@@ -307,13 +311,7 @@ def test_streams_closed_at_their_final_response_let_the_model_unload(remote):
     The streaming client half-closes them instead.
     """
     with RemoteTriton(_url(remote), access_token=TOKEN, transport="tcp") as triton:
-        triton.bind(
-            "RemoteStreams",
-            stream,
-            [Tensor(name="x", shape=(-1,), dtype=np.float32)],
-            [Tensor(name="y", shape=(-1,), dtype=np.float32)],
-            config=ModelConfig(decoupled=True),
-        )
+        _bind_stream(triton, "RemoteStreams")
         triton.run()
         for _ in range(STREAMS):  # a client (a connection) each, closed at once, as a one-off caller does
             with DecoupledModelClient(_url(remote, "grpc"), "RemoteStreams") as client:
