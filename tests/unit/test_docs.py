@@ -3,7 +3,6 @@
 tests/e2e/test_docs.py executes the blocks; the contract is in tests/docs_blocks.py.
 """
 
-import pathlib
 import re
 
 import pytest
