@@ -9,7 +9,8 @@ Contract (checked by tests/unit/test_docs.py, executed by tests/e2e/test_docs.py
 - the default ports in the text (``localhost:8000``, ``:8001``, ``:8002``) are mapped onto the free ports
   the test gives through ``PYTRITON_TRITON_CONFIG_*_PORT``, so a page can show the defaults;
 - ``Triton.serve()`` and ``RemoteTriton.serve()`` do not block: they call ``run()``, execute the rest of
-  the page's blocks while the server is up (the client calls that follow a quick start), then return,
+  the page's blocks while the server is up (the client calls that follow a quick start), then the
+  page's ```bash blocks made only of ``curl`` commands (with ``-f``: an HTTP error fails), then return,
   so the ``with`` block stops the server as it would after Ctrl-C.
 """
 
@@ -91,6 +92,33 @@ def parse(page: pathlib.Path) -> tuple[List[Block], List[Problem]]:
     return blocks, problems
 
 
+def curl_blocks(page: pathlib.Path) -> List[str]:
+    """The ```bash blocks of ``page`` whose commands are all ``curl`` calls (indented continuation lines allowed)."""
+    found, current, inside = [], [], False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if not inside and line.strip() == "```bash":
+            inside, current = True, []
+        elif inside and line.strip().startswith("```"):
+            inside = False
+            # Continuation lines (a quoted JSON body, after a backslash) are indented; commands are not.
+            commands = [entry for entry in current if entry.strip() and not entry[0].isspace()]
+            if commands and all(entry.startswith("curl ") for entry in commands):
+                found.append("\n".join(current))
+        elif inside:
+            current.append(line)
+    return found
+
+
+def run_curl(source: str) -> None:
+    """Run a curl block against this run's ports; ``-f`` makes an HTTP error status fail it."""
+    import subprocess
+
+    source = re.sub(r"\bcurl ", "curl -f --max-time 20 ", map_default_ports(source, dict(os.environ)))
+    print(f"--- curl {source.splitlines()[0][:80]}", flush=True)
+    subprocess.run(["bash", "-euo", "pipefail", "-c", source], check=True, timeout=60)
+    print(flush=True)
+
+
 def compile_block(block: Block) -> Any:
     """Compile a block as the runner does (top-level ``await`` and ``async with`` allowed)."""
     return compile(block.source, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
@@ -135,6 +163,8 @@ def run_page(page: pathlib.Path) -> None:
         def serve(self: Any, *args: Any, **kwargs: Any) -> None:
             original_run(self)
             run_rest()  # the page's client calls, while the server is up
+            for source in curl_blocks(page):
+                run_curl(source)
 
         return serve
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import triton_ports
-from tests.docs_blocks import ROOT, pages, parse
+from tests.docs_blocks import ROOT, curl_blocks, pages, parse
 
 RUNNABLE = [page for page in pages() if any(block.no_run is None for block in parse(page)[0])]
 
@@ -37,8 +37,10 @@ def test_page_blocks_run(page):
 
 
 def test_readme_quick_start_serves_and_answers():
-    # The README's quick start is bound, served, and called by its own client block.
+    # test_page_blocks_run[README.md] binds and serves the quick start, then runs its client block and
+    # its curl call against it: here, that those blocks are still there to run.
     readme = ROOT / "README.md"
     sources = [block.source for block in parse(readme)[0] if block.no_run is None]
     assert any("triton.serve()" in source for source in sources)
     assert any("ModelClient(" in source and "infer" in source for source in sources)
+    assert any("/v2/models/AddSub/infer" in source for source in curl_blocks(readme))

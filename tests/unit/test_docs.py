@@ -63,3 +63,13 @@ def test_the_parser_finds_markers_and_problems(tmp_path, monkeypatch):
     blocks, problems = parse(page)
     assert [(block.line, block.no_run) for block in blocks] == [(2, "needs a GPU"), (5, None), (9, ""), (15, None)]
     assert [problem.where for problem in problems] == ["page.md:12", "page.md:14"]
+
+
+def test_readme_links_point_at_files():
+    # mkdocs checks the links of docs/; the README lives outside it.
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [target for target in targets if "://" not in target]
+    assert local, "the README links into docs/"
+    missing = [target for target in local if not (ROOT / target).exists()]
+    assert not missing, missing
