@@ -29,7 +29,7 @@ DOCS = ROOT / "docs"
 
 MARKER = re.compile(r"^<!--\s*no-run:(?P<reason>.*?)-->\s*$")
 # Anything that looks like a no-run marker, well-formed or not (a typo must not silently run or skip).
-MARKER_LIKE = re.compile(r"no-?run", re.IGNORECASE)
+MARKER_LIKE = re.compile(r"^\s*<!--.*no-?run", re.IGNORECASE)
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
 
 
