@@ -7,7 +7,7 @@ Run it, then call it from another shell with ``client.py`` or curl (README.md be
 
 The model is written the way a PyTorch model is (a module class with ``forward``, a state dict read
 from a file, ``eval()``, inference without gradients, batch-first tensors), in numpy so that the
-example needs no multi-gigabyte download. With PyTorch the same file changes in three places, each
+example needs no multi-gigabyte download. With PyTorch the same file changes in the four places
 marked ``torch:`` below. The weights (``weights.npz``, made by ``make_weights.py``) stand in for
 yours.
 
@@ -49,6 +49,7 @@ WEIGHTS = pathlib.Path(__file__).with_name("weights.npz")
 no_grad = contextlib.nullcontext
 
 
+# torch: delete Module and Linear, and use torch.nn.Module and torch.nn.Linear instead.
 class Module:
     """The part of ``torch.nn.Module`` this example uses: parameters by name, ``eval()``, ``__call__``."""
 
