@@ -159,7 +159,7 @@ def bind(triton: Triton, model: Classifier) -> None:
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description="Serve the example classifier until SIGINT or SIGTERM.")
     parser.add_argument("--address", help="address of all three endpoints (default 0.0.0.0, every interface)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default 8000)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
