@@ -158,6 +158,8 @@ class PrivateLaunch:
         if program is not None and _LIBC is not None:
             self._filter = (_SockFilter * len(program))(*(_SockFilter(*row) for row in program))
             self._fprog = _SockFprog(len(program), ctypes.cast(self._filter, ctypes.POINTER(_SockFilter)))
+        self.filtering = self._fprog is not None
+        """Whether :meth:`preexec` installs the chmod filter (False where the architecture is unknown)."""
 
     def preexec(self) -> None:
         """Runs in the child between fork and exec: umask, the chmod filter, and the trace request."""

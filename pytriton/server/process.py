@@ -225,7 +225,7 @@ class TritonServerProcess:
                 process.wait()
                 reason = str(exc)
             else:
-                if launch.filtered(process.pid) is False:
+                if launch.filtering and launch.filtered(process.pid) is False:
                     LOGGER.warning(
                         "The kernel refused the seccomp filter: the Python backend's shared-memory regions are "
                         "readable by other local users until pytriton narrows them (docs/security.md)."
