@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,8 +24,9 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from bench.__main__ import free_ports
 from pytriton.model_config import Tensor
-from pytriton.server import _launch, process
+from pytriton.server import _launch
 from pytriton.triton import Triton, TritonConfig
 
 ROUNDS = 3
@@ -36,18 +36,11 @@ def identity(requests: List[Dict[str, np.ndarray]]) -> List[Dict[str, np.ndarray
     return [{"y": request["x"]} for request in requests]
 
 
-def _free_ports() -> List[int]:
-    sockets = [socket.socket() for _ in range(3)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
+PRIVATE = _launch.PrivateLaunch
 
 
 def _plain(argv: List[str], env: Dict[str, str], **_: Any) -> _launch.PrivateLaunch:
-    return _launch.PrivateLaunch(argv, env, traced=False, filtered=False)
+    return PRIVATE(argv, env, traced=False, filtered=False)
 
 
 def _serving(triton: Triton, model: str) -> bool:
@@ -63,9 +56,9 @@ def _serving(triton: Triton, model: str) -> bool:
 
 
 def _one(private: bool) -> Dict[str, float]:
-    setattr(process, "PrivateLaunch", _launch.PrivateLaunch if private else _plain)  # noqa: B010
+    setattr(_launch, "PrivateLaunch", PRIVATE if private else _plain)  # noqa: B010
     spec = [Tensor(name="x", shape=(-1,), dtype=np.float32)], [Tensor(name="y", shape=(-1,), dtype=np.float32)]
-    http_port, grpc_port, metrics_port = _free_ports()
+    http_port, grpc_port, metrics_port = free_ports(3)
     config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
     with Triton(config=config) as triton:
         triton.bind("First", identity, *spec)
@@ -91,7 +84,7 @@ def spawn_ms(private: bool, count: int = 50) -> float:
     argv = ["/bin/true", "--http-restricted-api=model-repository:triton-access-token=" + "t" * 43]
     times = []
     for _ in range(count):
-        launch = _launch.PrivateLaunch(argv, dict(os.environ)) if private else _plain(argv, dict(os.environ))
+        launch = PRIVATE(argv, dict(os.environ)) if private else _plain(argv, dict(os.environ))
         started = time.perf_counter()
         child = subprocess.Popen(launch.argv, env=launch.env, preexec_fn=launch.preexec)  # noqa: S603,PLW1509
         launch.after_spawn(child.pid)
@@ -104,13 +97,12 @@ def measure(rounds: int = ROUNDS) -> Dict[str, Any]:
     """Median seconds per step for each mode and the ratio private / plain."""
     spawn = {"private": spawn_ms(True), "plain": spawn_ms(False)}
     samples: Dict[str, List[Dict[str, float]]] = {"private": [], "plain": []}
-    original = getattr(process, "PrivateLaunch")  # noqa: B009
     try:
         for _ in range(rounds):
             for mode in ("private", "plain"):
                 samples[mode].append(_one(mode == "private"))
     finally:
-        setattr(process, "PrivateLaunch", original)  # noqa: B010
+        setattr(_launch, "PrivateLaunch", PRIVATE)  # noqa: B010
     medians = {
         mode: {step: round(statistics.median(row[step] for row in rows), 3) for step in rows[0]}
         for mode, rows in samples.items()

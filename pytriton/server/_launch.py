@@ -31,11 +31,15 @@ Unit test: tests/unit/test_launch.py.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import platform
 import signal
 import struct
-from typing import BinaryIO, Dict, List, Optional, Tuple
+import subprocess
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
+
+LOGGER = logging.getLogger("pytriton.server.process")  # where the server's launch has always logged
 
 HIDDEN_FLAGS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
 """argv elements that carry a secret and are passed through the environment instead."""
@@ -250,3 +254,62 @@ def redirect_argv(pid: int, argv: List[str], hidden: Dict[int, str]) -> None:
                 raise OSError(f"argv[{index}] of process {pid} is not the expected placeholder")
             mem.seek(slot)
             mem.write(_POINTER.pack(value_address))
+
+
+def spawn(
+    argv: List[str], env: Dict[str, str], before_exec: Callable[[], None], **popen: Any
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` privately (:class:`PrivateLaunch`); ``popen`` are further ``subprocess.Popen`` arguments.
+
+    ``before_exec`` runs in the child first (e.g. a parent-death signal). Where the kernel refuses the
+    trace, or the new process's stack is not as expected, a WARNING says the token is then visible and
+    the process is started with ``argv`` as given; where it refuses the filter, a WARNING says so.
+    Must be called from the thread that will not exit while the launch runs (the tracer is that thread).
+    """
+    launch = PrivateLaunch(argv, env)
+    LOGGER.debug("Starting tritonserver: %s", " ".join(launch.argv))  # secrets replaced by placeholders
+    reason = _try_spawn(launch, before_exec, popen)
+    if isinstance(reason, subprocess.Popen):
+        return reason
+    LOGGER.warning(
+        "Cannot start tritonserver with its access token hidden (%s): the token is in its command line, "
+        "readable by every local user in /proc/<pid>/cmdline. Allow a process to trace its own children "
+        "(Yama kernel.yama.ptrace_scope <= 1, seccomp allowing ptrace) to close this (docs/security.md).",
+        reason,
+    )
+    fallback = _try_spawn(PrivateLaunch(argv, env, traced=False), before_exec, popen)
+    assert isinstance(fallback, subprocess.Popen)  # nothing is traced: Popen raised otherwise
+    return fallback
+
+
+def _try_spawn(
+    launch: PrivateLaunch, before_exec: Callable[[], None], popen: Dict[str, Any]
+) -> subprocess.Popen[bytes] | str:
+    """The started process, or why the private launch failed (the process is then gone)."""
+
+    def preexec() -> None:
+        before_exec()
+        launch.preexec()
+
+    try:
+        process: subprocess.Popen[bytes] = subprocess.Popen(  # noqa: S603 - argv is built by pytriton, no shell
+            launch.argv,
+            env=launch.env,
+            preexec_fn=preexec,  # noqa: PLW1509 - only calls already-resolved libc functions
+            **popen,
+        )
+    except subprocess.SubprocessError as exc:  # PTRACE_TRACEME refused in the child
+        if not launch.hidden:
+            raise
+        return str(exc)
+    try:
+        launch.after_spawn(process.pid)
+    except OSError as exc:
+        process.wait()
+        return str(exc)
+    if launch.filtering and launch.filtered(process.pid) is False:
+        LOGGER.warning(
+            "The kernel refused the seccomp filter: the Python backend's shared-memory regions are "
+            "readable by other local users until pytriton narrows them (docs/security.md)."
+        )
+    return process

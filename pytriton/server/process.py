@@ -24,7 +24,7 @@ import time
 from typing import IO, Callable, Deque, Dict, List, Optional
 
 from pytriton.exceptions import PyTritonServerError
-from pytriton.server._launch import PrivateLaunch
+from pytriton.server import _launch
 
 LOGGER = logging.getLogger(__name__)
 # The server's own output lines go to a logger of their own, documented in docs/configuration.md
@@ -187,57 +187,22 @@ class TritonServerProcess:
 
     def start(self) -> None:
         """Spawn the server. Returns at once; use :meth:`wait_until_ready`."""
-        self._process = self._spawn(PrivateLaunch(self._argv, self._env))
+        self._process = _launch.spawn(
+            self._argv,
+            self._env,
+            _die_with_parent,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
         self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)
         self._reader.start()
         # Death is detected by waiting for the process, not by the end of its output: its stubs
         # inherit the output pipe and may outlive a killed server for a long time.
         self._waiter = threading.Thread(target=self._wait_exit, name="pytriton-server-wait", daemon=True)
         self._waiter.start()
-
-    def _spawn(self, launch: PrivateLaunch) -> subprocess.Popen[bytes]:
-        """Start the server privately (server/_launch.py); fall back, with a warning, where the kernel refuses."""
-        LOGGER.debug("Starting tritonserver: %s", " ".join(launch.argv))  # secrets replaced by placeholders
-
-        def preexec() -> None:
-            _die_with_parent()
-            launch.preexec()
-
-        try:
-            process = subprocess.Popen(  # noqa: S603 - argv is built by pytriton, no shell
-                launch.argv,
-                env=launch.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=preexec,  # noqa: PLW1509 - only calls already-resolved libc functions
-                close_fds=True,
-            )
-        except subprocess.SubprocessError as exc:  # PTRACE_TRACEME refused in the child
-            if not launch.hidden:
-                raise
-            reason = str(exc)
-        else:
-            try:
-                launch.after_spawn(process.pid)
-            except OSError as exc:
-                process.wait()
-                reason = str(exc)
-            else:
-                if launch.filtering and launch.filtered(process.pid) is False:
-                    LOGGER.warning(
-                        "The kernel refused the seccomp filter: the Python backend's shared-memory regions are "
-                        "readable by other local users until pytriton narrows them (docs/security.md)."
-                    )
-                return process
-        LOGGER.warning(
-            "Cannot start tritonserver with its access token hidden (%s): the token is in its command line, "
-            "readable by every local user in /proc/<pid>/cmdline. Allow a process to trace its own children "
-            "(Yama kernel.yama.ptrace_scope <= 1, seccomp allowing ptrace) to close this (docs/security.md).",
-            reason,
-        )
-        return self._spawn(PrivateLaunch(launch.original, self._env, traced=False))
 
     def _read_output(self) -> None:
         assert self._process is not None and self._process.stdout is not None

@@ -7,11 +7,13 @@ model is bound after ``run()`` (a repository-API load with the token), the backe
 are recycled, and the server is killed and restarted by the supervisor. Controls prove the watcher
 could have won: it finds a marker in a root process's command line and opens a 0644 region.
 
-Without root there is no other user to act as: the module is skipped and says so.
+Without root there is no other user to act as: those tests are skipped and say so. The last test
+runs ``pytriton run-server`` (the launcher for a RemoteTriton server) and reads its server's command line.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import pathlib
@@ -22,7 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, Iterator, Set
+from typing import Any, Dict, Iterator, List, Set
 
 import numpy as np
 import pytest
@@ -51,7 +53,7 @@ def _why_not() -> str:
     return ""
 
 
-pytestmark = pytest.mark.skipif(bool(_why_not()), reason=_why_not() or "runs")
+another_user = pytest.mark.skipif(bool(_why_not()), reason=_why_not() or "runs")
 
 
 def identity(requests):
@@ -165,6 +167,7 @@ def attack() -> Iterator[Dict[str, Any]]:
     yield report
 
 
+@another_user
 def test_the_watcher_could_read_what_another_user_may_read(attack):
     """Controls: a marker in a root process's command line is found, a 0644 region is opened."""
     assert attack["found"].get("1", "").endswith("/cmdline"), attack["found"]
@@ -172,10 +175,12 @@ def test_the_watcher_could_read_what_another_user_may_read(attack):
     assert set(attack["events"]["server_pids"]) <= set(attack["servers"]), "the watcher did not see both servers"
 
 
+@another_user
 def test_the_token_is_in_no_command_line_or_environment_another_user_reads(attack):
     assert "0" not in attack["found"], f"the access token was read in {attack['found']['0']}"
 
 
+@another_user
 def test_no_server_region_is_opened_by_another_user(attack):
     events = attack["events"]
     regions = set().union(events["start"], events["recycled"], events["restarted"])
@@ -184,3 +189,59 @@ def test_no_server_region_is_opened_by_another_user(attack):
     assert regions <= watched, sorted(regions - watched)  # the watcher saw every one of them appear
     opened = [name for name in attack["opened"] if not name.startswith(CONTROL_PREFIX)]
     assert not opened, f"another user opened {opened}"
+
+
+def _server_children(pid: int) -> List[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+                cmdline = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if stat[stat.rfind(")") + 2 :].split()[1] == str(pid) and b"tritonserver" in cmdline.split(b"\0")[0]:
+                found.append(int(entry))
+    return found
+
+
+def _status(port: int, path: str, headers: Dict[str, str]) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("POST", path, body=b"{}", headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_run_server_keeps_the_token_out_of_every_command_line(tmp_path):
+    """``pytriton run-server``: the token from the environment protects the endpoints and is in no argv."""
+    ports = triton_ports()
+    token = secrets.token_urlsafe(32)
+    (tmp_path / "models").mkdir()
+    command = [sys.executable, "-m", "pytriton", "run-server", "--model-repository", str(tmp_path / "models")]
+    command += [f"--{name.replace('_', '-')}={port}" for name, port in ports.items()]
+    env = dict(os.environ, PYTRITON_ACCESS_TOKEN=token)
+    with open(tmp_path / "server.log", "wb") as log:
+        launcher = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+    try:
+        assert wait_for(lambda: _server_children(launcher.pid), 60, 0.05), (tmp_path / "server.log").read_text()
+        (server,) = _server_children(launcher.pid)
+        cmdline = pathlib.Path(f"/proc/{server}/cmdline").read_bytes()
+        assert token.encode() not in cmdline and b"--http-restricted-api=hidden:" in cmdline
+        assert token.encode() not in pathlib.Path(f"/proc/{launcher.pid}/cmdline").read_bytes()
+
+        def index(headers: Dict[str, str]) -> int:
+            try:
+                return _status(ports["http_port"], "/v2/repository/index", headers)
+            except OSError:  # not listening yet
+                return 0
+
+        assert wait_for(lambda: index({}) == 403, 60, 0.1), (tmp_path / "server.log").read_text()[-3000:]
+        assert index({"triton-access-token": token}) == 200
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 0
+        assert wait_for(lambda: not pathlib.Path(f"/proc/{server}").exists(), 10)
+    finally:
+        launcher.kill()
+        launcher.wait()
