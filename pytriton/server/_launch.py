@@ -313,3 +313,30 @@ def _try_spawn(
             "readable by other local users until pytriton narrows them (docs/security.md)."
         )
     return process
+
+
+def probe(executable: str) -> Tuple[Optional[str], Optional[str]]:
+    """Try the private launch on ``executable -c`` (a Python); ``(trace problem, filter problem)``, None where it works.
+
+    For ``pytriton check``: the child reports whether it received the hidden flag while its command
+    line showed the placeholder, and whether it runs under the seccomp filter.
+    """
+    flag = HIDDEN_FLAGS[0] + "probe:x=y"
+    code = (
+        "import sys; c = open('/proc/self/cmdline', 'rb').read(); s = open('/proc/self/status').read();"
+        f"import os; a = os.environ.get('{HIDDEN_ENV_PREFIX}4', '');"
+        "print(sys.argv[1] == a != '' and a.encode() not in c, any(l.split() == ['Seccomp:', '2'] for l in s.splitlines()))"
+    )
+    captured: List[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: captured.append(record.getMessage())  # type: ignore[method-assign]
+    LOGGER.addHandler(handler)
+    try:
+        process = spawn([executable, "-S", "-c", code, flag], dict(os.environ), lambda: None, stdout=subprocess.PIPE)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        LOGGER.removeHandler(handler)
+    hidden, filtered = (out.decode().split() + ["False", "False"])[:2]
+    trace_problem = None if hidden == "True" else (captured[0] if captured else "the flag did not arrive hidden")
+    filter_problem = None if filtered == "True" else "the kernel refused the seccomp filter"
+    return trace_problem, filter_problem

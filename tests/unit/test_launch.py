@@ -119,3 +119,19 @@ def test_a_refused_trace_falls_back_with_a_warning(monkeypatch, caplog):
         server.stop(grace_s=10)
     assert any("readable by every local user" in record.getMessage() for record in caplog.records)
     assert SECRET_FLAG in server.log_lines  # started the old way: the flag is in its argv
+
+
+@supported
+def test_check_reports_the_private_launch(monkeypatch):
+    from pytriton._check import FAIL, OK, check_private_launch
+
+    assert [item.status for item in check_private_launch()] == [OK, OK]
+
+    def refuse(self: _launch.PrivateLaunch) -> None:
+        if self.hidden:
+            raise OSError(1, "PTRACE_TRACEME refused")
+
+    monkeypatch.setattr(_launch.PrivateLaunch, "preexec", refuse)  # the old way: no trace, no filter
+    token, regions = check_private_launch()
+    assert (token.status, regions.status) == (FAIL, FAIL)
+    assert "readable by every local user" in token.detail and "docs/security.md" in token.fix
