@@ -37,6 +37,7 @@ import platform
 import signal
 import struct
 import subprocess
+import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 LOGGER = logging.getLogger("pytriton.server.process")  # where the server's launch has always logged
@@ -48,6 +49,7 @@ HIDDEN_ENV_PREFIX = "PYTRITON_HIDDEN_ARG_"
 PLACEHOLDER = "hidden:see-pytriton-docs-security"
 """What ``/proc/<pid>/cmdline`` shows in place of the secret (an invalid value: never a usable flag)."""
 
+_STOP_TIMEOUT_S = 30.0  # exec of the server takes milliseconds; this only bounds a wait that went wrong
 _PTRACE_TRACEME = 0
 _PTRACE_DETACH = 17
 _PR_SET_NO_NEW_PRIVS = 38
@@ -192,9 +194,17 @@ class PrivateLaunch:
         if not self.hidden:
             return
         assert _LIBC is not None
-        _, status = os.waitpid(pid, 0)
-        if not os.WIFSTOPPED(status):
-            raise OSError(f"tritonserver did not stop after exec (wait status {status:#x})")
+        # Polled with a deadline, not a blocking wait: should another thread of this process reap
+        # the stop with waitpid(-1), the child is killed and the launch falls back instead of hanging.
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        waited, status = os.waitpid(pid, os.WNOHANG)
+        while waited == 0 and time.monotonic() < deadline:
+            time.sleep(0.0002)
+            waited, status = os.waitpid(pid, os.WNOHANG)
+        if waited == 0 or not os.WIFSTOPPED(status):
+            if waited == 0:
+                os.kill(pid, signal.SIGKILL)
+            raise OSError(f"the process did not stop after exec (wait status {status:#x})")
         try:
             redirect_argv(pid, self.argv, self.hidden)
         except BaseException:
