@@ -23,6 +23,7 @@ import numpy.typing as npt
 from tritonclient.utils import np_to_triton_dtype
 
 from pytriton.client._url import TritonUrl
+from pytriton.client.auth import grpc_metadata
 from pytriton.client.exceptions import (
     PyTritonClientError,
     PyTritonClientInferenceServerError,
@@ -478,7 +479,8 @@ class ClientCore:
         if parameters:
             request["parameters"] = parameters
         if headers:
-            request["headers"] = {key: str(value) for key, value in headers.items()}
+            text = {key: str(value) for key, value in headers.items()}
+            request["headers"] = grpc_metadata(text) if self.grpc else text
         if self.grpc:
             request["client_timeout"] = self.inference_timeout_s
         return request

@@ -578,6 +578,47 @@ def test_stream_error_then_next_stream_both_drivers(fake_stream):
     assert asyncio.run(main()) == [0, 1]
 
 
+def test_a_second_infer_while_a_stream_is_open_is_refused(fake_stream):
+    fake_stream.gap_s = 0.3
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        first = client.infer_sample(np.array([2], np.int32))  # sent at once, as in NVIDIA PyTriton
+        assert fake_stream.calls.count("start_stream") == 1
+        with pytest.raises(PyTritonClientInferenceServerError, match="still open"):
+            client.infer_batch(np.array([[2]], np.int32))
+        assert fake_stream.calls.count("start_stream") == 1  # the refused call sent nothing
+        assert _tokens(first) == [0, 1]
+        assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]  # read to its end: free again
+
+
+def test_a_dropped_stream_frees_the_client_once_the_server_ends_it(fake_stream):
+    import time
+
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        client.infer_sample(np.array([2], np.int32))  # never read
+        deadline = time.monotonic() + 10
+        while client._grpc_stream is not None and not client._grpc_stream.ended.is_set():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]
+        assert fake_stream.stops == [False, False]  # the dropped one half-closed before the next started
+        client.infer_sample(np.array([2], np.int32))  # open and unread at close(): close ends it
+    assert len(fake_stream.stops) == 3
+
+
+def test_grpc_stream_headers_carry_the_token_under_tritons_grpc_key(fake_stream):
+    seen = {}
+    original = fake_stream.start_stream
+
+    def start_stream(callback, headers=None):
+        seen.update(headers or {})
+        original(callback, headers)
+
+    fake_stream.start_stream = start_stream
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        list(client.infer_sample(np.array([1], np.int32), headers={"Triton-Access-Token": "t0k", "x-id": 3}))
+    assert seen == {"triton-grpc-protocol-triton-access-token": "t0k", "x-id": "3"}
+
+
 def test_asyncio_stream_bounds_each_wait(fake_stream):
     fake_stream.gap_s = 1.0
 
