@@ -103,6 +103,26 @@ class ModelLoadDeviceLimit:
     fraction: float
 
 
+_NVML: List[bool] = []  # nvml_available()'s answer, once found
+
+
+def nvml_available() -> bool:
+    """Whether NVIDIA's management library loads and initialises here (a driver and a GPU answer).
+
+    Checked once per process; loading the library on a machine with a GPU is what DCGM does anyway.
+    """
+    if not _NVML:
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            found = nvml.nvmlInit_v2() == 0  # NVML_SUCCESS
+            if found:
+                nvml.nvmlShutdown()
+        except (OSError, AttributeError):
+            found = False
+        _NVML.append(found)
+    return _NVML[0]
+
+
 @dataclasses.dataclass
 class Options:
     """Server options; defaults point at the installed server (backends, caches) when there is one."""
@@ -142,6 +162,18 @@ class Options:
     backend_configuration: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
     host_policies: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
     metrics_configuration: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
+
+    def _gpu_metrics_enabled(self) -> bool:
+        """``gpu_metrics``, except on a machine without a usable NVIDIA driver at ``log_verbose`` 0.
+
+        Triton collects GPU metrics through DCGM, which prints ``Error: Failed to initialize NVML``
+        straight to this process's stderr (the tritonserver binary's copy lands in its log instead)
+        where no driver answers: noise on every CPU-only machine, with no GPU metrics to lose.
+        ``log_verbose`` >= 1 keeps the option as given, and with it the line, for diagnosis.
+        """
+        if not self.gpu_metrics:
+            return False
+        return int(self.log_verbose) > 0 or nvml_available()
 
     def _apply(self, lib: _lib.Library, handle: int, shm_prefix: str) -> None:
         """Write every option into a ``TRITONSERVER_ServerOptions`` (raises the mapped error)."""
@@ -191,7 +223,7 @@ class Options:
         c(lib.TRITONSERVER_ServerOptionsSetLogFormat(handle, int(LogFormat(self.log_format))))
         c(lib.TRITONSERVER_ServerOptionsSetLogVerbose(handle, int(self.log_verbose)))
         c(lib.TRITONSERVER_ServerOptionsSetMetrics(handle, bool(self.metrics)))
-        c(lib.TRITONSERVER_ServerOptionsSetGpuMetrics(handle, bool(self.gpu_metrics)))
+        c(lib.TRITONSERVER_ServerOptionsSetGpuMetrics(handle, self._gpu_metrics_enabled()))
         c(lib.TRITONSERVER_ServerOptionsSetCpuMetrics(handle, bool(self.cpu_metrics)))
         c(lib.TRITONSERVER_ServerOptionsSetMetricsInterval(handle, int(self.metrics_interval)))
         c(lib.TRITONSERVER_ServerOptionsSetBackendDirectory(handle, self.backend_directory.encode()))

@@ -381,3 +381,28 @@ def test_array_address_matches_numpy_for_every_layout():
         np.ones(()),
     ]
     assert [_tensor.array_address(array) for array in arrays] == [array.ctypes.data for array in arrays]
+
+
+def test_gpu_metrics_stay_off_without_an_nvidia_driver_unless_verbose(monkeypatch):
+    # DCGM prints "Error: Failed to initialize NVML" to the process's stderr where no driver answers.
+    from pytriton.inprocess import _server
+
+    def gpu_metrics_flag(available: bool, **options: Any) -> Any:
+        monkeypatch.setattr(_server, "nvml_available", lambda: available)
+        fake = FakeCDLL()
+        tritonserver.Options(model_repository="r", **options)._apply(_lib.Library(fake), 1, "p-")
+        ((_, flag),) = fake.called("TRITONSERVER_ServerOptionsSetGpuMetrics")
+        return flag
+
+    assert gpu_metrics_flag(False) is False
+    assert gpu_metrics_flag(False, log_verbose=1) is True  # the line stays available for diagnosis
+    assert gpu_metrics_flag(True) is True
+    assert gpu_metrics_flag(True, gpu_metrics=False) is False
+
+
+def test_nvml_probe_answers_once(monkeypatch):
+    from pytriton.inprocess import _server
+
+    monkeypatch.setattr(_server, "_NVML", [])
+    first = _server.nvml_available()
+    assert isinstance(first, bool) and _server._NVML == [first] and _server.nvml_available() is first
