@@ -39,6 +39,7 @@ from pytriton.inprocess._enums import (
     ParameterType,
     RateLimitMode,
 )
+from pytriton.inprocess._errorlog import ErrorLog
 from pytriton.inprocess._errors import (
     InternalError,
     InvalidArgumentError,
@@ -370,6 +371,7 @@ class Server:
         self._lib: Optional[_lib.Library] = None
         self._env_held = False
         self._own_shm_prefix = f"pytriton-inproc-{os.getpid()}-{next(_SERVER_IDS)}-"
+        self._error_log: Optional[ErrorLog] = None  # Triton's error lines when no log is configured
         self._shm_prefix = self._own_shm_prefix
         # Released plain requests for reuse (pytriton/inprocess/_pool.py); a new pool per start().
         self._requests = _pool.RequestPool()
@@ -426,6 +428,12 @@ class Server:
                 self._env_held = True
                 try:
                     self.options._apply(lib, int(options_handle.value or 0), self._own_shm_prefix)
+                    if not (self.options.log_error or self.options.log_file):  # keep the errors (_errorlog)
+                        self._error_log = ErrorLog()
+                        lib.check(
+                            lib.TRITONSERVER_ServerOptionsSetLogFile(options_handle, self._error_log.path.encode())
+                        )
+                        lib.check(lib.TRITONSERVER_ServerOptionsSetLogError(options_handle, True))
                 except BaseException:
                     self._release_env()
                     raise
@@ -433,11 +441,10 @@ class Server:
                 try:
                     lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
                 except TritonError as exc:
+                    failures = self._error_log.load_failures() if self._error_log is not None else []
                     self._release_env()
-                    if "failed to load" in str(exc) and not (self.options.log_error or self.options.log_file):
-                        raise type(exc)(
-                            f"{exc} (Triton logs each model's reason: pass log_error=True or log_file to see it)"
-                        ) from None
+                    if "failed to load" in str(exc) and failures:
+                        raise type(exc)(f"{exc}: " + "; ".join(failures)) from None
                     raise
                 except BaseException:
                     self._release_env()
@@ -458,6 +465,9 @@ class Server:
         return self
 
     def _release_env(self) -> None:
+        if self._error_log is not None:
+            self._error_log.remove()
+            self._error_log = None
         if self._env_held:
             self._env_held = False
             _StubEnvironment.release()
