@@ -163,31 +163,51 @@ def check_private_launch() -> List[Item]:
 
 
 def _port_free(address: str, port: int) -> bool:
-    import socket
+    """True when tritonserver could bind ``port`` (a port with connections in TIME_WAIT is free for it)."""
+    from pytriton.server.process import port_taken
 
-    with socket.socket() as sock:
-        try:
-            sock.bind((address, port))
-        except OSError:
-            return False
-    return True
+    return port_taken(address, port) is None
+
+
+PORT_LABELS = ("http", "grpc", "metrics")
 
 
 def check_ports(
-    environ: Optional[Mapping[str, str]] = None, port_free: Callable[[str, int], bool] = _port_free
+    environ: Optional[Mapping[str, str]] = None,
+    port_free: Callable[[str, int], bool] = _port_free,
+    ports: Optional[Mapping[str, Optional[int]]] = None,
 ) -> List[Item]:
+    """Whether the server's ports are free, as a server started with this environment would bind them.
+
+    ``ports``: the ports given on ``pytriton check``'s command line (``{"http": 9000, ...}``; None or
+    missing: not given); they win over ``PYTRITON_TRITON_CONFIG_<LABEL>_PORT``, which wins over the
+    default. A failure's fix names what a command line can set.
+    """
     from pytriton.server.command import effective_options
     from pytriton.triton import TritonConfig
 
-    options = effective_options(TritonConfig.from_env(os.environ if environ is None else environ))
+    environ = os.environ if environ is None else environ
+    options = effective_options(TritonConfig.from_env(environ))
     items = []
-    for label in ("http", "grpc", "metrics"):
-        address, port = options.get(f"{label}_address", "127.0.0.1"), options.get(f"{label}_port", 0)
+    for label in PORT_LABELS:
+        variable = f"PYTRITON_TRITON_CONFIG_{label.upper()}_PORT"
+        given = (ports or {}).get(label)
+        if given is not None:
+            port, source = int(given), f"--{label}-port"
+        else:
+            port = int(options.get(f"{label}_port", 0))
+            source = variable if variable in environ else "default"
+        address = options.get(f"{label}_address", "127.0.0.1")
         name = f"{label} port {address}:{port}"
         if port == 0 or port_free(address, port):
-            items.append(Item(name, OK, "free"))
+            items.append(Item(name, OK, f"free (from {source})"))
         else:
-            items.append(Item(name, FAIL, "in use", f"stop what uses it or set TritonConfig({label}_port=...)"))
+            fix = (
+                f"stop what uses {label} port {port}, or serve on another one: {variable}=<port> in the "
+                f"server's environment (TritonConfig({label}_port=<port>) in code); "
+                f"`pytriton check --{label}-port <port>` checks it first"
+            )
+            items.append(Item(name, FAIL, f"in use (from {source})", fix))
     return items
 
 
@@ -263,14 +283,17 @@ def smoke_test() -> List[Item]:
     return [Item("smoke test", OK, f"identity model over HTTP and gRPC: {detail}")]
 
 
-def run_checks(smoke: bool = True, environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+def run_checks(
+    smoke: bool = True, environ: Optional[Mapping[str, str]] = None, ports: Optional[Mapping[str, Optional[int]]] = None
+) -> Dict[str, Any]:
+    """Every check's items, whether all passed, and the relevant environment (``ports``: see :func:`check_ports`)."""
     from pytriton import __version__
 
     environ = os.environ if environ is None else environ
     items: List[Item] = [Item("pytriton", INFO, __version__)]
     for section in (check_platform, check_python, check_numpy, check_server, check_shm, check_private_launch):
         items.extend(section())
-    items.extend(check_ports(environ))
+    items.extend(check_ports(environ, ports=ports))
     if smoke:
         items.extend(smoke_test())
     failed = [item for item in items if item.status == FAIL]
@@ -295,7 +318,8 @@ def format_text(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(json_output: bool = False, smoke: bool = True) -> int:
-    report = run_checks(smoke=smoke)
+def main(json_output: bool = False, smoke: bool = True, ports: Optional[Mapping[str, Optional[int]]] = None) -> int:
+    """``pytriton check``: print the report; the exit code is 0 when every check passed, else 1."""
+    report = run_checks(smoke=smoke, ports=ports)
     print(json.dumps(report, indent=2) if json_output else format_text(report))
     return 0 if report["ok"] else 1

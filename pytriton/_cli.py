@@ -1,4 +1,7 @@
-"""Command line: ``pytriton install-server``, ``server-command``, ``run-server``, ... (also ``python -m pytriton``)."""
+"""Command line: ``pytriton install-server``, ``where-server``, ``server-command``, ``run-server`` and ``check``.
+
+Also ``python -m pytriton ...``. Unit tests: tests/unit/test_check.py (``check``), tests/unit/test_cli.py.
+"""
 
 from __future__ import annotations
 
@@ -76,6 +79,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     check = commands.add_parser("check", help="report the environment for a bug report and run a small model")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--no-smoke", action="store_true", help="skip the end-to-end run")
+    for label in ("http", "grpc", "metrics"):
+        check.add_argument(
+            f"--{label}-port",
+            type=int,
+            metavar="PORT",
+            help=f"check this {label} port instead of PYTRITON_TRITON_CONFIG_{label.upper()}_PORT or the default",
+        )
     args = parser.parse_args(argv)
 
     from pytriton.exceptions import PyTritonError
@@ -83,7 +93,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "check":
         from pytriton._check import main as check_main
 
-        return check_main(json_output=args.json, smoke=not args.no_smoke)
+        ports = {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port}
+        return check_main(json_output=args.json, smoke=not args.no_smoke, ports=ports)
     try:
         if args.command == "install-server":
             from pytriton.server.install import install_server

@@ -458,7 +458,13 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                     version.generation -= 1  # the served versions keep their running stubs
             raise
 
+    @staticmethod
+    def _warmup(model: BoundModel) -> bool:
+        return bool(model.config.model_warmup or model.direct_warmup)
+
     def _request_load(self, model_name: str) -> None:
+        for version in self._versions(model_name):
+            version.run_direct_warmup()  # warmups Triton cannot express (model_config/warmup.py)
         try:
             self._repository_request("load", model_name)
         except (http.client.HTTPException, OSError) as exc:
@@ -528,7 +534,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             # Models with a warmup are loaded through the repository API once the server is up, not
             # with --load-model: when a warmup fails at start-up, Triton 2.51 sometimes crashes on its
             # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
-            warm = [name for name in self._model_names() if self._versions(name)[0].config.model_warmup]
+            warm = [name for name in self._model_names() if any(self._warmup(v) for v in self._versions(name))]
             startup = [name for name in self._model_names() if name not in warm]
             argv = build_command(
                 distribution.binary,

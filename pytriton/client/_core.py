@@ -23,6 +23,7 @@ import numpy.typing as npt
 from tritonclient.utils import np_to_triton_dtype
 
 from pytriton.client._url import TritonUrl
+from pytriton.client.auth import grpc_metadata
 from pytriton.client.exceptions import (
     PyTritonClientError,
     PyTritonClientInferenceServerError,
@@ -47,6 +48,8 @@ _TIMEOUT_STATUSES = frozenset({"StatusCode.DEADLINE_EXCEEDED", "DEADLINE_EXCEEDE
 _UNAVAILABLE_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND", "UNAVAILABLE", "404", "503"})
 _PARAMETER_TYPES = (str, int, float, bool)
 _HEADER_TYPES = (str, int, bool)
+_NOT_FOUND_STATUSES = frozenset({"StatusCode.NOT_FOUND", "NOT_FOUND", "404"})
+_KNOWN_SHOWN = 20  # model names listed in the "no such model" error
 
 
 class ModelState(enum.Enum):
@@ -171,8 +174,57 @@ def wait_for_server(timeout_s: float, grpc: bool, what: str = "the server") -> O
         delay = min(delay * 2, 0.5)
 
 
-def wait_for_model(timeout_s: float, grpc: bool, model_name: str, model_version: str, where: str) -> Operation:
-    """Poll until the server and the model are ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
+def _index_entries(index: Any) -> List[Dict[str, Any]]:
+    """The entries of a repository index: HTTP answers a list, gRPC (as JSON) ``{"models": [...]}``."""
+    entries = index.get("models", []) if isinstance(index, dict) else index
+    return [entry for entry in entries or [] if isinstance(entry, dict)]
+
+
+def known_models(grpc: bool, timeout_s: float) -> Operation:
+    """The model names the server's repository index lists, or None when the index cannot be read.
+
+    The index lists every model the server knows, loaded or not (Triton's explicit model control
+    mode lists each folder of the repository). It is a management call: a pytriton server restricts
+    it to callers with the access token, and refuses it otherwise (then None).
+    """
+    kwargs = {"as_json": True} if grpc else {}
+    try:
+        index = yield control_call("get_model_repository_index", grpc, timeout_s, **kwargs)
+    except Exception:  # restricted, or the server going away: no conclusion
+        return None
+    return sorted({str(entry.get("name")) for entry in _index_entries(index)})
+
+
+def is_unknown_model(grpc: bool, timeout_s: float, model_name: str) -> Operation:
+    """``(unknown, known_names)``: whether the server does not know ``model_name`` at all.
+
+    The repository index decides when this client may read it (``known_names`` is then its list).
+    Otherwise the model's metadata does: Triton answers "not found" (HTTP 404, gRPC ``NOT_FOUND``)
+    both for a name it does not know ("... 'name' is not found") and for a model it is still loading
+    ("... 'name' has no available versions"); only the first is unknown, and the message is the one
+    place the two differ. Anything else (metadata returned, another error) counts as known.
+    """
+    known = yield from known_models(grpc, timeout_s)
+    if known is not None:
+        return model_name not in known, known
+    try:
+        yield control_call("get_model_metadata", grpc, timeout_s, model_name)
+    except Exception as exc:  # noqa: BLE001 - only the "not found" answer below is a conclusion
+        message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
+        unknown = _status(exc) in _NOT_FOUND_STATUSES and f"'{model_name}' is not found" in str(message)
+        return unknown, None
+    return False, None
+
+
+def wait_for_model(
+    timeout_s: float, grpc: bool, model_name: str, model_version: str, where: str, fail_unknown: bool = True
+) -> Operation:
+    """Poll until the server and the model are ready; ``PyTritonClientTimeoutError`` after ``timeout_s``.
+
+    With ``fail_unknown``, a model the server does not know at all (a misspelt name; see
+    :func:`is_unknown_model`) raises ``PyTritonClientModelUnavailableError`` at once; a model it
+    knows but has not loaded yet (loading, unloaded, a version still missing) is waited for.
+    """
     deadline = time.monotonic() + timeout_s
     yield from wait_for_server(timeout_s, grpc, f"the server at {where}")
     delay = 0.02
@@ -182,6 +234,17 @@ def wait_for_model(timeout_s: float, grpc: bool, model_name: str, model_version:
                 return None
         except Exception:  # a model still loading can make readiness calls fail
             pass
+        unknown, known = (False, None)
+        if fail_unknown:
+            unknown, known = yield from is_unknown_model(grpc, deadline - time.monotonic(), model_name)
+        if unknown:
+            listed = ""
+            if known is not None:
+                shown = [repr(name) for name in known[:_KNOWN_SHOWN]] + (["..."] if len(known) > _KNOWN_SHOWN else [])
+                listed = f" (its models: {', '.join(shown) or 'none'})"
+            raise PyTritonClientModelUnavailableError(
+                f"The server at {where} has no model {model_name!r}{listed}; check the model name."
+            )
         if time.monotonic() + delay > deadline:
             version = f" version {model_version}" if model_version else ""
             raise PyTritonClientTimeoutError(
@@ -217,9 +280,8 @@ def model_state(grpc: bool, timeout_s: float, model_name: str, model_version: Op
         index = yield control_call("get_model_repository_index", grpc, timeout_s, **kwargs)
     except Exception as exc:
         raise map_error(exc, "Reading the model repository index") from None
-    entries = index.get("models", []) if isinstance(index, dict) else index
     states: Dict[str, ModelState] = {}
-    for entry in entries or []:
+    for entry in _index_entries(index):
         if entry.get("name") != model_name or not entry.get("version"):
             continue
         state = entry.get("state")
@@ -417,7 +479,8 @@ class ClientCore:
         if parameters:
             request["parameters"] = parameters
         if headers:
-            request["headers"] = {key: str(value) for key, value in headers.items()}
+            text = {key: str(value) for key, value in headers.items()}
+            request["headers"] = grpc_metadata(text) if self.grpc else text
         if self.grpc:
             request["client_timeout"] = self.inference_timeout_s
         return request

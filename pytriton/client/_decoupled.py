@@ -43,7 +43,7 @@ import numpy.typing as npt
 from pytriton.client._core import check_parameters, map_error
 from pytriton.client._drivers import run_sync
 from pytriton.client._sse import HttpStream, decode_event, encode_request
-from pytriton.client.auth import create_auth_headers
+from pytriton.client.auth import create_auth_headers, grpc_metadata
 from pytriton.client.client import AsyncioModelClient, ModelClient
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
@@ -105,6 +105,21 @@ def end_stream(client: Any, graceful: bool) -> None:
             timer.cancel()
 
 
+class _GrpcStream:
+    """One gRPC stream of a :class:`DecoupledModelClient`: its events and whether the server has ended it."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.ended = threading.Event()  # set by the final response or an error from the server
+        self.finished = False  # end_stream was called for it (under the client's _state_lock)
+
+    def on_response(self, result: Any, error: Any) -> None:
+        """tritonclient's stream callback (its stream thread)."""
+        self.events.put((result, error))
+        if error is not None or _is_final(result):
+            self.ended.set()
+
+
 def check_decoupled(config: TritonModelConfig) -> None:
     """``PyTritonClientInferenceServerError`` (the type the reference raises) for a non-decoupled model."""
     if not config.decoupled:
@@ -157,30 +172,71 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
 
     A :class:`ModelClient` (``model_config``, ``is_batching_supported``, ``wait_for_model``,
     ``load_model`` ... work as there) whose ``infer_sample``/``infer_batch`` return iterators.
-    Lifetime: its connections until :meth:`close` (over HTTP each stream opens its own); one stream
-    at a time (a second concurrent stream waits for the first). The module docstring says what the
+    Lifetime: its connections until :meth:`close` (over HTTP each stream opens its own).
+
+    One stream at a time, as in NVIDIA PyTriton: over gRPC ``infer_*`` sends the request at once
+    and the stream stays open until the server ends it (its final response or an error), the caller
+    leaves the loop, or :meth:`close`; an ``infer_*`` call while it is open raises
+    ``PyTritonClientInferenceServerError``. Over HTTP the request is sent when the loop starts, and
+    a second loop while one runs raises the same error. The module docstring says what the
     timeouts bound.
     """
 
     def _open(self) -> None:
-        self._stream_lock = threading.Lock()
-        self._active: Optional[queue.Queue[_Event]] = None
+        self._stream_lock = threading.Lock()  # held while an HTTP stream is read
+        self._state_lock = threading.Lock()  # guards _grpc_stream
+        self._grpc_stream: Optional[_GrpcStream] = None
         self._active_http: Optional[HttpStream] = None
         super()._open()
 
     def close(self) -> None:
-        """Close the connection; a stream in progress (in another thread) raises ``PyTritonClientClosedError``."""
+        """Close the connection; a stream in progress (in another thread) raises ``PyTritonClientClosedError``.
+
+        A gRPC stream that nobody reads (its iterator dropped) is ended here: half-closed if the
+        server has ended it, else cancelled.
+        """
         self.interrupt(PyTritonClientClosedError("The client was closed during the stream."))
+        state_lock = getattr(self, "_state_lock", None)
+        if state_lock is not None:
+            with state_lock:
+                if self._grpc_stream is not None:
+                    self._end_grpc_stream(self._grpc_stream, graceful=self._grpc_stream.ended.is_set())
         super().close()
 
     def interrupt(self, error: PyTritonClientError) -> None:
         """Make the stream in progress, if any, raise ``error`` at its next wait. Thread-safe."""
-        active = getattr(self, "_active", None)
+        active = getattr(self, "_grpc_stream", None)
         if active is not None:
-            active.put((None, error))
+            active.events.put((None, error))
         active_http = getattr(self, "_active_http", None)
         if active_http is not None:
             active_http.abort(error)
+
+    def _claim_grpc_stream(self) -> _GrpcStream:
+        """A new stream record, or ``PyTritonClientInferenceServerError`` while the previous one is open.
+
+        A previous stream the server has ended but nobody read to its end is closed here first.
+        """
+        with self._state_lock:
+            current = self._grpc_stream
+            if current is not None:
+                if not current.ended.is_set():
+                    raise PyTritonClientInferenceServerError(
+                        f"A stream of this client to model {self._core.model_name!r} is still open: read it to "
+                        "its end (or leave its loop) before the next infer_sample/infer_batch, or use one "
+                        "DecoupledModelClient per concurrent stream."
+                    )
+                self._end_grpc_stream(current, graceful=True)
+            self._grpc_stream = _GrpcStream()
+            return self._grpc_stream
+
+    def _end_grpc_stream(self, stream: _GrpcStream, graceful: bool) -> None:
+        """End ``stream`` once (half-close or cancel, see :func:`end_stream`); call with ``_state_lock`` held."""
+        if not stream.finished:
+            stream.finished = True
+            end_stream(self._infer_client, graceful=graceful)
+        if self._grpc_stream is stream:
+            self._grpc_stream = None
 
     def _stream(self, call: _StreamArgs) -> Iterator[_Outputs]:
         inputs, named_inputs, parameters, headers, batch = call
@@ -195,7 +251,18 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
             return self._sse_responses(arrays, parameters, config, add_axis, text_headers)
         request = self._core.build_request(arrays, config, parameters, None, self._lib)
         request.pop("client_timeout", None)
-        return self._responses(request, config, add_axis, text_headers)
+        stream = self._claim_grpc_stream()
+        name = self._core.model_name
+        client = self._infer_client
+        try:
+            self._check_open()
+            client.start_stream(callback=stream.on_response, headers=grpc_metadata(text_headers))
+            client.async_stream_infer(name, request.pop("inputs"), enable_empty_final_response=True, **request)
+        except Exception as exc:
+            with self._state_lock:
+                self._end_grpc_stream(stream, graceful=False)
+            raise map_error(exc, f"Streaming inference on model {name!r}") from None
+        return self._responses(stream, config, add_axis)
 
     def _sse_responses(
         self,
@@ -217,46 +284,42 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
             self._url, path + "/generate_stream", encode_request(arrays, parameters), all_headers,
             core.inference_timeout_s,
         )  # fmt: skip
-        with self._stream_lock:
+        if not self._stream_lock.acquire(blocking=False):
+            raise PyTritonClientInferenceServerError(
+                f"A stream of this client to model {core.model_name!r} is still being read: finish it first, "
+                "or use one DecoupledModelClient per concurrent stream."
+            )
+        try:
             self._check_open()
             self._active_http = stream
-            try:
-                for event in stream.events():
-                    outputs = decode_event(event, config, keep_batch_axis=not add_axis)
-                    if outputs:
-                        yield outputs
-            finally:
-                self._active_http = None
+            for event in stream.events():
+                outputs = decode_event(event, config, keep_batch_axis=not add_axis)
+                if outputs:
+                    yield outputs
+        finally:
+            self._active_http = None
+            self._stream_lock.release()
 
-    def _responses(
-        self, request: Dict[str, Any], config: TritonModelConfig, add_axis: bool, headers: Optional[Dict[str, str]]
-    ) -> Iterator[_Outputs]:
+    def _responses(self, stream: _GrpcStream, config: TritonModelConfig, add_axis: bool) -> Iterator[_Outputs]:
         name = self._core.model_name
-        events: queue.Queue[_Event] = queue.Queue()
-        with self._stream_lock:
-            self._check_open()
-            self._active = events
-            client = self._infer_client
-            client.start_stream(callback=lambda result, error: events.put((result, error)), headers=headers)
-            ended_by_server = False  # True: half-close the stream; False: the caller left it, cancel it
-            try:
-                client.async_stream_infer(name, request.pop("inputs"), enable_empty_final_response=True, **request)
-                while True:
-                    result, error = events.get()
-                    if error is not None:
-                        # An error response (or a broken stream) ends the stream from the server's side;
-                        # interrupt()'s errors are this client's own and leave a live stream behind.
-                        ended_by_server = not isinstance(error, PyTritonClientError)
-                        raise map_error(error, f"Streaming inference on model {name!r}")
-                    # Before the yield: a caller that stops at the last response still closes gracefully.
-                    ended_by_server = _is_final(result)
-                    if _has_outputs(result):
-                        yield self._core.decode(result, config, add_axis)
-                    if ended_by_server:
-                        return
-            finally:
-                self._active = None
-                end_stream(client, graceful=ended_by_server)
+        ended_by_server = False  # True: half-close the stream; False: the caller left it, cancel it
+        try:
+            while True:
+                result, error = stream.events.get()
+                if error is not None:
+                    # An error response (or a broken stream) ends the stream from the server's side;
+                    # interrupt()'s errors are this client's own and leave a live stream behind.
+                    ended_by_server = not isinstance(error, PyTritonClientError)
+                    raise map_error(error, f"Streaming inference on model {name!r}")
+                # Before the yield: a caller that stops at the last response still closes gracefully.
+                ended_by_server = _is_final(result)
+                if _has_outputs(result):
+                    yield self._core.decode(result, config, add_axis)
+                if ended_by_server:
+                    return
+        finally:
+            with self._state_lock:
+                self._end_grpc_stream(stream, graceful=ended_by_server)
 
 
 class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], AsyncioModelClient):  # type: ignore[misc]

@@ -27,6 +27,8 @@ from pytriton.server.security import GRPC_HEADER_PREFIX, TRITON_ACCESS_HEADER
 
 __all__ = ["create_auth_headers", "extract_access_token_from_headers"]
 
+_GRPC_ACCESS_KEY = GRPC_HEADER_PREFIX + TRITON_ACCESS_HEADER
+
 PathLike = Union[str, pathlib.Path]
 
 
@@ -61,6 +63,22 @@ def extract_access_token_from_headers(headers: Optional[Mapping[str, str]]) -> O
             f"{GRPC_HEADER_PREFIX + TRITON_ACCESS_HEADER!r}); send one."
         )
     return http_token if http_token is not None else grpc_token
+
+
+def grpc_metadata(headers: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
+    """``headers`` as gRPC metadata: an HTTP-style ``triton-access-token`` becomes Triton's gRPC key.
+
+    Triton 2.51 reads a restricted gRPC protocol's token only from the metadata key
+    ``triton-grpc-protocol-triton-access-token``; the HTTP header name, sent over gRPC, is ignored and
+    the call refused. Keys are lower-cased (gRPC metadata keys are); other headers pass unchanged.
+    """
+    if headers is None:
+        return None
+    metadata: Dict[str, str] = {}
+    for key, value in headers.items():
+        name = str(key).lower()
+        metadata[_GRPC_ACCESS_KEY if name == TRITON_ACCESS_HEADER else name] = value
+    return metadata
 
 
 class _HeaderPlugin(InferenceServerClientPlugin):  # type: ignore[misc]  # tritonclient is untyped

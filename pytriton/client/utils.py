@@ -69,10 +69,14 @@ def wait_for_model_ready(
 ) -> None:
     """Poll until the server and the model (its latest version when ``model_version`` is None) are ready.
 
-    ``PyTritonClientTimeoutError`` after ``timeout_s`` (default 300 s) for both waits together.
+    ``PyTritonClientTimeoutError`` after ``timeout_s`` (default 300 s) for both waits together. Unlike
+    the model clients, this plain poll waits for a model name the server does not know, too (as in
+    NVIDIA PyTriton, whose callers expect only the timeout error from it).
     """
     timeout = DEFAULT_INIT_TIMEOUT_S if timeout_s is None else float(timeout_s)
-    operation = _wait_for_model_operation(timeout, _is_grpc(client), model_name, _version(model_version), "the server")
+    operation = _wait_for_model_operation(
+        timeout, _is_grpc(client), model_name, _version(model_version), "the server", fail_unknown=False
+    )
     run_sync(operation, client, client)
 
 
@@ -100,7 +104,7 @@ def get_model_config(
     version = _version(model_version)
 
     def operation() -> Any:
-        yield from _wait_for_model_operation(timeout, grpc, model_name, version, "the server")
+        yield from _wait_for_model_operation(timeout, grpc, model_name, version, "the server", fail_unknown=False)
         return (yield from read_config(timeout, grpc, model_name, version))
 
     return run_sync(operation(), client, client)  # type: ignore[no-any-return]

@@ -39,6 +39,7 @@ from pytriton.inprocess._enums import (
     ParameterType,
     RateLimitMode,
 )
+from pytriton.inprocess._errorlog import ErrorLog
 from pytriton.inprocess._errors import (
     InternalError,
     InvalidArgumentError,
@@ -104,6 +105,26 @@ class ModelLoadDeviceLimit:
     fraction: float
 
 
+_NVML: List[bool] = []  # nvml_available()'s answer, once found
+
+
+def nvml_available() -> bool:
+    """Whether NVIDIA's management library loads and initialises here (a driver and a GPU answer).
+
+    Checked once per process; loading the library on a machine with a GPU is what DCGM does anyway.
+    """
+    if not _NVML:
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            found = nvml.nvmlInit_v2() == 0  # NVML_SUCCESS
+            if found:
+                nvml.nvmlShutdown()
+        except (OSError, AttributeError):
+            found = False
+        _NVML.append(found)
+    return _NVML[0]
+
+
 @dataclasses.dataclass
 class Options:
     """Server options; defaults point at the installed server (backends, caches) when there is one."""
@@ -143,6 +164,18 @@ class Options:
     backend_configuration: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
     host_policies: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
     metrics_configuration: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
+
+    def _gpu_metrics_enabled(self) -> bool:
+        """``gpu_metrics``, except on a machine without a usable NVIDIA driver at ``log_verbose`` 0.
+
+        Triton collects GPU metrics through DCGM, which prints ``Error: Failed to initialize NVML``
+        straight to this process's stderr (the tritonserver binary's copy lands in its log instead)
+        where no driver answers: noise on every CPU-only machine, with no GPU metrics to lose.
+        ``log_verbose`` >= 1 keeps the option as given, and with it the line, for diagnosis.
+        """
+        if not self.gpu_metrics:
+            return False
+        return int(self.log_verbose) > 0 or nvml_available()
 
     def _apply(self, lib: _lib.Library, handle: int, shm_prefix: str) -> None:
         """Write every option into a ``TRITONSERVER_ServerOptions`` (raises the mapped error)."""
@@ -192,7 +225,7 @@ class Options:
         c(lib.TRITONSERVER_ServerOptionsSetLogFormat(handle, int(LogFormat(self.log_format))))
         c(lib.TRITONSERVER_ServerOptionsSetLogVerbose(handle, int(self.log_verbose)))
         c(lib.TRITONSERVER_ServerOptionsSetMetrics(handle, bool(self.metrics)))
-        c(lib.TRITONSERVER_ServerOptionsSetGpuMetrics(handle, bool(self.gpu_metrics)))
+        c(lib.TRITONSERVER_ServerOptionsSetGpuMetrics(handle, self._gpu_metrics_enabled()))
         c(lib.TRITONSERVER_ServerOptionsSetCpuMetrics(handle, bool(self.cpu_metrics)))
         c(lib.TRITONSERVER_ServerOptionsSetMetricsInterval(handle, int(self.metrics_interval)))
         c(lib.TRITONSERVER_ServerOptionsSetBackendDirectory(handle, self.backend_directory.encode()))
@@ -346,6 +379,7 @@ class Server:
         self._lib: Optional[_lib.Library] = None
         self._env_held = False
         self._own_shm_prefix = f"pytriton-inproc-{os.getpid()}-{next(_SERVER_IDS)}-"
+        self._error_log: Optional[ErrorLog] = None  # Triton's error lines when no log is configured
         self._shm_prefix = self._own_shm_prefix
         # Released plain requests for reuse (pytriton/inprocess/_pool.py); a new pool per start().
         self._requests = _pool.RequestPool()
@@ -402,6 +436,12 @@ class Server:
                 self._env_held = True
                 try:
                     self.options._apply(lib, int(options_handle.value or 0), self._own_shm_prefix)
+                    if not (self.options.log_error or self.options.log_file):  # keep the errors (_errorlog)
+                        self._error_log = ErrorLog()
+                        lib.check(
+                            lib.TRITONSERVER_ServerOptionsSetLogFile(options_handle, self._error_log.path.encode())
+                        )
+                        lib.check(lib.TRITONSERVER_ServerOptionsSetLogError(options_handle, True))
                 except BaseException:
                     self._release_env()
                     raise
@@ -409,11 +449,10 @@ class Server:
                 try:
                     lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
                 except TritonError as exc:
+                    failures = self._error_log.load_failures() if self._error_log is not None else []
                     self._release_env()
-                    if "failed to load" in str(exc) and not (self.options.log_error or self.options.log_file):
-                        raise type(exc)(
-                            f"{exc} (Triton logs each model's reason: pass log_error=True or log_file to see it)"
-                        ) from None
+                    if "failed to load" in str(exc) and failures:
+                        raise type(exc)(f"{exc}: " + "; ".join(failures)) from None
                     raise
                 except BaseException:
                     self._release_env()
@@ -434,6 +473,9 @@ class Server:
         return self
 
     def _release_env(self) -> None:
+        if self._error_log is not None:
+            self._error_log.remove()
+            self._error_log = None
         if self._env_held:
             self._env_held = False
             _StubEnvironment.release()

@@ -60,7 +60,7 @@ class WarmupInput:
         zero_data: fill the input with zeros (empty strings for BYTES).
         random_data: fill the input with random values (Triton's generator; zeros for BYTES).
         input_data_file: take the input's content from this file: a ``.npy`` file (its array is
-            converted to ``dtype`` and must hold exactly one sample's worth of elements) or raw
+            converted to ``dtype``, holding one sample's elements or a whole batch's) or raw
             bytes in Triton's layout (little-endian values; for BYTES, each element as a 4-byte
             length and its bytes). The file is copied into the model's repository at bind time.
 
@@ -81,7 +81,8 @@ class ModelWarmup:
     Args:
         name: a label, shown in Triton's log and in errors.
         batch_size: the batch size of each warmup request (1 for a model without batching).
-        inputs: the warmup data by input name; every non-optional input of the model needs one.
+        inputs: the warmup data by input name, at least one. Data for only some required inputs is
+            accepted; pytriton then sends the model's warmups itself (docs/configuration.md, "Warmup").
         count: how many times the request is sent (at least 1).
     """
 

@@ -4,6 +4,13 @@ Triton runs the warmup itself while it loads the model (its ``model_warmup`` con
 instance gets the requests through the proxy like any other batch, so the bound callable, with its
 decorators, runs them before the model reports ready. A warmup that fails makes the load fail.
 
+Two kinds of warmup that NVIDIA PyTriton 0.7 accepts cannot be written as Triton's section: data for
+only some of the inputs (Triton refuses a request without every required input), and a ``.npy``
+file holding a whole batch (Triton gives every request of the batch the same sample). A model with
+such a warmup gets its warmups as ready-made batches instead (:attr:`ResolvedWarmup.direct`), which
+pytriton hands to each bound callable itself just before Triton loads the model, as the reference
+does; they reach the callables, not Triton's instances. A failure still fails the load.
+
 Unit tests: tests/unit/test_api_drift.py (generated warmup sections, refused warmups),
 tests/unit/test_binding.py (warmup data files).
 """
@@ -13,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config.common import ModelWarmup, WarmupInput
@@ -28,10 +36,15 @@ WARMUP_DIR = "warmup"
 
 @dataclasses.dataclass
 class ResolvedWarmup:
-    """The ``model_warmup`` config section (protobuf JSON form) and the data files it names."""
+    """Either Triton's ``model_warmup`` section with its data files, or batches pytriton sends itself.
+
+    ``entries`` (protobuf JSON form) and ``files`` are empty when ``direct`` holds the warmup:
+    ``(warmup name, {input name: batch})`` per request, ``count`` times each, in order.
+    """
 
     entries: List[Dict[str, Any]]
     files: Dict[str, bytes]  # file name under <model>/warmup/ -> content
+    direct: List[Tuple[str, Dict[str, npt.NDArray[Any]]]] = dataclasses.field(default_factory=list)
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -40,33 +53,75 @@ def _positive_int(value: Any, what: str) -> int:
     return int(value)
 
 
-def _file_content(path: Any, dtype: type, shape: Sequence[int], what: str) -> bytes:
-    """The bytes Triton expects for one sample, from a ``.npy`` file or a raw file."""
-    file = pathlib.Path(path).expanduser()
-    if not file.is_file():
-        raise PyTritonBadParameterError(f"{what}: input_data_file {str(file)!r} does not exist.")
-    if file.suffix.lower() != ".npy":
-        return file.read_bytes()
+def _load_npy(file: pathlib.Path, dtype: type, shape: Sequence[int], batch_size: int, what: str) -> npt.NDArray[Any]:
+    """A ``.npy`` file's samples as ``(n, *shape)``: n is 1 (one sample) or ``batch_size`` (a whole batch)."""
     try:
         array = np.load(file, allow_pickle=False)
     except ValueError as exc:
         raise PyTritonBadParameterError(f"{what}: cannot read {str(file)!r} as a .npy file: {exc}") from None
-    if array.size != math.prod(shape):
+    sample = math.prod(shape)
+    if array.size == sample:
+        samples = 1
+    elif array.size == sample * batch_size:
+        samples = batch_size
+    else:
         raise PyTritonBadParameterError(
-            f"{what}: {str(file)!r} holds {array.size} elements, one sample of shape {tuple(shape)} needs "
-            f"{math.prod(shape)}."
+            f"{what}: {str(file)!r} holds {array.size} elements; one sample of shape {tuple(shape)} needs "
+            f"{sample}, a batch of {batch_size} needs {sample * batch_size}."
         )
     if dtype is np.bytes_:
         items = [item if isinstance(item, bytes) else str(item).encode() for item in array.reshape(-1).tolist()]
-        return b"".join(len(item).to_bytes(4, "little") + item for item in items)
+        return np.array(items, dtype=object).reshape((samples, *shape))
     if not np.can_cast(array.dtype, dtype, "same_kind"):
         raise PyTritonBadParameterError(f"{what}: {str(file)!r} holds {array.dtype}, the input is {np.dtype(dtype)}.")
-    return np.ascontiguousarray(array.reshape(-1), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+    return np.ascontiguousarray(array, dtype=dtype).reshape((samples, *shape))
 
 
-def _input_entry(
-    warmup_input: Any, spec: TensorSpec, what: str, file_name: str, files: Dict[str, bytes]
-) -> Dict[str, Any]:
+def _triton_bytes(sample: npt.NDArray[Any], dtype: type) -> bytes:
+    """One sample in the layout Triton reads a warmup file in (little-endian; BYTES length-prefixed)."""
+    if dtype is np.bytes_:
+        return b"".join(len(item).to_bytes(4, "little") + item for item in sample.reshape(-1).tolist())
+    return np.ascontiguousarray(sample.reshape(-1), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+
+
+def _generated(warmup_input: WarmupInput, dtype: type, shape: Sequence[int], rows: int) -> npt.NDArray[Any]:
+    """``zero_data`` or ``random_data`` as ``(rows, *shape)``, for a warmup pytriton sends itself."""
+    full = (rows, *shape)
+    if dtype is np.bytes_:
+        if warmup_input.zero_data:
+            return np.full(full, b"", dtype=object)
+        rng = np.random.default_rng()
+        letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", dtype=np.uint8)
+        items = [bytes(rng.choice(letters, size=int(rng.integers(8, 33)))) for _ in range(math.prod(full))]
+        return np.array(items, dtype=object).reshape(full)
+    if warmup_input.zero_data:
+        return np.zeros(full, dtype=dtype)
+    rng = np.random.default_rng()
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        return rng.integers(0, 2, size=full).astype(bool)
+    if kind in "iu":
+        return rng.integers(0, min(100, int(np.iinfo(dtype).max)), size=full, dtype=dtype, endpoint=True)
+    return rng.random(size=full).astype(dtype)
+
+
+@dataclasses.dataclass
+class _CheckedInput:
+    """One warmup input, checked: its dtype and shape, and the file's samples if it names a ``.npy`` file."""
+
+    source: WarmupInput
+    dtype: type
+    shape: Tuple[int, ...]
+    samples: Optional[npt.NDArray[Any]] = None  # (1 or batch_size, *shape), from a .npy file
+    raw: Optional[bytes] = None  # a raw file, passed to Triton as it is
+
+    @property
+    def whole_batch(self) -> bool:
+        """True for a file holding more than one sample: only pytriton can send it (module docstring)."""
+        return self.samples is not None and len(self.samples) > 1
+
+
+def _check_input(warmup_input: Any, spec: TensorSpec, batch_size: int, what: str) -> _CheckedInput:
     if not isinstance(warmup_input, WarmupInput):
         raise PyTritonBadParameterError(f"{what}: expected a WarmupInput, got {type(warmup_input).__name__}.")
     dtype = normalize_dtype(warmup_input.dtype, what=what)
@@ -92,16 +147,45 @@ def _input_entry(
         raise PyTritonBadParameterError(
             f"{what}: set exactly one of zero_data=True, random_data=True or input_data_file=..."
         )
-    data_type = "TYPE_STRING" if dtype is np.bytes_ else "TYPE_" + triton_type(dtype)
-    entry: Dict[str, Any] = {"data_type": data_type, "dims": list(shape)}
-    if warmup_input.zero_data:
+    checked = _CheckedInput(warmup_input, dtype, shape)
+    if warmup_input.input_data_file is not None:
+        file = pathlib.Path(warmup_input.input_data_file).expanduser()
+        if not file.is_file():
+            raise PyTritonBadParameterError(f"{what}: input_data_file {str(file)!r} does not exist.")
+        if file.suffix.lower() == ".npy":
+            checked.samples = _load_npy(file, dtype, shape, batch_size, what)
+        else:
+            checked.raw = file.read_bytes()
+    return checked
+
+
+def _triton_entry(checked: _CheckedInput, file_name: str, files: Dict[str, bytes]) -> Dict[str, Any]:
+    """The input's entry of Triton's ``model_warmup`` section (its data file added to ``files``)."""
+    data_type = "TYPE_STRING" if checked.dtype is np.bytes_ else "TYPE_" + triton_type(checked.dtype)
+    entry: Dict[str, Any] = {"data_type": data_type, "dims": list(checked.shape)}
+    if checked.source.zero_data:
         entry["zero_data"] = True
-    elif warmup_input.random_data:
+    elif checked.source.random_data:
         entry["random_data"] = True
     else:
-        files[file_name] = _file_content(warmup_input.input_data_file, dtype, shape, what)
+        samples = checked.samples
+        files[file_name] = _triton_bytes(samples[0], checked.dtype) if samples is not None else checked.raw or b""
         entry["input_data_file"] = file_name
     return entry
+
+
+def _direct_batch(checked: _CheckedInput, batch_size: int, batching: bool, what: str) -> npt.NDArray[Any]:
+    """The input's batch for a warmup pytriton sends itself (no batch axis for a model without batching)."""
+    if checked.raw is not None:
+        raise PyTritonBadParameterError(
+            f"{what}: this warmup cannot run inside Triton (it has data for only some inputs, or a file with "
+            "a whole batch), and then its files must be .npy files: save the data with numpy.save."
+        )
+    if checked.samples is not None:
+        batch = checked.samples if len(checked.samples) == batch_size else np.repeat(checked.samples, batch_size, 0)
+    else:
+        batch = _generated(checked.source, checked.dtype, checked.shape, batch_size)
+    return batch if batching else batch[0]
 
 
 def resolve_warmup(
@@ -110,15 +194,16 @@ def resolve_warmup(
     """Check ``warmups`` against the model's inputs; None when there is no warmup.
 
     ``max_batch_size``: 0 for a model without batching. Raises ``PyTritonBadParameterError``
-    naming the warmup and the input for anything Triton would refuse or run wrongly.
+    naming the warmup and the input for anything that cannot run. When every warmup has data for
+    every required input and one-sample files, Triton runs them (``entries``); otherwise all of the
+    model's warmups, in order, become ``direct`` batches (module docstring).
     """
     if not warmups:
         return None
     if not isinstance(warmups, (list, tuple)):
         raise PyTritonBadParameterError(f"Model {model!r}: model_warmup must be a list of ModelWarmup.")
     specs = {spec.name: spec for spec in inputs}
-    entries: List[Dict[str, Any]] = []
-    files: Dict[str, bytes] = {}
+    parsed: List[Tuple[str, int, int, Dict[str, _CheckedInput], bool]] = []  # name, batch, count, inputs, partial
     for index, warmup in enumerate(warmups):
         if not isinstance(warmup, ModelWarmup):
             raise PyTritonBadParameterError(
@@ -138,12 +223,32 @@ def resolve_warmup(
         unknown = sorted(set(warmup.inputs) - set(specs), key=str)
         if unknown:
             raise PyTritonBadParameterError(f"{label}: {unknown} are not inputs of the model ({sorted(specs)}).")
-        missing = sorted(name for name, spec in specs.items() if not spec.optional and name not in warmup.inputs)
-        if missing:
-            raise PyTritonBadParameterError(f"{label}: no data for the required input(s) {missing}.")
-        input_entries = {}
-        for position, (name, warmup_input) in enumerate(warmup.inputs.items()):
-            file_name = f"w{index}-i{position}.bin"
-            input_entries[name] = _input_entry(warmup_input, specs[name], f"{label}, input {name!r}", file_name, files)
-        entries.append({"name": warmup.name, "batch_size": batch_size, "count": count, "inputs": input_entries})
-    return ResolvedWarmup(entries=entries, files=files)
+        checked = {
+            name: _check_input(warmup_input, specs[name], batch_size, f"{label}, input {name!r}")
+            for name, warmup_input in warmup.inputs.items()
+        }
+        missing = [name for name, spec in specs.items() if not spec.optional and name not in checked]
+        if not checked:
+            raise PyTritonBadParameterError(f"{label}: inputs is empty; give data for at least one input.")
+        parsed.append((warmup.name, batch_size, count, checked, bool(missing)))
+    if not any(partial or any(c.whole_batch for c in warmup_inputs.values()) for *_, warmup_inputs, partial in parsed):
+        entries: List[Dict[str, Any]] = []
+        files: Dict[str, bytes] = {}
+        for index, (name, batch_size, count, warmup_inputs, _) in enumerate(parsed):
+            input_entries = {
+                input_name: _triton_entry(checked_input, f"w{index}-i{position}.bin", files)
+                for position, (input_name, checked_input) in enumerate(warmup_inputs.items())
+            }
+            entries.append({"name": name, "batch_size": batch_size, "count": count, "inputs": input_entries})
+        return ResolvedWarmup(entries=entries, files=files)
+    direct: List[Tuple[str, Dict[str, npt.NDArray[Any]]]] = []
+    for name, batch_size, count, warmup_inputs, _ in parsed:
+        for _ in range(count):  # random data differs between the repetitions, as in Triton's warmup
+            batch = {
+                input_name: _direct_batch(
+                    checked_input, batch_size, max_batch_size > 0, f"Model {model!r}: warmup {name!r}"
+                )
+                for input_name, checked_input in warmup_inputs.items()
+            }
+            direct.append((name, batch))
+    return ResolvedWarmup(entries=[], files={}, direct=direct)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -232,8 +233,9 @@ class BoundModel:
         if not self.config.outputs:
             raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
         warmup = resolve_warmup(config.model_warmup, self.config.inputs, self.config.max_batch_size, model_name)
-        self.config.model_warmup = warmup.entries if warmup is not None else None
+        self.config.model_warmup = warmup.entries if warmup is not None and warmup.entries else None
         self._warmup_files = warmup.files if warmup is not None else {}
+        self.direct_warmup = warmup.direct if warmup is not None else []  # model_config/warmup.py
         self._worker_poll_s = context.polling.worker_us / 1e6
         self._workers: List[Union[InstanceWorker, _process.ProcessInstance]] = []
 
@@ -281,6 +283,30 @@ class BoundModel:
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_metrics.py"), version_dir / "_pytriton_stub_metrics.py")
         shutil.copyfile(pathlib.Path(__file__).with_name("_stub_trace.py"), version_dir / "_pytriton_stub_trace.py")
         shutil.copyfile(_stub_exit.__file__, version_dir / "_pytriton_stub_exit.py")
+
+    def run_direct_warmup(self) -> None:
+        """Hand each callable the warmup batches Triton cannot send (``direct_warmup``), in order.
+
+        As NVIDIA PyTriton does: each callable of the model (one per instance; for process
+        instances, the parent's copy) gets ``[Request(batch)]`` per warmup request, in this process,
+        just before Triton loads the model; a generator is read to its end. A callable that raises
+        makes ``PyTritonModelConfigError``, so the model is not loaded, as with Triton's warmup.
+        """
+        from pytriton.exceptions import PyTritonModelConfigError
+        from pytriton.proxy.types import Request
+
+        for func in self.infer_funcs:
+            for warmup_name, batch in self.direct_warmup:
+                try:
+                    result = func([Request({name: array.copy() for name, array in batch.items()})])
+                    if inspect.isgenerator(result):
+                        for _ in result:
+                            pass
+                except Exception as exc:
+                    raise PyTritonModelConfigError(
+                        f"Model {self.name!r}: warmup {warmup_name!r} failed in the callable: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
 
     def start_workers(self) -> None:
         """Start one worker per instance slot (before Triton loads the model).

@@ -85,9 +85,16 @@ class OutputChecker:
         """
         model = self._model
         if not isinstance(result, (list, tuple)):
+            hint = ""
+            if isinstance(result, dict):  # the shape of a @batch callable's result: the decorator is missing
+                hint = (
+                    " A dict of batched arrays is what a callable decorated with @batch returns: if the function "
+                    "takes inputs by name (def infer(x, y)) and returns one dict for the whole batch, add @batch "
+                    "(from pytriton.decorators import batch) above it."
+                )
             raise PyTritonRuntimeError(
                 f"Model {model!r}: the inference callable returned {type(result).__name__}; it must return a list "
-                f"with one dict of output arrays per request ({n_requests} here)."
+                f"with one dict of output arrays per request ({n_requests} here).{hint}"
             )
         if len(result) != n_requests:
             raise PyTritonRuntimeError(

@@ -104,22 +104,34 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def port_taken(address: str, port: int) -> Optional[str]:
+    """Why ``port`` on ``address`` cannot be bound as tritonserver binds it, or None when it can.
+
+    tritonserver's HTTP, gRPC and metrics listeners set ``SO_REUSEADDR``, so a port whose last
+    connections linger in TIME_WAIT is free for them (checked: a server started on three such ports);
+    the probe sets it too, and only a live socket on the port makes it taken.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def check_ports_free(ports: Dict[str, int], address: str = "127.0.0.1") -> None:
     """Raise ``PyTritonServerError`` naming the first port already taken on ``address``."""
     for label, port in ports.items():
         if port == 0:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            # Same option tritonserver uses, so a port in TIME_WAIT is not reported as busy.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((address, port))
-            except OSError as exc:
-                raise PyTritonServerError(
-                    f"Cannot start Triton: {label} port {port} on {address} is already in use ({exc.strerror}). "
-                    f"Stop the process using it or choose another port (TritonConfig({label}_port=...) "
-                    f"or PYTRITON_TRITON_CONFIG_{label.upper()}_PORT)."
-                ) from None
+        reason = port_taken(address, port)
+        if reason is not None:
+            raise PyTritonServerError(
+                f"Cannot start Triton: {label} port {port} on {address} is already in use ({reason}). "
+                f"Stop the process using it or choose another port (TritonConfig({label}_port=...) "
+                f"or PYTRITON_TRITON_CONFIG_{label.upper()}_PORT)."
+            )
 
 
 class TritonServerProcess:

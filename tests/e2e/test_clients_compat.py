@@ -353,3 +353,28 @@ def test_close_from_another_thread_ends_a_blocked_stream(url):
     thread.join(30)
     assert not thread.is_alive()
     assert len(outcome) == 1 and type(outcome[0]).__name__ == "PyTritonClientClosedError"
+
+
+def test_second_infer_while_a_grpc_stream_is_open_is_refused(server):
+    # NVIDIA PyTriton's decoupled suite: a second infer_* while the first stream is open raises
+    # PyTritonClientInferenceServerError; the first stream still delivers all of its responses.
+    with DecoupledModelClient(server["grpc"], "Ticks") as client:
+        first = client.infer_sample(np.array([3], np.int32))  # sent now; 3 responses 0.1 s apart
+        with pytest.raises(PyTritonClientInferenceServerError, match="still open"):
+            client.infer_sample(np.array([1], np.int32))
+        with pytest.raises(PyTritonClientInferenceServerError, match="still open"):
+            client.infer_batch(np.array([[1]], np.int32))
+        assert [int(o["token"][0]) for o in first] == [0, 1, 2]
+        assert [int(o["token"][0]) for o in client.infer_sample(np.array([2], np.int32))] == [0, 1]
+
+
+def test_second_http_stream_while_one_is_read_is_refused(server):
+    # HTTP streaming (generate_stream) is this project's addition; the same one-stream rule holds
+    # while a stream is being read.
+    with DecoupledModelClient(server["http"], "Ticks") as client:
+        first = client.infer_sample(np.array([3], np.int32))
+        assert int(next(first)["token"][0]) == 0
+        with pytest.raises(PyTritonClientInferenceServerError, match="still being read"):
+            next(client.infer_sample(np.array([1], np.int32)))
+        assert [int(o["token"][0]) for o in first] == [1, 2]
+        assert [int(o["token"][0]) for o in client.infer_sample(np.array([1], np.int32))] == [0]

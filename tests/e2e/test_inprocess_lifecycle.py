@@ -37,13 +37,31 @@ def test_bad_repository_path_and_bad_config(tmp_path):
     bad = tmp_path / "bad"
     (bad / "broken" / "1").mkdir(parents=True)
     (bad / "broken" / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\nmax_batch_size: oops\n')
-    with pytest.raises(tritonserver.InternalError, match="failed to load all models.*log_error=True"):
+    # Without a log configured, the error quotes the model's reason (pytriton/inprocess/_errorlog.py).
+    expected = "failed to load all models: 'broken': failed to read text proto"
+    with pytest.raises(tritonserver.InternalError, match=expected):
         tritonserver.Server(model_repository=str(bad)).start()
     log = tmp_path / "triton.log"
     with pytest.raises(tritonserver.InternalError, match="failed to load all models"):
         tritonserver.Server(model_repository=str(bad), log_file=str(log), log_error=True).start()
     assert "failed to read text proto" in log.read_text() and "broken" in log.read_text()  # the reason, logged
     assert wait_for(lambda: set(child_stubs()) <= before, 20)
+
+
+def test_syntax_error_in_model_py_is_quoted_in_the_start_error(tmp_path):
+    repository = write_repository(tmp_path / "repo", ("add_sub",))
+    model_py = repository / "add_sub" / "1" / "model.py"
+    source = model_py.read_text()
+    broken = source.replace("def execute(self, requests):", "def execute(self, requests)", 1)
+    assert broken != source
+    model_py.write_text(broken)
+    server = tritonserver.Server(model_repository=str(repository))
+    with pytest.raises(tritonserver.InternalError) as info:
+        server.start(wait_until_ready=True, timeout=60)
+    assert "failed to load all models: 'add_sub' version 1" in str(info.value)
+    assert "SyntaxError" in str(info.value) and "model.py, line" in str(info.value)
+    assert server._error_log is None  # the private log is gone with the failed start
+    server.stop()
 
 
 def test_explicit_control_and_lifecycle(tmp_path):

@@ -740,7 +740,26 @@ def bound():
                 model_version=version,
             )
         triton.run()
-        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}"}
+        yield {
+            "http": f"127.0.0.1:{ports['http_port']}",
+            "grpc": f"127.0.0.1:{ports['grpc_port']}",
+            "token": triton.get_access_token(),
+        }
+
+
+@pytest.mark.parametrize("name", ["http", "grpc"])
+def test_documented_token_header_opens_a_restricted_server(bound, name):
+    # docs/legacy-client.md: http_headers=["triton-access-token:<token>"] over either protocol. Over
+    # gRPC Triton reads the token only under its own metadata key; the transport renames it.
+    url, protocol = bound[name], PROTOCOLS[name]
+    with ModelRepositoryContext(url, protocol) as repo, pytest.raises(InferenceServerException):
+        repo.get_model_repository_index()  # restricted: refused without the token
+    headers = [f"triton-access-token:{bound['token']}"]
+    with ModelRepositoryContext(url, protocol, http_headers=headers) as repo:
+        names = [entry.name for entry in repo.get_model_repository_index().models]
+    assert names == ["AddSub", "Params", "Shout", "Versioned"]
+    with ServerStatusContext(url, protocol, "AddSub", http_headers=headers) as status:
+        assert list(status.get_server_status().model_status) == ["AddSub"]
 
 
 @pytest.mark.parametrize("name", ["http", "grpc"])

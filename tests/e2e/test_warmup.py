@@ -129,6 +129,62 @@ def test_model_serves_after_warmup(warm):
     assert len(recorder.calls) == before + 1 and recorder.calls[-1]["ready"]
 
 
+# -- warmups Triton cannot express, accepted as NVIDIA PyTriton 0.7 accepts them --------------------
+# (Before the tests whose failing warmup may crash Triton 2.51: a bind while pytriton restarts the
+# server is a different story.)
+PAIR_INPUTS = [Tensor(name="a", shape=(-1,), dtype=np.int64), Tensor(name="b", shape=(-1,), dtype=np.int64)]
+PAIR_OUTPUTS = [Tensor(name="a_out", shape=(-1,), dtype=np.int64), Tensor(name="b_out", shape=(-1,), dtype=np.int64)]
+
+
+def test_warmup_for_some_inputs_and_a_whole_batch_file_reach_the_callable(warm, tmp_path):
+    triton, _ = warm
+    positions = np.arange(15, dtype=np.int64).reshape(3, 5)
+    np.save(tmp_path / "positions.npy", positions)
+    calls = []
+
+    @batch
+    def echo(**inputs):
+        calls.append({name: array.copy() for name, array in inputs.items()})
+        return {f"{name}_out": array for name, array in inputs.items()}
+
+    warmups = [
+        ModelWarmup("only_a", 2, {"a": WarmupInput(np.int64, (4,), zero_data=True)}),
+        ModelWarmup(
+            "whole_batch",
+            3,
+            {
+                "a": WarmupInput(np.int64, (5,), input_data_file=tmp_path / "positions.npy"),
+                "b": WarmupInput(np.int64, (2,), random_data=True),
+            },
+        ),
+    ]
+    triton.bind("Partial", echo, PAIR_INPUTS, PAIR_OUTPUTS, config=ModelConfig(max_batch_size=4, model_warmup=warmups))
+    assert [sorted(call) for call in calls] == [["a"], ["a", "b"]]
+    assert calls[0]["a"].shape == (2, 4) and not calls[0]["a"].any()
+    np.testing.assert_array_equal(calls[1]["a"], positions)
+    assert calls[1]["b"].shape == (3, 2)
+    with ModelClient(triton.grpc_url, "Partial") as client:
+        result = client.infer_sample(a=np.arange(2), b=np.arange(3))
+    np.testing.assert_array_equal(result["b_out"], [0, 1, 2])
+
+
+def test_failing_warmup_pytriton_sends_is_reported_and_not_served(warm):
+    triton, _ = warm
+
+    def refuses(requests):
+        raise ValueError("cannot warm up: weights missing")
+
+    warmups = [ModelWarmup("partial", 1, {"a": WarmupInput(np.int64, (2,), zero_data=True)})]
+    config = ModelConfig(max_batch_size=4, model_warmup=warmups)
+    with pytest.raises(PyTritonModelConfigError, match="warmup 'partial' failed in the callable: ValueError: cannot"):
+        triton.bind("PartialCold", refuses, PAIR_INPUTS, PAIR_OUTPUTS, config=config)
+    client = httpclient.InferenceServerClient(triton.http_url[len("http://") :])
+    try:
+        assert not client.is_model_ready("PartialCold")
+    finally:
+        client.close()
+
+
 FAILED_WARMUP = "warmup sample 'smoke'.*weights missing|died while loading it.*warmup fails"
 
 

@@ -154,7 +154,7 @@ def test_warmup_generates_the_triton_section(tmp_path):
     [
         (ModelWarmup("w", 1, {"x": WarmupInput(np.float32, (3,))}), "exactly one"),
         (ModelWarmup("w", 1, {"x": WarmupInput(np.float32, (3,), zero_data=True, random_data=True)}), "exactly one"),
-        (ModelWarmup("w", 1, {"x": WarmupInput(np.float32, (3,), zero_data=True)}), "required input"),
+        (ModelWarmup("w", 1, {}), "inputs is empty"),
         (ModelWarmup("w", 1, {"nope": WarmupInput(np.float32, (3,), zero_data=True)}), "not inputs"),
         (ModelWarmup("w", 9, {"x": WarmupInput(np.float32, (3,), zero_data=True)}), "max_batch_size"),
         (ModelWarmup("w", 1, {"x": WarmupInput(np.float32, (3,), zero_data=True)}, count=0), "count"),
@@ -164,9 +164,70 @@ def test_warmup_generates_the_triton_section(tmp_path):
     ],
 )
 def test_bad_warmups_are_refused_at_bind(warmup, problem):
-    inputs = _warmup_inputs()[:1] if problem != "required input" else _warmup_inputs()
+    inputs = _warmup_inputs()[:1]
     with pytest.raises(PyTritonBadParameterError, match=problem):
         resolve_warmup([warmup], inputs, 4, "M")
+
+
+def test_warmup_for_some_inputs_becomes_batches_pytriton_sends(tmp_path):
+    # NVIDIA PyTriton 0.7 accepts data for only some inputs; Triton refuses such a request, so every
+    # warmup of the model becomes a ready batch, in order and count times, and Triton gets none.
+    warmups = [
+        ModelWarmup("zeros", 2, {"x": WarmupInput(np.float32, (3,), zero_data=True)}, count=2),
+        ModelWarmup("strings", 1, {"s": WarmupInput(bytes, (1,), random_data=True)}),
+        ModelWarmup(
+            "all",
+            3,
+            {"x": WarmupInput(np.float32, (2,), random_data=True), "s": WarmupInput(bytes, (1,), zero_data=True)},
+        ),
+    ]
+    resolved = resolve_warmup(warmups, _warmup_inputs(), 4, "M")
+    assert resolved is not None and resolved.entries == [] and resolved.files == {}
+    assert [(name, sorted(batch)) for name, batch in resolved.direct] == [
+        ("zeros", ["x"]),
+        ("zeros", ["x"]),
+        ("strings", ["s"]),
+        ("all", ["s", "x"]),
+    ]
+    zeros = resolved.direct[0][1]["x"]
+    assert zeros.shape == (2, 3) and zeros.dtype == np.float32 and not zeros.any()
+    strings = resolved.direct[2][1]["s"]
+    assert strings.shape == (1, 1) and isinstance(strings[0, 0], bytes) and len(strings[0, 0]) >= 8
+    last = resolved.direct[3][1]
+    assert last["x"].shape == (3, 2) and last["s"].tolist() == [[b""]] * 3
+
+
+def test_warmup_file_with_a_whole_batch_is_sent_as_that_batch(tmp_path):
+    positions = np.arange(15, dtype=np.int64).reshape(3, 5)
+    np.save(tmp_path / "batch.npy", positions)
+    np.save(tmp_path / "one.npy", np.arange(5, dtype=np.int64))
+    inputs = [TensorSpec("p", (-1,), np.int64)]
+    whole = ModelWarmup("batch", 3, {"p": WarmupInput(np.int64, (5,), input_data_file=tmp_path / "batch.npy")})
+    resolved = resolve_warmup([whole], inputs, 4, "M")
+    assert resolved is not None and resolved.entries == []
+    np.testing.assert_array_equal(resolved.direct[0][1]["p"], positions)
+    # One sample and every input: Triton's own warmup, as before.
+    one = ModelWarmup("one", 3, {"p": WarmupInput(np.int64, (5,), input_data_file=tmp_path / "one.npy")})
+    native = resolve_warmup([one], inputs, 4, "M")
+    assert native is not None and native.direct == [] and native.entries[0]["batch_size"] == 3
+    # Mixed with a whole batch: the one-sample file is repeated over its batch.
+    mixed = resolve_warmup([whole, one], inputs, 4, "M")
+    assert mixed is not None and mixed.entries == []
+    np.testing.assert_array_equal(mixed.direct[1][1]["p"], np.tile(np.arange(5), (3, 1)))
+    with pytest.raises(PyTritonBadParameterError, match="a batch of 2 needs 10"):
+        resolve_warmup([ModelWarmup("w", 2, whole.inputs)], inputs, 4, "M")
+
+
+def test_direct_warmup_of_a_model_without_batching_has_no_batch_axis(tmp_path):
+    (tmp_path / "raw.bin").write_bytes(np.zeros(3, "<f4").tobytes())
+    inputs = [TensorSpec("x", (3,), np.float32), TensorSpec("y", (3,), np.float32)]
+    resolved = resolve_warmup(
+        [ModelWarmup("w", 1, {"x": WarmupInput(np.float32, (3,), zero_data=True)})], inputs, 0, "M"
+    )
+    assert resolved is not None and resolved.direct[0][1]["x"].shape == (3,)
+    raw = ModelWarmup("w", 1, {"x": WarmupInput(np.float32, (3,), input_data_file=tmp_path / "raw.bin")})
+    with pytest.raises(PyTritonBadParameterError, match=r"\.npy files"):
+        resolve_warmup([raw], inputs, 0, "M")
 
 
 def test_version_policy_only_for_several_versions():

@@ -99,7 +99,7 @@ def test_report_exit_code_and_failure_line(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "FAILED: /dev/shm: grow it" in out
     monkeypatch.setattr(check, "check_shm", lambda: [check.Item("/dev/shm", check.OK, "plenty")])
-    monkeypatch.setattr(check, "check_ports", lambda environ: [])
+    monkeypatch.setattr(check, "check_ports", lambda environ, ports=None: [])
     monkeypatch.setattr(check, "check_server", lambda: [])
     monkeypatch.setattr(check, "check_numpy", lambda: [])
     monkeypatch.setattr(check, "check_python", lambda: [])
@@ -113,10 +113,79 @@ def test_cli_has_check_with_flags(monkeypatch):
 
     seen = {}
 
-    def fake_main(json_output, smoke):
-        seen.update(json_output=json_output, smoke=smoke)
+    def fake_main(json_output, smoke, ports):
+        seen.update(json_output=json_output, smoke=smoke, ports=ports)
         return 3
 
     monkeypatch.setattr(check, "main", fake_main)
     assert _cli.main(["check", "--json", "--no-smoke"]) == 3
-    assert seen == {"json_output": True, "smoke": False}
+    assert seen == {"json_output": True, "smoke": False, "ports": {"http": None, "grpc": None, "metrics": None}}
+    assert _cli.main(["check", "--http-port", "9000", "--metrics-port=9002"]) == 3
+    assert seen == {"json_output": False, "smoke": True, "ports": {"http": 9000, "grpc": None, "metrics": 9002}}
+
+
+def test_ports_given_on_the_command_line_win_and_each_item_says_where_it_came_from():
+    env = {"PYTRITON_TRITON_CONFIG_HTTP_PORT": "18123", "PYTRITON_TRITON_CONFIG_GRPC_PORT": "18124"}
+    checked = []
+
+    def port_free(address, port):
+        checked.append(port)
+        return True
+
+    items = check.check_ports(env, port_free=port_free, ports={"http": 19000, "grpc": None})
+    assert checked == [19000, 18124, 8002]
+    assert [item.detail for item in items] == [
+        "free (from --http-port)",
+        "free (from PYTRITON_TRITON_CONFIG_GRPC_PORT)",
+        "free (from default)",
+    ]
+
+
+def test_a_taken_port_names_a_fix_a_command_line_can_use():
+    item = check.check_ports({}, port_free=lambda address, port: port != 8001)[1]
+    assert item.status == check.FAIL and item.name == "grpc port 0.0.0.0:8001"
+    assert "PYTRITON_TRITON_CONFIG_GRPC_PORT=<port>" in item.fix
+    assert "pytriton check --grpc-port <port>" in item.fix
+
+
+def _time_wait_port():
+    """A loopback port whose only socket is a connection in TIME_WAIT, left as a stopped server leaves it.
+
+    The listener sets SO_REUSEADDR as tritonserver's do; the server side closes first, so the TIME_WAIT
+    entry holds the listening port.
+    """
+    import socket
+    import time
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()
+        time.sleep(0.05)  # the client sees the FIN before it closes: the server side is the active closer
+        client.close()
+    return port
+
+
+def test_a_port_in_time_wait_is_free_and_a_listening_one_is_not():
+    import socket
+
+    port = _time_wait_port()
+    with socket.socket() as plain:  # the old probe: no SO_REUSEADDR, so TIME_WAIT looked "in use"
+        try:
+            plain.bind(("127.0.0.1", port))
+            time_wait_blocks_a_plain_bind = False
+        except OSError:
+            time_wait_blocks_a_plain_bind = True
+    assert time_wait_blocks_a_plain_bind
+    item = check.check_ports({}, ports={"http": port})[0]
+    assert item.status == check.OK, item
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        taken = listener.getsockname()[1]
+        item = check.check_ports({"PYTRITON_TRITON_CONFIG_HTTP_ADDRESS": "127.0.0.1"}, ports={"http": taken})[0]
+        assert item.status == check.FAIL and item.detail == "in use (from --http-port)"

@@ -263,6 +263,62 @@ def test_wait_for_model_times_out_with_a_clear_message(driver):
         _drive(driver, _core().wait_for_model(0.2), server)
 
 
+class NotReadyServer(FakeServer):
+    """A server up and answering, whose model never becomes ready; ``index`` None: the index is restricted.
+
+    ``metadata_error``: Triton's answer to a metadata request for the model.
+    """
+
+    metadata_error = "Request for unknown model: 'AddSub' has no available versions"
+
+    def get_model_metadata(self, name: str, version: str = "", **_: Any) -> Any:
+        self.calls.append("get_model_metadata")
+        raise InferenceServerException(self.metadata_error, status="404")
+
+    def is_model_ready(self, name: str, version: str = "", **_: Any) -> bool:
+        self.calls.append("is_model_ready")
+        return False
+
+    def get_model_repository_index(self, **_: Any) -> Any:
+        self.calls.append("get_model_repository_index")
+        if self.index is None:
+            raise InferenceServerException("This API is restricted", status="403")
+        return self.index
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("index", [[{"name": "Other", "version": "1", "state": "READY"}], {"models": []}])
+def test_wait_for_a_model_the_server_does_not_know_fails_at_once(driver, index):
+    server = NotReadyServer()
+    server.index = index  # HTTP's list and gRPC's {"models": [...]}, neither naming AddSub
+    with pytest.raises(PyTritonClientModelUnavailableError, match="no model 'AddSub'"):
+        _drive(driver, _core().wait_for_model(600.0), server)
+    assert server.calls.count("is_model_ready") == 1  # no polling
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_without_the_index_metadata_not_found_means_unknown(driver):
+    server = NotReadyServer()
+    server.index = None  # restricted: the metadata answer decides
+    server.metadata_error = "Request for unknown model: 'AddSub' is not found"
+    with pytest.raises(PyTritonClientModelUnavailableError, match="no model 'AddSub'; check"):
+        _drive(driver, _core().wait_for_model(600.0), server)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    "index", [[{"name": "AddSub", "version": "1", "state": "LOADING"}], {"models": [{"name": "AddSub"}]}, None]
+)
+def test_wait_for_a_known_model_polls_until_the_timeout(driver, index):
+    # Known but loading (or listed without versions), or, with the index restricted, a metadata
+    # answer saying it is loading: waited for.
+    server = NotReadyServer()
+    server.index = index
+    with pytest.raises(PyTritonClientTimeoutError, match="model 'AddSub' is not ready"):
+        _drive(driver, _core().wait_for_model(0.3), server)
+    assert server.calls.count("is_model_ready") > 1
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_model_state_from_http_and_grpc_indexes(driver):
     server = FakeServer()
@@ -522,6 +578,47 @@ def test_stream_error_then_next_stream_both_drivers(fake_stream):
     assert asyncio.run(main()) == [0, 1]
 
 
+def test_a_second_infer_while_a_stream_is_open_is_refused(fake_stream):
+    fake_stream.gap_s = 0.3
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        first = client.infer_sample(np.array([2], np.int32))  # sent at once, as in NVIDIA PyTriton
+        assert fake_stream.calls.count("start_stream") == 1
+        with pytest.raises(PyTritonClientInferenceServerError, match="still open"):
+            client.infer_batch(np.array([[2]], np.int32))
+        assert fake_stream.calls.count("start_stream") == 1  # the refused call sent nothing
+        assert _tokens(first) == [0, 1]
+        assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]  # read to its end: free again
+
+
+def test_a_dropped_stream_frees_the_client_once_the_server_ends_it(fake_stream):
+    import time
+
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        client.infer_sample(np.array([2], np.int32))  # never read
+        deadline = time.monotonic() + 10
+        while client._grpc_stream is not None and not client._grpc_stream.ended.is_set():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]
+        assert fake_stream.stops == [False, False]  # the dropped one half-closed before the next started
+        client.infer_sample(np.array([2], np.int32))  # open and unread at close(): close ends it
+    assert len(fake_stream.stops) == 3
+
+
+def test_grpc_stream_headers_carry_the_token_under_tritons_grpc_key(fake_stream):
+    seen = {}
+    original = fake_stream.start_stream
+
+    def start_stream(callback, headers=None):
+        seen.update(headers or {})
+        original(callback, headers)
+
+    fake_stream.start_stream = start_stream
+    with DecoupledModelClient("grpc://fake:1", "Gen") as client:
+        list(client.infer_sample(np.array([1], np.int32), headers={"Triton-Access-Token": "t0k", "x-id": 3}))
+    assert seen == {"triton-grpc-protocol-triton-access-token": "t0k", "x-id": "3"}
+
+
 def test_asyncio_stream_bounds_each_wait(fake_stream):
     fake_stream.gap_s = 1.0
 
@@ -533,3 +630,12 @@ def test_asyncio_stream_bounds_each_wait(fake_stream):
 
     asyncio.run(main())
     assert fake_stream.stops == [True]  # the abandoned request was cancelled
+
+
+def test_plain_wait_for_model_ready_waits_even_for_an_unknown_name():
+    # The utils poll keeps NVIDIA PyTriton's contract: only the timeout error, whatever the name.
+    server = NotReadyServer()
+    server.index = []
+    with pytest.raises(PyTritonClientTimeoutError, match="model 'AddSub' is not ready"):
+        wait_for_model_ready(server, "AddSub", timeout_s=0.3)
+    assert "get_model_repository_index" not in server.calls

@@ -381,3 +381,58 @@ def test_array_address_matches_numpy_for_every_layout():
         np.ones(()),
     ]
     assert [_tensor.array_address(array) for array in arrays] == [array.ctypes.data for array in arrays]
+
+
+def test_gpu_metrics_stay_off_without_an_nvidia_driver_unless_verbose(monkeypatch):
+    # DCGM prints "Error: Failed to initialize NVML" to the process's stderr where no driver answers.
+    from pytriton.inprocess import _server
+
+    def gpu_metrics_flag(available: bool, **options: Any) -> Any:
+        monkeypatch.setattr(_server, "nvml_available", lambda: available)
+        fake = FakeCDLL()
+        tritonserver.Options(model_repository="r", **options)._apply(_lib.Library(fake), 1, "p-")
+        ((_, flag),) = fake.called("TRITONSERVER_ServerOptionsSetGpuMetrics")
+        return flag
+
+    assert gpu_metrics_flag(False) is False
+    assert gpu_metrics_flag(False, log_verbose=1) is True  # the line stays available for diagnosis
+    assert gpu_metrics_flag(True) is True
+    assert gpu_metrics_flag(True, gpu_metrics=False) is False
+
+
+def test_nvml_probe_answers_once(monkeypatch):
+    from pytriton.inprocess import _server
+
+    monkeypatch.setattr(_server, "_NVML", [])
+    first = _server.nvml_available()
+    assert isinstance(first, bool)
+    assert _server.nvml_available() is first
+    assert len(_server._NVML) == 1
+
+
+def test_error_log_quotes_each_model_that_did_not_load():
+    from pytriton.inprocess._errorlog import ErrorLog
+
+    log = ErrorLog()
+    try:
+        assert log.load_failures() == []  # nothing written yet
+        directory = pathlib.Path(log.path).parent
+        assert directory.stat().st_mode & 0o777 == 0o700
+        pathlib.Path(log.path).write_text(
+            'E1126 11:51:01.425717 3063 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+            'E1126 11:51:01.958505 3063 backend_model.cc:692] "ERROR: Failed to create instance: SyntaxError: x"\n'
+            "E1126 11:51:01.958610 3063 model_lifecycle.cc:642] \"failed to load 'add_sub' version 1: Internal: "
+            "SyntaxError: expected ':' (model.py, line 17)\"\n"
+            'E1126 11:51:12.416954 4258 model_repository_manager.cc:1460] "Poll failed for model directory '
+            "'broken': failed to read text proto from /r/broken/config.pbtxt\"\n"
+            "E1126 11:51:02.000000 3063 model_lifecycle.cc:642] \"failed to load 'add_sub' version 1: Internal: "
+            "SyntaxError: expected ':' (model.py, line 17)\"\n"
+        )
+        assert log.load_failures() == [
+            "'add_sub' version 1: Internal: SyntaxError: expected ':' (model.py, line 17)",
+            "'broken': failed to read text proto from /r/broken/config.pbtxt",
+        ]
+    finally:
+        log.remove()
+    assert not directory.exists()
+    log.remove()  # idempotent

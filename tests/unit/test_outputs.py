@@ -149,8 +149,12 @@ def test_unknown_outputs_and_bad_containers_are_explained():
     checker = _checker(F32)
     with pytest.raises(PyTritonRuntimeError, match=r"has output 'z', which is not among the declared outputs \['y'\]"):
         checker.check([{"z": np.ones((1, 1), np.float32)}], 1)
-    with pytest.raises(PyTritonRuntimeError, match="must return a list"):
-        checker.check({"y": np.ones((1, 1), np.float32)}, 1)
+    with pytest.raises(PyTritonRuntimeError, match="must return a list.*add @batch") as info:
+        checker.check({"y": np.ones((1, 1), np.float32)}, 1)  # a dict: the shape of a @batch result
+    assert "from pytriton.decorators import batch" in str(info.value)
+    with pytest.raises(PyTritonRuntimeError, match="must return a list") as info:
+        checker.check(np.ones((1, 1), np.float32), 1)
+    assert "@batch" not in str(info.value)  # only a dict hints at the missing decorator
     with pytest.raises(PyTritonRuntimeError, match="2 results for 1 requests"):
         checker.check([{}, {}], 1)
     with pytest.raises(PyTritonRuntimeError, match="result 0 is tuple, expected a dict"):

@@ -339,3 +339,36 @@ def test_shm_guard_makes_new_and_reopened_entries_private_at_once():
         ours.unlink(missing_ok=True)
         theirs.unlink(missing_ok=True)
     assert "pytriton-shm-guard" not in {thread.name for thread in threading.enumerate()}
+
+
+def test_grpc_metadata_renames_the_http_token_header_only():
+    from pytriton.client.auth import grpc_metadata
+
+    assert grpc_metadata(None) is None
+    assert grpc_metadata({"Triton-Access-Token": "t", "X-Trace": "1"}) == {
+        "triton-grpc-protocol-triton-access-token": "t",
+        "x-trace": "1",
+    }
+    already = {"triton-grpc-protocol-triton-access-token": "t"}
+    assert grpc_metadata(already) == already
+
+
+def test_unary_grpc_request_headers_carry_the_token_under_tritons_grpc_key():
+    import tritonclient.grpc
+
+    from pytriton.client._core import ClientCore
+    from pytriton.client._url import parse_url
+    from pytriton.model_config.generator import from_dict
+
+    config = from_dict(
+        {
+            "name": "M",
+            "max_batch_size": 0,
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+        }
+    )
+    core = ClientCore(parse_url("grpc://fake:1"), "M", None, 1.0, 1.0)
+    arrays = {"x": np.zeros(1, np.float32)}
+    request = core.build_request(arrays, config, None, {"triton-access-token": "t"}, tritonclient.grpc)
+    assert request["headers"] == {"triton-grpc-protocol-triton-access-token": "t"}

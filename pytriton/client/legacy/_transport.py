@@ -18,6 +18,7 @@ import queue
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from pytriton.client.auth import grpc_metadata
 from pytriton.client.legacy._errors import InferenceServerException, translated
 
 LOGGER = logging.getLogger(__name__)
@@ -174,7 +175,9 @@ class Connection:
     """One legacy context's link to one server over one protocol, with its extra headers.
 
     ``headers`` are sent with every request: as HTTP headers over HTTP and as gRPC metadata over
-    gRPC (names lower-cased, as gRPC requires), so an access token reaches either endpoint.
+    gRPC (names lower-cased, as gRPC requires), so an access token reaches either endpoint: the
+    documented ``triton-access-token`` header travels over gRPC as
+    ``triton-grpc-protocol-triton-access-token``, the only key Triton reads there.
     """
 
     def __init__(self, url: str, protocol: Any, verbose: bool = False, http_headers: Optional[Iterable[str]] = None):
@@ -182,9 +185,9 @@ class Connection:
         self.url = normalize_url(url)
         self.verbose = bool(verbose)
         parsed = parse_headers(http_headers)
-        self.headers: Dict[str, str] = (
-            {name.lower(): value for name, value in parsed.items()} if self.protocol is ProtocolType.GRPC else parsed
-        )
+        # gRPC: lower-case names, and the access token under Triton's gRPC key (see grpc_metadata).
+        grpc_headers = grpc_metadata(parsed) if self.protocol is ProtocolType.GRPC else None
+        self.headers: Dict[str, str] = parsed if grpc_headers is None else grpc_headers
         self._closed = False
         self._grpc: Any = None
         self._http: Optional[_HttpWorkers] = None
