@@ -74,10 +74,8 @@ def _bind(triton: Triton):
 @pytest.fixture(scope="module", params=["grpc", "inprocess"])
 def frontend(request):
     """One Triton per backend (launched: gRPC; embedded: in-process), with a keyed frontend in front."""
-    if request.param == "grpc":
-        triton = Triton(config=TritonConfig(**triton_ports()))
-    else:
-        triton = Triton(embedded=True)
+    embedded = request.param == "inprocess"
+    triton = Triton(embedded=True) if embedded else Triton(config=TritonConfig(**triton_ports()))
     try:
         models = _bind(triton)
         triton.run()
