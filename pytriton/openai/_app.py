@@ -135,6 +135,8 @@ def _lookup(models: Mapping[str, Tuple[_T, ModelInfo]], name: str) -> Tuple[_T, 
 
 async def _all(coroutines: List[Awaitable[_T]]) -> List[_T]:
     """Await all; if one fails, cancel the others (their streams close) and raise its error."""
+    if len(coroutines) == 1:  # the usual case: no task to create
+        return [await coroutines[0]]
     tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
     try:
         return list(await asyncio.gather(*tasks))

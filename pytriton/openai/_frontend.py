@@ -176,7 +176,10 @@ class OpenAIFrontend:
             raise PyTritonInvalidOperationError("The OpenAI frontend is already started.")
         make_backend = self._backend_factory()
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+        # accepted sockets inherit it. With proto 0, Nagle held each response's body behind its headers
+        # until the client's delayed ACK: 44 ms per request instead of about 1 ms.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self._host, self._port))

@@ -71,3 +71,30 @@ def test_a_model_that_cannot_be_reached_fails_start_and_leaves_nothing_listening
         frontend.start()
     assert frontend._thread is None and frontend._socket is None
     assert frontend.url.startswith("http://127.0.0.1:") and frontend.url.endswith("/v1")
+
+
+def test_start_serve_stop_on_a_fake_backend(monkeypatch):
+    """The whole lifecycle without Triton: the socket is TCP (so asyncio sets TCP_NODELAY), requests are
+    served with the key, stop() ends the thread and frees the port."""
+    import httpx
+
+    from tests.unit.test_openai_app import TEXT_CONFIG, FakeBackend
+
+    class Backend(FakeBackend):
+        async def config(self, model, version):
+            return TEXT_CONFIG
+
+    monkeypatch.setattr(OpenAIFrontend, "_backend_factory", lambda self: Backend)
+    frontend = OpenAIFrontend("grpc://unused:1", [ChatModel("tiny", "chat")], port=0, api_key="k")
+    with frontend:
+        assert frontend._socket.proto == socket.IPPROTO_TCP
+        thread = frontend._thread
+        headers = {"Authorization": "Bearer k"}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+        answer = httpx.post(frontend.url + "/chat/completions", json=body, headers=headers, timeout=10).json()
+        assert answer["choices"][0]["message"]["content"] == "whole answer"
+        with pytest.raises(PyTritonInvalidOperationError, match="already started"):
+            frontend.start()
+    assert not thread.is_alive()
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", frontend.port))  # the port is free again
