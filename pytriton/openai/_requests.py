@@ -180,6 +180,15 @@ def _messages(body: Mapping[str, Any]) -> List[Dict[str, Any]]:
     return messages
 
 
+def _texts(body: Mapping[str, Any], name: str) -> List[str]:
+    """Field ``name`` as a list of texts: a string, or a non-empty list of strings (token ids are refused)."""
+    value = body.get(name)
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
+        raise invalid_request(f"'{name}' is required: a string or a non-empty list of strings.", name)
+    return texts
+
+
 def parse_chat(body: Mapping[str, Any]) -> TextRequest:
     """A ``/v1/chat/completions`` body, validated."""
     model = _model_name(body)
@@ -193,10 +202,7 @@ def parse_chat(body: Mapping[str, Any]) -> TextRequest:
 def parse_completion(body: Mapping[str, Any]) -> TextRequest:
     """A ``/v1/completions`` body, validated (a text prompt or a list of them; token ids are refused)."""
     model = _model_name(body)
-    prompt = body.get("prompt")
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(text, str) for text in prompts):
-        raise invalid_request("'prompt' is required: a string or a non-empty list of strings.", "prompt")
+    prompts = _texts(body, "prompt")
     _refuse(body, "logprobs", "echo", "suffix")
     _integer(body, "best_of", 1, 1)  # 1 is the default and all this server does
     n = _integer(body, "n", 1, MAX_CHOICES) or 1
@@ -211,10 +217,7 @@ def parse_completion(body: Mapping[str, Any]) -> TextRequest:
 def parse_embeddings(body: Mapping[str, Any]) -> EmbeddingRequest:
     """A ``/v1/embeddings`` body, validated (texts only; token ids and ``dimensions`` are refused)."""
     model = _model_name(body)
-    value = body.get("input")
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
-        raise invalid_request("'input' is required: a string or a non-empty list of strings.", "input")
+    texts = _texts(body, "input")
     if len(texts) > 2048:
         raise invalid_request("'input' may hold at most 2048 texts.", "input")
     encoding_format = body.get("encoding_format") or "float"
