@@ -68,7 +68,8 @@ def _bind(triton: Triton):
     text = [Tensor(name="text", shape=(1,), dtype=bytes)]
     triton.bind("slow", slow_stream, messages, text, config=ModelConfig(max_batch_size=1, decoupled=True))
     triton.bind("fails", fails, messages, text, config=ModelConfig(max_batch_size=1))
-    return [*models, ChatModel("slow", "slow"), ChatModel("fails", "fails")]
+    triton.bind("gone", fails, messages, text, config=ModelConfig(max_batch_size=1))  # unbound by the last test
+    return [*models, ChatModel("slow", "slow"), ChatModel("fails", "fails"), ChatModel("gone", "gone")]
 
 
 @pytest.fixture(scope="module", params=["grpc", "inprocess"])
@@ -97,7 +98,7 @@ def _tag() -> str:
 
 def test_model_list(frontend):
     client = _client(frontend)
-    assert sorted(model.id for model in client.models.list()) == ["fails", "slow", "tiny-chat", "tiny-embed"]
+    assert sorted(model.id for model in client.models.list()) == ["fails", "gone", "slow", "tiny-chat", "tiny-embed"]
     assert client.models.retrieve("tiny-chat").owned_by == "pytriton"
 
 
@@ -258,3 +259,15 @@ def test_curl(frontend):
     assert [m["id"] for m in json.loads(curl(f"{frontend.url}/models"))["data"]][0] == "fails"
     missing = json.loads(curl(*post, json.dumps({**body, "model": "x"}), f"{frontend.url}/chat/completions"))
     assert missing["error"]["code"] == "model_not_found"
+
+
+def test_a_model_unbound_under_the_frontend_is_503_and_health_says_so(frontend):
+    """Runs last for each Triton: it unbinds a model the frontend serves."""
+    frontend.triton.unbind("gone")
+    client = _client(frontend)
+    with pytest.raises(openai.InternalServerError) as unavailable:
+        client.chat.completions.create(model="gone", messages=MESSAGES)
+    assert unavailable.value.status_code == 503 and unavailable.value.code == "service_unavailable"
+    health = httpx.get(frontend.url.replace("/v1", "/health"), timeout=30)
+    assert health.status_code == 503 and health.json()["models_not_ready"] == ["gone"]
+    assert client.chat.completions.create(model="tiny-chat", messages=MESSAGES).choices[0].message.content
