@@ -228,6 +228,10 @@ def test_raw_httpx_stream_format_and_errors(frontend):
         _check_event_stream(raw)
         assert client.post("/chat/completions", content=b"{").json()["error"]["code"] == "invalid_json"
         assert client.get("/models", headers={"Authorization": "Bearer no"}).status_code == 401
+        # Nothing of Triton's own API is reachable through the frontend.
+        root = frontend.url[: -len("/v1")]
+        assert client.post(root + "/v2/repository/index").status_code == 404
+        assert client.get(root + "/v2/models/chat/config").json()["error"]["type"] == "not_found_error"
         health = httpx.get(frontend.url.replace("/v1", "/health"), timeout=30)
         assert health.json() == {"status": "ok"}
 

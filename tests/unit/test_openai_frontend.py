@@ -98,3 +98,37 @@ def test_start_serve_stop_on_a_fake_backend(monkeypatch):
     assert not thread.is_alive()
     with socket.socket() as again:
         again.bind(("127.0.0.1", frontend.port))  # the port is free again
+
+
+def test_serve_blocks_until_a_signal_then_stops(monkeypatch):
+    import os
+    import signal
+    import threading
+
+    from tests.unit.test_openai_app import TEXT_CONFIG, FakeBackend
+
+    class Backend(FakeBackend):
+        async def config(self, model, version):
+            return TEXT_CONFIG
+
+    monkeypatch.setattr(OpenAIFrontend, "_backend_factory", lambda self: Backend)
+    frontend = OpenAIFrontend("grpc://unused:1", [ChatModel("tiny", "chat")], port=0)
+    previous = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        frontend.serve()  # returns on the SIGINT
+    finally:
+        timer.cancel()
+    assert frontend._thread is None and signal.getsignal(signal.SIGINT) is previous
+
+    class FakeTriton:
+        served = False
+
+        def serve(self):
+            assert frontend._thread is not None  # the frontend serves while Triton does
+            FakeTriton.served = True
+
+    frontend = OpenAIFrontend(FakeTriton(), [ChatModel("tiny", "chat")], port=0)
+    frontend.serve()
+    assert FakeTriton.served and frontend._thread is None
