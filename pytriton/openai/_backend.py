@@ -28,10 +28,12 @@ Unit test: tests/unit/test_openai_app.py (error mapping), tests/e2e/test_openai.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Dict, Optional, Protocol
+import asyncio
+from typing import Any, AsyncIterator, Dict, Optional, Protocol, Set
 
 import numpy as np
 
+from pytriton.client._decoupled import GRACEFUL_CLOSE_TIMEOUT_S
 from pytriton.openai._errors import QUEUE_FULL_TEXT, OpenAIError, invalid_request, model_failed, overloaded, unavailable
 from pytriton.openai._requests import ModelCall
 
@@ -154,22 +156,53 @@ class GrpcBackend:
 
 
 class _GrpcStream:
+    """One gRPC stream carrying one request (its request side already half-closed).
+
+    After an error response, which is the request's last, the stream is read to its end in the
+    background instead of being cancelled: Triton 2.51's gRPC frontend can wedge a stream (and keep
+    its model from unloading) when a cancellation arrives just after a final response
+    (pytriton/client/_decoupled.py, ``end_stream``). Only a stream the caller leaves early is cancelled.
+    """
+
+    # Background drains in progress: the event loop keeps only weak references to tasks.
+    _draining: Set[Any] = set()
+
     def __init__(self, backend: GrpcBackend, responses: Any, batching: bool) -> None:
         self._backend = backend
         self._responses = responses
         self._batching = batching
+        self._ended = False  # the server has ended the request: nothing to cancel
 
     async def __aiter__(self) -> AsyncIterator[Outputs]:
         try:
             async for result, error in self._responses:
                 if error is not None:
+                    self._ended = True
+                    self._drain()
                     raise self._backend._error(error)
                 yield _unbatched(GrpcBackend._outputs(result), self._batching)
+            self._ended = True
         except self._backend._grpc.InferenceServerException as exc:
             raise self._backend._error(exc) from None
 
+    def _drain(self) -> None:
+        async def drain() -> None:
+            try:
+                await asyncio.wait_for(self._read_to_end(), GRACEFUL_CLOSE_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a peer gone silent or a broken stream: cancel it after all
+                self._responses.cancel()
+
+        task = asyncio.ensure_future(drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    async def _read_to_end(self) -> None:
+        async for _ in self._responses:
+            pass
+
     def cancel(self) -> None:
-        self._responses.cancel()
+        if not self._ended:
+            self._responses.cancel()
 
 
 # -- in-process -----------------------------------------------------------------------------------

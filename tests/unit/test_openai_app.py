@@ -287,3 +287,77 @@ def test_a_disconnect_cancels_the_models_stream_at_once():
     asyncio.run(main())
     assert stream.cancelled and stream.closed and released == [True]
     assert [m.get("body") for m in sent[1:]] == [b"data: a\n\n"]
+
+
+class FakeCall:
+    """tritonclient's asyncio stream: (result, error) pairs, then the end; records cancel()."""
+
+    def __init__(self, events):
+        self.events = list(events)
+        self.cancelled = False
+        self.read_to_end = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(0)
+        if not self.events:
+            self.read_to_end = True
+            raise StopAsyncIteration
+        return self.events.pop(0)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def _grpc_stream(call):
+    import tritonclient.grpc.aio as grpcclient
+
+    from pytriton.openai._backend import GrpcBackend, _GrpcStream
+
+    backend = object.__new__(GrpcBackend)  # no channel: the stream only maps errors through it
+    backend._grpc = grpcclient
+    return _GrpcStream(backend, call, batching=False), grpcclient
+
+
+def test_grpc_stream_after_an_error_response_is_read_to_its_end_not_cancelled():
+    """Triton 2.51 can wedge a stream cancelled right after its final response (client/_decoupled.py)."""
+    from tritonclient.utils import InferenceServerException
+
+    call = FakeCall([(None, InferenceServerException("ValueError: boom")), ("late", None)])
+    stream, _ = _grpc_stream(call)
+
+    async def main():
+        with pytest.raises(OpenAIError, match="boom"):
+            async for _ in stream:
+                pass
+        stream.cancel()  # what the app does in its finally: a no-op here
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert call.read_to_end and not call.cancelled
+
+
+def test_grpc_stream_left_early_is_cancelled_and_one_that_ended_is_not():
+    class Result:
+        def get_response(self):
+            return type("R", (), {"outputs": []})()
+
+    async def leave_early(call):
+        stream, _ = _grpc_stream(call)
+        async for _ in stream:
+            break
+        stream.cancel()
+
+    async def read_all(call):
+        stream, _ = _grpc_stream(call)
+        async for _ in stream:
+            pass
+        stream.cancel()
+
+    early, complete = FakeCall([(Result(), None), (Result(), None)]), FakeCall([(Result(), None)])
+    asyncio.run(leave_early(early))
+    asyncio.run(read_all(complete))
+    assert early.cancelled and not complete.cancelled
