@@ -221,3 +221,22 @@ def test_the_cpu_bound_instance_model_answers_with_its_input() -> None:
     array = np.arange(32, dtype=np.float32).reshape(2, 16)
     assert instances.cpu_work([{"INPUT": array}])[0]["OUTPUT"] is array
     assert instances.loop_ms(repeats=1) > 0
+
+
+def test_openai_bench_summary_takes_medians_and_compares_to_direct_grpc() -> None:
+    from bench import openai as openai_bench
+
+    def round_(direct: float, frontend: float, ttft_direct: float, ttft: float) -> dict:
+        paths = {"grpc_direct": direct, "grpc_direct_stream": ttft_direct}
+        for name in ("openai_grpc", "openai_inprocess"):
+            paths[name], paths[f"{name}_stream"] = frontend, ttft
+        return {name: {"p50_ms": value, "p99_ms": 2 * value} for name, value in paths.items()}
+
+    rounds = [round_(1.0, 1.2, 2.0, 2.5), round_(1.0, 1.6, 2.0, 4.0), round_(2.0, 1.3, 2.0, 2.8)]
+    summary = openai_bench.summarize(rounds)
+    assert summary["paths"]["openai_grpc"]["p50_ms"] == 1.3 and summary["paths"]["grpc_direct"]["p50_ms"] == 1.0
+    comparison = summary["comparisons"]["openai_grpc"]
+    assert abs(comparison["p50_ratio"] - 1.3) < 1e-9 and comparison["p50_goal_met"]
+    assert abs(comparison["ttft_extra_ms"] - 0.8) < 1e-9 and comparison["ttft_goal_met"]
+    text = openai_bench.table({"summary": summary, "count_per_round": 10, "quick": False})
+    assert "| openai_grpc | 1.30x met | 0.300 ms | +0.800 ms met |" in text

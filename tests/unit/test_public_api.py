@@ -48,6 +48,7 @@ EXPECTED = {
         "TritonSecurityConfig",
         "Workspace",
     ],
+    "pytriton.openai": ["ChatModel", "EmbeddingModel", "OpenAIFrontend"],
     "pytriton.client.auth": ["create_auth_headers", "extract_access_token_from_headers"],
     "pytriton.client.utils": [
         "LATEST_MODEL_VERSION",

@@ -1,0 +1,379 @@
+"""The ASGI application: OpenAI's routes on Starlette, over a :class:`~pytriton.openai._backend.Backend`.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+``GET /v1/models``, ``GET /v1/models/{name}`` and ``GET /health`` (200 when every served model is
+ready, else 503; no key needed, so that probes work). Every ``/v1`` route needs
+``Authorization: Bearer <key>`` when the frontend has a key (401 otherwise; compared in constant
+time).
+
+At most ``max_in_flight`` requests run at once; one more is answered 429 at once rather than
+queued, so that a client's retry policy, not a growing queue, absorbs a burst. A stream holds its
+place until it ends.
+
+A streaming answer waits for the model's first response before it sends the status line, so an
+error there (a failing model, a full queue) still gets its status code; a later error is sent as a
+last event carrying OpenAI's error body, which OpenAI's clients raise. The stream is watched for
+the client's disconnect on its own (not only when the next event is written), and a disconnect
+cancels the model's request at once.
+
+Unit test: tests/unit/test_openai_app.py (on a fake backend, through Starlette's TestClient).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from pytriton.openai._backend import Backend, ModelStream, Outputs
+from pytriton.openai._errors import OpenAIError, overloaded, unknown_model
+from pytriton.openai._models import ChatModel, EmbeddingModel, ModelInfo
+from pytriton.openai._requests import (
+    ModelCall,
+    TextRequest,
+    embedding_call,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+    parse_json,
+    text_call,
+)
+from pytriton.openai._responses import (
+    Answer,
+    ChunkWriter,
+    embedding_response,
+    event,
+    model_entry,
+    model_list,
+    read_piece,
+    text_response,
+)
+
+LOGGER = logging.getLogger("pytriton.openai")
+
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass
+class AppState:
+    """What the app serves: the backend, the checked model mappings and the access rules."""
+
+    backend: Backend
+    chat: Mapping[str, Tuple[ChatModel, ModelInfo, ModelInfo]]  # spec, its model, its stream model
+    embeddings: Mapping[str, Tuple[EmbeddingModel, ModelInfo]]
+    api_key: Optional[str] = None
+    max_in_flight: int = 64
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    in_flight: int = 0
+
+    def acquire(self) -> Callable[[], None]:
+        """Take a place among the requests in flight (429 if none is left); returns its release, idempotent."""
+        if self.in_flight >= self.max_in_flight:
+            raise overloaded(f"Too many requests in flight (at most {self.max_in_flight}); retry shortly.")
+        self.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= 1
+
+        return release
+
+
+def _error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+_INTERNAL = OpenAIError(500, "The server failed to handle the request; its log has the details.", "server_error")
+
+
+def _endpoint(handler: Callable[[AppState, Request], Awaitable[Response]], state: AppState, auth: bool) -> Any:
+    """``handler`` as a Starlette endpoint: the key check, and every error as OpenAI's error body."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            if auth:
+                _check_key(state, request)
+            return await handler(state, request)
+        except OpenAIError as error:
+            return _error_response(error)
+        except Exception:
+            LOGGER.exception("OpenAI frontend: %s %s failed", request.method, request.url.path)
+            return _error_response(_INTERNAL)
+
+    return endpoint
+
+
+def _check_key(state: AppState, request: Request) -> None:
+    if state.api_key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), state.api_key.encode()):
+        raise OpenAIError(
+            401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.", "invalid_request_error", None,
+            "invalid_api_key",
+        )  # fmt: skip
+
+
+def _lookup(models: Mapping[str, Tuple[_T, ModelInfo]], name: str) -> Tuple[_T, ModelInfo]:
+    if name not in models:
+        raise unknown_model(name)
+    return models[name]
+
+
+async def _all(coroutines: List[Awaitable[_T]]) -> List[_T]:
+    """Await all; if one fails, cancel the others (their streams close) and raise its error."""
+    if len(coroutines) == 1:  # the usual case: no task to create
+        return [await coroutines[0]]
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _answer(state: AppState, spec: ChatModel, model: str, info: ModelInfo, call: ModelCall) -> Answer:
+    answer = Answer()
+    if not info.decoupled:
+        answer.add(read_piece(spec, await state.backend.infer(model, spec.model_version, call, info.batching)))
+        return answer
+    stream = state.backend.stream(model, spec.model_version, call, info.batching)
+    try:
+        async for outputs in stream:
+            answer.add(read_piece(spec, outputs))
+    finally:
+        stream.cancel()  # a no-op once the stream has ended; closes the model's generator otherwise
+    return answer
+
+
+async def _text(state: AppState, request: Request, chat: bool) -> Response:
+    body = parse_json(await request.body())
+    text = parse_chat(body) if chat else parse_completion(body)
+    if text.model not in state.chat:
+        raise unknown_model(text.model)
+    spec, plain, streaming = state.chat[text.model]
+    info = streaming if text.stream else plain
+    model = (spec.stream_model or spec.model) if text.stream else spec.model
+    calls = [text_call(spec, info, text, prompt) for prompt in text.prompts for _ in range(text.n)]
+    release = state.acquire()
+    try:
+        if text.stream:
+            response = await _start_stream(state, spec, model, info, text, calls[0], release)
+            release = _nothing  # the stream releases its place when it ends
+            return response
+        answers = await _all([_answer(state, spec, model, info, call) for call in calls])
+        return JSONResponse(text_response(chat, text.model, answers, text.n))
+    finally:
+        release()
+
+
+def _nothing() -> None:
+    return None
+
+
+async def _start_stream(
+    state: AppState,
+    spec: ChatModel,
+    model: str,
+    info: ModelInfo,
+    text: TextRequest,
+    call: ModelCall,
+    release: Callable[[], None],
+) -> Response:
+    backend = state.backend
+    stream: Optional[ModelStream] = None
+    responses: Optional[AsyncIterator[Outputs]] = None
+    if info.decoupled:
+        stream = backend.stream(model, spec.model_version, call, info.batching)
+        responses = stream.__aiter__()
+        try:
+            head: Optional[Outputs] = await responses.__anext__()
+        except StopAsyncIteration:
+            head = None
+        except BaseException:
+            stream.cancel()
+            raise
+    else:
+        head = await backend.infer(model, spec.model_version, call, info.batching)
+    writer = ChunkWriter(text.chat, text.model, text.include_usage)
+
+    async def events() -> AsyncIterator[bytes]:
+        answer = Answer()
+        finished = False
+        try:
+            yield writer.start()
+            if head is not None:
+                piece = read_piece(spec, head)
+                answer.add(piece)
+                yield writer.piece(piece.text)
+            if responses is not None:
+                async for outputs in responses:
+                    piece = read_piece(spec, outputs)
+                    answer.add(piece)
+                    yield writer.piece(piece.text)
+            finished = True
+            yield writer.end(answer)
+        except OpenAIError as error:
+            finished = True
+            yield event(error.body())
+        except Exception:
+            finished = True
+            LOGGER.exception("OpenAI frontend: stream of model %r failed", model)
+            yield event(_INTERNAL.body())
+        finally:
+            if stream is not None and not finished:
+                stream.cancel()
+            release()
+
+    return EventStream(events(), lambda: stream.cancel() if stream is not None else None, release)
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response that also watches for the client's disconnect.
+
+    ``events`` is iterated and each non-empty item sent. If the client disconnects first, the
+    iteration is cancelled, ``on_disconnect`` runs (it cancels the model's request) and ``release``
+    frees the request's place. Why not Starlette's ``StreamingResponse``: with ASGI 2.4 servers it
+    notices a disconnect only when it next writes, i.e. when the model's next token arrives.
+    """
+
+    def __init__(
+        self, events: AsyncIterator[bytes], on_disconnect: Callable[[], None], release: Callable[[], None]
+    ) -> None:  # fmt: skip
+        # Not Response.__init__: it would declare a Content-Length of 0 for the empty body.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        self._events = events
+        self._on_disconnect = on_disconnect
+        self._release = release
+
+    async def _send_all(self, send: Send) -> None:
+        async for chunk in self._events:
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _disconnect(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        completed = False
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            sender = asyncio.ensure_future(self._send_all(send))
+            watcher = asyncio.ensure_future(self._disconnect(receive))
+            try:
+                await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watcher.cancel()
+                if not sender.done():  # the client left first
+                    self._on_disconnect()
+                    sender.cancel()
+                await asyncio.gather(sender, watcher, return_exceptions=True)
+            completed = not sender.cancelled() and sender.exception() is None
+        finally:
+            if not completed:
+                self._on_disconnect()
+            await self._events.aclose()  # type: ignore[attr-defined]
+            self._release()
+
+
+async def _chat(state: AppState, request: Request) -> Response:
+    return await _text(state, request, chat=True)
+
+
+async def _completions(state: AppState, request: Request) -> Response:
+    return await _text(state, request, chat=False)
+
+
+async def _embeddings(state: AppState, request: Request) -> Response:
+    parsed = parse_embeddings(parse_json(await request.body()))
+    spec, info = _lookup(state.embeddings, parsed.model)
+    release = state.acquire()
+    try:
+        backend = state.backend
+        results = await _all(
+            [backend.infer(spec.model, spec.model_version, embedding_call(spec, text), info.batching)
+             for text in parsed.texts]
+        )  # fmt: skip
+    finally:
+        release()
+    vectors = []
+    tokens: Optional[int] = None
+    for outputs in results:
+        if spec.embedding_output not in outputs:
+            raise OpenAIError(500, f"The model sent no output {spec.embedding_output!r}.", "server_error")
+        vectors.append(outputs[spec.embedding_output])
+        if spec.tokens_output in outputs:
+            tokens = (tokens or 0) + int(outputs[spec.tokens_output].reshape(-1)[0])
+    return JSONResponse(embedding_response(parsed.model, vectors, parsed.encoding_format, tokens))
+
+
+def _names(state: AppState) -> List[str]:
+    return sorted({*state.chat, *state.embeddings})
+
+
+async def _models(state: AppState, request: Request) -> Response:
+    return JSONResponse(model_list(_names(state), state.created))
+
+
+async def _model(state: AppState, request: Request) -> Response:
+    name = str(request.path_params["name"])
+    if name not in _names(state):
+        raise unknown_model(name)
+    return JSONResponse(model_entry(name, state.created))
+
+
+async def _health(state: AppState, request: Request) -> Response:
+    served: List[Tuple[str, Optional[int]]] = [(spec.model, spec.model_version) for spec, _, _ in state.chat.values()]
+    served += [(spec.stream_model, spec.model_version) for spec, _, _ in state.chat.values() if spec.stream_model]
+    served += [(spec.model, spec.model_version) for spec, _ in state.embeddings.values()]
+    ready = await asyncio.gather(*(state.backend.ready(model, version) for model, version in served))
+    if all(ready):
+        return JSONResponse({"status": "ok"})
+    not_ready = sorted({model for (model, _), is_ready in zip(served, ready) if not is_ready})
+    return JSONResponse({"status": "unavailable", "models_not_ready": not_ready}, status_code=503)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return _error_response(OpenAIError(status, f"{request.method} {request.url.path}: {exc}", kind))
+
+
+def create_app(state: AppState) -> Starlette:
+    """The Starlette application serving ``state`` (see the module docstring)."""
+
+    def route(path: str, handler: Callable[[AppState, Request], Awaitable[Response]], method: str) -> Route:
+        return Route(path, _endpoint(handler, state, auth=path.startswith("/v1/")), methods=[method])
+
+    routes = [
+        route("/v1/chat/completions", _chat, "POST"),
+        route("/v1/completions", _completions, "POST"),
+        route("/v1/embeddings", _embeddings, "POST"),
+        route("/v1/models", _models, "GET"),
+        route("/v1/models/{name:path}", _model, "GET"),
+        route("/health", _health, "GET"),
+    ]
+    handlers: Dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {HTTPException: _http_error}
+    return Starlette(routes=routes, exception_handlers=handlers)

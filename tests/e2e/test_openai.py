@@ -1,0 +1,277 @@
+"""The OpenAI frontend against real Tritons: the official ``openai`` client (sync and async), curl and raw
+httpx, over gRPC to a launched server and in-process to an embedded one.
+
+Models: those of examples/openai_chat.py (an ordinary and a decoupled chat model, an embedding
+model) plus a slow streaming model that records when its generator is closed, and one that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import pathlib
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.openai import ChatModel, OpenAIFrontend
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import needs_stub_strings, triton_ports, wait_for
+
+pytestmark = needs_stub_strings
+
+_spec = importlib.util.spec_from_file_location(
+    "openai_chat_example", pathlib.Path(__file__).parents[2] / "examples" / "openai_chat.py"
+)
+example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)
+
+KEY = "test-key-" + uuid.uuid4().hex
+MESSAGES = [{"role": "user", "content": "one two three"}]
+SLOW_TOKENS = 500
+# tag (the last message's content) -> how many tokens the slow generator had yielded when it was closed
+CLOSED: dict = {}
+CLOSED_LOCK = threading.Lock()
+
+
+@batch
+def slow_stream(messages):
+    tag = json.loads(messages[0, 0])[-1]["content"]
+    produced = 0
+    try:
+        for produced in range(SLOW_TOKENS):
+            time.sleep(0.01)
+            yield {"text": np.array([[f"t{produced} ".encode()]], dtype=object)}
+    finally:
+        with CLOSED_LOCK:
+            CLOSED[tag] = produced
+
+
+@batch
+def fails(messages):
+    raise ValueError("the model gave up")
+
+
+def _bind(triton: Triton):
+    models = example.bind_models(triton)
+    messages = [Tensor(name="messages", shape=(1,), dtype=bytes)]
+    text = [Tensor(name="text", shape=(1,), dtype=bytes)]
+    triton.bind("slow", slow_stream, messages, text, config=ModelConfig(max_batch_size=1, decoupled=True))
+    triton.bind("fails", fails, messages, text, config=ModelConfig(max_batch_size=1))
+    triton.bind("gone", fails, messages, text, config=ModelConfig(max_batch_size=1))  # unbound by the last test
+    return [*models, ChatModel("slow", "slow"), ChatModel("fails", "fails"), ChatModel("gone", "gone")]
+
+
+@pytest.fixture(scope="module", params=["grpc", "inprocess"])
+def frontend(request):
+    """One Triton per backend (launched: gRPC; embedded: in-process), with a keyed frontend in front."""
+    embedded = request.param == "inprocess"
+    triton = Triton(embedded=True) if embedded else Triton(config=TritonConfig(**triton_ports()))
+    try:
+        models = _bind(triton)
+        triton.run()
+        with OpenAIFrontend(triton, models, port=0, api_key=KEY) as served:
+            served.triton = triton
+            served.models = models
+            yield served
+    finally:
+        triton.stop()
+
+
+def _client(frontend, **kwargs):
+    return openai.OpenAI(base_url=frontend.url, api_key=KEY, max_retries=0, timeout=30, **kwargs)
+
+
+def _tag() -> str:
+    return "tag-" + uuid.uuid4().hex
+
+
+def test_model_list(frontend):
+    client = _client(frontend)
+    assert sorted(model.id for model in client.models.list()) == ["fails", "gone", "slow", "tiny-chat", "tiny-embed"]
+    assert client.models.retrieve("tiny-chat").owned_by == "pytriton"
+
+
+def test_chat_sync(frontend):
+    client = _client(frontend)
+    answer = client.chat.completions.create(model="tiny-chat", messages=MESSAGES)
+    assert answer.choices[0].message.content == "You said: one two three"
+    assert answer.choices[0].finish_reason == "stop"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (3, 5)
+    short = client.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=2, n=2)
+    assert [c.message.content for c in short.choices] == ["You said: ", "You said: "]
+    assert {c.finish_reason for c in short.choices} == {"length"}
+
+
+def test_chat_stream_sync(frontend):
+    client = _client(frontend)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-chat", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert pieces == ["You ", "said: ", "one ", "two ", "three"]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    closing = [c for c in chunks if c.choices and c.choices[0].finish_reason][0]
+    assert closing.choices[0].finish_reason == "stop" and closing.usage.total_tokens == 8
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+
+
+def test_completions_sync_and_stream(frontend):
+    client = _client(frontend)
+    answer = client.completions.create(model="tiny-chat", prompt="hello there")
+    assert answer.choices[0].text == "You said: hello there" and answer.object == "text_completion"
+    pieces = [c.choices[0].text for c in client.completions.create(model="tiny-chat", prompt="hi", stream=True)]
+    assert "".join(pieces) == "You said: hi"
+
+
+def test_embeddings(frontend):
+    client = _client(frontend)
+    as_base64 = client.embeddings.create(model="tiny-embed", input=["hello world", "world hello", "other"])
+    vectors = [np.array(item.embedding) for item in as_base64.data]
+    assert len(vectors) == 3 and len(vectors[0]) == example.EMBEDDING_DIM
+    assert np.allclose(vectors[0], vectors[1]) and not np.allclose(vectors[0], vectors[2])
+    assert as_base64.usage.prompt_tokens == 5
+    as_float = client.embeddings.create(model="tiny-embed", input="hello world", encoding_format="float")
+    assert np.allclose(as_float.data[0].embedding, vectors[0], atol=1e-6)
+
+
+def test_async_client(frontend):
+    async def main():
+        async with openai.AsyncOpenAI(base_url=frontend.url, api_key=KEY, max_retries=0, timeout=30) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": f"n{i}"}])
+                    for i in range(4)
+                )
+            )
+            stream = await client.chat.completions.create(model="tiny-chat", messages=MESSAGES, stream=True)
+            pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+            embedding = await client.embeddings.create(model="tiny-embed", input="x y")
+            return answers, pieces, embedding
+
+    answers, pieces, embedding = asyncio.run(main())
+    assert [a.choices[0].message.content for a in answers] == [f"You said: n{i}" for i in range(4)]
+    assert "".join(pieces) == "You said: one two three"
+    assert len(embedding.data[0].embedding) == example.EMBEDDING_DIM
+
+
+def test_errors_through_the_openai_client(frontend):
+    client = _client(frontend)
+    with pytest.raises(openai.NotFoundError) as not_found:
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES)
+    assert not_found.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="tiny-chat", messages=[])
+    assert bad.value.param == "messages"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=frontend.url, api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model="fails", messages=MESSAGES)
+    assert "ValueError: the model gave up" in failed.value.message
+    assert "Traceback" not in failed.value.response.text and ".py" not in failed.value.response.text
+    with pytest.raises(openai.InternalServerError):
+        list(client.chat.completions.create(model="fails", messages=MESSAGES, stream=True))
+
+
+def test_overload_is_429(frontend):
+    """A frontend with room for one request: a second one while a stream is open is refused at once."""
+    with OpenAIFrontend(frontend.triton, frontend.models, port=0, max_in_flight=1) as single:
+        client = openai.OpenAI(base_url=single.url, api_key="none", max_retries=0, timeout=30)
+        tag = _tag()
+        stream = client.chat.completions.create(model="slow", messages=[{"role": "user", "content": tag}], stream=True)
+        try:
+            next(iter(stream))
+            with pytest.raises(openai.RateLimitError) as limited:
+                client.chat.completions.create(model="tiny-chat", messages=MESSAGES)
+            assert limited.value.code == "rate_limit_exceeded"
+        finally:
+            stream.close()
+        assert wait_for(lambda: tag in CLOSED, 10)
+        assert client.chat.completions.create(model="tiny-chat", messages=MESSAGES).choices[0].message.content
+
+
+def test_a_stream_cancelled_halfway_closes_the_generator(frontend):
+    client = _client(frontend)
+    tag = _tag()
+    stream = client.chat.completions.create(model="slow", messages=[{"role": "user", "content": tag}], stream=True)
+    received = 0
+    for chunk in stream:
+        received += bool(chunk.choices and chunk.choices[0].delta.content)
+        if received == 5:
+            break
+    stream.close()  # the client disconnects
+    assert wait_for(lambda: tag in CLOSED, 10), "the model's generator was not closed"
+    # Closed early (GeneratorExit at a yield), not run to its end: a window of responses at most.
+    assert 5 <= CLOSED[tag] < SLOW_TOKENS - 1
+
+
+def test_raw_httpx_stream_format_and_errors(frontend):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "tiny-chat", "messages": MESSAGES, "stream": True}
+    with httpx.Client(base_url=frontend.url, headers=headers, timeout=30) as client:
+        with client.stream("POST", "/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            raw = response.read()
+        _check_event_stream(raw)
+        assert client.post("/chat/completions", content=b"{").json()["error"]["code"] == "invalid_json"
+        assert client.get("/models", headers={"Authorization": "Bearer no"}).status_code == 401
+        # Nothing of Triton's own API is reachable through the frontend.
+        root = frontend.url[: -len("/v1")]
+        assert client.post(root + "/v2/repository/index").status_code == 404
+        assert client.get(root + "/v2/models/chat/config").json()["error"]["type"] == "not_found_error"
+        health = httpx.get(frontend.url.replace("/v1", "/health"), timeout=30)
+        assert health.json() == {"status": "ok"}
+
+
+def _check_event_stream(raw: bytes) -> None:
+    assert raw.endswith(b"\n\ndata: [DONE]\n\n")
+    events = raw.split(b"\n\n")[:-1]
+    assert all(event.startswith(b"data: ") for event in events)
+    chunks = [json.loads(event[6:]) for event in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "You said: one two three"
+    assert chunks[-1]["usage"]["total_tokens"] == 8
+
+
+@pytest.mark.skipif(
+    shutil.which("curl") is None, reason="curl is not installed (apt-get install curl); raw httpx covers the same"
+)
+def test_curl(frontend):
+    def curl(*args):
+        command = ["curl", "-sS", "-N", "--max-time", "30", "-H", f"Authorization: Bearer {KEY}", *args]
+        return subprocess.run(command, capture_output=True, timeout=60, check=True).stdout
+
+    post = ["-H", "Content-Type: application/json", "-d"]
+    body = {"model": "tiny-chat", "messages": MESSAGES}
+    _check_event_stream(curl(*post, json.dumps({**body, "stream": True}), f"{frontend.url}/chat/completions"))
+    answer = json.loads(curl(*post, json.dumps(body), f"{frontend.url}/chat/completions"))
+    assert answer["choices"][0]["message"]["content"] == "You said: one two three"
+    embedding = json.loads(curl(*post, json.dumps({"model": "tiny-embed", "input": "a"}), f"{frontend.url}/embeddings"))
+    assert len(embedding["data"][0]["embedding"]) == example.EMBEDDING_DIM
+    assert [m["id"] for m in json.loads(curl(f"{frontend.url}/models"))["data"]][0] == "fails"
+    missing = json.loads(curl(*post, json.dumps({**body, "model": "x"}), f"{frontend.url}/chat/completions"))
+    assert missing["error"]["code"] == "model_not_found"
+
+
+def test_a_model_unbound_under_the_frontend_is_503_and_health_says_so(frontend):
+    """Runs last for each Triton: it unbinds a model the frontend serves."""
+    frontend.triton.unbind("gone")
+    client = _client(frontend)
+    with pytest.raises(openai.InternalServerError) as unavailable:
+        client.chat.completions.create(model="gone", messages=MESSAGES)
+    assert unavailable.value.status_code == 503 and unavailable.value.code == "service_unavailable"
+    health = httpx.get(frontend.url.replace("/v1", "/health"), timeout=30)
+    assert health.status_code == 503 and health.json()["models_not_ready"] == ["gone"]
+    assert client.chat.completions.create(model="tiny-chat", messages=MESSAGES).choices[0].message.content

@@ -1,0 +1,134 @@
+"""OpenAIFrontend's checks before it serves: exposure without a key, arguments, ports, unreachable models."""
+
+import socket
+
+import pytest
+
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonInvalidOperationError
+from pytriton.openai import ChatModel, EmbeddingModel, OpenAIFrontend
+from pytriton.openai._frontend import API_KEY_ENV, check_exposure, is_loopback
+from tests.conftest import free_ports
+
+MODELS = [ChatModel("chat", "bound")]
+
+
+def test_loopback_detection():
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.1.2.3", "::1", "localhost"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+def test_no_key_is_refused_beyond_loopback(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    with pytest.raises(PyTritonBadParameterError, match="api_key"):
+        OpenAIFrontend("grpc://127.0.0.1:1", MODELS, host="0.0.0.0")
+    OpenAIFrontend("grpc://127.0.0.1:1", MODELS, host="0.0.0.0", api_key="k")
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    frontend = OpenAIFrontend("grpc://127.0.0.1:1", MODELS, host="0.0.0.0")
+    assert frontend._api_key == "from-env"
+    for bad in ("", " k", "k\n"):
+        with pytest.raises(PyTritonBadParameterError, match="non-empty"):
+            check_exposure("127.0.0.1", bad)
+
+
+@pytest.mark.parametrize(
+    "models, kwargs, match",
+    [
+        ([], {}, "each OpenAI model once"),
+        ([ChatModel("a", "x"), EmbeddingModel("a", "y")], {}, "each OpenAI model once"),
+        (["chat"], {}, "ChatModel and EmbeddingModel"),
+        (MODELS, {"max_in_flight": 0}, "max_in_flight"),
+    ],
+)
+def test_bad_arguments(models, kwargs, match):
+    with pytest.raises(PyTritonBadParameterError, match=match):
+        OpenAIFrontend("grpc://127.0.0.1:1", models, **kwargs)
+
+
+def test_start_needs_a_running_triton_or_a_grpc_url():
+    class Stopped:
+        def is_alive(self):
+            return False
+
+    with pytest.raises(PyTritonInvalidOperationError, match="run"):
+        OpenAIFrontend(Stopped(), MODELS, port=0).start()
+    with pytest.raises(PyTritonBadParameterError, match="grpc://"):
+        OpenAIFrontend("http://127.0.0.1:1", MODELS, port=0).start()
+
+
+def test_a_taken_port_fails_at_start():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        frontend = OpenAIFrontend("grpc://127.0.0.1:1", MODELS, port=taken.getsockname()[1])
+        with pytest.raises(PyTritonBadParameterError, match="cannot listen"):
+            frontend.start()
+
+
+def test_a_model_that_cannot_be_reached_fails_start_and_leaves_nothing_listening():
+    (grpc_port,) = free_ports(1)  # nothing listens there
+    frontend = OpenAIFrontend(f"grpc://127.0.0.1:{grpc_port}", MODELS, port=0)
+    with pytest.raises(PyTritonBadParameterError, match="Bind it before starting"):
+        frontend.start()
+    assert frontend._thread is None and frontend._socket is None
+    assert frontend.url.startswith("http://127.0.0.1:") and frontend.url.endswith("/v1")
+
+
+def test_start_serve_stop_on_a_fake_backend(monkeypatch):
+    """The whole lifecycle without Triton: the socket is TCP (so asyncio sets TCP_NODELAY), requests are
+    served with the key, stop() ends the thread and frees the port."""
+    import httpx
+
+    from tests.unit.test_openai_app import TEXT_CONFIG, FakeBackend
+
+    class Backend(FakeBackend):
+        async def config(self, model, version):
+            return TEXT_CONFIG
+
+    monkeypatch.setattr(OpenAIFrontend, "_backend_factory", lambda self: Backend)
+    frontend = OpenAIFrontend("grpc://unused:1", [ChatModel("tiny", "chat")], port=0, api_key="k")
+    with frontend:
+        assert frontend._socket.proto == socket.IPPROTO_TCP
+        thread = frontend._thread
+        headers = {"Authorization": "Bearer k"}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+        answer = httpx.post(frontend.url + "/chat/completions", json=body, headers=headers, timeout=10).json()
+        assert answer["choices"][0]["message"]["content"] == "whole answer"
+        with pytest.raises(PyTritonInvalidOperationError, match="already started"):
+            frontend.start()
+    assert not thread.is_alive()
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", frontend.port))  # the port is free again
+
+
+def test_serve_blocks_until_a_signal_then_stops(monkeypatch):
+    import os
+    import signal
+    import threading
+
+    from tests.unit.test_openai_app import TEXT_CONFIG, FakeBackend
+
+    class Backend(FakeBackend):
+        async def config(self, model, version):
+            return TEXT_CONFIG
+
+    monkeypatch.setattr(OpenAIFrontend, "_backend_factory", lambda self: Backend)
+    frontend = OpenAIFrontend("grpc://unused:1", [ChatModel("tiny", "chat")], port=0)
+    previous = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        frontend.serve()  # returns on the SIGINT
+    finally:
+        timer.cancel()
+    assert frontend._thread is None and signal.getsignal(signal.SIGINT) is previous
+
+    class FakeTriton:
+        served = False
+
+        def serve(self):
+            assert frontend._thread is not None  # the frontend serves while Triton does
+            FakeTriton.served = True
+
+    frontend = OpenAIFrontend(FakeTriton(), [ChatModel("tiny", "chat")], port=0)
+    frontend.serve()
+    assert FakeTriton.served and frontend._thread is None
