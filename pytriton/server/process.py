@@ -16,6 +16,7 @@ import logging
 import os
 import pathlib
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -39,6 +40,8 @@ _HARMLESS = ("NVML", "CudaDriverHelper", "DCGM", "CUDA driver version is insuffi
 # What a crashing server prints before its backtrace (C++ exception, fatal signal).
 _CRASH_LINE = re.compile(r"terminate called|what\(\):|Signal \(\d+\) received|Segmentation fault|Aborted")
 _BACKTRACE_LINE = re.compile(r"^\s*\d+# ")
+# Triton prints one of these once an endpoint accepts connections: from then on, requests can reach it.
+_LISTENING = re.compile(r"Started (HTTPService|GRPCInferenceService) at")
 _IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
@@ -56,6 +59,22 @@ _PRCTL = _load_prctl()  # resolved before fork: the child must not load librarie
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _child_setup(data_limit: int) -> Callable[[], None]:
+    """What the server's child runs before exec: die with the parent; cap private memory if asked."""
+
+    def setup() -> None:
+        _die_with_parent()
+        if data_limit > 0:
+            # Soft and hard: neither the server nor the stubs it starts may raise it. An allocation
+            # past it fails (Triton 2.51 then aborts on the uncaught std::bad_alloc and is restarted)
+            # instead of taking the machine's memory.
+            _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+            limit = data_limit if hard == resource.RLIM_INFINITY else min(data_limit, hard)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return setup
 
 
 def describe_exit(returncode: int) -> str:
@@ -135,7 +154,10 @@ class TritonServerProcess:
         *,
         log_path: Optional[pathlib.Path] = None,
         log_buffer_lines: int = 2000,
+        data_limit: int = 0,
     ):
+        """``data_limit``: ``RLIMIT_DATA`` (private memory, bytes) of the server and its stubs; 0: none."""
+        self._data_limit = data_limit
         self._argv = argv
         self._env = env
         self._log_path = log_path
@@ -146,12 +168,22 @@ class TritonServerProcess:
         self._on_exit: List[Callable[[int], None]] = []
         self._stopping = False
         self._ready = False  # exit callbacks fire only for a server that had come up
+        self._listening = False
         self._lock = threading.Lock()
 
     @property
     def pid(self) -> Optional[int]:
         """Process id of the server while it runs."""
         return self._process.pid if self._process else None
+
+    @property
+    def listening(self) -> bool:
+        """True once the server said that its HTTP or gRPC endpoint accepts connections.
+
+        A server that dies after that may have been killed by a request (restart it), unlike one
+        that dies while still loading its models or parsing its flags (a failed start).
+        """
+        return self._listening
 
     @property
     def log_lines(self) -> List[str]:
@@ -194,7 +226,7 @@ class TritonServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls an already-resolved prctl
+            preexec_fn=_child_setup(self._data_limit),  # noqa: PLW1509 - prctl and setrlimit only
             close_fds=True,
         )
         self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)
@@ -214,6 +246,8 @@ class TritonServerProcess:
             for raw in iter(self._process.stdout.readline, b""):
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 self._lines.append(line)
+                if not self._listening and _LISTENING.search(line):
+                    self._listening = True
                 if sink is not None:
                     sink.write(line + "\n")
                     sink.flush()

@@ -268,3 +268,51 @@ def test_an_unexpected_exit_ends_the_group_so_inherited_connections_close(tmp_pa
     # closed a moment before /proc shows the child gone.
     child = int(child_pid_file.read_text())
     assert wait_for(lambda: not _running(child), 10), child
+
+
+def test_the_data_limit_caps_the_servers_private_memory_and_its_childrens():
+    # The "server" reports its own limit and a child's (stubs inherit it), then tries a large
+    # private allocation, which must fail instead of succeeding.
+    script = textwrap.dedent(
+        """
+        import resource, subprocess, sys
+        print("limit", resource.getrlimit(resource.RLIMIT_DATA), flush=True)
+        child = subprocess.run([sys.executable, "-c", "import resource; print(resource.getrlimit(resource.RLIMIT_DATA))"],
+                               capture_output=True, text=True).stdout.strip()
+        print("child", child, flush=True)
+        try:
+            block = bytearray(1 << 30)
+            print("allocated", flush=True)
+        except MemoryError:
+            print("refused", flush=True)
+        """
+    )
+    limit = 512 << 20
+    server = TritonServerProcess([sys.executable, "-c", script], dict(os.environ), data_limit=limit)
+    server.start()
+    try:
+        server._process.wait(30)
+        server._reader.join(10)
+    finally:
+        server.stop(grace_s=1.0)
+    assert f"limit ({limit}, {limit})" in server.log_lines
+    assert f"child ({limit}, {limit})" in server.log_lines
+    assert "refused" in server.log_lines and "allocated" not in server.log_lines
+
+
+def test_no_data_limit_by_default():
+    server = TritonServerProcess(
+        [
+            sys.executable,
+            "-c",
+            "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0] == resource.RLIM_INFINITY)",
+        ],
+        dict(os.environ),
+    )
+    server.start()
+    try:
+        server._process.wait(30)
+        server._reader.join(10)
+    finally:
+        server.stop(grace_s=1.0)
+    assert server.log_lines == ["True"]

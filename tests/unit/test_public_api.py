@@ -108,6 +108,7 @@ EXPECTED = {
         "PyTritonClientInvalidUrlError",
         "PyTritonClientUrlParseError",
         "PyTritonClientInferenceServerError",
+        "PyTritonClientPermissionError",
         "PyTritonClientModelDoesntSupportBatchingError",
         "PyTritonClientTimeoutError",
         "PyTritonClientModelUnavailableError",
