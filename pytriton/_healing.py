@@ -187,7 +187,7 @@ class SelfHealing:
         reason = describe_exit(returncode) + ("; its last error lines:\n  " + "\n  ".join(errors) if errors else "")
         delay = self._restart_policy.crashed()
         if delay is None:
-            self._give_up(f"tritonserver died ({reason}); restarts are off (max_server_restarts=0).")
+            self._give_up(f"tritonserver died ({reason}); restarts are off (max_server_restarts=0): giving up.")
             return
         recent = self._restart_policy.recent_crashes()
         LOGGER.error(

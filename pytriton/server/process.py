@@ -102,14 +102,9 @@ def kill_stub(pid: int) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs (zombies, which hold no locks or sockets, do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+def group_members(pgid: int) -> List[int]:
+    """The pids of group ``pgid`` that run (zombies, which hold no memory, locks or sockets, do not count)."""
+    members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -118,8 +113,19 @@ def _group_alive(pgid: int) -> bool:
             except OSError:
                 continue
             if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
-    return False
+                members.append(int(entry))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return bool(group_members(pgid))
 
 
 def check_ports_free(ports: Dict[str, int], address: str = "127.0.0.1") -> None:

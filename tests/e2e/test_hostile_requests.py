@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import threading
 import time
 from typing import Dict, Iterator, List, Optional
@@ -25,6 +24,7 @@ import pytest
 
 from pytriton.client import ModelClient
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.server.process import group_members
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 
@@ -129,20 +129,6 @@ def _peak_rss(pids: List[int]) -> Dict[int, int]:
     return peaks
 
 
-def _group(pgid: int) -> List[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat:
-                    fields = stat.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                pids.append(int(entry))
-    return pids
-
-
 class PeakWatcher:
     """Polls the peak RSS of the server's processes (tritonserver and its stubs, every restart's)."""
 
@@ -156,7 +142,7 @@ class PeakWatcher:
         while not self._stop.is_set():
             server = self._triton._server
             if server is not None and server.pid is not None:
-                for pid, peak in _peak_rss(_group(server.pid)).items():
+                for pid, peak in _peak_rss(group_members(server.pid)).items():
                     self.peaks[pid] = max(peak, self.peaks.get(pid, 0))
             time.sleep(0.01)
 

@@ -270,6 +270,18 @@ def test_an_unexpected_exit_ends_the_group_so_inherited_connections_close(tmp_pa
     assert wait_for(lambda: not _running(child), 10), child
 
 
+def _output_of(script: str, data_limit: int = 0) -> list:
+    """Run ``script`` as a "server" to its end; the lines it printed."""
+    server = TritonServerProcess([sys.executable, "-c", script], dict(os.environ), data_limit=data_limit)
+    server.start()
+    try:
+        server._process.wait(30)
+        server._reader.join(10)
+    finally:
+        server.stop(grace_s=1.0)
+    return server.log_lines
+
+
 def test_the_data_limit_caps_the_servers_private_memory_and_its_childrens():
     # The "server" reports its own limit and a child's (stubs inherit it), then tries a large
     # private allocation, which must fail instead of succeeding.
@@ -288,31 +300,12 @@ def test_the_data_limit_caps_the_servers_private_memory_and_its_childrens():
         """
     )
     limit = 512 << 20
-    server = TritonServerProcess([sys.executable, "-c", script], dict(os.environ), data_limit=limit)
-    server.start()
-    try:
-        server._process.wait(30)
-        server._reader.join(10)
-    finally:
-        server.stop(grace_s=1.0)
-    assert f"limit ({limit}, {limit})" in server.log_lines
-    assert f"child ({limit}, {limit})" in server.log_lines
-    assert "refused" in server.log_lines and "allocated" not in server.log_lines
+    lines = _output_of(script, data_limit=limit)
+    assert f"limit ({limit}, {limit})" in lines
+    assert f"child ({limit}, {limit})" in lines
+    assert "refused" in lines and "allocated" not in lines
 
 
 def test_no_data_limit_by_default():
-    server = TritonServerProcess(
-        [
-            sys.executable,
-            "-c",
-            "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0] == resource.RLIM_INFINITY)",
-        ],
-        dict(os.environ),
-    )
-    server.start()
-    try:
-        server._process.wait(30)
-        server._reader.join(10)
-    finally:
-        server.stop(grace_s=1.0)
-    assert server.log_lines == ["True"]
+    script = "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0] == resource.RLIM_INFINITY)"
+    assert _output_of(script) == ["True"]

@@ -171,4 +171,4 @@ def test_without_restarts_the_first_crash_is_final(supervised):
     triton._restart_policy = RestartPolicy(0, 60.0)
     triton._restart_server(-6)
     assert FakeServer.started == []
-    assert "restarts are off (max_server_restarts=0)" in str(triton._failure)
+    assert "restarts are off (max_server_restarts=0): giving up" in str(triton._failure)
