@@ -514,7 +514,7 @@ class EmbeddedTriton:
         """The server for ``argv``/``env``: the ``tritonserver`` binary, or the library in this process."""
         if not self._embedded:
             return TritonServerProcess(
-                argv, env, log_path=self._config.log_file, data_limit=self._settings.server_data_limit
+                argv, env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
             )
         # Triton's log goes to the configured file, else to one in the workspace (server_log reads
         # it), not to this process's standard error.

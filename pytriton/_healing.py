@@ -216,7 +216,7 @@ class SelfHealing:
                     if self._state is not _State.RUNNING:
                         return
                     server = TritonServerProcess(
-                        argv, env, log_path=self._config.log_file, data_limit=self._settings.server_data_limit
+                        argv, env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
                     )
                     server.register_on_exit(self._on_server_exit)
                     self._scratch = ScratchDirTracker()

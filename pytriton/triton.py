@@ -467,6 +467,9 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             raise self._load_interrupted(model_name, exc) from None
         self._apply_trace_settings([model_name])
         _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
+        server = self._server
+        if server is not None:
+            server.cap_memory()  # the model's instances added threads: the cap follows (server/process.py)
 
     def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
         """The error for a load whose connection broke: usually the server died while loading the model."""

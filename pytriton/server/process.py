@@ -61,20 +61,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _child_setup(data_limit: int) -> Callable[[], None]:
-    """What the server's child runs before exec: die with the parent; cap private memory if asked."""
-
-    def setup() -> None:
-        _die_with_parent()
-        if data_limit > 0:
-            # Soft and hard: neither the server nor the stubs it starts may raise it. An allocation
-            # past it fails (Triton 2.51 then aborts on the uncaught std::bad_alloc and is restarted)
-            # instead of taking the machine's memory.
-            _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-            limit = data_limit if hard == resource.RLIM_INFINITY else min(data_limit, hard)
-            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-    return setup
+def _private_bytes(pid: int) -> int:
+    """``VmData`` of ``pid`` in bytes: what ``RLIMIT_DATA`` counts (private writable mappings, stacks of threads included)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(f"no VmData for pid {pid}")
 
 
 def describe_exit(returncode: int) -> str:
@@ -160,10 +153,10 @@ class TritonServerProcess:
         *,
         log_path: Optional[pathlib.Path] = None,
         log_buffer_lines: int = 2000,
-        data_limit: int = 0,
+        data_headroom: int = 0,
     ):
-        """``data_limit``: ``RLIMIT_DATA`` (private memory, bytes) of the server and its stubs; 0: none."""
-        self._data_limit = data_limit
+        """``data_headroom``: see :meth:`cap_memory` (bytes; 0: no cap)."""
+        self._data_headroom = data_headroom
         self._argv = argv
         self._env = env
         self._log_path = log_path
@@ -232,7 +225,7 @@ class TritonServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_child_setup(self._data_limit),  # noqa: PLW1509 - prctl and setrlimit only
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls an already-resolved prctl
             close_fds=True,
         )
         self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)
@@ -309,6 +302,7 @@ class TritonServerProcess:
                 raise self.failure(what)
             if probe():
                 self._ready = True
+                self.cap_memory()
                 return
             if time.monotonic() > deadline:
                 raise PyTritonServerError(
@@ -317,6 +311,28 @@ class TritonServerProcess:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+    def cap_memory(self) -> None:
+        """Cap the server's private memory at what it uses now plus ``data_headroom`` (soft ``RLIMIT_DATA``).
+
+        Called once the server is ready (:meth:`wait_until`) and again after each model load (each
+        model instance adds Triton threads, whose stacks count): the cap follows the models, and
+        the headroom is what requests may take on top. An allocation past it fails (Triton 2.51 then
+        aborts on the uncaught ``std::bad_alloc`` and is restarted) instead of taking the machine's
+        memory. Stubs started later inherit the cap as it is then. A no-op without a headroom or a
+        process; a failure (the server just died) is ignored.
+        """
+        process = self._process
+        if self._data_headroom <= 0 or process is None or process.poll() is not None:
+            return
+        try:
+            _, hard = resource.prlimit(process.pid, resource.RLIMIT_DATA)
+            soft = _private_bytes(process.pid) + self._data_headroom
+            if hard != resource.RLIM_INFINITY:
+                soft = min(soft, hard)
+            resource.prlimit(process.pid, resource.RLIMIT_DATA, (soft, hard))
+        except (OSError, ValueError) as exc:
+            LOGGER.debug("Could not cap tritonserver's memory: %s", exc)
 
     def stop(self, grace_s: float = 30.0, wait_idle: Optional[Callable[[float], bool]] = None) -> None:
         """Stop the server and everything it spawned. Idempotent.

@@ -35,7 +35,7 @@ from pytriton.client import (
     ModelClient,
 )
 from pytriton.client.auth import create_auth_headers
-from pytriton.client.exceptions import PyTritonClientError, PyTritonClientPermissionError
+from pytriton.client.exceptions import PyTritonClientError, PyTritonClientPermissionError, PyTritonClientTimeoutError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy import _wire
 from pytriton.triton import VALID_TRITON_ENDPOINTS, Triton, TritonConfig, TritonSecurityConfig
@@ -335,9 +335,13 @@ def test_clients_send_the_token_on_every_call(locked, protocol):
 
     asyncio.run(asyncio_client())
     # Without the token every step fails: readiness (health), config and inference are restricted
-    # here. The readiness wait reports the refusal at once as a permission error instead of retrying
-    # it (gRPC's refusal is UNAVAILABLE) until init_timeout_s ends in a timeout error.
-    with ModelClient(url, "Identity", init_timeout_s=60.0) as client, pytest.raises(PyTritonClientPermissionError):
+    # here. Over gRPC the readiness wait reports the refusal at once as a permission error instead
+    # of retrying it (gRPC's refusal is UNAVAILABLE) until init_timeout_s ends in a timeout error;
+    # tritonclient's HTTP readiness call answers False for a 403, so HTTP waits for its timeout.
+    expected, init_timeout_s = (
+        (PyTritonClientPermissionError, 60.0) if protocol == "grpc" else (PyTritonClientTimeoutError, 1.0)
+    )
+    with ModelClient(url, "Identity", init_timeout_s=init_timeout_s) as client, pytest.raises(expected):
         client.infer_sample(x=X)
 
 

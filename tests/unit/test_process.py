@@ -9,6 +9,7 @@ stopped), and ``stop()`` with a server that ignores SIGINT and leaves a child in
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import sys
@@ -270,11 +271,33 @@ def test_an_unexpected_exit_ends_the_group_so_inherited_connections_close(tmp_pa
     assert wait_for(lambda: not _running(child), 10), child
 
 
-def _output_of(script: str, data_limit: int = 0) -> list:
-    """Run ``script`` as a "server" to its end; the lines it printed."""
-    server = TritonServerProcess([sys.executable, "-c", script], dict(os.environ), data_limit=data_limit)
+_CAPPED = textwrap.dedent(
+    """
+    import os, resource, subprocess, sys, time
+    print("up", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    print("soft", resource.getrlimit(resource.RLIMIT_DATA)[0], flush=True)
+    child = subprocess.run([sys.executable, "-c", "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0])"],
+                           capture_output=True, text=True).stdout.strip()
+    print("child", child, flush=True)
+    try:
+        block = bytearray(1 << 30)
+        print("allocated", flush=True)
+    except MemoryError:
+        print("refused", flush=True)
+    """
+)
+
+
+def _run_capped(tmp_path, headroom: int) -> list:
+    """Run the script above as a "server" with ``headroom``; once "ready", let it try 1 GiB. Its lines."""
+    go = tmp_path / "go"
+    server = TritonServerProcess([sys.executable, "-c", _CAPPED, str(go)], dict(os.environ), data_headroom=headroom)
     server.start()
     try:
+        server.wait_until(lambda: "up" in server.log_lines, 30, "the fake server")  # ready: capped now
+        go.touch()
         server._process.wait(30)
         server._reader.join(10)
     finally:
@@ -282,30 +305,16 @@ def _output_of(script: str, data_limit: int = 0) -> list:
     return server.log_lines
 
 
-def test_the_data_limit_caps_the_servers_private_memory_and_its_childrens():
-    # The "server" reports its own limit and a child's (stubs inherit it), then tries a large
-    # private allocation, which must fail instead of succeeding.
-    script = textwrap.dedent(
-        """
-        import resource, subprocess, sys
-        print("limit", resource.getrlimit(resource.RLIMIT_DATA), flush=True)
-        child = subprocess.run([sys.executable, "-c", "import resource; print(resource.getrlimit(resource.RLIMIT_DATA))"],
-                               capture_output=True, text=True).stdout.strip()
-        print("child", child, flush=True)
-        try:
-            block = bytearray(1 << 30)
-            print("allocated", flush=True)
-        except MemoryError:
-            print("refused", flush=True)
-        """
-    )
-    limit = 512 << 20
-    lines = _output_of(script, data_limit=limit)
-    assert f"limit ({limit}, {limit})" in lines
-    assert f"child ({limit}, {limit})" in lines
+def test_a_ready_server_is_capped_at_its_private_memory_plus_the_headroom(tmp_path):
+    headroom = 256 << 20
+    lines = _run_capped(tmp_path, headroom)
+    soft = int(next(line.split()[1] for line in lines if line.startswith("soft ")))
+    # The cap is what the process used when it became ready plus the headroom (an idle Python: < 512 MiB).
+    assert headroom < soft < headroom + (512 << 20), lines
+    assert f"child {soft}" in lines  # processes it starts later (the stubs) inherit the cap
     assert "refused" in lines and "allocated" not in lines
 
 
-def test_no_data_limit_by_default():
-    script = "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0] == resource.RLIM_INFINITY)"
-    assert _output_of(script) == ["True"]
+def test_no_cap_without_a_headroom(tmp_path):
+    lines = _run_capped(tmp_path, 0)
+    assert f"soft {resource.RLIM_INFINITY}" in lines and "allocated" in lines

@@ -10,7 +10,7 @@ from pytriton.server.settings import (
     EXIT_TIMEOUT_S,
     RECYCLE_BYTE_SIZE,
     RECYCLE_IDLE_S,
-    SERVER_DATA_BASE_BYTES,
+    SERVER_DATA_HEADROOM_BYTES,
     Endpoint,
     resolve,
 )
@@ -72,8 +72,8 @@ def test_invalid_environment_fails_at_resolution():
 
 
 def test_the_servers_memory_cap_follows_the_request_limit():
-    assert resolve(None, environ={}).server_data_limit == SERVER_DATA_BASE_BYTES + 2 * (2 << 30)
-    assert resolve(TritonConfig(max_request_bytes=1 << 20), environ={}).server_data_limit == SERVER_DATA_BASE_BYTES + (
-        2 << 20
-    )
-    assert resolve(TritonConfig(max_request_bytes=0), environ={}).server_data_limit == 0  # no limit, no cap
+    assert resolve(None, environ={}).server_data_headroom == SERVER_DATA_HEADROOM_BYTES + 2 * (2 << 30)
+    assert resolve(
+        TritonConfig(max_request_bytes=1 << 20), environ={}
+    ).server_data_headroom == SERVER_DATA_HEADROOM_BYTES + (2 << 20)
+    assert resolve(TritonConfig(max_request_bytes=0), environ={}).server_data_headroom == 0  # no limit, no cap
