@@ -247,6 +247,9 @@ class TritonServerProcess:
                 self._lines.append(line)
                 if not self._listening and _LISTENING.search(line):
                     self._listening = True
+                    # Requests can arrive from now on, before the readiness probe sees the
+                    # server: cap its memory at once (the startup models are loaded by now).
+                    self.cap_memory()
                 if sink is not None:
                     sink.write(line + "\n")
                     sink.flush()
@@ -315,9 +318,10 @@ class TritonServerProcess:
     def cap_memory(self) -> None:
         """Cap the server's private memory at what it uses now plus ``data_headroom`` (soft ``RLIMIT_DATA``).
 
-        Called once the server is ready (:meth:`wait_until`) and again after each model load (each
-        model instance adds Triton threads, whose stacks count): the cap follows the models, and
-        the headroom is what requests may take on top. An allocation past it fails (Triton 2.51 then
+        Called as soon as the server says it listens (the log reader thread), once it is ready
+        (:meth:`wait_until`) and again after each model load (each model instance adds Triton
+        threads, whose stacks count): the cap follows the models, and the headroom is what requests
+        may take on top. An allocation past it fails (Triton 2.51 then
         aborts on the uncaught ``std::bad_alloc`` and is restarted) instead of taking the machine's
         memory. Stubs started later inherit the cap as it is then. A no-op without a headroom or a
         process; a failure (the server just died) is ignored.

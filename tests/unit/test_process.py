@@ -275,6 +275,8 @@ _CAPPED = textwrap.dedent(
     """
     import os, resource, subprocess, sys, time
     print("up", flush=True)
+    if len(sys.argv) > 2:  # what Triton prints once its endpoint accepts connections
+        print('I1126 http_server.cc:4713] "Started HTTPService at 127.0.0.1:8000"', flush=True)
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.01)
     print("soft", resource.getrlimit(resource.RLIMIT_DATA)[0], flush=True)
@@ -290,13 +292,21 @@ _CAPPED = textwrap.dedent(
 )
 
 
-def _run_capped(tmp_path, headroom: int) -> list:
-    """Run the script above as a "server" with ``headroom``; once "ready", let it try 1 GiB. Its lines."""
+def _run_capped(tmp_path, headroom: int, listens: bool = False) -> list:
+    """Run the script above as a "server" with ``headroom``; once capped, let it try 1 GiB. Its lines.
+
+    ``listens``: it prints Triton's "Started HTTPService" line, and the test waits for that instead
+    of calling ``wait_until`` (the cap must come from the log line alone).
+    """
     go = tmp_path / "go"
-    server = TritonServerProcess([sys.executable, "-c", _CAPPED, str(go)], dict(os.environ), data_headroom=headroom)
+    argv = [sys.executable, "-c", _CAPPED, str(go)] + (["listens"] if listens else [])
+    server = TritonServerProcess(argv, dict(os.environ), data_headroom=headroom)
     server.start()
     try:
-        server.wait_until(lambda: "up" in server.log_lines, 30, "the fake server")  # ready: capped now
+        if listens:
+            assert wait_for(lambda: server.listening, 30)
+        else:
+            server.wait_until(lambda: "up" in server.log_lines, 30, "the fake server")  # ready: capped now
         go.touch()
         server._process.wait(30)
         server._reader.join(10)
@@ -313,6 +323,11 @@ def test_a_ready_server_is_capped_at_its_private_memory_plus_the_headroom(tmp_pa
     assert headroom < soft < headroom + (512 << 20), lines
     assert f"child {soft}" in lines  # processes it starts later (the stubs) inherit the cap
     assert "refused" in lines and "allocated" not in lines
+
+
+def test_the_cap_comes_as_soon_as_the_server_says_it_listens(tmp_path):
+    lines = _run_capped(tmp_path, 256 << 20, listens=True)
+    assert "refused" in lines and "allocated" not in lines, lines
 
 
 def test_no_cap_without_a_headroom(tmp_path):
