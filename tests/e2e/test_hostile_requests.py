@@ -195,17 +195,22 @@ def test_a_flood_of_crash_bodies_never_ends_the_service(served):
     restarts_before = triton.server_restarts
     started = time.monotonic()
     outcomes = []
+    last_crash = started
     for number in range(FLOOD_BODIES):
         slot_end = started + (number + 1) * FLOOD_PACE_S
         outcomes.append(_attack(served, DEEP_BODY if number % 2 == 0 else OVERFLOW_BODY, slot_end))
+        if outcomes[-1] == "crashed":
+            last_crash = time.monotonic()
         time.sleep(max(0.0, slot_end - time.monotonic()))
     flood_s = time.monotonic() - started
     recovery_s = served.wait_serving(RECOVERY_BOUND_S)
+    since_crash_s = time.monotonic() - last_crash
     crashes = outcomes.count("crashed")
     print(
         f"\n{FLOOD_BODIES} crash bodies paced over {flood_s:.1f} s: {crashes} crashed the server, "
         f"{outcomes.count(None)} found it restarting for their whole slot, {outcomes.count('answered')} answered; "
-        f"{triton.server_restarts - restarts_before} restarts; serving again {recovery_s:.2f} s after the flood"
+        f"{triton.server_restarts - restarts_before} restarts; serving again {recovery_s:.2f} s after the flood's "
+        f"end, {since_crash_s:.2f} s after the last crash"
     )
     # Triton 2.51 aborts on each of these bodies (FACTS.md); the old supervisor gave up after the
     # 6th crash within 60 s (max_server_restarts=5).
