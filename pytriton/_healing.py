@@ -4,9 +4,10 @@
 supervisor thread (one event at a time) or report events to it. See docs/architecture.md,
 "Self-healing", for what each case does and its limits.
 
-Unit tests: tests/unit/test_self_healing.py (the restart budget, which lost stubs are replaced),
+Unit tests: tests/unit/test_restarts.py (the restart loop and its backoff, with a fake clock and a
+fake server), tests/unit/test_self_healing.py (which lost stubs are replaced),
 tests/unit/test_recycle.py (what recycling reads); restarts, replacements and recycling end to end:
-tests/e2e/test_healing.py, tests/e2e/test_memory.py.
+tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requests.py (crash floods).
 """
 
 from __future__ import annotations
