@@ -41,6 +41,7 @@ from pytriton.exceptions import (
 )
 from pytriton.inprocess import _lib
 from pytriton.server.process import TritonServerProcess
+from pytriton.server.settings import Settings
 from pytriton.server.triton_config import TritonConfig
 from pytriton.server.workspace import Workspace
 
@@ -496,6 +497,7 @@ class EmbeddedTriton:
     _embedded: bool
     _server: Optional[TritonServerProcess]
     _config: TritonConfig
+    _settings: Settings
     _workspace: Workspace
     _state: _State
     _lock: threading.RLock
@@ -511,7 +513,9 @@ class EmbeddedTriton:
     def _new_server(self, argv: List[str], env: Dict[str, str]) -> TritonServerProcess:
         """The server for ``argv``/``env``: the ``tritonserver`` binary, or the library in this process."""
         if not self._embedded:
-            return TritonServerProcess(argv, env, log_path=self._config.log_file)
+            return TritonServerProcess(
+                argv, env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
+            )
         # Triton's log goes to the configured file, else to one in the workspace (server_log reads
         # it), not to this process's standard error.
         log_path = self._config.log_file or self._workspace.subdir("embedded") / LOG_FILE_NAME

@@ -4,9 +4,10 @@
 supervisor thread (one event at a time) or report events to it. See docs/architecture.md,
 "Self-healing", for what each case does and its limits.
 
-Unit tests: tests/unit/test_self_healing.py (the restart budget, which lost stubs are replaced),
+Unit tests: tests/unit/test_restarts.py (the restart loop and its backoff, with a fake clock and a
+fake server), tests/unit/test_self_healing.py (which lost stubs are replaced),
 tests/unit/test_recycle.py (what recycling reads); restarts, replacements and recycling end to end:
-tests/e2e/test_healing.py, tests/e2e/test_memory.py.
+tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requests.py (crash floods).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import pathlib
 import queue
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
 from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy import _wire
 from pytriton.proxy._binding import BoundModel, backend_region_prefix
 from pytriton.server import _recycle
+from pytriton.server._restarts import RestartPolicy
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
 from pytriton.server.settings import Settings
@@ -60,9 +62,7 @@ class SelfHealing:
     _wakeup: threading.Event
     _launch: Optional[Tuple[List[str], Dict[str, str]]]
     _events: queue.Queue[Tuple[str, Any]]
-    _crashes: Deque[float]
-    _max_restarts: int
-    _restart_window_s: float
+    _restart_policy: RestartPolicy
     _restarts: int
     _restarting: bool
     _healing: Set[str]
@@ -153,24 +153,30 @@ class SelfHealing:
             except Exception:  # noqa: BLE001 - keep supervising
                 LOGGER.exception("pytriton: recovering from a %s failure failed", kind)
 
-    def _count_crash(self, reason: str) -> bool:
-        """Record a crash; False (and ``serve()`` woken to raise) once the restart budget is spent."""
-        now = time.monotonic()
-        self._crashes.append(now)
-        while self._crashes and now - self._crashes[0] > self._restart_window_s:
-            self._crashes.popleft()
-        if len(self._crashes) <= self._max_restarts:
-            return True
-        self._failure = PyTritonServerError(
-            f"tritonserver failed {len(self._crashes)} times within {self._restart_window_s:g} s "
-            f"(max_server_restarts={self._max_restarts}); giving up. Last failure: {reason}"
-        )
+    def _give_up(self, message: str) -> None:
+        """Record why the server is not restarted any more and wake ``serve()`` to raise it."""
+        self._failure = PyTritonServerError(message)
         LOGGER.error("%s", self._failure)
         self._wakeup.set()
+
+    def _backoff(self, delay_s: float) -> bool:
+        """Wait ``delay_s`` before a restart; False if the instance was stopped meanwhile."""
+        deadline = time.monotonic() + delay_s
+        while self._state is _State.RUNNING:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, 0.05))
         return False
 
     def _restart_server(self, returncode: int) -> None:
-        """Start a new server with the same command line after the old one died; wait until it is ready."""
+        """Start a new server with the same command line after the old one died; wait until it is ready.
+
+        A server that had been serving is always started again, after the delay the restart policy
+        (server/_restarts.py) gives: crashes caused by requests must not end the service. Starts
+        that fail (the server exits or is not ready in time) are retried a few times, then
+        ``serve()`` is woken to raise.
+        """
         old = self._server
         assert old is not None and self._launch is not None
         if old.is_alive():
@@ -180,15 +186,26 @@ class SelfHealing:
         old.stop(grace_s=0.0)
         errors = old.crash_lines()
         reason = describe_exit(returncode) + ("; its last error lines:\n  " + "\n  ".join(errors) if errors else "")
-        if not self._count_crash(reason):
+        delay = self._restart_policy.crashed()
+        if delay is None:
+            self._give_up(f"tritonserver died ({reason}); restarts are off (max_server_restarts=0): giving up.")
             return
-        LOGGER.error("tritonserver died (%s); restarting it.", reason)
+        recent = self._restart_policy.recent_crashes()
+        LOGGER.error(
+            "tritonserver died (%s); restarting it%s (%d crash(es) within %g s).",
+            reason,
+            f" in {delay:.2f} s" if delay else "",
+            recent,
+            self._restart_policy.window_s,
+        )
         started = time.monotonic()
         with self._lock:
             if self._state is not _State.RUNNING:
                 return
             self._restarting = True
         try:
+            if delay and not self._backoff(delay):
+                return
             while True:
                 old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
                 self._scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
@@ -199,7 +216,9 @@ class SelfHealing:
                 with self._lock:
                     if self._state is not _State.RUNNING:
                         return
-                    server = TritonServerProcess(argv, env, log_path=self._config.log_file)
+                    server = TritonServerProcess(
+                        argv, env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
+                    )
                     server.register_on_exit(self._on_server_exit)
                     self._scratch = ScratchDirTracker()
                     if self._models:
@@ -215,11 +234,28 @@ class SelfHealing:
                     self._apply_trace_settings(self._startup_models)  # a new server knows none
                 except PyTritonServerError as exc:
                     self._claim_scratch(False)
-                    if self._state is not _State.RUNNING or not self._count_crash(str(exc)):
+                    if self._state is not _State.RUNNING:
+                        return
+                    if server.listening and not server.is_alive():
+                        # It accepted connections, then died before pytriton's probe saw it ready:
+                        # a request can do that (an attacker polling readiness faster than the
+                        # probe), so it is a crash like any other, never a failed start.
+                        delay = self._restart_policy.crashed() or 0.0
+                        LOGGER.error("tritonserver died right after it came up (%s); restarting it.", exc)
+                        if delay and not self._backoff(delay):
+                            return
+                        old = server
+                        continue
+                    if not self._restart_policy.start_failed():
+                        self._give_up(
+                            f"tritonserver could not be started again ({self._restart_policy.failed_starts} "
+                            f"failed starts in a row); giving up. Last failure: {exc}"
+                        )
                         return
                     LOGGER.error("Restarting tritonserver failed (%s); trying again.", exc)
                     old = server
                     continue
+                self._restart_policy.started()
                 self._claim_scratch(True)
                 break
         finally:

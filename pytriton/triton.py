@@ -24,7 +24,6 @@ server: tests/e2e/.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import dataclasses
 import http.client
@@ -39,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from pytriton import _embedded, _endpoints, _healing
 from pytriton._healing import _State
@@ -63,6 +62,7 @@ from pytriton.proxy._binding import (
     validate_model_name,
 )
 from pytriton.server import _drain
+from pytriton.server._restarts import RestartPolicy
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
 from pytriton.server.command import LaunchSettings, build_command
@@ -143,9 +143,12 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             model configs stay open.
         triton_lifecycle_policy: accepted for compatibility with NVIDIA PyTriton (see
             :class:`TritonLifecyclePolicy`); ``None`` means the defaults.
-        max_server_restarts: how many times ``tritonserver`` is restarted after dying on its own
-            within ``restart_window_s`` seconds; one more crash in that window gives up (see
-            :meth:`serve`). 0 disables restarts.
+        max_server_restarts: how many times ``tritonserver`` is restarted at once after dying on
+            its own within ``restart_window_s`` seconds; further crashes in that window are
+            restarted after a delay that doubles up to 0.5 s. A server that had been serving is
+            always restarted (requests can crash Triton 2.51; docs/security.md); pytriton gives up
+            only when 3 starts in a row fail (see :meth:`serve`). 0 disables restarts: the first
+            crash ends :meth:`serve`.
         restart_window_s: the window for ``max_server_restarts``.
         embedded: run Triton inside this process (``pytriton.inprocess``) instead of launching the
             ``tritonserver`` binary: no ports, no network endpoints, no server restarts; call bound
@@ -213,12 +216,11 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         self._shm_guard = ShmGuard(backend_region_prefix(self._shm_prefix))  # 0600 backend regions (security)
         # Self-healing (docs/architecture.md): a supervisor thread restarts a dead server and
         # replaces dead stubs, one event at a time.
-        self._max_restarts = max_server_restarts
-        self._restart_window_s = float(restart_window_s)
+        # Delays restarts after repeated crashes, gives up only on a server that cannot start (server/_restarts.py).
+        self._restart_policy = RestartPolicy(max_server_restarts, float(restart_window_s))
         self._launch: Optional[Tuple[List[str], Dict[str, str]]] = None
         self._events: queue.Queue[Tuple[str, Any]] = queue.Queue()
         self._supervisor: Optional[threading.Thread] = None
-        self._crashes: Deque[float] = collections.deque()
         self._restarts = 0
         self._restarting = False
         self._healing: Set[str] = set()  # names of models whose stubs are being replaced
@@ -471,6 +473,9 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             raise self._load_interrupted(model_name, exc) from None
         self._apply_trace_settings([model_name])
         _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
+        server = self._server
+        if server is not None:
+            server.cap_memory()  # the model's instances added threads: the cap follows (server/process.py)
 
     def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
         """The error for a load whose connection broke: usually the server died while loading the model."""
@@ -623,14 +628,14 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
     ) -> None:
         """Run the server and block until SIGINT/SIGTERM, an unrecoverable error or a fatal server failure.
 
-        A server that dies on its own is restarted (see ``max_server_restarts``); while it
-        restarts, ``serve()`` keeps waiting. Always stops the server before returning.
+        A server that dies on its own is restarted, with a short delay after repeated crashes (see
+        ``max_server_restarts``); while it restarts, ``serve()`` keeps waiting. Always stops the server before returning.
         ``monitoring_period_s`` (a positive number; ``monitoring_period_sec`` is accepted as its
         older name) is how often the waiting thread checks for a fatal failure.
 
         Raises:
-            PyTritonServerError: the server kept crashing (more than ``max_server_restarts``
-                times within ``restart_window_s``) or could not be restarted; raised after
+            PyTritonServerError: the server could not be started again (3 failed starts in a
+                row), or it died with restarts turned off (``max_server_restarts=0``); raised after
                 everything was stopped, so a program ending here exits with a non-zero status.
         """
         if monitoring_period_sec is not None:

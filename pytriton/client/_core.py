@@ -29,6 +29,7 @@ from pytriton.client.exceptions import (
     PyTritonClientInferenceServerError,
     PyTritonClientModelDoesntSupportBatchingError,
     PyTritonClientModelUnavailableError,
+    PyTritonClientPermissionError,
     PyTritonClientRuntimeError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
@@ -46,6 +47,9 @@ LATEST_MODEL_VERSION = "<latest>"
 # Transport status codes (gRPC ``StatusCode`` names, HTTP status numbers) and their meaning.
 _TIMEOUT_STATUSES = frozenset({"StatusCode.DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED", "408", "504"})
 _UNAVAILABLE_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND", "UNAVAILABLE", "404", "503"})
+# Triton 2.51 refuses a restricted gRPC protocol with UNAVAILABLE, a code retry policies retry; only
+# its message (server/security.py sets the restriction) tells it from a server that is really away.
+_RESTRICTED_GRPC_MESSAGE = "This protocol is restricted"
 _PARAMETER_TYPES = (str, int, float, bool)
 _HEADER_TYPES = (str, int, bool)
 _NOT_FOUND_STATUSES = frozenset({"StatusCode.NOT_FOUND", "NOT_FOUND", "404"})
@@ -109,17 +113,46 @@ def is_timeout(exc: BaseException) -> bool:
     return _status(exc) in _TIMEOUT_STATUSES
 
 
+def _message(exc: BaseException) -> str:
+    text = exc.message() if hasattr(exc, "message") and callable(exc.message) else None
+    if not text:
+        details = getattr(exc, "details", None)  # a raw grpc.RpcError
+        text = details() if callable(details) else None
+    return str(text or exc)
+
+
+def is_permission_denied(exc: BaseException) -> bool:
+    """True when the server refused the call for want of a valid access token (never worth retrying).
+
+    HTTP answers 403; Triton 2.51's gRPC endpoint answers ``UNAVAILABLE`` with "This protocol is
+    restricted, expecting header ..." (``PERMISSION_DENIED`` is accepted too, should a later Triton use it).
+    """
+    if isinstance(exc, PyTritonClientPermissionError):
+        return True
+    status = _status(exc)
+    if status in ("403", "StatusCode.PERMISSION_DENIED", "PERMISSION_DENIED"):
+        return True
+    return status in _UNAVAILABLE_STATUSES and _RESTRICTED_GRPC_MESSAGE in _message(exc)
+
+
 def map_error(exc: BaseException, what: str) -> PyTritonClientError:
     """Translate a tritonclient/transport exception into the matching pytriton client error.
 
-    Decided by exception type and transport status code, not by the words of the message: timeouts
-    become ``PyTritonClientTimeoutError``; an unreachable server, an unknown model or an unavailable
-    one (gRPC ``UNAVAILABLE``/``NOT_FOUND``, HTTP 404/503, refused connections)
-    ``PyTritonClientModelUnavailableError``; anything else ``PyTritonClientInferenceServerError``.
+    Decided by exception type and transport status code (and, for Triton's gRPC refusal of a
+    restricted endpoint, which comes as ``UNAVAILABLE``, by its message): a refused restricted call
+    becomes ``PyTritonClientPermissionError``; timeouts ``PyTritonClientTimeoutError``; an
+    unreachable server, an unknown model or an unavailable one (gRPC ``UNAVAILABLE``/``NOT_FOUND``,
+    HTTP 404/503, refused connections) ``PyTritonClientModelUnavailableError``; anything else
+    ``PyTritonClientInferenceServerError``.
     """
     if isinstance(exc, PyTritonClientError):
         return exc
-    message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
+    message = _message(exc)
+    if is_permission_denied(exc):
+        return PyTritonClientPermissionError(
+            f"{what} was refused: the server restricts this endpoint and the call carried no valid access "
+            f"token ({message}). Pass access_token= to the client (Triton.get_access_token() on the serving side)."
+        )
     if is_timeout(exc):
         return PyTritonClientTimeoutError(f"{what} timed out: {message}")
     if isinstance(exc, ConnectionError) or _status(exc) in _UNAVAILABLE_STATUSES:
@@ -166,6 +199,8 @@ def wait_for_server(timeout_s: float, grpc: bool, what: str = "the server") -> O
             if (yield control_call("is_server_ready", grpc, deadline - time.monotonic())):
                 return None
         except Exception as exc:  # the server may still be starting
+            if is_permission_denied(exc):  # a restricted health endpoint: waiting cannot help
+                raise map_error(exc, f"Asking whether {what} is ready") from None
             last_error = exc
         if time.monotonic() + delay > deadline:
             detail = f" ({last_error})" if last_error else ""
@@ -232,8 +267,9 @@ def wait_for_model(
         try:
             if (yield control_call("is_model_ready", grpc, deadline - time.monotonic(), model_name, model_version)):
                 return None
-        except Exception:  # a model still loading can make readiness calls fail
-            pass
+        except Exception as exc:  # a model still loading can make readiness calls fail
+            if is_permission_denied(exc):  # a restricted health endpoint: waiting cannot help
+                raise map_error(exc, f"Asking whether model {model_name!r} is ready") from None
         unknown, known = (False, None)
         if fail_unknown:
             unknown, known = yield from is_unknown_model(grpc, deadline - time.monotonic(), model_name)

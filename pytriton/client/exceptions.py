@@ -16,6 +16,7 @@ __all__ = [
     "PyTritonClientInvalidUrlError",
     "PyTritonClientUrlParseError",
     "PyTritonClientInferenceServerError",
+    "PyTritonClientPermissionError",
     "PyTritonClientModelDoesntSupportBatchingError",
     "PyTritonClientTimeoutError",
     "PyTritonClientModelUnavailableError",
@@ -42,6 +43,15 @@ PyTritonClientUrlParseError = PyTritonClientInvalidUrlError  # older name, same 
 
 class PyTritonClientInferenceServerError(PyTritonClientError):
     """The server answered with an error; the message is the server's (including the callable's error)."""
+
+
+class PyTritonClientPermissionError(PyTritonClientInferenceServerError):
+    """The server refused the call: the endpoint is restricted and no valid access token was sent.
+
+    Raised for HTTP 403 and for Triton's gRPC refusal of a restricted protocol, which Triton sends
+    as ``UNAVAILABLE``: retrying cannot succeed, so the clients never retry it. Pass
+    ``access_token=`` (``Triton.get_access_token()`` on the serving side).
+    """
 
 
 class PyTritonClientModelDoesntSupportBatchingError(PyTritonClientError):

@@ -16,6 +16,7 @@ import logging
 import os
 import pathlib
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -40,6 +41,8 @@ _HARMLESS = ("NVML", "CudaDriverHelper", "DCGM", "CUDA driver version is insuffi
 # What a crashing server prints before its backtrace (C++ exception, fatal signal).
 _CRASH_LINE = re.compile(r"terminate called|what\(\):|Signal \(\d+\) received|Segmentation fault|Aborted")
 _BACKTRACE_LINE = re.compile(r"^\s*\d+# ")
+# Triton prints one of these once an endpoint accepts connections: from then on, requests can reach it.
+_LISTENING = re.compile(r"Started (HTTPService|GRPCInferenceService) at")
 _IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
@@ -57,6 +60,15 @@ _PRCTL = _load_prctl()  # resolved before fork: the child must not load librarie
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _private_bytes(pid: int) -> int:
+    """``VmData`` of ``pid`` in bytes: what ``RLIMIT_DATA`` counts (private writable mappings, stacks of threads included)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(f"no VmData for pid {pid}")
 
 
 def describe_exit(returncode: int) -> str:
@@ -84,14 +96,9 @@ def kill_stub(pid: int) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs (zombies, which hold no locks or sockets, do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+def group_members(pgid: int) -> List[int]:
+    """The pids of group ``pgid`` that run (zombies, which hold no memory, locks or sockets, do not count)."""
+    members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -100,8 +107,19 @@ def _group_alive(pgid: int) -> bool:
             except OSError:
                 continue
             if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
-    return False
+                members.append(int(entry))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return bool(group_members(pgid))
 
 
 def port_taken(address: str, port: int) -> Optional[str]:
@@ -148,7 +166,10 @@ class TritonServerProcess:
         *,
         log_path: Optional[pathlib.Path] = None,
         log_buffer_lines: int = 2000,
+        data_headroom: int = 0,
     ):
+        """``data_headroom``: see :meth:`cap_memory` (bytes; 0: no cap)."""
+        self._data_headroom = data_headroom
         self._argv = argv
         self._env = env
         self._log_path = log_path
@@ -159,12 +180,22 @@ class TritonServerProcess:
         self._on_exit: List[Callable[[int], None]] = []
         self._stopping = False
         self._ready = False  # exit callbacks fire only for a server that had come up
+        self._listening = False
         self._lock = threading.Lock()
 
     @property
     def pid(self) -> Optional[int]:
         """Process id of the server while it runs."""
         return self._process.pid if self._process else None
+
+    @property
+    def listening(self) -> bool:
+        """True once the server said that its HTTP or gRPC endpoint accepts connections.
+
+        A server that dies after that may have been killed by a request (restart it), unlike one
+        that dies while still loading its models or parsing its flags (a failed start).
+        """
+        return self._listening
 
     @property
     def log_lines(self) -> List[str]:
@@ -226,6 +257,11 @@ class TritonServerProcess:
             for raw in iter(self._process.stdout.readline, b""):
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 self._lines.append(line)
+                if not self._listening and _LISTENING.search(line):
+                    self._listening = True
+                    # Requests can arrive from now on, before the readiness probe sees the
+                    # server: cap its memory at once (the startup models are loaded by now).
+                    self.cap_memory()
                 if sink is not None:
                     sink.write(line + "\n")
                     sink.flush()
@@ -281,6 +317,7 @@ class TritonServerProcess:
                 raise self.failure(what)
             if probe():
                 self._ready = True
+                self.cap_memory()
                 return
             if time.monotonic() > deadline:
                 raise PyTritonServerError(
@@ -289,6 +326,29 @@ class TritonServerProcess:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+    def cap_memory(self) -> None:
+        """Cap the server's private memory at what it uses now plus ``data_headroom`` (soft ``RLIMIT_DATA``).
+
+        Called as soon as the server says it listens (the log reader thread), once it is ready
+        (:meth:`wait_until`) and again after each model load (each model instance adds Triton
+        threads, whose stacks count): the cap follows the models, and the headroom is what requests
+        may take on top. An allocation past it fails (Triton 2.51 then
+        aborts on the uncaught ``std::bad_alloc`` and is restarted) instead of taking the machine's
+        memory. Stubs started later inherit the cap as it is then. A no-op without a headroom or a
+        process; a failure (the server just died) is ignored.
+        """
+        process = self._process
+        if self._data_headroom <= 0 or process is None or process.poll() is not None:
+            return
+        try:
+            _, hard = resource.prlimit(process.pid, resource.RLIMIT_DATA)
+            soft = _private_bytes(process.pid) + self._data_headroom
+            if hard != resource.RLIM_INFINITY:
+                soft = min(soft, hard)
+            resource.prlimit(process.pid, resource.RLIMIT_DATA, (soft, hard))
+        except (OSError, ValueError) as exc:
+            LOGGER.debug("Could not cap tritonserver's memory: %s", exc)
 
     def stop(self, grace_s: float = 30.0, wait_idle: Optional[Callable[[float], bool]] = None) -> None:
         """Stop the server and everything it spawned. Idempotent.

@@ -24,6 +24,14 @@ EXIT_TIMEOUT_S = 30
 # Python-backend regions that grew past this are given back once their model is idle (_recycle.py).
 RECYCLE_BYTE_SIZE = 16 << 20
 RECYCLE_IDLE_S = 10.0
+# tritonserver's private memory (RLIMIT_DATA) is capped at what it uses once its models are loaded
+# plus this much plus twice the request-size limit (TritonServerProcess.cap_memory): Triton 2.51
+# allocates (and zero-fills) the bytes a JSON request *declares* before anything checks them, so an
+# 80-byte request declaring [1, 2**33] UINT8 made it allocate 8 GiB. A legitimate request may be
+# held twice (the body and a copy), hence the factor; the base covers Triton's own growth (threads
+# of models loaded later: about 32 threads with 8 MiB stacks per model). Shared memory (the Python
+# backend's regions, pytriton's arenas) does not count against the cap.
+SERVER_DATA_HEADROOM_BYTES = 1 << 30
 # Wildcard bind addresses: a client on this machine reaches them on loopback.
 _WILDCARDS = ("0.0.0.0", "", "::")
 
@@ -59,6 +67,7 @@ class Settings:
     recycle_byte_size: int  # 0: never recycle grown Python-backend regions
     recycle_idle_s: float
     max_request_bytes: int  # 0: no limit
+    server_data_headroom: int  # private memory tritonserver may add to its loaded state; 0: no cap
     callable_metrics: bool  # the stubs export pytriton_* metrics (docs/metrics.md)
     polling: PollingWindows  # PYTRITON_PROXY_SPIN_US / PYTRITON_WORKER_SPIN_US
 
@@ -100,6 +109,7 @@ def resolve(
         merged.python_backend_shm_recycle_byte_size,
         merged.python_backend_shm_recycle_idle_secs,
     )
+    max_request = DEFAULT_MAX_REQUEST_BYTES if merged.max_request_bytes is None else merged.max_request_bytes
     return Settings(
         config=merged,
         http=endpoint("http"),
@@ -109,7 +119,8 @@ def resolve(
         drain_delay_s=float(merged.drain_delay_secs or 0),
         recycle_byte_size=RECYCLE_BYTE_SIZE if recycle_bytes is None else max(0, recycle_bytes),
         recycle_idle_s=RECYCLE_IDLE_S if recycle_idle is None else max(1.0, float(recycle_idle)),
-        max_request_bytes=DEFAULT_MAX_REQUEST_BYTES if merged.max_request_bytes is None else merged.max_request_bytes,
+        max_request_bytes=max_request,
+        server_data_headroom=SERVER_DATA_HEADROOM_BYTES + 2 * max_request if max_request else 0,
         callable_metrics=merged.callable_metrics is not False and merged.allow_metrics is not False,
         polling=polling if polling is not None else PollingWindows.from_env(environ),
     )

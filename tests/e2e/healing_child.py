@@ -23,6 +23,7 @@ def _report(triton: Triton) -> None:
         "workspace": str(triton._workspace.path),
         "scratch": triton._scratch.path,
         "restarts": triton.server_restarts,
+        "repository": str(triton._repository),
     }
     print(json.dumps(info), flush=True)
 

@@ -35,7 +35,7 @@ from pytriton.client import (
     ModelClient,
 )
 from pytriton.client.auth import create_auth_headers
-from pytriton.client.exceptions import PyTritonClientError
+from pytriton.client.exceptions import PyTritonClientError, PyTritonClientPermissionError, PyTritonClientTimeoutError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy import _wire
 from pytriton.triton import VALID_TRITON_ENDPOINTS, Triton, TritonConfig, TritonSecurityConfig
@@ -334,9 +334,25 @@ def test_clients_send_the_token_on_every_call(locked, protocol):
             np.testing.assert_array_equal((await client.infer_sample(x=X))["y"], X)
 
     asyncio.run(asyncio_client())
-    # Without the token every step fails: readiness (health), config and inference are restricted here.
-    with ModelClient(url, "Identity", init_timeout_s=1.0) as client, pytest.raises(PyTritonClientError):
+    # Without the token every step fails: readiness (health), config and inference are restricted
+    # here. Over gRPC the readiness wait reports the refusal at once as a permission error instead
+    # of retrying it (gRPC's refusal is UNAVAILABLE) until init_timeout_s ends in a timeout error;
+    # tritonclient's HTTP readiness call answers False for a 403, so HTTP waits for its timeout.
+    expected, init_timeout_s = (
+        (PyTritonClientPermissionError, 60.0) if protocol == "grpc" else (PyTritonClientTimeoutError, 1.0)
+    )
+    with ModelClient(url, "Identity", init_timeout_s=init_timeout_s) as client, pytest.raises(expected):
         client.infer_sample(x=X)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_refused_restricted_call_is_a_permission_error_not_a_retryable_one(secured, protocol):
+    url = secured.http_url if protocol == "http" else secured.grpc_url
+    with ModelClient(url, "Identity") as client:
+        with pytest.raises(PyTritonClientPermissionError, match="access_token=") as refused:
+            client.unload_model()
+        assert "Unloading model 'Identity' was refused" in refused.value.message
+        np.testing.assert_array_equal(client.infer_sample(x=X)["y"], X)  # nothing was unloaded
 
 
 def test_streaming_clients_send_the_token(locked):

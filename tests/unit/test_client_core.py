@@ -34,6 +34,7 @@ from pytriton.client.exceptions import (
     PyTritonClientInferenceServerError,
     PyTritonClientInvalidUrlError,
     PyTritonClientModelUnavailableError,
+    PyTritonClientPermissionError,
     PyTritonClientRuntimeError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
@@ -59,6 +60,12 @@ CONFIG = {
     ],
     "output": [{"name": "add", "data_type": "TYPE_FP32", "dims": [-1]}],
 }
+
+
+# Triton 2.51's answer to a gRPC call of a restricted protocol without the token (FACTS.md).
+RESTRICTED_GRPC = (
+    "[StatusCode.UNAVAILABLE] This protocol is restricted, expecting header 'triton-grpc-protocol-triton-access-token'"
+)
 
 
 class FakeResult:
@@ -225,6 +232,8 @@ def test_unsupported_parameter_and_header_types(driver, parameters, headers, mat
         (InferenceServerException("is not found", status="400"), PyTritonClientInferenceServerError),
         (InferenceServerException("timed out, unavailable", status="500"), PyTritonClientInferenceServerError),
         (ConnectionRefusedError("refused"), PyTritonClientModelUnavailableError),
+        (InferenceServerException("forbidden", status="403"), PyTritonClientPermissionError),
+        (InferenceServerException(RESTRICTED_GRPC, status="StatusCode.UNAVAILABLE"), PyTritonClientPermissionError),
     ],
 )
 def test_errors_map_by_status_and_type_not_words(driver, error, expected):
@@ -249,6 +258,38 @@ def test_a_config_the_client_cannot_use_is_a_client_error(driver, output, match)
         _drive(driver, _core().infer((a, a), {}, None, None, False, tritonclient.http), server)
     assert "AddSub" in info.value.message
     assert "infer" not in server.calls
+
+
+def test_a_refused_restricted_call_is_a_permission_error_that_says_what_to_do():
+    error = map_error(InferenceServerException(RESTRICTED_GRPC, status="StatusCode.UNAVAILABLE"), "Loading model 'x'")
+    assert isinstance(error, PyTritonClientPermissionError)
+    assert isinstance(error, PyTritonClientInferenceServerError)  # existing handlers still catch it
+    assert "Loading model 'x' was refused" in error.message and "access_token=" in error.message
+    # A real UNAVAILABLE (server going away) stays retryable "unavailable".
+    plain = map_error(InferenceServerException("Socket closed", status="StatusCode.UNAVAILABLE"), "x")
+    assert type(plain) is PyTritonClientModelUnavailableError
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_readiness_wait_raises_a_refusal_at_once_instead_of_polling(driver):
+    class Restricted(FakeServer):
+        def is_server_ready(self, **_: Any) -> bool:
+            self.calls.append("is_server_ready")
+            raise InferenceServerException(RESTRICTED_GRPC, status="StatusCode.UNAVAILABLE")
+
+    server = Restricted()
+    with pytest.raises(PyTritonClientPermissionError, match="is ready was refused"):
+        _drive(driver, _core().wait_for_model(30.0), server)
+    assert server.calls == ["is_server_ready"]
+
+
+def test_the_legacy_client_names_a_refusal_as_permission_denied():
+    from pytriton.client.legacy._errors import InferenceServerException as LegacyError
+    from pytriton.client.legacy._errors import translated
+
+    with pytest.raises(LegacyError, match=r"^load of model 'x': permission denied \(the endpoint is restricted"):
+        with translated("grpc://h:1", what="load of model 'x'"):
+            raise InferenceServerException(RESTRICTED_GRPC, status="StatusCode.UNAVAILABLE")
 
 
 def test_map_error_keeps_pytriton_errors():

@@ -30,6 +30,7 @@ CLIENT_BASES = {
     "PyTritonClientValueError": ("PyTritonClientError",),
     "PyTritonClientInvalidUrlError": ("PyTritonClientValueError",),
     "PyTritonClientInferenceServerError": ("PyTritonClientError",),
+    "PyTritonClientPermissionError": ("PyTritonClientInferenceServerError",),
     "PyTritonClientModelDoesntSupportBatchingError": ("PyTritonClientError",),
     "PyTritonClientTimeoutError": ("PyTritonClientError",),
     "PyTritonClientModelUnavailableError": ("PyTritonClientError",),

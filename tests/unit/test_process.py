@@ -9,6 +9,7 @@ stopped), and ``stop()`` with a server that ignores SIGINT and leaves a child in
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import sys
@@ -268,3 +269,67 @@ def test_an_unexpected_exit_ends_the_group_so_inherited_connections_close(tmp_pa
     # closed a moment before /proc shows the child gone.
     child = int(child_pid_file.read_text())
     assert wait_for(lambda: not _running(child), 10), child
+
+
+_CAPPED = textwrap.dedent(
+    """
+    import os, resource, subprocess, sys, time
+    print("up", flush=True)
+    if len(sys.argv) > 2:  # what Triton prints once its endpoint accepts connections
+        print('I1126 http_server.cc:4713] "Started HTTPService at 127.0.0.1:8000"', flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    print("soft", resource.getrlimit(resource.RLIMIT_DATA)[0], flush=True)
+    child = subprocess.run([sys.executable, "-c", "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0])"],
+                           capture_output=True, text=True).stdout.strip()
+    print("child", child, flush=True)
+    try:
+        block = bytearray(1 << 30)
+        print("allocated", flush=True)
+    except MemoryError:
+        print("refused", flush=True)
+    """
+)
+
+
+def _run_capped(tmp_path, headroom: int, listens: bool = False) -> list:
+    """Run the script above as a "server" with ``headroom``; once capped, let it try 1 GiB. Its lines.
+
+    ``listens``: it prints Triton's "Started HTTPService" line, and the test waits for that instead
+    of calling ``wait_until`` (the cap must come from the log line alone).
+    """
+    go = tmp_path / "go"
+    argv = [sys.executable, "-c", _CAPPED, str(go)] + (["listens"] if listens else [])
+    server = TritonServerProcess(argv, dict(os.environ), data_headroom=headroom)
+    server.start()
+    try:
+        if listens:
+            assert wait_for(lambda: server.listening, 30)
+        else:
+            server.wait_until(lambda: "up" in server.log_lines, 30, "the fake server")  # ready: capped now
+        go.touch()
+        server._process.wait(30)
+        server._reader.join(10)
+    finally:
+        server.stop(grace_s=1.0)
+    return server.log_lines
+
+
+def test_a_ready_server_is_capped_at_its_private_memory_plus_the_headroom(tmp_path):
+    headroom = 256 << 20
+    lines = _run_capped(tmp_path, headroom)
+    soft = int(next(line.split()[1] for line in lines if line.startswith("soft ")))
+    # The cap is what the process used when it became ready plus the headroom (an idle Python: < 512 MiB).
+    assert headroom < soft < headroom + (512 << 20), lines
+    assert f"child {soft}" in lines  # processes it starts later (the stubs) inherit the cap
+    assert "refused" in lines and "allocated" not in lines
+
+
+def test_the_cap_comes_as_soon_as_the_server_says_it_listens(tmp_path):
+    lines = _run_capped(tmp_path, 256 << 20, listens=True)
+    assert "refused" in lines and "allocated" not in lines, lines
+
+
+def test_no_cap_without_a_headroom(tmp_path):
+    lines = _run_capped(tmp_path, 0)
+    assert f"soft {resource.RLIM_INFINITY}" in lines and "allocated" in lines

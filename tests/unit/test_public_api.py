@@ -109,6 +109,7 @@ EXPECTED = {
         "PyTritonClientInvalidUrlError",
         "PyTritonClientUrlParseError",
         "PyTritonClientInferenceServerError",
+        "PyTritonClientPermissionError",
         "PyTritonClientModelDoesntSupportBatchingError",
         "PyTritonClientTimeoutError",
         "PyTritonClientModelUnavailableError",

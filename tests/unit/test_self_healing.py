@@ -1,4 +1,4 @@
-"""Self-healing pieces without a server: exit descriptions, crash lines, the restart budget, the
+"""Self-healing pieces without a server: exit descriptions, crash lines, the restart settings' validation, the
 watchdog's ``pgid`` lines, the guard that only ever kills stub processes, the validation of
 ``ModelConfig.execution_timeout_s``, and which lost stubs get replaced (``pytriton/_healing.py``)."""
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pytriton._healing import _State
-from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
+from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.server import _watchdog
 from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
@@ -49,30 +49,6 @@ def test_crash_lines_quote_the_reason_not_the_backtrace():
     quiet = TritonServerProcess(["tritonserver"], {})
     quiet._lines.extend(["one", "", "two", " 3# frame"])
     assert quiet.crash_lines() == ["one", "two"]
-
-
-def test_restart_budget_gives_up_after_too_many_crashes_in_the_window():
-    triton = Triton(max_server_restarts=2, restart_window_s=60)
-    try:
-        assert triton._count_crash("first") and triton._count_crash("second")
-        assert triton._failure is None
-        assert not triton._count_crash("third: killed by SIGKILL")
-        assert isinstance(triton._failure, PyTritonServerError)
-        assert "3 times within 60 s" in str(triton._failure) and "third: killed by SIGKILL" in str(triton._failure)
-        assert not triton.is_alive()
-    finally:
-        triton.stop()
-
-
-def test_old_crashes_leave_the_window():
-    triton = Triton(max_server_restarts=1, restart_window_s=60)
-    try:
-        assert triton._count_crash("long ago")
-        triton._crashes[0] -= 61  # as if it happened 61 s ago
-        assert triton._count_crash("now")
-        assert triton._failure is None
-    finally:
-        triton.stop()
 
 
 @pytest.mark.parametrize(

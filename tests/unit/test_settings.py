@@ -6,7 +6,14 @@ import pytest
 
 from pytriton.exceptions import PyTritonValidationError
 from pytriton.proxy._binding import PollingWindows
-from pytriton.server.settings import EXIT_TIMEOUT_S, RECYCLE_BYTE_SIZE, RECYCLE_IDLE_S, Endpoint, resolve
+from pytriton.server.settings import (
+    EXIT_TIMEOUT_S,
+    RECYCLE_BYTE_SIZE,
+    RECYCLE_IDLE_S,
+    SERVER_DATA_HEADROOM_BYTES,
+    Endpoint,
+    resolve,
+)
 from pytriton.triton import Triton, TritonConfig
 
 
@@ -62,3 +69,11 @@ def test_invalid_environment_fails_at_resolution():
         resolve(None, environ={"PYTRITON_TRITON_CONFIG_HTTP_PORT": "eighty"})
     with pytest.raises(PyTritonValidationError, match="PYTRITON_WORKER_SPIN_US"):
         resolve(None, environ={"PYTRITON_WORKER_SPIN_US": "fast"})
+
+
+def test_the_servers_memory_cap_follows_the_request_limit():
+    assert resolve(None, environ={}).server_data_headroom == SERVER_DATA_HEADROOM_BYTES + 2 * (2 << 30)
+    assert resolve(
+        TritonConfig(max_request_bytes=1 << 20), environ={}
+    ).server_data_headroom == SERVER_DATA_HEADROOM_BYTES + (2 << 20)
+    assert resolve(TritonConfig(max_request_bytes=0), environ={}).server_data_headroom == 0  # no limit, no cap

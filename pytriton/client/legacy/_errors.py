@@ -13,6 +13,8 @@ import contextlib
 import logging
 from typing import Any, Iterator, Optional
 
+from pytriton.client._core import is_permission_denied
+
 LOGGER = logging.getLogger(__name__)
 
 
@@ -60,6 +62,8 @@ def describe(error: BaseException) -> str:
         text = str(error) or type(error).__name__
     if isinstance(error, (ConnectionError, OSError)) and not isinstance(error, InferenceServerException):
         text = f"cannot reach the server: {text}"
+    elif is_permission_denied(error):  # gRPC says UNAVAILABLE for it: say what it really is
+        text = f"permission denied (the endpoint is restricted; pass the server's access token): {text}"
     return str(text)
 
 

@@ -1,0 +1,174 @@
+"""The restart policy and the supervisor's restart loop, with a fake clock and a fake server.
+
+``pytriton/server/_restarts.py`` decides the delay before each restart; ``SelfHealing._restart_server``
+(pytriton/_healing.py) applies it. A server that had been serving is restarted however often it dies
+(requests can crash Triton 2.51); only starts that keep failing end ``serve()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List
+
+import pytest
+
+from pytriton import _healing
+from pytriton._healing import _State
+from pytriton.exceptions import PyTritonServerError
+from pytriton.server._restarts import BACKOFF_CAP_S, MAX_FAILED_STARTS, RestartPolicy
+from pytriton.triton import Triton
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_first_crashes_in_the_window_restart_at_once_then_the_delay_doubles_to_its_cap():
+    clock = FakeClock()
+    policy = RestartPolicy(3, 60.0, clock=clock, base_s=0.05, cap_s=0.5)
+    delays = []
+    for _ in range(10):
+        delays.append(policy.crashed())
+        clock.now += 1.0
+    assert delays == [0.0, 0.0, 0.0, 0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.5]
+    assert policy.recent_crashes() == 10
+
+
+def test_a_flood_never_exhausts_the_policy_and_quiet_time_resets_the_delay():
+    clock = FakeClock()
+    policy = RestartPolicy(5, 60.0, clock=clock)
+    for _ in range(1000):  # a crash every 0.5 s for over eight minutes
+        delay = policy.crashed()
+        assert delay is not None and 0.0 <= delay <= BACKOFF_CAP_S
+        clock.now += 0.5
+    assert policy.crashed() == BACKOFF_CAP_S
+    clock.now += 61.0  # the flood stopped a window ago
+    assert policy.recent_crashes() == 0
+    assert policy.crashed() == 0.0
+
+
+def test_failed_starts_give_up_after_the_limit_and_a_successful_start_resets_the_count():
+    policy = RestartPolicy(5, 60.0, clock=FakeClock(), max_failed_starts=3)
+    assert policy.start_failed() and policy.start_failed()
+    policy.started()
+    assert policy.start_failed() and policy.start_failed()
+    assert not policy.start_failed()
+    assert policy.failed_starts == 3
+
+
+def test_zero_burst_turns_restarts_off():
+    policy = RestartPolicy(0, 60.0, clock=FakeClock())
+    assert not policy.enabled
+    assert policy.crashed() is None
+    assert not policy.start_failed()
+
+
+class FakeServer:
+    """Stands in for ``TritonServerProcess``: ``outcomes`` says how each successive start ends."""
+
+    outcomes: List[str] = []  # "ready", "fails" (never listened) or "killed" (listened, then died)
+    started: List[FakeServer] = []
+
+    def __init__(self, argv: List[str], env: Any, **_: Any) -> None:
+        self.pid = 4000 + len(FakeServer.started)
+        self.alive = False
+        self.listening = False
+
+    def register_on_exit(self, callback: Callable[[int], None]) -> None:
+        pass
+
+    def start(self) -> None:
+        FakeServer.started.append(self)
+        self.alive = True
+
+    def wait_until(self, probe: Callable[[], bool], timeout_s: float, what: str) -> None:
+        outcome = FakeServer.outcomes.pop(0)
+        if outcome != "ready":
+            self.listening = outcome == "killed"
+            self.alive = False
+            raise PyTritonServerError(f"{what}: tritonserver exited with code 1. --bad-flag")
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        self.alive = False
+
+    def crash_lines(self) -> List[str]:
+        return ["terminate called after throwing an instance of 'std::bad_alloc'"]
+
+
+@pytest.fixture
+def supervised(monkeypatch):
+    """A ``Triton`` in the RUNNING state whose restarts start fake servers and whose backoff sleeps are recorded."""
+    FakeServer.started = []
+    FakeServer.outcomes = []
+    sleeps: List[float] = []
+    monkeypatch.setattr(_healing, "TritonServerProcess", FakeServer)
+    monkeypatch.setattr(_healing._wire, "sweep_segments", lambda prefix: None)
+    triton = Triton(max_server_restarts=2, restart_window_s=60)
+    monkeypatch.setattr(triton, "_ready_probe", lambda: lambda: True)
+    monkeypatch.setattr(triton, "_apply_trace_settings", lambda names: None)
+    # Backoff waits end when (fake) time passes; the fake sleep advances the clock it reads.
+    clock = FakeClock()
+    monkeypatch.setattr(_healing.time, "monotonic", clock)
+    monkeypatch.setattr(_healing.time, "sleep", lambda s: (sleeps.append(s), setattr(clock, "now", clock.now + s)))
+    triton._restart_policy = RestartPolicy(2, 60.0, clock=clock)
+    triton._launch = (["tritonserver", "--model-repository=/nowhere"], {})
+    triton._server = FakeServer([], {})  # the server that "died": never started, so not alive
+    triton._state = _State.RUNNING
+    try:
+        yield triton, sleeps
+    finally:
+        triton._state = _State.STOPPED
+
+
+def test_twenty_crashes_in_a_row_are_all_restarted_with_bounded_delays(supervised):
+    triton, sleeps = supervised
+    FakeServer.outcomes = ["ready"] * 20
+    for _ in range(20):
+        triton._server.alive = False  # it crashed
+        triton._restart_server(-6)
+        assert triton._failure is None and triton._server.alive
+    assert triton.server_restarts == 20 and len(FakeServer.started) == 20
+    assert sum(sleeps) > 0 and max(sleeps) <= BACKOFF_CAP_S  # later restarts waited, none long
+
+
+def test_a_server_that_cannot_start_ends_serve_after_the_failed_start_limit(supervised):
+    triton, _ = supervised
+    FakeServer.outcomes = ["fails"] * MAX_FAILED_STARTS
+    triton._restart_server(-6)
+    assert len(FakeServer.started) == MAX_FAILED_STARTS
+    assert isinstance(triton._failure, PyTritonServerError)
+    assert "could not be started again (3 failed starts in a row)" in str(triton._failure)
+    assert "--bad-flag" in str(triton._failure)
+    assert triton._wakeup.is_set()  # serve() wakes up to raise it
+
+
+def test_servers_killed_right_after_they_listen_are_crashes_not_failed_starts(supervised):
+    # An attacker polling readiness faster than pytriton's probe kills each new server before the
+    # probe sees it ready: that must never count towards giving up.
+    triton, sleeps = supervised
+    FakeServer.outcomes = ["killed"] * (MAX_FAILED_STARTS * 3) + ["ready"]
+    triton._restart_server(-6)
+    assert triton._failure is None and triton.server_restarts == 1
+    assert len(FakeServer.started) == MAX_FAILED_STARTS * 3 + 1
+    assert max(sleeps) <= BACKOFF_CAP_S
+
+
+def test_one_failed_start_is_retried(supervised):
+    triton, _ = supervised
+    FakeServer.outcomes = ["fails", "ready"]
+    triton._restart_server(-6)
+    assert triton._failure is None and triton.server_restarts == 1 and len(FakeServer.started) == 2
+
+
+def test_without_restarts_the_first_crash_is_final(supervised):
+    triton, _ = supervised
+    triton._restart_policy = RestartPolicy(0, 60.0)
+    triton._restart_server(-6)
+    assert FakeServer.started == []
+    assert "restarts are off (max_server_restarts=0): giving up" in str(triton._failure)
