@@ -101,6 +101,11 @@ SERVER_MALLOC_ARENA_MAX = 1
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
 
+def _say(message: str) -> None:
+    """One line on stderr for a user whose program configured no logging (see ``serve``)."""
+    print(f"pytriton: {message}", file=sys.stderr, flush=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class TritonLifecyclePolicy:
     """When the server starts and where its model store lives (NVIDIA PyTriton's names and defaults).
@@ -653,14 +658,23 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[int(signum)] = signal.signal(signum, lambda *_: self._wakeup.set())
+        # serve() is how a program runs a server from a terminal: where logging is not configured, the
+        # lines a user needs (where it listens, that it stopped) would be lost, so they go to stderr.
+        console = not LOGGER.hasHandlers()
         try:
+            if console:
+                models = ", ".join(sorted({name for name, _ in self._models})) or "none"
+                _say(f"{self._endpoints_line()}; models: {models}. Ctrl-C to stop.")
             while not self._wakeup.wait(monitoring_period_s):
                 if self._failure is not None:
                     break
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
+            started = time.monotonic()
             self.stop()
+            if console:
+                _say(f"stopped in {time.monotonic() - started:.2f} s")
         if self._failure is not None:
             raise self._failure
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -198,16 +200,35 @@ def test_interpreter_without_shared_libpython_is_refused(monkeypatch, ports):
         triton.run()
 
 
-def _spawn_child(ports):
+def _spawn_child(ports, stderr=None):
     process = subprocess.Popen(
         [sys.executable, str(CHILD), str(ports["http_port"]), str(ports["grpc_port"]), str(ports["metrics_port"])],
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         cwd=REPO,
     )
     line = process.stdout.readline()
     assert line, "child did not start"
     return process, json.loads(line)
+
+
+def test_serve_says_where_it_listens_and_that_it_stopped_without_logging_configured(ports):
+    # serve_child.py configures no logging: the two lines a terminal user needs still reach stderr.
+    process, info = _spawn_child(ports, stderr=subprocess.PIPE)
+    # The child is serving (its JSON line came first); the line is written before serve() waits.
+    ready, _, _ = select.select([process.stderr], [], [], 30)
+    if not ready:
+        process.kill()
+        process.communicate(timeout=20)
+        pytest.fail("serve() wrote nothing to stderr")
+    first = process.stderr.readline()
+    assert first.startswith("pytriton: Triton listening on ") and f":{ports['http_port']}" in first
+    assert "models: Echo" in first and "Ctrl-C" in first
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=20)
+    assert process.returncode == 0
+    assert re.search(r"^pytriton: stopped in [0-9.]+ s$", err, re.M), err
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
