@@ -36,8 +36,8 @@ STOPPED_LIMIT_S = float(os.environ.get("PYTRITON_STUB_STOPPED_LIMIT_S", "2.0"))
 POLL_S = 0.25
 
 
-def _stat(pid: int) -> List[bytes]:
-    """``/proc/<pid>/stat`` fields after the command name (state first); [] if the process is gone."""
+def proc_stat(pid: int) -> List[bytes]:
+    """``/proc/<pid>/stat`` fields after the command name (state first, then ppid); [] if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()
@@ -47,7 +47,7 @@ def _stat(pid: int) -> List[bytes]:
 
 def start_time(pid: int) -> Optional[int]:
     """The start time of ``pid`` (clock ticks since boot; stat field 22), or None if it is gone."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return int(fields[19]) if len(fields) > 19 else None
 
 
@@ -100,7 +100,7 @@ class StubWatch:
         with self._lock:
             entries = list(self._watched.items())
         for key, (pid, started, description, since) in entries:
-            fields = _stat(pid)
+            fields = proc_stat(pid)
             stopped = len(fields) > 19 and fields[0] == b"T" and int(fields[19]) == started
             if not stopped:
                 since = None

@@ -48,13 +48,7 @@ def error_text(exc: BaseException) -> str:
     return f"{name}: {message}" if message else name
 
 
-def _proc_stat(pid: int) -> List[bytes]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then ppid); [] if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
+_proc_stat = _stub_watch.proc_stat  # the fields of /proc/<pid>/stat after the command name
 
 
 def _process_running(pid: int) -> bool:

@@ -23,7 +23,7 @@ def child():
 
 def _wait_state(pid: int, state: bytes) -> None:
     deadline = time.monotonic() + 5.0
-    while _stub_watch._stat(pid)[0] != state:
+    while _stub_watch.proc_stat(pid)[0] != state:
         assert time.monotonic() < deadline, f"pid {pid} never reached state {state!r}"
         time.sleep(0.01)
 

@@ -127,8 +127,8 @@ def test_inline_arena_puts_every_tensor_in_the_message():
     np.testing.assert_array_equal(_wire.read_tensor(None, metas[0][0], copy=True), large)
 
 
-def test_worker_serves_a_stub_over_tcp(hub):
-    """An InstanceWorker on a hub route: HELLO, INFER with a large input, BYE, all inline."""
+def echo_worker(hub: _zmq_channel.Hub, route: str) -> InstanceWorker:
+    """A started ``InstanceWorker`` on ``route`` of ``hub`` whose callable doubles float32 ``x`` into ``y``."""
     config = TritonModelConfig(
         model_name="Echo",
         max_batch_size=0,
@@ -137,15 +137,21 @@ def test_worker_serves_a_stub_over_tcp(hub):
         outputs=[TensorSpec(name="y", shape=(-1,), dtype=np.float32)],
     )
     worker = InstanceWorker(
-        path=hub.path("m1/0"),
+        path=hub.path(route),
         infer_func=lambda requests: [{"y": request["x"] * 2} for request in requests],
         config=config,
         strict=False,
         shm_prefix="pytriton-unit-zmq",
         on_unrecoverable=lambda exc: None,
-        name="Echo-0",
+        name=f"Echo-{route}",
     )
     worker.start()
+    return worker
+
+
+def test_worker_serves_a_stub_over_tcp(hub):
+    """An InstanceWorker on a hub route: HELLO, INFER with a large input, BYE, all inline."""
+    worker = echo_worker(hub, "m1/0")
     stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
     try:
         stub.send(_wire.hello(12345, 0))

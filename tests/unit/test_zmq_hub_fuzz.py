@@ -21,36 +21,14 @@ from typing import Any, List
 import numpy as np
 import pytest
 
-from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.proxy import _wire, _zmq_channel
-from pytriton.proxy._worker import InstanceWorker
+from tests.unit.test_zmq_channel import echo_worker
 
 zmq = pytest.importorskip("zmq")
 
 TOKEN = "fuzz-token-0123456789"
 ROUTE = "Echo/0"
 FRAMES = 10_000  # frames the attackers send in all, at least
-
-
-def _worker(hub: _zmq_channel.Hub, route: str) -> InstanceWorker:
-    config = TritonModelConfig(
-        model_name="Echo",
-        max_batch_size=0,
-        batching=False,
-        inputs=[TensorSpec(name="x", shape=(-1,), dtype=np.float32)],
-        outputs=[TensorSpec(name="y", shape=(-1,), dtype=np.float32)],
-    )
-    worker = InstanceWorker(
-        path=hub.path(route),
-        infer_func=lambda requests: [{"y": request["x"] * 2} for request in requests],
-        config=config,
-        strict=False,
-        shm_prefix="pytriton-unit-fuzz",
-        on_unrecoverable=lambda exc: None,
-        name=route,
-    )
-    worker.start()
-    return worker
 
 
 def _infer_message(values: np.ndarray) -> Any:
@@ -147,7 +125,7 @@ def _raw_tcp(hub: _zmq_channel.Hub, rng: random.Random, encrypted: bool) -> int:
 def test_hub_survives_hostile_frames_while_serving_a_stub(encrypt):
     rng = random.Random(25)
     hub = _zmq_channel.Hub("127.0.0.1", 0, TOKEN, encrypt=encrypt)
-    worker = _worker(hub, ROUTE)
+    worker = echo_worker(hub, ROUTE)
     context = zmq.Context()
     stub = _stub(hub)
     served: List[int] = []
