@@ -59,6 +59,7 @@ _OK = b"OK"
 _REFUSED = b"REFUSED"
 AUTH_TIMEOUT_S = 10.0
 _MAX_GREETING = 4096  # a greeting is "PYTRITON1 <token> <route>": anything longer is not one
+_MAX_REFUSED = 4096  # refused peers remembered at most (each is forgotten when it disconnects)
 _STOP = b"stop"
 _INFER = 2  # _wire.INFER (this file imports nothing from pytriton: it also runs inside the stub)
 _hub_ids = itertools.count(1)
@@ -466,7 +467,7 @@ class Hub:
                 type(exc).__name__,
                 exc,
             )
-            self._refuse(identity, None, "unexpected message")
+            self._refuse(identity, frames[-1], f"unexpected message ({type(exc).__name__})")
 
     def _refuse(self, identity: bytes, frame: Any, reason: str) -> None:
         """Refuse ``identity`` for good: its connection (if any) ends and its later frames are dropped unread.
@@ -481,16 +482,31 @@ class Hub:
         if identity in self._refused:
             return
         self._refused[identity] = True
+        while len(self._refused) > _MAX_REFUSED:  # a hard bound, whatever ZeroMQ reports or not
+            self._refused.pop(next(iter(self._refused)))  # the oldest: its later frames are refused again
         if frame is not None:
-            try:
-                self._fds[int(frame.get(self._zmq.SRCFD))] = identity  # forgotten again when it disconnects
-            except Exception:  # noqa: BLE001 - a frame without a source descriptor: kept until the hub closes
-                pass
+            self._disconnections()  # as for a new peer: the descriptor may be a reused one
+            self._track(identity, frame)
         LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
         try:
             self._router.send_multipart([identity, _REFUSED + b" " + reason.encode()], flags=self._zmq.NOBLOCK)
         except self._zmq.ZMQError:  # the peer is gone or does not read: nothing to tell it
             pass
+
+    def _track(self, identity: bytes, frame: Any) -> None:
+        """Remember which descriptor ``identity`` arrives on, so that its disconnection forgets it.
+
+        A descriptor already taken by another identity means that peer is gone (its disconnection was
+        reported before its last frames were read): it is forgotten now.
+        """
+        try:
+            fd = int(frame.get(self._zmq.SRCFD))
+        except Exception:  # noqa: BLE001 - a frame without a source descriptor: kept until the hub closes
+            return
+        previous = self._fds.get(fd)
+        if previous is not None and previous != identity:
+            self._refused.pop(previous, None)
+        self._fds[fd] = identity
 
     def _incoming(self, identity: bytes, data: Any) -> None:
         with self._lock:
@@ -524,7 +540,7 @@ class Hub:
             # Not for good: the stub of a model still loading may ask again (a fresh connection).
             self._send(identity, _REFUSED + b" no model instance is served under that route")
             return
-        self._fds[int(data.get(self._zmq.SRCFD))] = identity
+        self._track(identity, data)
         self._send(identity, _OK)
         listener.offer(connection)
 

@@ -22,6 +22,7 @@ Unit tests: tests/unit/test_allocator.py.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import sysconfig
 from typing import Dict, List, Optional, Sequence
@@ -31,6 +32,7 @@ from pytriton.exceptions import PyTritonValidationError
 LOGGER = logging.getLogger("pytriton.triton")
 
 CHOICES = ("auto", "jemalloc", "tcmalloc", "glibc")
+ENV = "PYTRITON_TRITON_CONFIG_SERVER_ALLOCATOR"
 # Sonames of Debian's/Ubuntu's packages (libjemalloc2, libgoogle-perftools4), and RHEL's.
 _LIBRARIES: Dict[str, Sequence[str]] = {
     "jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
@@ -70,7 +72,8 @@ def resolve(choice: Optional[str], dirs: Optional[Sequence[pathlib.Path]] = None
     Raises ``PyTritonValidationError`` for an unknown choice or a named allocator that is not installed.
     """
     global _warned
-    choice = "auto" if choice is None else choice
+    if choice is None:  # the config left it open: the environment may choose (also for explicit configs)
+        choice = os.environ.get(ENV, "") or "auto"
     if choice == "glibc":
         return None
     if choice.startswith("/"):
@@ -120,4 +123,27 @@ def preload(env: Dict[str, str], library: Optional[pathlib.Path]) -> None:
         env.setdefault("MALLOC_CONF", JEMALLOC_CONF)
 
 
-__all__ = ["CHOICES", "JEMALLOC_CONF", "find", "library_dirs", "preload", "resolve"]
+def data_limit(env: Dict[str, str], meminfo: str = "/proc/meminfo") -> Optional[int]:
+    """The soft ``RLIMIT_DATA`` for a server started with ``env``: the machine's RAM plus swap under jemalloc, else None.
+
+    jemalloc maps memory with ``MAP_NORESERVE`` wherever the kernel overcommits heuristically (the
+    default), which takes away the kernel's refusal of a single allocation larger than the machine:
+    a request declaring a 32 GiB tensor then made the server touch pages until the OOM killer ended
+    it (or something else on the machine), where glibc's ``malloc`` failed at once (``std::bad_alloc``,
+    a clean restart). A data limit of RAM plus swap restores that refusal and nothing else.
+    """
+    if "jemalloc" not in env.get("LD_PRELOAD", ""):
+        return None
+    sizes = {}
+    try:
+        with open(meminfo) as file:
+            for line in file:
+                name, _, rest = line.partition(":")
+                if name in ("MemTotal", "SwapTotal"):
+                    sizes[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(sizes.values()) if "MemTotal" in sizes else None
+
+
+__all__ = ["CHOICES", "JEMALLOC_CONF", "data_limit", "find", "library_dirs", "preload", "resolve"]

@@ -11,11 +11,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import http.client
 import logging
 import os
 import pathlib
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -24,6 +26,7 @@ import time
 from typing import IO, Callable, Deque, Dict, List, Optional
 
 from pytriton.exceptions import PyTritonServerError
+from pytriton.server import _allocator
 
 LOGGER = logging.getLogger(__name__)
 # The server's own output lines go to a logger of their own, documented in docs/configuration.md
@@ -56,6 +59,15 @@ _PRCTL = _load_prctl()  # resolved before fork: the child must not load librarie
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _prepare_child(data_limit: Optional[int]) -> None:  # runs in the child between fork and exec
+    """Die with the parent; under jemalloc, refuse allocations larger than the machine (``_allocator.data_limit``)."""
+    _die_with_parent()
+    if data_limit is not None:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard == resource.RLIM_INFINITY or data_limit <= hard:
+            resource.setrlimit(resource.RLIMIT_DATA, (data_limit, hard))
 
 
 def describe_exit(returncode: int) -> str:
@@ -194,7 +206,7 @@ class TritonServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls an already-resolved prctl
+            preexec_fn=functools.partial(_prepare_child, _allocator.data_limit(self._env)),  # noqa: PLW1509
             close_fds=True,
         )
         self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)

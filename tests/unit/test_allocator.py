@@ -80,3 +80,13 @@ def test_the_config_field_and_its_environment_variable():
     assert TritonConfig(server_allocator="glibc").server_allocator == "glibc"
     config = TritonConfig.from_env({"PYTRITON_TRITON_CONFIG_SERVER_ALLOCATOR": "tcmalloc"})
     assert config.server_allocator == "tcmalloc"
+
+
+def test_under_jemalloc_the_server_may_not_map_more_than_the_machine(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nSwapTotal:       1000000 kB\n")
+    jemalloc = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}
+    assert _allocator.data_limit(jemalloc, str(meminfo)) == 25_000_000 * 1024
+    assert _allocator.data_limit({"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, str(meminfo)) is None
+    assert _allocator.data_limit({}, str(meminfo)) is None
+    assert _allocator.data_limit(jemalloc, str(tmp_path / "missing")) is None
