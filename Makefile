@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test lint clean
+.PHONY: demo test test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test lint docs clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,5 +85,18 @@ lint: $(VENV)/.dev-deps
 	$(VENV)/bin/ruff format --check pytriton tests bench examples deploy
 	$(VENV)/bin/mypy pytriton
 
+# The documentation site (mkdocs.yml) into site/, from a venv of its own so that `make test`'s
+# venv needs no mkdocs. --strict: a broken link or anchor, a page missing from the nav or a
+# docstring the API reference cannot parse fails the build. The reference reads the source
+# statically (griffe); the package is installed there only to resolve the `docs` extra.
+DOCS_VENV ?= .venv-docs
+$(DOCS_VENV)/.docs-deps: pyproject.toml
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_VENV)/.docs-deps
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(NP1_VENV) .venv-py3.* build *.egg-info
+	rm -rf $(VENV) $(NP1_VENV) $(DOCS_VENV) .venv-py3.* build *.egg-info site

@@ -13,6 +13,7 @@ import pathlib
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -142,6 +143,25 @@ def check_shm(free_bytes: Callable[[str], int] = _free_bytes) -> List[Item]:
     return [Item("/dev/shm", OK, f"{mib:.0f} MiB free")]
 
 
+def check_private_launch() -> List[Item]:
+    """Whether the server can start with its token hidden and its regions private (docs/security.md)."""
+    from pytriton.server import _launch
+
+    try:
+        trace_problem, filter_problem = _launch.probe(sys.executable)
+    except (OSError, subprocess.SubprocessError) as exc:
+        trace_problem = filter_problem = str(exc)
+    fix = "allow ptrace of own children and seccomp filters (docs/security.md)"
+    return [
+        Item("token hidden from other users", FAIL, trace_problem, fix)
+        if trace_problem
+        else Item("token hidden from other users", OK, "passed through the environment, not argv"),
+        Item("backend regions private", FAIL, filter_problem, fix)
+        if filter_problem
+        else Item("backend regions private", OK, "0600 from creation (umask 077, chmod filter)"),
+    ]
+
+
 def _port_free(address: str, port: int) -> bool:
     import socket
 
@@ -248,7 +268,7 @@ def run_checks(smoke: bool = True, environ: Optional[Mapping[str, str]] = None) 
 
     environ = os.environ if environ is None else environ
     items: List[Item] = [Item("pytriton", INFO, __version__)]
-    for section in (check_platform, check_python, check_numpy, check_server, check_shm):
+    for section in (check_platform, check_python, check_numpy, check_server, check_shm, check_private_launch):
         items.extend(section())
     items.extend(check_ports(environ))
     if smoke:

@@ -1,13 +1,19 @@
-"""Command line: ``pytriton install-server`` (also ``python -m pytriton install-server``)."""
+"""Command line: ``pytriton install-server``, ``server-command``, ``run-server``, ... (also ``python -m pytriton``)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import pathlib
+import subprocess
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from pytriton import __version__
+
+TOKEN_VARIABLE = "PYTRITON_ACCESS_TOKEN"
+"""``run-server`` reads the token here (a process's environment is private to its user, its argv is not)."""
 
 
 def _progress(message: str) -> None:
@@ -50,13 +56,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         "server-command",
         help="print the command line of a tritonserver that RemoteTriton can bind into (docs/remote.md)",
     )
-    remote.add_argument("--model-repository", type=pathlib.Path, required=True, metavar="DIR")
-    remote.add_argument("--address", default="127.0.0.1", help="address of the HTTP, gRPC and metrics endpoints")
-    remote.add_argument("--http-port", type=int, default=8000)
-    remote.add_argument("--grpc-port", type=int, default=8001)
-    remote.add_argument("--metrics-port", type=int, default=8002)
+    run = commands.add_parser(
+        "run-server",
+        help="run a tritonserver that RemoteTriton can bind into, its token hidden from other users (docs/remote.md)",
+        description=f"Run tritonserver in the foreground until SIGINT/SIGTERM. The token comes from ${TOKEN_VARIABLE} "
+        "(or is generated and printed on stderr) and is never in a command line (docs/security.md).",
+    )
+    for sub in (remote, run):
+        sub.add_argument("--model-repository", type=pathlib.Path, required=True, metavar="DIR")
+        sub.add_argument("--address", default="127.0.0.1", help="address of the HTTP, gRPC and metrics endpoints")
+        sub.add_argument("--http-port", type=int, default=8000)
+        sub.add_argument("--grpc-port", type=int, default=8001)
+        sub.add_argument("--metrics-port", type=int, default=8002)
     remote.add_argument(
-        "--access-token", help="token of the restricted management endpoints (default: a random one, printed)"
+        "--access-token",
+        help="token of the restricted management endpoints (default: a random one, printed); "
+        "visible to other local users in this command's own command line",
     )
     check = commands.add_parser("check", help="report the environment for a bug report and run a small model")
     check.add_argument("--json", action="store_true", help="machine-readable output")
@@ -83,6 +98,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         elif args.command == "server-command":
             _print_server_command(args)
+        elif args.command == "run-server":
+            return _run_server(args)
         elif args.command == "where-server":
             from pytriton.server.distribution import find_server
 
@@ -93,8 +110,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def _print_server_command(args: argparse.Namespace) -> None:
-    from pytriton._remote import command_text, server_command
+def _server(args: argparse.Namespace, token: Optional[str]) -> Tuple[List[str], Dict[str, str], Optional[str]]:
+    """argv, environment and token of the server ``server-command`` prints and ``run-server`` runs."""
+    from pytriton._remote import server_command
     from pytriton.server.security import TritonSecurityConfig
     from pytriton.server.triton_config import TritonConfig
 
@@ -102,7 +120,45 @@ def _print_server_command(args: argparse.Namespace) -> None:
         http_address=args.address, grpc_address=args.address, metrics_address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
     )  # fmt: skip
-    security = TritonSecurityConfig(access_token=args.access_token)
-    print(command_text(*server_command(args.model_repository, config, security)))
-    if args.access_token is None:
+    security = TritonSecurityConfig(access_token=token)
+    argv, env = server_command(args.model_repository, config, security)
+    if token is None:
         print(f"# access token (RemoteTriton(access_token=...)): {security.access_token}", file=sys.stderr)
+    return argv, env, security.access_token
+
+
+def _print_server_command(args: argparse.Namespace) -> None:
+    from pytriton._remote import command_text
+
+    argv, env, _ = _server(args, args.access_token)
+    print(command_text(argv, env))
+
+
+def _run_server(args: argparse.Namespace) -> int:
+    """Run the server in the foreground (private launch: server/_launch.py); its exit code, or 0 after a signal."""
+    import signal
+
+    from pytriton.server import _launch
+    from pytriton.server.process import _die_with_parent, describe_exit
+
+    argv, env, _ = _server(args, os.environ.get(TOKEN_VARIABLE) or None)
+    env.pop(TOKEN_VARIABLE, None)
+    # Its own session: a Ctrl-C reaches this process only, which forwards one SIGINT; the server
+    # dies with this process (parent-death signal) rather than outliving it with nobody to stop it.
+    process = _launch.spawn(
+        argv, env, _die_with_parent, stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True
+    )
+    stopping = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)  # Triton unloads its models and exits on SIGINT
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
+    returncode = process.wait()
+    if stopping:
+        return 0
+    print(f"tritonserver ended: {describe_exit(returncode)}", file=sys.stderr)
+    return returncode if returncode > 0 else 1

@@ -47,6 +47,7 @@ from pytriton.inprocess._errors import (
     UnavailableError,
 )
 from pytriton.proxy import _wire
+from pytriton.server._shm_guard import ShmGuard
 
 _DEFAULT_READY_TIMEOUT_S = 300.0
 # Started servers are referenced here until stopped (explicitly or at exit): a server is never
@@ -236,6 +237,7 @@ class _StubEnvironment:
     # The Python backend is initialised once while any server lives, with the first server's
     # options: later servers' stubs use that server's shared-memory prefix.
     backend_prefix: Optional[str] = None
+    _guard: Optional[ShmGuard] = None
 
     @classmethod
     def acquire(cls, shm_prefix: str) -> str:
@@ -252,6 +254,9 @@ class _StubEnvironment:
                 except PyTritonError as exc:  # no stub environment, static libpython, no install
                     raise UnavailableError(str(exc)) from exc
                 cls.backend_prefix = shm_prefix
+                # The regions are created 0644 inside this process (docs/security.md): narrow them on sight.
+                cls._guard = ShmGuard(shm_prefix)
+                cls._guard.start()
                 cls._saved = {name: os.environ.get(name) for name in ("PATH", "LD_LIBRARY_PATH")}
                 os.environ["PATH"] = os.pathsep.join([str(stub_bin), os.environ.get("PATH", "")])
                 existing = os.environ.get("LD_LIBRARY_PATH")
@@ -269,6 +274,9 @@ class _StubEnvironment:
                 if cls.backend_prefix:
                     _remove_orphan_regions(cls.backend_prefix)
                 cls.backend_prefix = None
+                if cls._guard is not None:
+                    cls._guard.stop()
+                    cls._guard = None
                 for name, value in cls._saved.items():
                     if value is None:
                         os.environ.pop(name, None)

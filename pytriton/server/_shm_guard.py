@@ -1,14 +1,16 @@
 """Close the Python backend's shared-memory regions to other users the moment they appear.
 
 Triton's Python backend creates one region per model instance in ``/dev/shm`` and sets its mode to
-0644 itself (a umask does not help), so any local user could open it and read the request tensors
-that later pass through it. The stub's ``initialize`` makes the regions 0600 before the model can
-serve, but the stub needs most of a second to start. :class:`ShmGuard` shortens that window to the
-time an inotify event takes to reach a thread of the user's process: it watches ``/dev/shm`` for
-names with the backend's prefix being created or having their mode changed, and sets 0600.
+0644 itself (``fchmod`` after ``shm_open``; a umask does not help). A server that
+:class:`~pytriton.triton.Triton` starts never gets there: its launch (server/_launch.py) refuses
+that ``fchmod``, so its regions are 0600 from their first byte, and this guard is only a second
+line. It is the defence of the in-process server, whose backend runs inside the user's process
+(pytriton/inprocess/_server.py), and of kernels without seccomp: :class:`ShmGuard` watches
+``/dev/shm`` for names with the backend's prefix being created or having their mode changed, and
+sets 0600 as soon as an inotify event reaches its thread.
 
-A process that opened a region while it was still 0644 keeps its descriptor; see
-docs/configuration.md (Security) for this residual window.
+A process that opened a region while it was still 0644 keeps its descriptor; see docs/security.md
+for this residual window.
 
 Unit test: tests/unit/test_security.py (new and reopened entries made private).
 """

@@ -26,7 +26,7 @@ import time
 from typing import IO, Callable, Deque, Dict, List, Optional
 
 from pytriton.exceptions import PyTritonServerError
-from pytriton.server import _allocator
+from pytriton.server import _allocator, _launch
 
 LOGGER = logging.getLogger(__name__)
 # The server's own output lines go to a logger of their own, documented in docs/configuration.md
@@ -198,15 +198,14 @@ class TritonServerProcess:
 
     def start(self) -> None:
         """Spawn the server. Returns at once; use :meth:`wait_until_ready`."""
-        LOGGER.debug("Starting tritonserver: %s", " ".join(self._argv))
-        self._process = subprocess.Popen(  # noqa: S603 - argv is built by pytriton, no shell
+        self._process = _launch.spawn(
             self._argv,
-            env=self._env,
+            self._env,
+            functools.partial(_prepare_child, _allocator.data_limit(self._env)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=functools.partial(_prepare_child, _allocator.data_limit(self._env)),  # noqa: PLW1509
             close_fds=True,
         )
         self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)

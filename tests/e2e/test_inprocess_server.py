@@ -389,3 +389,13 @@ def test_model_client_shaped_calls(server):
 def test_model_client_shaped_bytes(server):
     result = tritonserver.InProcessModelClient(server, "strings").infer_sample(np.array([b"abc", b"de"], dtype=object))
     assert result["text_output"].tolist() == [b"ABC", b"DE"]
+
+
+def test_backend_regions_are_private(server):
+    """The Python backend creates them 0644 in this process; the shared-memory guard narrows them (docs/security.md)."""
+    prefix = server.shm_region_prefix
+    names = shm_entries(prefix)
+    assert names
+    assert wait_for(
+        lambda: all(os.stat(os.path.join("/dev/shm", name)).st_mode & 0o077 == 0 for name in shm_entries(prefix)), 5
+    ), {name: oct(os.stat(os.path.join("/dev/shm", name)).st_mode) for name in shm_entries(prefix)}

@@ -106,3 +106,11 @@ def test_python_dash_m_pytriton_is_the_same_command():
         [sys.executable, "-m", "pytriton", "--version"], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0 and result.stdout.strip() == f"pytriton {__version__}"
+
+
+def test_run_server_takes_no_token_on_its_command_line(capsys):
+    """The token of ``run-server`` comes from $PYTRITON_ACCESS_TOKEN only: an argv is readable by every local user."""
+    with pytest.raises(SystemExit) as info:
+        _cli.main(["run-server", "--model-repository", "/m", "--access-token", "t"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --access-token" in capsys.readouterr().err

@@ -1,14 +1,18 @@
 """The deployment files in deploy/ stay valid and agree with each other (docs/deployment.md).
 
+* The image gets the model: every file the Dockerfile copies or mounts from the build context, the
+  model folder (``MODEL_DIR``: its ``server.py``, ``requirements.txt`` and weights) included, passes
+  ``Dockerfile.dockerignore`` read with Docker's rules; the model's requirements are installed.
 * Every Kubernetes resource under ``deploy/kubernetes/`` validates, offline, against the Kubernetes
   API JSON schemas bundled in ``kubernetes-validate`` (strict: an unknown or misspelt field fails),
   for the oldest and the newest Kubernetes version that package bundles.
 * The KServe resources (``deploy/kserve/``; no schema is bundled for KServe's custom resources)
   have the fields KServe needs.
 * The pieces agree: probe paths and ports with the container ports, the Service and the server's
-  own configuration (``deploy/server.py``, read with the container's environment); the termination
-  grace period with the preStop sleep and the drain bound; the image's user and paths with the
-  security context and the writable volumes; the autoscaler's metric with the adapter rule.
+  own configuration (the model's ``server.py``, read with the image's and the container's
+  environment); the termination grace period with the preStop sleep and the drain bound; the
+  image's user, paths and cache directories with the security context and the writable volumes;
+  the default autoscaler needs no metrics adapter, the opt-in one's metric matches the adapter rule.
 
 No cluster, no Docker, no network.
 """
@@ -17,11 +21,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import pathlib
+import re
 import shlex
-import subprocess
-import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import kubernetes_validate
 import pytest
@@ -34,6 +38,8 @@ ROOT = pathlib.Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
+QUEUE_TIME_HPA = KUBERNETES / "queue-time" / "hpa.yaml"
+ADAPTER_RULES = KUBERNETES / "monitoring" / "prometheus-adapter-config.yaml"
 
 # The oldest and the newest Kubernetes release whose schemas kubernetes-validate bundles (1.25 and,
 # with kubernetes-validate 1.37, 1.37): the manifests use nothing newer than 1.25 has.
@@ -54,9 +60,9 @@ def _kubernetes_files() -> List[pathlib.Path]:
 
 
 def _resources(directory: pathlib.Path) -> Dict[str, Dict[str, Any]]:
-    """Every resource under ``directory`` by kind (each kind appears once in these examples)."""
+    """The resources ``kubectl apply -f directory`` applies (not recursive), by kind (each appears once)."""
     found: Dict[str, Dict[str, Any]] = {}
-    for path in sorted(directory.rglob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         for doc in _load(path):
             assert doc["kind"] not in found, f"{path}: a second {doc['kind']}"
             found[doc["kind"]] = doc
@@ -75,8 +81,10 @@ def kserve() -> Dict[str, Dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def server() -> Any:
-    """deploy/server.py as a module (its ``main()`` is not run)."""
-    spec = importlib.util.spec_from_file_location("pytriton_deploy_server", DEPLOY / "server.py")
+    """The server.py of the image's model folder as a module (its ``main()`` is not run)."""
+    spec = importlib.util.spec_from_file_location(
+        "pytriton_deploy_server", ROOT / _build_args()["MODEL_DIR"] / "server.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -113,6 +121,105 @@ def _dockerfile_env() -> Dict[str, str]:
                 assert equals, f"deploy/Dockerfile: write ENV as NAME=value, got {item!r}"
                 env[name] = value
     return env
+
+
+def _build_args() -> Dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` values (what a plain ``docker build`` uses)."""
+    args: Dict[str, str] = {}
+    for word, rest in _dockerfile():
+        if word == "ARG":
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip()
+    return args
+
+
+def _substitute(text: str) -> str:
+    args = _build_args()
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def _context_sources() -> List[str]:
+    """Paths in the build context the image reads: COPY sources (not ``--from`` a stage) and bind mounts."""
+    sources: List[str] = []
+    for word, rest in _dockerfile():
+        if word == "COPY":
+            words = [item for item in shlex.split(_substitute(rest)) if not item.startswith("--")]
+            assert "--from" not in rest, "a COPY --from reads a stage, not the context: teach this test"
+            sources += words[:-1]  # the last word is the destination
+        elif word == "RUN":
+            for mount in re.findall(r"--mount=(\S+)", rest):
+                fields = dict(item.partition("=")[::2] for item in mount.split(","))
+                if fields.get("type") == "bind" and "from" not in fields:
+                    sources.append(_substitute(fields["source"]))
+    return [source.rstrip("/") or "." for source in sources]
+
+
+def _context_files(source: str) -> Iterator[str]:
+    """The files under ``source`` (a file or folder of the repository), as context-relative paths."""
+    path = ROOT / source
+    assert path.exists(), f"deploy/Dockerfile copies {source}, which is not in the repository"
+    if path.is_file():
+        yield source
+        return
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = [name for name in dirs if name != "__pycache__"]
+        for name in files:
+            if not name.endswith(".pyc"):
+                yield (pathlib.Path(folder) / name).relative_to(ROOT).as_posix()
+
+
+def _ignore_rules(text: str) -> List[Tuple[bool, re.Pattern[str]]]:
+    """``.dockerignore`` lines as ``(is_exception, regex)``, with Docker's rules (moby's patternmatcher).
+
+    Blank lines and ``#`` comments are skipped; a leading ``!`` makes an exception; the pattern is
+    cleaned like a path (leading and trailing ``/`` dropped). ``**`` matches any number of folders,
+    ``*`` any run of characters but ``/``, ``?`` one such character.
+    """
+    rules = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        exception = line.startswith("!")
+        pattern = pathlib.PurePosixPath(line[1:].strip() if exception else line).as_posix().strip("/")
+        regex, index = "", 0
+        while index < len(pattern):
+            if pattern.startswith("**/", index):
+                regex, index = regex + "(?:.*/)?", index + 3
+            elif pattern.startswith("**", index):
+                regex, index = regex + ".*", index + 2
+            elif pattern[index] == "*":
+                regex, index = regex + "[^/]*", index + 1
+            elif pattern[index] == "?":
+                regex, index = regex + "[^/]", index + 1
+            else:
+                regex, index = regex + re.escape(pattern[index]), index + 1
+        rules.append((exception, re.compile(f"^{regex}$")))
+    return rules
+
+
+def _sent_to_docker(path: str, rules: List[Tuple[bool, re.Pattern[str]]]) -> bool:
+    """Whether the build context holds ``path``: the last rule that matches it or a parent folder wins."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[: count + 1]) for count in range(len(parts))]
+    excluded = False
+    for exception, regex in rules:
+        if any(regex.match(candidate) for candidate in candidates):
+            excluded = not exception
+    return not excluded
+
+
+def _left_out(ignore_text: str) -> List[str]:
+    """Files the Dockerfile reads from the context that the ignore file leaves out."""
+    rules = _ignore_rules(ignore_text)
+    return [
+        path for source in _context_sources() for path in _context_files(source) if not _sent_to_docker(path, rules)
+    ]
+
+
+def _image_env_for(container: Dict[str, Any]) -> Dict[str, str]:
+    """The environment the server sees: the image's ``ENV``, overridden by the container's ``env``."""
+    return {**_dockerfile_env(), **_plain_env(container)}
 
 
 def _container(resource: Dict[str, Any]) -> Dict[str, Any]:
@@ -156,6 +263,82 @@ def _validate(resource: Dict[str, Any], version: str) -> None:
     kubernetes_validate.validate(resource, version, strict=True)
 
 
+# --- (0) the image gets the model ----------------------------------------------------------------
+
+
+def _model_dir() -> pathlib.Path:
+    return ROOT / _build_args()["MODEL_DIR"]
+
+
+def test_dockerignore_matcher_follows_dockers_rules():
+    """Guards the matcher the next tests rely on, with cases whose outcome Docker documents."""
+    rules = _ignore_rules("# comment\n*\n!keep/\n!/top.txt\n**/__pycache__\nkeep/**/*.tmp\n!keep/x/?.tmp\n")
+    assert not _sent_to_docker("other.py", rules)  # `*`: everything at the top
+    assert not _sent_to_docker("other/deep/file.py", rules)  # ... and so everything below it
+    assert _sent_to_docker("keep/a/b.bin", rules)  # `!keep/`: the folder and its contents come back
+    assert _sent_to_docker("top.txt", rules)  # leading slash cleaned away
+    assert not _sent_to_docker("keep/a/__pycache__/m.pyc", rules)  # `**/` at any depth
+    assert not _sent_to_docker("keep/a/b/c.tmp", rules)  # `**` in the middle
+    assert _sent_to_docker("keep/x/c.tmp", rules)  # a later rule wins; `?` is one character
+    assert not _sent_to_docker("keep/x/cd.tmp", rules)
+
+
+def test_the_model_folder_holds_a_server_requirements_and_weights():
+    model = _model_dir()
+    assert (model / "server.py").is_file()
+    assert (model / "requirements.txt").is_file()
+    data = [path for path in model.iterdir() if path.suffix not in (".py", ".txt", ".md") and path.is_file()]
+    assert data, f"{model}: no model file (weights) next to the code"
+    copied = _context_sources()
+    assert _build_args()["MODEL_DIR"] in copied, "the Dockerfile does not copy the model folder"
+
+
+def test_every_file_the_dockerfile_reads_gets_into_the_build_context():
+    """An excluded file in a copied folder is silently missing from the image: none may be."""
+    left_out = _left_out((DEPLOY / "Dockerfile.dockerignore").read_text())
+    assert not left_out, f"deploy/Dockerfile.dockerignore leaves out files the image needs: {left_out[:10]}"
+    model_files = {path for path in _context_files(_build_args()["MODEL_DIR"])}
+    assert {f"{_build_args()['MODEL_DIR']}/requirements.txt", f"{_build_args()['MODEL_DIR']}/server.py"} <= model_files
+
+
+def test_an_ignore_file_without_the_model_folder_is_caught():
+    """The check above fails the way the old ignore file did (it let in only the server script)."""
+    text = (DEPLOY / "Dockerfile.dockerignore").read_text()
+    line = f"!{_build_args()['MODEL_DIR']}/"
+    assert line in text.splitlines()
+    left_out = _left_out(text.replace(line, "!" + _build_args()["MODEL_DIR"] + "/server.py"))
+    assert any(path.endswith("requirements.txt") for path in left_out)
+    assert any(path.endswith(".npz") for path in left_out), left_out
+
+
+def test_the_models_requirements_are_installed_before_its_files_are_copied():
+    instructions = [(word, _substitute(rest)) for word, rest in _dockerfile()]
+    model_dir = _build_args()["MODEL_DIR"]
+    copy_requirements = next(
+        index
+        for index, (word, rest) in enumerate(instructions)
+        if word == "COPY" and f"{model_dir}/requirements.txt" in rest
+    )
+    requirements_in_image = shlex.split(instructions[copy_requirements][1])[-1]
+    install = next(
+        index
+        for index, (word, rest) in enumerate(instructions)
+        if word == "RUN" and re.search(rf"pip install (?:[^;]* )?-r {re.escape(requirements_in_image)}\b", rest)
+    )
+    copy_model = next(
+        index
+        for index, (word, rest) in enumerate(instructions)
+        if word == "COPY" and shlex.split(rest)[0].rstrip("/") == model_dir
+    )
+    assert copy_requirements < install < copy_model, (
+        "install the requirements first: a weights edit then reuses that layer"
+    )
+    users = [rest for word, rest in instructions[:install] if word == "USER"]
+    assert users and users[-1].partition(":")[0] in ("0", "root"), "the packages go into the image's Python, as root"
+    assert instructions[-1] == ("CMD", '["python", "/app/server.py"]')
+    assert shlex.split(instructions[copy_model][1])[-1].rstrip("/") == "/app"
+
+
 # --- (a) the Kubernetes API schemas -----------------------------------------------------------
 
 
@@ -175,7 +358,10 @@ def test_kubernetes_resources_match_the_api_schema(path, version):
 
 
 def test_the_folder_holds_every_expected_kind(kube):
-    assert set(kube) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap"}
+    """``kubectl apply -f deploy/kubernetes/`` applies these; the adapter rule and the opt-in autoscaler are apart."""
+    assert set(kube) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert [doc["kind"] for doc in _load(QUEUE_TIME_HPA)] == ["HorizontalPodAutoscaler"]
+    assert [doc["kind"] for doc in _load(ADAPTER_RULES)] == ["ConfigMap"]
 
 
 @pytest.mark.parametrize(
@@ -232,17 +418,18 @@ def test_inference_service_uses_the_runtime(kserve):
 
 def test_container_ports_are_the_servers_and_the_images(kube, server):
     container = _container(kube["Deployment"])
-    config = server.server_config(_plain_env(container))
+    config = server.server_config(_image_env_for(container))
     ports = {entry["name"]: entry["containerPort"] for entry in container["ports"]}
     assert ports == {"http": config.http_port, "grpc": config.grpc_port, "metrics": config.metrics_port}
-    assert {config.http_address, config.grpc_address, config.metrics_address} == {"0.0.0.0"}
+    # Every interface (None: TritonConfig's default, 0.0.0.0): the kubelet and the Service reach the pod's IP.
+    assert {config.http_address, config.grpc_address, config.metrics_address} <= {None, "0.0.0.0"}
     exposed = {int(port) for word, rest in _dockerfile() if word == "EXPOSE" for port in rest.split()}
     assert exposed == set(ports.values())
 
 
 def test_probes_check_triton_health_on_the_http_port_without_a_token(kube, server):
     container = _container(kube["Deployment"])
-    env = _plain_env(container)
+    env = _image_env_for(container)
     http_port = server.server_config(env).http_port
     expected = {
         "startupProbe": "/v2/health/ready",
@@ -281,7 +468,7 @@ def test_grace_period_covers_prestop_and_drain(kube, kserve, server, source):
     else:
         pod = kserve["InferenceService"]["spec"]["predictor"]
         container = _container(kserve["ServingRuntime"])
-    config = server.server_config(_plain_env(container))
+    config = server.server_config(_image_env_for(container))
     drain_bound = EXIT_TIMEOUT_S if config.exit_timeout_secs is None else config.exit_timeout_secs
     # A delay between readiness off and refusing new requests (TritonConfig.drain_delay_secs, part of
     # the graceful drain) comes on top of the bound; getattr: absent from TritonConfig before that.
@@ -336,6 +523,38 @@ def test_shared_memory_and_writable_paths(kube, kserve, kind):
         assert "emptyDir" in volumes[name]
 
 
+def _is_cache_variable(name: str) -> bool:
+    """Variables naming where libraries write caches and settings (pytriton's own home is read-only by design)."""
+    if name == "PYTRITON_HOME":
+        return False
+    return name == "HOME" or name.startswith("XDG_") or name.endswith(("_HOME", "_CACHE", "CACHE_DIR", "CONFIGDIR"))
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "ServingRuntime"])
+def test_cache_directories_are_writable_under_the_read_only_root(kube, kserve, kind):
+    """torch, Hugging Face, matplotlib, ... write under ``~/.cache`` and friends: those must be a volume."""
+    resource = kube[kind] if kind == "Deployment" else kserve[kind]
+    container = _container(resource)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    pod = resource["spec"] if kind == "ServingRuntime" else resource["spec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    # Disk-backed emptyDirs: /dev/shm is memory, charged to the container and sized for tensors.
+    writable = [
+        mount["mountPath"]
+        for mount in container["volumeMounts"]
+        if "emptyDir" in volumes[mount["name"]] and volumes[mount["name"]]["emptyDir"].get("medium") != "Memory"
+    ]
+    caches = {
+        name: value
+        for name, value in _image_env_for(container).items()
+        if _is_cache_variable(name) and value.startswith("/")  # paths, not switches like PIP_NO_CACHE_DIR=1
+    }
+    assert {"HOME", "XDG_CACHE_HOME", "TORCH_HOME", "HF_HOME"} <= set(caches), sorted(caches)
+    for name, value in caches.items():
+        inside = [path for path in writable if pathlib.PurePosixPath(value).is_relative_to(path)]
+        assert inside, f"{name}={value} is on the read-only root filesystem; writable: {writable}"
+
+
 def test_kserve_runtime_matches_the_deployment(kube, kserve):
     deployment, runtime = _container(kube["Deployment"]), _container(kserve["ServingRuntime"])
     assert runtime["image"] == deployment["image"]
@@ -362,12 +581,24 @@ def test_autoscaler_and_disruption_budget_target_the_deployment(kube):
     assert hpa["spec"]["minReplicas"] >= 2, "one pod alone cannot drain without dropping capacity to zero"
 
 
-def test_autoscaler_metric_is_the_adapters_queue_time_rule(kube):
-    pods_metrics = [
-        item["pods"] for item in kube["HorizontalPodAutoscaler"]["spec"]["metrics"] if item["type"] == "Pods"
-    ]
+def test_default_autoscaler_needs_no_metrics_adapter(kube):
+    """CPU comes from metrics-server; a custom metric that cannot be read blocks scale-in (kubernetes#99514)."""
+    metrics = kube["HorizontalPodAutoscaler"]["spec"]["metrics"]
+    assert metrics and all(item["type"] == "Resource" for item in metrics), metrics
+    assert {item["resource"]["name"] for item in metrics} <= {"cpu", "memory"}
+
+
+def test_opt_in_autoscaler_replaces_the_default_and_reads_the_adapters_queue_time(kube):
+    default, queue_time = kube["HorizontalPodAutoscaler"], _load(QUEUE_TIME_HPA)[0]
+    # Same name: applying it replaces the default instead of adding a second autoscaler that would
+    # fight the first over the replica count.
+    assert queue_time["metadata"]["name"] == default["metadata"]["name"]
+    assert {key: value for key, value in queue_time["spec"].items() if key != "metrics"} == {
+        key: value for key, value in default["spec"].items() if key != "metrics"
+    }
+    pods_metrics = [item["pods"] for item in queue_time["spec"]["metrics"] if item["type"] == "Pods"]
     assert len(pods_metrics) == 1
-    rules = yaml.safe_load(kube["ConfigMap"]["data"]["config.yaml"])["rules"]
+    rules = yaml.safe_load(_load(ADAPTER_RULES)[0]["data"]["config.yaml"])["rules"]
     by_name = {rule["name"]["as"]: rule for rule in rules}
     rule = by_name[pods_metrics[0]["metric"]["name"]]
     assert "nv_inference_queue_duration_us" in rule["seriesQuery"]
@@ -375,12 +606,3 @@ def test_autoscaler_metric_is_the_adapters_queue_time_rule(kube):
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
     annotations = kube["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(_port_number(_container(kube["Deployment"]), "metrics"))
-
-
-def test_example_server_is_lint_clean():
-    """deploy/server.py is held to the repository's ruff rules (it is outside the linted folders)."""
-    for command in (["ruff", "check", "deploy"], ["ruff", "format", "--check", "deploy"]):
-        result = subprocess.run(
-            [sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
