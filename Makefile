@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-numpy1 test-unit test-e2e server bench soak soak-short rollout-test lint docs clean
+.PHONY: demo test test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test lint docs clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,24 @@ $(VENV)/.dev-deps: pyproject.toml $(VENV)/.test-deps
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
-server: $(VENV)/.test-deps
+server: $(VENV)/.test-deps allocator
 	$(VENV)/bin/pytriton install-server
+
+# jemalloc for tritonserver: pytriton preloads it into the server when it is installed, so memory
+# freed after large requests goes back to the system (docs/soak.md, "Server memory and the
+# allocator"). Installs Debian's/Ubuntu's package where this runs as root with apt-get (CI); elsewhere
+# it says what to run. Never fails the build: without jemalloc the server runs with glibc's malloc.
+allocator:
+	@if ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2'; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "allocator: installing libjemalloc2 (apt-get)"; \
+		{ apt-get install -y -qq --no-install-recommends libjemalloc2 >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends libjemalloc2 >/dev/null 2>&1; }; } || \
+		echo "allocator: could not install libjemalloc2; tritonserver runs with glibc's malloc (docs/soak.md)"; \
+	else \
+		echo "allocator: jemalloc is not installed; as root run: apt-get install libjemalloc2 (Debian/Ubuntu) or"; \
+		echo "  dnf install jemalloc (RHEL/Fedora). tritonserver runs with glibc's malloc meanwhile (docs/soak.md)."; \
+	fi
 
 demo: server
 	$(PY) examples/quickstart.py
@@ -54,7 +70,7 @@ bench: server $(VENV)/.dev-deps
 # Soak and fault suite (bench/soak.py): bit-exact load, memory over time, fault probes; JSON + plot
 # in bench/results/soak/. soak-short is the bounded version CI runs (about 2 minutes).
 soak: server $(VENV)/.dev-deps
-	$(PY) -m bench.soak
+	$(PY) -m bench.soak --mixed-connections 48
 
 soak-short: server
 	$(PY) -m bench.soak --short

@@ -1,14 +1,18 @@
 """Soak and fault suite: sustained load checked bit-exact, memory over time, and fault probes.
 
-Usage: ``python -m bench.soak [--short] [--out DIR] [--fixed-s S] [--mixed-s S] [--idle-s S]``
-(``make soak`` runs the full version, ``make soak-short`` the one CI runs).
+Usage: ``python -m bench.soak [--short] [--out DIR] [--fixed-s S] [--mixed-s S] [--idle-s S]
+[--mixed-connections N] [--allocator NAME]`` (``make soak`` runs the full version with 48 mixed
+connections, ``make soak-short`` the one CI runs).
 
 1. Starts ``bench/soak_server.py`` in its own process (a ``Triton`` serving identity models on free
    loopback ports) and finds its ``tritonserver`` and stub processes.
 2. **fixed**: ``[1,16]`` float32 requests, random data, several connections at once, for ``--fixed-s``.
-3. **mixed**: uint8 requests of random sizes from 1 KiB to 8 MiB (log-uniform), for ``--mixed-s``.
+3. **mixed**: uint8 requests of random sizes from 1 KiB to 8 MiB (log-uniform), for ``--mixed-s``,
+   from ``--mixed-connections`` connections.
 4. **idle**: no traffic for ``--idle-s``; memory must come back within 20% of where the mixed run
-   started (``MEMORY_SLACK``), for the user's process, the server and the stubs.
+   started (``MEMORY_SLACK``), for the user's process, the server and the stubs, and ``tritonserver``
+   within 1.2x of its memory when the soak started (``SERVER_LIMIT``). ``--allocator`` picks the
+   server's ``malloc`` (``TritonConfig.server_allocator``) to compare allocators.
 5. The fault probes of :mod:`bench.soak_probes` (malformed and hostile requests, BaseException in the
    callable, access tokens, an oversized request, a killed stub, a killed server).
 6. Stops the server (SIGTERM) and checks that no process, socket directory or ``/dev/shm`` segment
@@ -42,6 +46,7 @@ from bench.soak_client import HttpClient, Processes, shm_usage
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODELS = ["identity_f32", "identity_u8", "raises"]
 MEMORY_SLACK = 0.20  # memory after the idle period may exceed the mixed run's start by this share
+SERVER_LIMIT = 1.2  # tritonserver's RSS after the idle period, at most this times its RSS at the soak's start
 MIXED_MIN, MIXED_MAX = 1 << 10, 8 << 20
 STARTUP_S = 120.0
 
@@ -177,13 +182,29 @@ def memory_verdict(before: Dict[str, Any], after: Dict[str, Any], slack: float =
     return verdict
 
 
-def _start_server(workdir: pathlib.Path) -> tuple:
+def server_memory_verdict(start: Dict[str, Any], end: Dict[str, Any], limit: float = SERVER_LIMIT) -> Dict[str, Any]:
+    """tritonserver's RSS after the idle period against its RSS when the soak started (issue 25, item 6)."""
+    before, after = start.get("server_rss_kib", 0), end.get("server_rss_kib", 0)
+    ratio = round(after / before, 3) if before else None
+    return {
+        "limit": limit,
+        "start": before,
+        "end": after,
+        "ratio": ratio,
+        "passed": bool(before) and after <= before * limit,
+    }
+
+
+def _start_server(workdir: pathlib.Path, allocator: Optional[str] = None) -> tuple:
     info_path = workdir / "server.json"
     log_path = workdir / "server.log"
     log = log_path.open("wb")
+    env = dict(os.environ)
+    if allocator:
+        env["PYTRITON_TRITON_CONFIG_SERVER_ALLOCATOR"] = allocator
     child = subprocess.Popen(
         [sys.executable, "-m", "bench.soak_server", str(info_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL, env=env,
     )  # fmt: skip
     deadline = time.monotonic() + STARTUP_S
     while not info_path.exists():
@@ -268,7 +289,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     report: Dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "out"}, "phases": {}}
     with tempfile.TemporaryDirectory(prefix="pytriton-soak-") as workdir:
-        child, info, log_path = _start_server(pathlib.Path(workdir))
+        child, info, log_path = _start_server(pathlib.Path(workdir), args.allocator)
         sampler = Sampler(info["pid"], f"pytriton-{info['pid']}-", args.sample_s)
         seen: List[int] = []
         try:
@@ -283,12 +304,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             report["phases"]["fixed"] = run_load(_fixed_worker, info["http_port"], args.fixed_s, args.connections)
             sampler.phase = "mixed"
             mixed_start = sampler.sample_now()
-            report["phases"]["mixed"] = run_load(_mixed_worker, info["http_port"], args.mixed_s, 2)
+            report["phases"]["mixed"] = run_load(_mixed_worker, info["http_port"], args.mixed_s, args.mixed_connections)
             sampler.phase = "idle"
             report["phases"]["mixed_end"] = sampler.sample_now()
             time.sleep(args.idle_s)
             idle_end = sampler.sample_now()
             report["memory"] = memory_verdict(mixed_start, idle_end)
+            report["server_memory"] = server_memory_verdict(report["phases"]["fixed_start"], idle_end)
             sampler.phase = "probes"
             report["probes"] = _run_probes(target, info, seen)
             sampler.phase = "stop"
@@ -304,7 +326,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     report["failed_requests"] = failed_requests
     report["failed_probes"] = failed_probes
     report["passed"] = (
-        not failed_requests and report["memory"]["passed"] and not failed_probes and report["stop"]["clean"]
+        not failed_requests
+        and report["memory"]["passed"]
+        and report["server_memory"]["passed"]
+        and not failed_probes
+        and report["stop"]["clean"]
     )
     report["verdict"] = "passed" if report["passed"] else "FAILED"
     (out / "soak.json").write_text(json.dumps(report, indent=2))
@@ -351,6 +377,12 @@ def _summary_lines(report: Dict[str, Any]) -> List[str]:
             f"  {key:15s} {entry['start'] / 1024:8.1f} MiB -> {entry['end'] / 1024:8.1f} MiB {'ok' if entry['within'] else 'OVER'}"
         )
     lines.append(f"stop: {report['stop']['stop_s']} s, leftovers {report['stop']['leftovers']}")
+    server = report.get("server_memory")
+    if server:
+        lines.append(
+            f"tritonserver after idle vs soak start (limit {server['limit']}x): {server['start'] / 1024:.1f} MiB -> "
+            f"{server['end'] / 1024:.1f} MiB ({server['ratio']}x) {'ok' if server['passed'] else 'OVER'}"
+        )
     lines.append(f"verdict: {report['verdict']} (failed probes: {report['failed_probes'] or 'none'})")
     return lines
 
@@ -362,7 +394,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--mixed-s", type=float, default=120.0)
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--mixed-connections", type=int, default=2, help="connections of the mixed-size run")
     parser.add_argument("--sample-s", type=float, default=1.0)
+    parser.add_argument(
+        "--allocator",
+        default=None,
+        help="the server's malloc: auto, jemalloc, tcmalloc, glibc or a library path (TritonConfig.server_allocator)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak"))
     args = parser.parse_args(argv)
     if args.short:

@@ -73,7 +73,12 @@ def main(info_path: pathlib.Path) -> int:
     logging.basicConfig(level=logging.WARNING, format="soak-server %(levelname)s %(name)s: %(message)s")
     http_port, grpc_port, metrics_port = _free_ports(3)
     config = TritonConfig(
-        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, max_request_bytes=MAX_REQUEST_BYTES
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        max_request_bytes=MAX_REQUEST_BYTES,
+        # bench.soak --allocator: which malloc the server runs with (None: pytriton's default)
+        server_allocator=os.environ.get("PYTRITON_TRITON_CONFIG_SERVER_ALLOCATOR") or None,
     )
     with Triton(config=config) as triton:
         triton.bind(

@@ -392,12 +392,15 @@ def server_command(
         stub_environment().bin_dir,
         [shared_libpython_dir(), *distribution.library_dirs],
         malloc_arena_max=config.server_malloc_arena_max,
+        allocator=config.server_allocator,
     )
     return argv, env
 
 
 def command_text(
-    argv: Sequence[str], env: Dict[str, str], names: Sequence[str] = ("PATH", "LD_LIBRARY_PATH", "MALLOC_ARENA_MAX")
+    argv: Sequence[str],
+    env: Dict[str, str],
+    names: Sequence[str] = ("PATH", "LD_LIBRARY_PATH", "MALLOC_ARENA_MAX", "LD_PRELOAD", "MALLOC_CONF"),
 ) -> str:
     """``env NAME=value ... argv`` as one shell line (only the variables that matter)."""
     import shlex

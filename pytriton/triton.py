@@ -61,7 +61,7 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
-from pytriton.server import _drain
+from pytriton.server import _allocator, _drain
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
@@ -567,6 +567,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                 stub_env.bin_dir,
                 [libpython, *distribution.library_dirs],
                 malloc_arena_max=self._config.server_malloc_arena_max,
+                allocator=self._config.server_allocator,
             )
             self._launch = (argv, env)
             self._startup_models = startup
@@ -802,14 +803,20 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
 
 
 def _server_environment(
-    stub_bin: pathlib.Path, library_dirs: List[pathlib.Path], malloc_arena_max: Optional[int] = None
+    stub_bin: pathlib.Path,
+    library_dirs: List[pathlib.Path],
+    malloc_arena_max: Optional[int] = None,
+    allocator: Optional[str] = None,
 ) -> Dict[str, str]:
     """Environment of the server: the stub's python3 first on PATH, this libpython first to load.
 
     ``malloc_arena_max`` (``None``: :data:`SERVER_MALLOC_ARENA_MAX`; 0: glibc's own default) sets
     ``MALLOC_ARENA_MAX`` for the server and its stubs only, unless your environment sets it.
+    ``allocator`` (``TritonConfig.server_allocator``) picks the ``malloc`` preloaded into the server
+    and its stubs (pytriton/server/_allocator.py: jemalloc when installed, by default).
     """
     env = dict(os.environ)
+    _allocator.preload(env, _allocator.resolve(allocator))
     arenas = SERVER_MALLOC_ARENA_MAX if malloc_arena_max is None else malloc_arena_max
     if arenas > 0:
         # With one malloc arena, the heap the server grew for large tensors is trimmed back when they

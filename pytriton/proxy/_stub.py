@@ -60,6 +60,12 @@ except ImportError:  # imported from the package (tests, type checking)
 _NUMPY2 = int(np.__version__.split(".")[0]) >= 2
 _stub_bytes.install(pb_utils)  # before the stub first converts an array (see _stub_bytes)
 
+# Claiming a slot (TritonPythonModel._claim_slot): how long a stub waits for a slot held by an
+# instance that is exiting before it takes the next set of lock files, and how many sets there are
+# (one per load of the same generation that can overlap: a repository-API reload overlaps twice at most).
+SLOT_GRACE_S = 1.0
+_SLOT_ROUNDS = 4
+
 
 def _read_input(tensor: Any) -> Any:
     """An input as numpy (numeric) or as the serialized tensor (BYTES, see _stub_bytes)."""
@@ -269,20 +275,34 @@ class TritonPythonModel:
         return True
 
     def _claim_slot(self, slots: int) -> int:
-        deadline = time.monotonic() + 60.0
+        """Lock a free slot of this generation; returns the lock's descriptor (held until this process exits).
+
+        A slot whose lock is held belongs to a live stub. Usually that is an instance of this very
+        load, but it may be the previous load's: Triton's repository API reloads a model by starting
+        the new instances while the old ones still serve, and unloads those only once the new ones
+        are ready. So after :data:`SLOT_GRACE_S` of waiting (an old instance that is merely exiting
+        frees its slot within that) the claim moves on to a further set of lock files
+        (``-r1``, ``-r2``, ...): the new instance shares its slot's worker with the old one until
+        the old one is unloaded, as a new generation does. Before, the reload waited 60 s for a
+        slot that could not come free, failed, and left its stub behind.
+        """
+        started = time.monotonic()
         while True:
-            for slot in range(slots):
-                lock_name = f"slot-{slot}-g{self._generation}.lock"
-                fd = os.open(os.path.join(self._endpoint_dir, lock_name), os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                self._slot = slot
-                return fd
+            rounds = 1 + min(_SLOT_ROUNDS - 1, int((time.monotonic() - started) / SLOT_GRACE_S))
+            for round_number in range(rounds):
+                for slot in range(slots):
+                    suffix = f"-r{round_number}" if round_number else ""
+                    lock_name = f"slot-{slot}-g{self._generation}{suffix}.lock"
+                    fd = os.open(os.path.join(self._endpoint_dir, lock_name), os.O_RDWR | os.O_CREAT, 0o600)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        os.close(fd)
+                        continue
+                    self._slot = slot
+                    return fd
             # Every slot is held: an instance being unloaded has not exited yet. Wait for it.
-            if time.monotonic() > deadline:
+            if time.monotonic() > started + 60.0:
                 raise pb_utils.TritonModelException(f"pytriton: all {slots} instance slots stay busy")
             self._check_user_alive()
             time.sleep(0.01)

@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _tracing, _wire, _zmq_channel
+from pytriton.proxy import _stub_watch, _tracing, _wire, _zmq_channel
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import Request
 
@@ -48,13 +48,7 @@ def error_text(exc: BaseException) -> str:
     return f"{name}: {message}" if message else name
 
 
-def _proc_stat(pid: int) -> List[bytes]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then ppid); [] if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
+_proc_stat = _stub_watch.proc_stat  # the fields of /proc/<pid>/stat after the command name
 
 
 def _process_running(pid: int) -> bool:
@@ -295,6 +289,7 @@ class InstanceWorker:
         except BaseException:  # noqa: BLE001 - log whatever ends this thread
             LOGGER.exception("Worker %s crashed", self._name)
         finally:
+            _stub_watch.WATCH.forget(session)
             with self._sessions_lock:
                 self._sessions.remove(session)
             assert session.sock is not None
@@ -390,6 +385,8 @@ class InstanceWorker:
 
     def _hello(self, session: _Session, message: Any) -> None:
         session.stub_pid, session.generation = _wire.parse_hello(message)
+        if not getattr(session.sock, "inline_only", False):  # a stub on this host (not the TCP transport)
+            _stub_watch.WATCH.watch(session, session.stub_pid, f"model {self._config.model_name} ({self._name})")
         fields = _proc_stat(session.stub_pid)
         session.server_pid = int(fields[1]) if len(fields) > 1 else 0
         session.connected = True

@@ -58,7 +58,10 @@ _AUTH = b"PYTRITON1"
 _OK = b"OK"
 _REFUSED = b"REFUSED"
 AUTH_TIMEOUT_S = 10.0
+_MAX_GREETING = 4096  # a greeting is "PYTRITON1 <token> <route>": anything longer is not one
+_MAX_REFUSED = 4096  # refused peers remembered at most (each is forgotten when it disconnects)
 _STOP = b"stop"
+_INFER = 2  # _wire.INFER (this file imports nothing from pytriton: it also runs inside the stub)
 _hub_ids = itertools.count(1)
 _HUBS: Dict[int, Hub] = {}
 _HUBS_LOCK = threading.Lock()
@@ -216,6 +219,7 @@ class Connection:
 
     def __init__(self, hub: Hub, identity: bytes):
         self._hub = hub
+        self.hub_port = hub.port
         self.identity = identity
         self._inbox: queue.SimpleQueue[Optional[bytes]] = queue.SimpleQueue()
         self._push: Any = None
@@ -263,7 +267,31 @@ class ConnectionChannel:
         self._connection.send_frame(marshal.dumps(message))
 
     def recv(self) -> Any:
-        return marshal.loads(self._connection.recv_frame())
+        """The next message of the stub; ``EOFError`` at the end of the connection or for a malformed message.
+
+        A malformed message ends the connection (the peer holds the token, yet it is broken or
+        hostile): anything ``marshal`` cannot decode, anything but a tuple starting with a message
+        kind, and an INFER naming a shared-memory segment (over TCP every tensor travels in the
+        message, so such a name could only make this process map a segment it was never given).
+        """
+        frame = self._connection.recv_frame()
+        try:
+            message = marshal.loads(frame)
+        except Exception as exc:  # noqa: BLE001 - ValueError, EOFError, TypeError: all mean "not ours"
+            raise self._malformed(f"undecodable ({type(exc).__name__})") from None
+        if type(message) is not tuple or not message or type(message[0]) is not int:
+            raise self._malformed("not a pytriton message")
+        if message[0] == _INFER and (len(message) < 3 or message[1] is not None):
+            raise self._malformed("an INFER message that is not inline")
+        return message
+
+    def _malformed(self, what: str) -> EOFError:
+        LOGGER.warning(
+            "pytriton TCP hub on port %d closed an authenticated connection after a malformed message: %s",
+            self._connection.hub_port,
+            what,
+        )
+        return EOFError(f"malformed message from the stub: {what}")
 
 
 class Listener:
@@ -382,8 +410,7 @@ class Hub:
                 if self._monitor in events:
                     self._disconnections()
                 if self._router in events:
-                    identity, data = self._router.recv_multipart(copy=False)
-                    self._incoming(identity.bytes, data)
+                    self._receive()
         except Exception:  # noqa: BLE001 - log whatever ends this thread
             LOGGER.exception("pytriton TCP hub on port %d failed", self.port)
         finally:
@@ -417,6 +444,70 @@ class Hub:
             if peer is not None:
                 peer.deliver(None)
 
+    def _receive(self) -> None:
+        """Take one message from the ``ROUTER`` socket; nothing a peer sends may end the dispatcher.
+
+        A peer decides what arrives here: any number of frames of any content, before or after it
+        authenticated. A message that is not exactly one frame (ZeroMQ puts the peer's identity in
+        front) is a protocol violation: the peer is refused (an authenticated one loses its
+        connection) and everything it sends later is dropped unread. An error while handling one
+        message ends that peer only, never this thread.
+        """
+        frames = self._router.recv_multipart(copy=False)
+        identity = frames[0].bytes
+        try:
+            if len(frames) != 2:
+                self._refuse(identity, frames[-1], "a pytriton message is one frame")
+                return
+            self._incoming(identity, frames[1])
+        except Exception as exc:  # noqa: BLE001 - a hostile or broken peer costs its own connection only
+            LOGGER.warning(
+                "pytriton TCP hub on port %d dropped a peer after a message it could not handle (%s: %s)",
+                self.port,
+                type(exc).__name__,
+                exc,
+            )
+            self._refuse(identity, frames[-1], f"unexpected message ({type(exc).__name__})")
+
+    def _refuse(self, identity: bytes, frame: Any, reason: str) -> None:
+        """Refuse ``identity`` for good: its connection (if any) ends and its later frames are dropped unread.
+
+        ``frame`` is one of its frames, whose source descriptor lets a disconnection forget the peer;
+        None when that is unknown or already recorded.
+        """
+        with self._lock:
+            peer = self._peers.pop(identity, None)
+        if peer is not None:
+            peer.deliver(None)
+        if identity in self._refused:
+            return
+        self._refused[identity] = True
+        while len(self._refused) > _MAX_REFUSED:  # a hard bound, whatever ZeroMQ reports or not
+            self._refused.pop(next(iter(self._refused)))  # the oldest: its later frames are refused again
+        if frame is not None:
+            self._disconnections()  # as for a new peer: the descriptor may be a reused one
+            self._track(identity, frame)
+        LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
+        try:
+            self._router.send_multipart([identity, _REFUSED + b" " + reason.encode()], flags=self._zmq.NOBLOCK)
+        except self._zmq.ZMQError:  # the peer is gone or does not read: nothing to tell it
+            pass
+
+    def _track(self, identity: bytes, frame: Any) -> None:
+        """Remember which descriptor ``identity`` arrives on, so that its disconnection forgets it.
+
+        A descriptor already taken by another identity means that peer is gone (its disconnection was
+        reported before its last frames were read): it is forgotten now.
+        """
+        try:
+            fd = int(frame.get(self._zmq.SRCFD))
+        except Exception:  # noqa: BLE001 - a frame without a source descriptor: kept until the hub closes
+            return
+        previous = self._fds.get(fd)
+        if previous is not None and previous != identity:
+            self._refused.pop(previous, None)
+        self._fds[fd] = identity
+
     def _incoming(self, identity: bytes, data: Any) -> None:
         with self._lock:
             peer = self._peers.get(identity)
@@ -437,31 +528,40 @@ class Hub:
         self._disconnections()
         reason = self._authenticate(data.bytes)
         if reason is not None:
-            self._refused[identity] = True
-            self._fds[int(data.get(self._zmq.SRCFD))] = identity  # forgotten again when it disconnects
-            LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
-            self._router.send_multipart([identity, _REFUSED + b" " + reason.encode()])
+            self._refuse(identity, data, reason)
             return
-        route = data.bytes.split(b" ")[2].decode()
+        route = data.bytes.split(b" ")[2].decode("ascii")
         connection = Connection(self, identity)
         with self._lock:
             listener = self._routes.get(route)
             if listener is not None:
                 self._peers[identity] = connection
         if listener is None:
-            self._router.send_multipart([identity, _REFUSED + b" no model instance is served under that route"])
+            # Not for good: the stub of a model still loading may ask again (a fresh connection).
+            self._send(identity, _REFUSED + b" no model instance is served under that route")
             return
-        self._fds[int(data.get(self._zmq.SRCFD))] = identity
-        self._router.send_multipart([identity, _OK])
+        self._track(identity, data)
+        self._send(identity, _OK)
         listener.offer(connection)
+
+    def _send(self, identity: bytes, data: bytes) -> None:
+        """A reply of the dispatcher itself; dropped when the peer does not read (never blocks this thread)."""
+        try:
+            self._router.send_multipart([identity, data], flags=self._zmq.NOBLOCK)
+        except self._zmq.ZMQError:
+            pass
 
     def _authenticate(self, frame: bytes) -> Optional[str]:
         """None if ``frame`` is a valid greeting, else why it is refused."""
+        if len(frame) > _MAX_GREETING:
+            return "not a pytriton greeting"
         parts = frame.split(b" ")
         if len(parts) != 3 or parts[0] != _AUTH:
             return "not a pytriton greeting"
         if not hmac.compare_digest(parts[1], self.token.encode()):
             return "wrong token"
+        if not parts[2].isascii() or not parts[2].decode("ascii").isprintable():
+            return "not a pytriton greeting"
         return None
 
     def close(self) -> None:

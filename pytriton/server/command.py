@@ -23,6 +23,7 @@ _NOT_FLAGS = frozenset(
         "python_backend_shm_recycle_byte_size",
         "python_backend_shm_recycle_idle_secs",
         "server_malloc_arena_max",
+        "server_allocator",
         "disable_auto_complete_config",
         # Merged with the security config by AccessPolicy (security.py), which writes the flags.
         "http_restricted_api",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import http.client
 import logging
 import os
@@ -25,7 +26,7 @@ import time
 from typing import IO, Callable, Deque, Dict, List, Optional
 
 from pytriton.exceptions import PyTritonServerError
-from pytriton.server import _launch
+from pytriton.server import _allocator, _launch
 
 LOGGER = logging.getLogger(__name__)
 # The server's own output lines go to a logger of their own, documented in docs/configuration.md
@@ -69,6 +70,15 @@ def _private_bytes(pid: int) -> int:
             if line.startswith("VmData:"):
                 return int(line.split()[1]) * 1024
     raise ValueError(f"no VmData for pid {pid}")
+
+
+def _prepare_child(data_limit: Optional[int]) -> None:  # runs in the child between fork and exec
+    """Die with the parent; under jemalloc, refuse allocations larger than the machine (``_allocator.data_limit``)."""
+    _die_with_parent()
+    if data_limit is not None:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard == resource.RLIM_INFINITY or data_limit <= hard:
+            resource.setrlimit(resource.RLIMIT_DATA, (data_limit, hard))
 
 
 def describe_exit(returncode: int) -> str:
@@ -233,7 +243,7 @@ class TritonServerProcess:
         self._process = _launch.spawn(
             self._argv,
             self._env,
-            _die_with_parent,
+            functools.partial(_prepare_child, _allocator.data_limit(self._env)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -52,6 +52,10 @@ class TritonConfig:
       that the memory is given back (the region never shrinks otherwise).
     * ``server_malloc_arena_max``: ``MALLOC_ARENA_MAX`` for ``tritonserver`` and its stubs (default
       1, so memory freed after large requests goes back to the system; 0 keeps glibc's default).
+    * ``server_allocator``: the ``malloc`` preloaded (``LD_PRELOAD``) into ``tritonserver`` and its
+      stubs: ``"auto"`` (default: jemalloc when installed, else glibc's with a warning naming the
+      package), ``"jemalloc"``, ``"tcmalloc"``, ``"glibc"`` or a library's absolute path. See
+      docs/soak.md, "Server memory and the allocator".
     * ``disable_auto_complete_config``: pytriton sends complete model configs, so Triton's config
       auto-completion (one extra stub start per model load) is off unless this is set to ``False``.
     * ``max_request_bytes``: the largest request (the sum of its input tensors' bytes, strings
@@ -125,6 +129,7 @@ class TritonConfig:
     python_backend_shm_recycle_byte_size: Optional[int] = None
     python_backend_shm_recycle_idle_secs: Optional[int] = None
     server_malloc_arena_max: Optional[int] = None
+    server_allocator: Optional[str] = None
     max_request_bytes: Optional[int] = None
     callable_metrics: Optional[bool] = None
     tritonserver_dir: Optional[pathlib.Path] = None

@@ -316,6 +316,60 @@ def test_killed_stub_is_replaced(server):
     assert all(_echo(ports) is None for _ in range(20))
 
 
+# Seconds the stub stays stopped in the test below; PYTRITON_TEST_STUB_PAUSE_S=30 runs the issue's case by hand.
+STUB_PAUSE_S = float(os.environ.get("PYTRITON_TEST_STUB_PAUSE_S", "4"))
+
+
+def test_a_stopped_stub_fails_requests_fast_and_is_replaced_without_a_server_abort(server):
+    """Issue 25, item 5: a stub SIGSTOPped under traffic, then resumed.
+
+    Before: readiness 200, requests failed, and on resume tritonserver aborted with
+    boost::interprocess::lock_exception (3 of 3 trials with a 5 s pause). Now the stub is killed after
+    2 s stopped (proxy/_stub_watch.py) and replaced; the server keeps running.
+    """
+    triton, ports = server
+    assert _wait_serving(ports)
+    server_pid = triton._server.pid
+    stubs = _stubs(server_pid, "Echo2")
+    assert len(stubs) == 2, stubs
+    stop = threading.Event()
+    results: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+
+    def traffic():
+        while not stop.is_set():
+            started = time.monotonic()
+            error = _echo(ports)
+            results.put((error, time.monotonic() - started))
+
+    threads = [threading.Thread(target=traffic, daemon=True) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    os.kill(stubs[0], signal.SIGSTOP)
+    try:
+        time.sleep(STUB_PAUSE_S)
+    finally:
+        try:
+            os.kill(stubs[0], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    time.sleep(3.0)  # what resuming a stale stub did to the server happened within this before
+    stop.set()
+    for thread in threads:
+        thread.join(70)
+    outcomes = []
+    while not results.empty():
+        outcomes.append(results.get())
+    errors = [error for error, _ in outcomes if error is not None]
+    assert triton._server.pid == server_pid, "tritonserver was restarted: it aborted"
+    assert all(seconds < 10.0 for _, seconds in outcomes), "a request waited for the stopped stub"
+    assert all("not healthy" in error for error in errors), errors  # Triton's own clear error, nothing else
+    assert stubs[0] not in _stubs(server_pid, "Echo2")
+    assert _wait_serving(ports, timeout_s=30)
+    assert wait_for(lambda: len(_stubs(server_pid, "Echo2")) == 2, 20), _stubs(server_pid, "Echo2")
+    assert triton.is_alive()
+
+
 # -- server death --------------------------------------------------------------------------------
 def _assert_clean(server_pid, shm_prefix, socket_dir, workspace, scratch=None):
     assert wait_for(lambda: not process_group_alive(server_pid), 10), "server or stub processes left behind"

@@ -16,6 +16,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import warnings
@@ -283,6 +284,41 @@ def test_a_killed_stub_is_noticed_over_tcp(remote):
         os.kill(stub, signal.SIGKILL)
         assert wait_for(lambda: not triton.is_alive(), 10.0)
     _check_unloaded(remote, "RemoteKilled")
+
+
+@pytest.mark.parametrize("encrypt", [True, False], ids=["curve", "clear"])
+def test_hostile_frames_leave_the_tcp_hub_serving(remote, encrypt):
+    """Frames that ended the hub before (two frames; raw bytes; a guessed token) change nothing: issue 25, item 4."""
+    zmq = pytest.importorskip("zmq")
+    name = f"RemoteFuzzed_{'curve' if encrypt else 'clear'}"
+    with RemoteTriton(_url(remote), access_token=TOKEN, transport="tcp", tcp_encryption=encrypt) as triton:
+        _bind(triton, name)
+        triton.run()
+        hub = triton._hub
+        assert hub is not None and triton.tcp_endpoint is not None
+        context = zmq.Context()
+        try:
+            for round_number in range(20):
+                peer = context.socket(zmq.DEALER)
+                if encrypt:  # the hub's public key travels in the load request: assume the attacker has it
+                    public, secret = zmq.curve_keypair()
+                    peer.setsockopt(zmq.CURVE_PUBLICKEY, public)
+                    peer.setsockopt(zmq.CURVE_SECRETKEY, secret)
+                    peer.setsockopt(zmq.CURVE_SERVERKEY, hub.public_key.encode())
+                peer.connect(triton.tcp_endpoint)
+                peer.send_multipart([b"a", b"b"])
+                peer.send(b"PYTRITON1 guessed " + name.encode() + b"/0")
+                peer.send(os.urandom(64 * round_number))
+                peer.close(linger=500)
+            port = int(triton.tcp_endpoint.rsplit(":", 1)[1])
+            for payload in (os.urandom(9), b"\xff" + b"\x00" * 8 + b"\x7f\x01\x00\x01\x00"):
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+                    conn.sendall(payload)
+        finally:
+            context.term()
+        _check_served(remote, name)
+        assert triton.is_alive()
+    _check_unloaded(remote, name)
 
 
 def test_a_killed_stub_is_replaced_over_the_unix_transport(remote):

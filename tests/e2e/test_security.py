@@ -275,6 +275,48 @@ def test_repository_helper_unloads_and_reloads_with_the_token(secured):
         np.testing.assert_array_equal(client.infer_sample(x=X)["y"], X)
 
 
+def _model_stubs(server_pid: int, name: str) -> List[int]:
+    """The stub processes of model ``name`` (their command line names the model's directory)."""
+    stubs = []
+    for pid in _children(server_pid):
+        try:
+            argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"stub" in argv[0] and any(f"/{name}/".encode() in part for part in argv):
+            stubs.append(pid)
+    return stubs
+
+
+def test_a_reload_through_the_repository_api_is_prompt_and_leaves_no_extra_stub(secured):
+    """Issue 25, item 8: Triton starts the reloaded model's stubs while the old ones still hold their slots."""
+    triton = secured.triton
+    triton.bind(
+        "ApiReloaded",
+        [identity, identity],  # two instances: two slots to share with the old load
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+        config=ModelConfig(batching=False),
+    )
+    server_pid = triton._server.pid
+    before = sorted(_model_stubs(server_pid, "ApiReloaded"))
+    assert len(before) == 2
+    started = time.monotonic()
+    status, body = secured.request("POST", "/v2/repository/models/ApiReloaded/load", b"{}", secured.token_headers())
+    took = time.monotonic() - started
+    assert status == 200, body
+    assert took < 15.0, f"the reload took {took:.1f} s"  # before: 60 s, then a failed load
+    assert wait_for(lambda: len(_model_stubs(server_pid, "ApiReloaded")) == 2, timeout_s=30.0)
+    after = sorted(_model_stubs(server_pid, "ApiReloaded"))
+    assert not set(after) & set(before), "the old instances are still there"
+    for _ in range(5):
+        with ModelClient(secured.http_url, "ApiReloaded") as client:
+            np.testing.assert_array_equal(client.infer_sample(x=X)["y"], X)
+    time.sleep(1.0)  # the old stubs' exit must not look like a death to pytriton (no new generation)
+    assert triton._versions("ApiReloaded")[0].generation == 0
+    assert sorted(_model_stubs(server_pid, "ApiReloaded")) == after
+
+
 def test_users_own_http_restriction_on_repository_and_health_still_works():
     ports = triton_ports()
     config = TritonConfig(http_restricted_api="model-repository,health:admin-key=s3cret", **ports)

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import types
 
 import numpy as np
@@ -374,6 +375,19 @@ def test_initialize_claims_a_free_slot_and_says_hello(setup):
         os.close(fd)
     third = setup.model(slots=2, generation=3)
     assert third._slot == 0
+
+
+def test_a_reload_of_the_same_generation_shares_the_slots_after_a_grace(setup, monkeypatch):
+    """Triton's repository API reloads a model while the old instances still hold their slots (issue 25)."""
+    monkeypatch.setattr(setup.stub, "SLOT_GRACE_S", 0.05)
+    setup.worker(0), setup.worker(1)
+    old = [setup.model(slots=2, generation=0) for _ in range(2)]
+    assert [model._slot for model in old] == [0, 1]
+    started = time.monotonic()
+    new = [setup.model(slots=2, generation=0) for _ in range(2)]
+    assert [model._slot for model in new] == [0, 1]  # each slot once among the new instances too
+    assert time.monotonic() - started < 5.0  # not the 60 s of before
+    assert os.path.exists(os.path.join(setup.endpoint_dir, "slot-0-g0-r1.lock"))
 
 
 def test_a_wrong_handshake_reply_fails_initialize(setup, monkeypatch):

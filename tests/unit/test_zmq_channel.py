@@ -59,9 +59,9 @@ def test_round_trip_and_goodbye(hub):
     thread.start()
     stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
     payload = np.arange(300_000, dtype=np.float32).tobytes()  # larger than any socket buffer
-    stub.send(("INFER", payload))
+    stub.send((7, payload))
     reply = _wire.parse_ok(stub.recv())
-    assert reply.results == [("INFER", payload)]
+    assert reply.results == [(7, payload)]
     stub.close()
     thread.join(5)
     assert accepted == ["m1/0", "eof"]
@@ -127,8 +127,8 @@ def test_inline_arena_puts_every_tensor_in_the_message():
     np.testing.assert_array_equal(_wire.read_tensor(None, metas[0][0], copy=True), large)
 
 
-def test_worker_serves_a_stub_over_tcp(hub):
-    """An InstanceWorker on a hub route: HELLO, INFER with a large input, BYE, all inline."""
+def echo_worker(hub: _zmq_channel.Hub, route: str) -> InstanceWorker:
+    """A started ``InstanceWorker`` on ``route`` of ``hub`` whose callable doubles float32 ``x`` into ``y``."""
     config = TritonModelConfig(
         model_name="Echo",
         max_batch_size=0,
@@ -137,15 +137,21 @@ def test_worker_serves_a_stub_over_tcp(hub):
         outputs=[TensorSpec(name="y", shape=(-1,), dtype=np.float32)],
     )
     worker = InstanceWorker(
-        path=hub.path("m1/0"),
+        path=hub.path(route),
         infer_func=lambda requests: [{"y": request["x"] * 2} for request in requests],
         config=config,
         strict=False,
         shm_prefix="pytriton-unit-zmq",
         on_unrecoverable=lambda exc: None,
-        name="Echo-0",
+        name=f"Echo-{route}",
     )
     worker.start()
+    return worker
+
+
+def test_worker_serves_a_stub_over_tcp(hub):
+    """An InstanceWorker on a hub route: HELLO, INFER with a large input, BYE, all inline."""
+    worker = echo_worker(hub, "m1/0")
     stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
     try:
         stub.send(_wire.hello(12345, 0))
@@ -172,8 +178,8 @@ def test_encrypted_hub_needs_its_key():
         thread = _serve_one(hub.register("r"))
         stub = _zmq_channel.connect(hub.endpoint, TOKEN, "r", hub.public_key)
         try:
-            stub.send(("x", b"\x01" * 100_000))
-            assert _wire.parse_ok(stub.recv()).results == [("x", b"\x01" * 100_000)]
+            stub.send((7, b"\x01" * 100_000))
+            assert _wire.parse_ok(stub.recv()).results == [(7, b"\x01" * 100_000)]
         finally:
             stub.close()
         thread.join(5)
@@ -210,3 +216,41 @@ def test_a_peer_that_vanishes_without_goodbye_ends_its_connection(hub):
         assert ended.wait(5), "the hub did not notice the peer's disconnection"
         if round_number < 2:
             threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [b"\x00garbage", b"", None, 42, (), ("INFER",), (2, "pytriton-other-segment", [])],
+    ids=["undecodable", "empty-marshal", "none", "int", "empty-tuple", "kind-not-int", "infer-naming-shm"],
+)
+def test_a_malformed_message_from_an_authenticated_peer_ends_its_connection(hub, frame):
+    """The token holder is trusted with tensors, not with naming shared memory or crashing the worker."""
+    import marshal
+
+    zmq = pytest.importorskip("zmq")
+    listener = hub.register("r")
+    outcome: list = []
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        try:
+            connection.channel().recv()
+            outcome.append("decoded")
+        except EOFError as exc:
+            outcome.append(str(exc))
+        connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
+    try:
+        peer.connect(hub.endpoint)
+        peer.send(b"PYTRITON1 " + TOKEN.encode() + b" r")
+        assert peer.poll(5000) and peer.recv() == b"OK"
+        peer.send(frame if isinstance(frame, bytes) and frame else marshal.dumps(frame))
+        thread.join(5)
+        assert outcome and outcome[0].startswith("malformed message from the stub")
+    finally:
+        peer.close(linger=0)
+        context.term()

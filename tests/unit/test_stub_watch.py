@@ -1,0 +1,82 @@
+"""The stopped-stub watcher (pytriton/proxy/_stub_watch.py) against real processes it may not kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pytriton.proxy import _stub_watch
+
+
+@pytest.fixture()
+def child():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _wait_state(pid: int, state: bytes) -> None:
+    deadline = time.monotonic() + 5.0
+    while _stub_watch.proc_stat(pid)[0] != state:
+        assert time.monotonic() < deadline, f"pid {pid} never reached state {state!r}"
+        time.sleep(0.01)
+
+
+def test_a_stopped_process_is_killed_after_the_limit_only(child, monkeypatch):
+    monkeypatch.setattr(_stub_watch, "is_stub", lambda pid: True)  # a plain child stands in for a stub
+    killed = []
+    watch = _stub_watch.StubWatch(limit_s=2.0, kill=killed.append)
+    watch.watch("session", child.pid, "model M (M-0)")
+    assert watch.check(100.0) == []  # running: nothing
+    os.kill(child.pid, signal.SIGSTOP)
+    _wait_state(child.pid, b"T")
+    assert watch.check(101.0) == []  # first seen stopped
+    assert watch.check(102.5) == []  # 1.5 s
+    os.kill(child.pid, signal.SIGCONT)  # resumed in time: the clock starts again
+    _wait_state(child.pid, b"S")
+    assert watch.check(103.5) == []
+    os.kill(child.pid, signal.SIGSTOP)
+    _wait_state(child.pid, b"T")
+    assert watch.check(104.0) == []
+    assert watch.check(106.1) == [child.pid] == killed
+    assert watch.check(110.0) == []  # forgotten once killed
+    os.kill(child.pid, signal.SIGCONT)
+
+
+def test_only_python_backend_stubs_are_watched(child):
+    watch = _stub_watch.StubWatch(limit_s=0.0, kill=lambda pid: pytest.fail("not a stub: must not be killed"))
+    watch.watch("session", child.pid, "model M")  # a python process, not triton_python_backend_stub
+    os.kill(child.pid, signal.SIGSTOP)
+    _wait_state(child.pid, b"T")
+    assert watch.check(1.0) == [] and watch.check(5.0) == []
+    os.kill(child.pid, signal.SIGCONT)
+    assert not _stub_watch.is_stub(os.getpid())
+
+
+def test_a_reused_pid_is_not_killed(child, monkeypatch):
+    monkeypatch.setattr(_stub_watch, "is_stub", lambda pid: True)
+    watch = _stub_watch.StubWatch(limit_s=0.5, kill=lambda pid: pytest.fail("another process behind the same pid"))
+    watch.watch("session", child.pid, "model M")
+    key_pid, started, description, since = watch._watched["session"]
+    watch._watched["session"] = (key_pid, started - 1, description, since)  # as if the stub had been replaced
+    os.kill(child.pid, signal.SIGSTOP)
+    _wait_state(child.pid, b"T")
+    assert watch.check(1.0) == [] and watch.check(3.0) == []
+    os.kill(child.pid, signal.SIGCONT)
+
+
+def test_the_thread_ends_when_nothing_is_watched(child, monkeypatch):
+    monkeypatch.setattr(_stub_watch, "is_stub", lambda pid: True)
+    watch = _stub_watch.StubWatch(limit_s=60.0, poll_s=0.01)
+    watch.watch("a", child.pid, "model M")
+    thread = watch._thread
+    assert thread is not None and thread.is_alive()
+    watch.forget("a")
+    thread.join(5.0)
+    assert not thread.is_alive() and watch._thread is None
