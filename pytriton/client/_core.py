@@ -323,8 +323,12 @@ class ClientCore:
         headers: Optional[Dict[str, Any]],
         batch: bool,
         lib: Any,
+        sequence: Optional[Tuple[Any, bool, bool]] = None,
     ) -> Operation:
-        """One inference: ``infer_batch`` (``batch=True``) or ``infer_sample``."""
+        """One inference: ``infer_batch`` (``batch=True``) or ``infer_sample``.
+
+        ``sequence``: ``(sequence_id, start, end)`` for a request of a sequence model (docs/sequences.md).
+        """
         check_parameters(parameters, "parameters")
         check_parameters(headers, "headers")
         config = yield from self.ensure_config()
@@ -335,6 +339,8 @@ class ClientCore:
             )
         arrays, add_axis = self.prepare_inputs(inputs, named_inputs, batch, config)
         request = self.build_request(arrays, config, parameters, headers, lib)
+        if sequence is not None:
+            request["sequence_id"], request["sequence_start"], request["sequence_end"] = sequence
         try:
             result = yield Call(
                 "infer",
@@ -418,8 +424,10 @@ class ClientCore:
             request["parameters"] = parameters
         if headers:
             request["headers"] = {key: str(value) for key, value in headers.items()}
-        if self.grpc:
+        if self.grpc:  # a gRPC deadline: past it, Triton sees the request cancelled (docs/cancellation.md)
             request["client_timeout"] = self.inference_timeout_s
+        # Triton's request timeout, which the callable sees as Request.timeout_s / is_cancelled().
+        request["timeout"] = max(1, int(self.inference_timeout_s * 1e6))
         return request
 
     @staticmethod

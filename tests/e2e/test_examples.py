@@ -20,6 +20,7 @@ EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
         ("instances.py", "y = [0. 2. 4.]"),
         ("legacy_client.py", "async requests completed: 4"),
         ("embedded_unit_test.py", "3 of 3 model tests passed, with no port"),
+        ("sequences.py", "sequence 4: total 20"),
     ],
 )
 def test_example_runs(script, expected):
