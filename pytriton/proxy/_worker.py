@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ctypes
 import inspect
 import logging
@@ -28,7 +29,7 @@ from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _tracing, _wire, _zmq_channel
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy.types import Request
+from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
     from pytriton.server._drain import Admission
@@ -162,6 +163,7 @@ class _Session:
         self.spans: Optional[List[Any]] = None  # of the batch in flight, when Triton traces it (_tracing)
         self.probe: Optional[CancelProbe] = None  # of the batch in flight (Request.is_cancelled)
         self.in_callable = False  # the serving thread is inside the callable (see _end_hung_calls)
+        self.batch_token: Optional[contextvars.Token[Optional[List[Request]]]] = None  # CURRENT_BATCH's
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -622,6 +624,9 @@ class InstanceWorker:
             else:
                 reply = self._call_callable(session, message, views)
         finally:
+            if session.batch_token is not None:
+                CURRENT_BATCH.reset(session.batch_token)
+                session.batch_token = None
             if session.probe is not None:  # before the final reply: no ASK may follow it
                 session.probe.close()
                 session.probe = None
@@ -649,6 +654,7 @@ class InstanceWorker:
         # a real Ctrl-C is delivered to the main thread, never here.
         try:
             requests = self._decode_on(session, message, views)
+            session.batch_token = CURRENT_BATCH.set(requests)  # for pipeline handles (pytriton.pipeline)
             session.call_started = time.perf_counter()
             session.in_callable = True
             result = self._infer_func(requests)

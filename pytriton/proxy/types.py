@@ -8,6 +8,7 @@ tests/unit/test_decorators.py (``Request`` as callables see it).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from typing import (
     Any,
@@ -202,6 +203,13 @@ class Request:
 
 
 Requests = List[Request]
+
+# The requests of the batch whose callable is running on this thread (or in this task): set by the
+# worker around each call, read by pipeline handles (pytriton.pipeline) to propagate cancellation,
+# deadlines and trace context to the models the callable calls.
+CURRENT_BATCH: contextvars.ContextVar[Optional[List[Request]]] = contextvars.ContextVar(
+    "pytriton_current_batch", default=None
+)
 Response = Dict[str, npt.NDArray[Any]]
 Responses = List[Response]
 # Names used by the decorators module of the reference API.

@@ -60,6 +60,7 @@ EXPECTED = {
         "wait_for_server_ready",
     ],
     "pytriton.client.warnings": ["NotSupportedTimeoutWarning", "PyTritonWarning"],
+    "pytriton.pipeline": ["ModelHandle", "PipelineCancelledError", "model"],
     "pytriton.model_config": [
         "DeviceKind",
         "DynamicBatcher",
