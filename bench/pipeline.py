@@ -17,7 +17,9 @@ and a model ``Watch`` that polls ``Request.is_cancelled()``. In alternating roun
 
 Then 30 times: a gRPC request to ``Watch`` is cancelled 50 ms after the callable started, and the
 time from ``cancel()`` to the callable seeing ``is_cancelled()`` true is recorded (the callable
-polls every 0.5 ms). Prints medians and ratios to ``direct``, measured in the same run.
+polls every 0.5 ms). Prints medians and ratios to ``direct``, measured in the same run. Finally the
+same three paths in an embedded ``Triton``, where the handle uses the in-process API (``direct``
+is then ``Triton.client("Inner")``, also in-process).
 """
 
 from __future__ import annotations
@@ -145,6 +147,34 @@ def main(rounds: int) -> None:
             f"(n={len(delays)}; direct call p50 {base * 1e3:.3f} ms in the same run)"
         )
         raw.close()
+    _embedded(rounds, inputs, outputs)
+
+
+def _embedded(rounds: int, inputs: List[Tensor], outputs: List[Tensor]) -> None:
+    """The same comparison in an embedded Triton, where the handle takes the in-process API."""
+    x = np.arange(16, dtype=np.float32)
+    with Triton(embedded=True) as triton:
+        triton.bind("Inner", identity, inputs, outputs, config=ModelConfig(max_batch_size=8))
+        triton.bind("Outer", outer, inputs, outputs, config=ModelConfig(max_batch_size=8))
+        triton.run()
+        direct, via, handle = triton.client("Inner"), triton.client("Outer"), pipeline.model("Inner")
+        calls = {
+            "direct": lambda: direct.infer_sample(x),
+            "handle": lambda: handle.infer_sample(x),
+            "outer": lambda: via.infer_sample(x),
+        }
+        samples: Dict[str, List[float]] = {name: [] for name in calls}
+        for call in calls.values():
+            _time(call, 50)
+        for _ in range(rounds):
+            for name, call in calls.items():
+                samples[name].extend(_time(call, 200))
+    base = statistics.median(samples["direct"])
+    print(f"embedded ({handle.path}): " + ", ".join(
+        f"{name} p50 {statistics.median(values) * 1e3:.3f} ms ({statistics.median(values) / base:.2f}x)"
+        for name, values in samples.items()
+    ))  # fmt: skip
+    print(f"embedded: one hop adds (outer - direct, p50): {(statistics.median(samples['outer']) - base) * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

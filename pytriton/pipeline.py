@@ -109,6 +109,11 @@ class _Outer:
     def cancelled(self) -> bool:
         return bool(self.requests) and all(request.is_cancelled() for request in self.requests)
 
+    def known_cancelled(self) -> bool:
+        """:meth:`cancelled` from what is known without asking the stub (deadlines, earlier answers):
+        asking costs a round trip to it, a process wake-up (0.3-0.5 ms per hop on a busy host)."""
+        return bool(self.requests) and all(request._known_cancelled() for request in self.requests)
+
     def remaining_s(self) -> Optional[float]:
         return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
 
@@ -188,7 +193,7 @@ class ModelHandle:
         outer = _Outer(CURRENT_BATCH.get())
         if self._embedded is not None:
             # In-process calls cannot be cancelled midway by pytriton; a cancelled outer batch skips them.
-            if outer.cancelled():
+            if outer.known_cancelled():
                 raise PipelineCancelledError(f"Call to model {self.name!r} skipped: the calling request was cancelled.")
             try:
                 call = self._embedded.infer_batch if batch else self._embedded.infer_sample
@@ -228,7 +233,7 @@ class ModelHandle:
     ) -> Dict[str, npt.NDArray[Any]]:
         if self._embedded is not None:
             outer = _Outer(CURRENT_BATCH.get())
-            if outer.cancelled():
+            if outer.known_cancelled():
                 raise PipelineCancelledError(f"Call to model {self.name!r} skipped: the calling request was cancelled.")
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(None, lambda: self._infer(inputs, named, batch))

@@ -101,6 +101,10 @@ class CancelProbe:
                     self._flags = [old or new for old, new in zip(self._flags, _wire.parse_cancelled(reply))]
         return self._flags[index]
 
+    def known(self, index: int) -> bool:
+        """What is known without asking: cancelled at an earlier answer (or by ``cancel_all``)."""
+        return self._flags[index]
+
     def close(self) -> None:
         with self._lock:
             self._open = False

@@ -12,7 +12,6 @@ import contextvars
 import time
 from typing import (
     Any,
-    Callable,
     ContextManager,
     Dict,
     ItemsView,
@@ -114,7 +113,7 @@ class Request:
         self.sequence_end = sequence_end
         self.timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
-        self._probe: Optional[Callable[[int], bool]] = None
+        self._probe: Optional[Any] = None  # proxy._worker.CancelProbe of the batch
         self._index = 0
 
     def is_cancelled(self) -> bool:
@@ -133,6 +132,13 @@ class Request:
             return True
         probe = self._probe
         return probe is not None and probe(self._index)
+
+    def _known_cancelled(self) -> bool:
+        """:meth:`is_cancelled` without asking the stub: past the timeout, or cancelled at an earlier ask."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return True
+        probe = self._probe
+        return probe is not None and probe.known(self._index)
 
     def traced_span(self, span_name: str) -> ContextManager[Any]:
         """A context manager timing a block of the callable as a child span of :attr:`span`.
