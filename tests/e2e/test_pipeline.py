@@ -9,6 +9,7 @@ last test.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -61,6 +62,13 @@ async def outer_async(requests):
     return [{"y": (await handle.async_infer_batch(request["x"] + 1))["y"]} for request in requests]
 
 
+def outer_in_process(requests, url):
+    """A process instance has no Triton of its own: it names the server (and gets a clear error if not)."""
+    x = requests[0]["x"]
+    handle = pipeline.model("Inner") if float(x.flat[0]) < -100 else pipeline.model("Inner", url=url)
+    return [{"y": handle.infer_sample(x)["y"]}]
+
+
 def outer_slow(requests):
     return [{"y": pipeline.model("InnerSlow").infer_sample(requests[0]["x"])["y"]}]
 
@@ -88,6 +96,13 @@ def server(receiver):  # noqa: F811
         triton.bind("Inner", inner, config=ModelConfig(max_batch_size=8), **tensors, **traced)
         triton.bind("Outer", outer, config=ModelConfig(max_batch_size=8), **tensors, **traced)
         triton.bind("OuterAsync", outer_async, config=ModelConfig(max_batch_size=8), **tensors)
+        triton.bind(
+            "OuterProcess",
+            functools.partial(outer_in_process, url=f"grpc://127.0.0.1:{ports['grpc_port']}"),
+            config=plain,
+            instance_kind="process",
+            **tensors,
+        )
         triton.bind("InnerSlow", [inner_slow, inner_slow], config=plain, **tensors)
         triton.bind("OuterSlow", [outer_slow, outer_slow], config=plain, **tensors)
         triton.run()
@@ -103,6 +118,13 @@ def test_a_callable_calls_another_bound_model(server, protocol, model):
         assert result["y"].tolist() == [[20.0], [30.0]]
         with pytest.raises(PyTritonClientInferenceServerError, match="inner refuses negative input"):
             client.infer_sample(np.array([-5.0], np.float32))
+
+
+def test_a_process_instance_calls_through_the_url_it_names(server):
+    with ModelClient(server["grpc"], "OuterProcess") as client:
+        assert client.infer_sample(np.array([3.0], np.float32))["y"].tolist() == [30.0]
+        with pytest.raises(PyTritonClientInferenceServerError, match="pass url="):
+            client.infer_sample(np.array([-500.0], np.float32))
 
 
 def test_cancelling_the_outer_request_cancels_the_inner_call(server):

@@ -50,6 +50,21 @@ class RunningSum:
         return responses
 
 
+_PROCESS_TOTALS = {}  # in the worker process
+
+
+def process_running_sum(requests):
+    """A process instance's state lives in its worker process; the sequence fields reach it the same way."""
+    responses = []
+    for request in requests:
+        start = 0.0 if request.sequence_start else _PROCESS_TOTALS[request.sequence_id]
+        _PROCESS_TOTALS[request.sequence_id] = start + float(request["value"].sum())
+        responses.append({"total": np.full((1, 1), _PROCESS_TOTALS[request.sequence_id], np.float32)})
+        if request.sequence_end:
+            del _PROCESS_TOTALS[request.sequence_id]
+    return responses
+
+
 DIRECT = RunningSum()
 OLDEST = RunningSum()
 
@@ -76,6 +91,13 @@ def urls():
             max_queue_delay_microseconds=2000,
         )
         triton.bind("SumOldest", OLDEST, config=ModelConfig(max_batch_size=4, sequence_batcher=oldest), **tensors)
+        triton.bind(
+            "SumProcess",
+            process_running_sum,
+            config=ModelConfig(max_batch_size=4, sequence_batcher=SequenceBatcher()),
+            instance_kind="process",
+            **tensors,
+        )
         triton.run()
         yield {"http": f"http://127.0.0.1:{ports['http_port']}", "grpc": f"grpc://127.0.0.1:{ports['grpc_port']}"}
 
@@ -162,6 +184,11 @@ def test_a_sequence_idle_too_long_is_ended_by_triton(urls, protocol):
             client.infer_sample(np.array([1.0], np.float32), sequence_id=sid)
         # A new sequence under the same id starts afresh.
         assert _steps(client, sid, [5.0, 1.0]) == 6.0
+
+
+def test_a_process_instance_gets_the_sequence_fields(urls):
+    with ModelClient(urls["grpc"], "SumProcess") as client:
+        assert _steps(client, 5000, [1.0, 2.0, 4.0]) == 7.0
 
 
 def test_sequence_flags_need_an_id(urls):
