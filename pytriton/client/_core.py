@@ -341,6 +341,9 @@ class ClientCore:
         request = self.build_request(arrays, config, parameters, headers, lib)
         if sequence is not None:
             request["sequence_id"], request["sequence_start"], request["sequence_end"] = sequence
+        # Triton's request timeout, which the callable sees as Request.timeout_s / is_cancelled(); not
+        # for streams (build_request is shared with them), whose length inference_timeout_s does not bound.
+        request["timeout"] = max(1, int(self.inference_timeout_s * 1e6))
         try:
             result = yield Call(
                 "infer",
@@ -426,8 +429,6 @@ class ClientCore:
             request["headers"] = {key: str(value) for key, value in headers.items()}
         if self.grpc:  # a gRPC deadline: past it, Triton sees the request cancelled (docs/cancellation.md)
             request["client_timeout"] = self.inference_timeout_s
-        # Triton's request timeout, which the callable sees as Request.timeout_s / is_cancelled().
-        request["timeout"] = max(1, int(self.inference_timeout_s * 1e6))
         return request
 
     @staticmethod

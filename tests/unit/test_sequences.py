@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tritonclient.http
 
+from pytriton.client._core import ClientCore
+from pytriton.client._url import parse_url
 from pytriton.client.client import _sequence
 from pytriton.client.exceptions import PyTritonClientValueError
 from pytriton.exceptions import PyTritonBadParameterError
@@ -16,6 +19,7 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, SequenceBatcher, 
 from pytriton.model_config.generator import SEQUENCE_CONTROLS, from_dict, to_dict, to_pbtxt
 from pytriton.proxy import _wire
 from tests.unit.test_binding import _model, context  # noqa: F401 - the fixture
+from tests.unit.test_client_core import DRIVERS, FakeServer, _drive
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
 from tests.unit.test_worker import make_worker  # noqa: F401 - the fixture
 
@@ -146,3 +150,16 @@ def test_client_sequence_arguments():
     assert _sequence("abc", 0, 1) == ("abc", False, True)
     with pytest.raises(PyTritonClientValueError, match="need a sequence_id"):
         _sequence(0, True, False)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_core_sends_the_sequence_and_the_request_timeout(driver):
+    server = FakeServer()
+    core = ClientCore(parse_url("http://fake:1"), "AddSub", None, 5.0, 2.5)
+    a = np.ones(3, np.float32)
+    _drive(driver, core.infer((a, a), {}, None, None, False, tritonclient.http, (42, True, False)), server)
+    kwargs = server.last_kwargs
+    assert (kwargs["sequence_id"], kwargs["sequence_start"], kwargs["sequence_end"]) == (42, True, False)
+    assert kwargs["timeout"] == 2_500_000  # microseconds: Request.timeout_s in the callable
+    _drive(driver, core.infer((a, a), {}, None, None, False, tritonclient.http), server)
+    assert "sequence_id" not in server.last_kwargs and server.last_kwargs["timeout"] == 2_500_000
