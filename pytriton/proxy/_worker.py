@@ -493,7 +493,7 @@ class InstanceWorker:
                 session.probe.cancel_all()
         if self._on_hung_call is not None:
             LOGGER.warning(
-                "Model %s: instance %s: the inference callable ran past the execution timeout; "
+                "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout); "
                 "its worker process is replaced.",
                 self._config.model_name,
                 self._name,
@@ -505,9 +505,9 @@ class InstanceWorker:
             assert session.thread is not None and session.thread.ident is not None
             _raise_in_thread(session.thread.ident, CallAbandoned)
         LOGGER.warning(
-            "Model %s: instance %s: the inference callable ran past the execution timeout; its requests read as "
-            "cancelled and CallAbandoned was raised in %d running call(s); a call blocked in native code keeps its "
-            "thread until that returns.",
+            "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout) and "
+            "reconnected; its requests read as cancelled and CallAbandoned was raised in %d running call(s); a call "
+            "blocked in native code keeps its thread until that returns.",
             self._config.model_name,
             self._name,
             len(interrupted),
