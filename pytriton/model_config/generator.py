@@ -66,7 +66,8 @@ _FLAG_KINDS = {"start": "CONTROL_SEQUENCE_START", "end": "CONTROL_SEQUENCE_END",
 
 def _sequence_batcher(batcher: SequenceBatcher) -> Dict[str, Any]:
     controls: List[Dict[str, Any]] = [
-        {"name": SEQUENCE_CONTROLS[key], "control": [{"kind": kind, "bool_false_true": [False, True]}]}
+        # INT32 rather than BOOL: the stub reads inputs through DLPack under numpy 2, which carries int32 for sure.
+        {"name": SEQUENCE_CONTROLS[key], "control": [{"kind": kind, "int32_false_true": [0, 1]}]}
         for key, kind in _FLAG_KINDS.items()
     ]
     if not batcher.string_ids:

@@ -37,14 +37,14 @@ def test_direct_strategy_renders_every_control_and_replaces_the_dynamic_batcher(
     assert raw["sequence_batching"]["direct"] == {}
     assert raw["sequence_batching"]["max_sequence_idle_microseconds"] == 2_000_000
     controls = _controls(raw)
-    assert controls[SEQUENCE_CONTROLS["start"]] == {"kind": "CONTROL_SEQUENCE_START", "bool_false_true": [False, True]}
+    assert controls[SEQUENCE_CONTROLS["start"]] == {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}
     assert controls[SEQUENCE_CONTROLS["ready"]]["kind"] == "CONTROL_SEQUENCE_READY"
     assert controls[SEQUENCE_CONTROLS["corrid"]] == {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}
     assert [spec.name for spec in model.config.inputs] == ["x"]  # controls are not inputs clients send
     assert model._private["sequence"] == SEQUENCE_CONTROLS
     text = to_pbtxt(model.config)
     assert "sequence_batching {" in text and "kind: CONTROL_SEQUENCE_END" in text
-    assert "bool_false_true: [false, true]" in text and "data_type: TYPE_UINT64" in text
+    assert "int32_false_true: [0, 1]" in text and "data_type: TYPE_UINT64" in text
     assert from_dict(raw).sequence_batcher == SequenceBatcher(max_sequence_idle_microseconds=2_000_000)
 
 
@@ -95,7 +95,7 @@ def test_reserved_control_names_cannot_be_declared(context):  # noqa: F811
 def _sequence_request(value, sequence_id, start=False, end=False, ready=True):
     flags = {"start": start, "end": end, "ready": ready}
     inputs = {"x": np.array([[value]], np.int32)}
-    inputs.update({SEQUENCE_CONTROLS[key]: np.array([[flag]], np.bool_) for key, flag in flags.items()})
+    inputs.update({SEQUENCE_CONTROLS[key]: np.array([[int(flag)]], np.int32) for key, flag in flags.items()})
     inputs[SEQUENCE_CONTROLS["corrid"]] = np.array([[sequence_id]], np.uint64)
     return FakeRequest(inputs, correlation_id=sequence_id)
 
