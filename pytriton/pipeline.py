@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
+from pytriton import _registry
 from pytriton.client._core import map_error
 from pytriton.client.exceptions import PyTritonClientError, PyTritonClientValueError
 from pytriton.exceptions import PyTritonInvalidOperationError
@@ -38,7 +39,6 @@ from pytriton.proxy.types import CURRENT_BATCH, Request
 __all__ = ["ModelHandle", "PipelineCancelledError", "model"]
 
 _POLL_S = 0.002  # how often a waiting inner call checks whether the outer requests were cancelled
-_running: List[Any] = []  # the running Triton objects of this process (see register)
 _handles: Dict[Tuple[int, str, Optional[int], Optional[str]], ModelHandle] = {}
 _lock = threading.Lock()
 
@@ -48,21 +48,25 @@ class PipelineCancelledError(PyTritonClientError):
 
 
 def register(triton: Any) -> None:
-    """Called by ``Triton.run()``: its models become reachable through :func:`model`."""
-    with _lock:
-        if triton not in _running:
-            _running.append(triton)
+    """Make ``triton``'s models reachable through :func:`model` (``Triton.run()`` does it)."""
+    _registry.register(triton)
 
 
 def unregister(triton: Any) -> None:
-    """Called by ``Triton.stop()``; the handles to its models are dropped (their connections closed)."""
+    """The reverse of :func:`register` (``Triton.stop()`` does it); handles to its models are dropped."""
+    _registry.unregister(triton)
+
+
+def _forget(triton: Any) -> None:
+    """Drop (and close) the handles to ``triton``'s models: it stopped."""
     with _lock:
-        if triton in _running:
-            _running.remove(triton)
         stale = [key for key in _handles if key[0] == id(triton)]
         handles = [_handles.pop(key) for key in stale]
     for handle in handles:
         handle.close()
+
+
+_registry.on_unregister.append(_forget)
 
 
 def model(name: str, version: Optional[int] = None, *, url: Optional[str] = None) -> ModelHandle:
@@ -76,8 +80,7 @@ def model(name: str, version: Optional[int] = None, *, url: Optional[str] = None
     """
     triton = None
     if url is None:
-        with _lock:
-            owners = [t for t in _running if name in t._model_names()]
+        owners = _registry.owners(name)
         if not owners:
             raise PyTritonInvalidOperationError(
                 f"No running Triton in this process has bound model {name!r}; bind it and call run() first, "

@@ -26,7 +26,7 @@ from pytriton.proxy import _tracing
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e.test_tracing import _Receiver, _triton_spans, receiver  # noqa: F401 - the fixture
-from tests.otel_memory import by_name, memory_exporter
+from tests.otel_memory import memory_exporter
 
 CAP_S = 10.0
 INNER_SEEN = {}  # tag -> (cancelled?, Request.timeout_s) as the inner callable saw them
@@ -160,20 +160,30 @@ def test_the_inner_models_spans_nest_under_the_outer_request(server):
     with ModelClient(server["http"], "Outer") as client:
         client.infer_sample(np.array([1.0], np.float32), headers={"traceparent": f"00-{TRACE_ID}-b7ad6b7169203332-01"})
     assert wait_for(lambda: any(s.context.trace_id == trace_id for s in exporter.get_finished_spans()), CAP_S)
-    assert wait_for(lambda: {"Outer", "Inner"} <= set(_triton_spans(TRACE_ID)), CAP_S), set(_triton_spans(TRACE_ID))
-    mine = by_name([s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id])
-    outer_proxy = next(s for s in mine[_tracing.REQUEST_SPAN] if s.attributes["pytriton.model_name"] == "Outer")
-    inner_proxy = next(s for s in mine[_tracing.REQUEST_SPAN] if s.attributes["pytriton.model_name"] == "Inner")
-    with _Receiver.lock:
-        inner_requests = [
-            span
-            for span in _Receiver.spans
-            if span["traceId"] == TRACE_ID
-            and span["name"] == "InferRequest"
-            and span["parentSpanId"] == f"{outer_proxy.context.span_id:016x}"
-        ]
-    assert inner_requests, "Triton's InferRequest of the inner call hangs off the outer callable's span"
-    assert inner_proxy.context.trace_id == trace_id
+
+    def proxies():
+        return {
+            span.attributes["pytriton.model_name"]: span
+            for span in exporter.get_finished_spans()
+            if span.context.trace_id == trace_id and span.name == _tracing.REQUEST_SPAN
+        }
+
+    # The inner callable's span is in the client's trace: the trace context went through the hop.
+    assert wait_for(lambda: {"Outer", "Inner"} <= set(proxies()), CAP_S), set(proxies())
+    outer_span_id = f"{proxies()['Outer'].context.span_id:016x}"
+
+    def inner_requests():
+        with _Receiver.lock:
+            return [
+                span
+                for span in _Receiver.spans
+                if span["traceId"] == TRACE_ID
+                and span["name"] == "InferRequest"
+                and span["parentSpanId"] == outer_span_id
+            ]
+
+    # Triton's InferRequest span of the inner call hangs off the outer callable's span.
+    assert wait_for(lambda: inner_requests(), CAP_S), _triton_spans(TRACE_ID)
 
 
 def test_an_embedded_triton_takes_the_inprocess_path():

@@ -6,6 +6,8 @@ End to end (real server, gRPC and in-process paths): tests/e2e/test_pipeline.py.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -148,3 +150,10 @@ def test_trace_headers_carry_the_outer_span():
     )  # fmt: skip
     headers = pipeline._trace_headers(trace.NonRecordingSpan(context))
     assert headers == {"traceparent": "00-1af7651916cd43dd8448eb211c80319d-b7ad6b7169203333-01"}
+
+
+def test_triton_registers_without_importing_the_clients():
+    """``import pytriton.triton`` stays free of tritonclient: the registry is a module of its own."""
+    code = "import sys, pytriton.triton; print('tritonclient' in sys.modules, 'pytriton.pipeline' in sys.modules)"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert completed.stdout.split() == ["False", "False"], completed.stderr[-2000:]
