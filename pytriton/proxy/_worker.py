@@ -79,14 +79,14 @@ class CancelProbe:
     def __init__(self, channel: Any, n_requests: int):
         self._channel = channel
         self._flags = [False] * n_requests
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # one exchange on the connection at a time (see _stream)
         self._open = True
         self._asked = 0.0
 
     def __call__(self, index: int) -> bool:
         if self._flags[index]:
             return True
-        with self._lock:
+        with self.lock:
             now = time.monotonic()
             if self._open and now - self._asked >= self.INTERVAL_S:
                 self._asked = now
@@ -106,7 +106,7 @@ class CancelProbe:
         return self._flags[index]
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             self._open = False
 
     def cancel_all(self) -> None:
@@ -749,13 +749,17 @@ class InstanceWorker:
                 return self._failure(exc)
             if session.abandoned:
                 raise _StubLeft()
+            # Under the probe's lock: an is_cancelled() from another thread must not put its question
+            # between a chunk and the acknowledgement this thread waits for.
+            probe = session.probe
             try:
-                channel.send(reply)
-                unacknowledged += 1
-                if not _wire.must_acknowledge(reply, unacknowledged):
-                    continue
-                unacknowledged = 0
-                follow_up = channel.recv()
+                with probe.lock if probe is not None else contextlib.nullcontext():
+                    channel.send(reply)
+                    unacknowledged += 1
+                    if not _wire.must_acknowledge(reply, unacknowledged):
+                        continue
+                    unacknowledged = 0
+                    follow_up = channel.recv()
             except (EOFError, OSError):
                 raise _StubLeft() from None
             if follow_up[_wire.KIND] == _wire.CANCEL:
