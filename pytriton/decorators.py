@@ -53,6 +53,7 @@ __all__ = [
     "ModelConfigDict",
     "TritonContext",
     "batch",
+    "batch_cancelled",
     "convert_output",
     "current_requests",
     "fill_optionals",
@@ -174,6 +175,17 @@ def current_requests() -> List[Request]:
     if requests is None:
         raise PyTritonRuntimeError("current_requests() is only available inside a function wrapped by @batch.")
     return requests
+
+
+def batch_cancelled() -> bool:
+    """Inside a function wrapped by ``@batch``: True once no request of the batch is wanted any more.
+
+    That is, every request's :meth:`~pytriton.proxy.types.Request.is_cancelled` is true (cancelled by
+    its client, past its timeout, or past the model's execution timeout). A batched callable usually
+    computes all rows at once, so it can only stop when nobody waits for any of them; for a per-row
+    view use ``[r.is_cancelled() for r in current_requests()]``. docs/cancellation.md.
+    """
+    return all(request.is_cancelled() for request in current_requests())
 
 
 # -- result post-processing shared by every decorator ---------------------------------------------

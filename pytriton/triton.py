@@ -40,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from pytriton import _embedded, _endpoints, _healing
+from pytriton import _embedded, _endpoints, _healing, _registry
 from pytriton._healing import _State
 from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
@@ -574,6 +574,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             self._server = self._new_server(argv, env)  # the binary, or the library in this process
             self._server.register_on_exit(self._on_server_exit)
             self._state = _State.RUNNING
+            _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
             if self._models:
                 self._scratch.before_first_load()
             try:
@@ -719,6 +720,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             self._state = _State.STOPPED
             server = self._server  # a restart in progress starts no further server once stopped
         atexit.unregister(self.stop)
+        _registry.unregister(self)
         started = time.monotonic()
         self._events.put(("stop", None))
         if server is not None and self._embedded:  # no network endpoints: nothing to drain

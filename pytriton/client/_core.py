@@ -421,8 +421,12 @@ class ClientCore:
         headers: Optional[Dict[str, Any]],
         batch: bool,
         lib: Any,
+        sequence: Optional[Tuple[Any, bool, bool]] = None,
     ) -> Operation:
-        """One inference: ``infer_batch`` (``batch=True``) or ``infer_sample``."""
+        """One inference: ``infer_batch`` (``batch=True``) or ``infer_sample``.
+
+        ``sequence``: ``(sequence_id, start, end)`` for a request of a sequence model (docs/sequences.md).
+        """
         check_parameters(parameters, "parameters")
         check_parameters(headers, "headers")
         config = yield from self.ensure_config()
@@ -433,6 +437,11 @@ class ClientCore:
             )
         arrays, add_axis = self.prepare_inputs(inputs, named_inputs, batch, config)
         request = self.build_request(arrays, config, parameters, headers, lib)
+        if sequence is not None:
+            request["sequence_id"], request["sequence_start"], request["sequence_end"] = sequence
+        # Triton's request timeout, which the callable sees as Request.timeout_s / is_cancelled(); not
+        # for streams (build_request is shared with them), whose length inference_timeout_s does not bound.
+        request["timeout"] = max(1, int(self.inference_timeout_s * 1e6))
         try:
             result = yield Call(
                 "infer",
@@ -517,7 +526,7 @@ class ClientCore:
         if headers:
             text = {key: str(value) for key, value in headers.items()}
             request["headers"] = grpc_metadata(text) if self.grpc else text
-        if self.grpc:
+        if self.grpc:  # a gRPC deadline: past it, Triton sees the request cancelled (docs/cancellation.md)
             request["client_timeout"] = self.inference_timeout_s
         return request
 

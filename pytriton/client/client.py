@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Awaitable, Dict, List, Optional, Sequence
+from typing import Any, Awaitable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy.typing as npt
 
@@ -42,6 +42,16 @@ __all__ = [
 
 _Outputs = Dict[str, npt.NDArray[Any]]
 _Parameters = Optional[Dict[str, Any]]  # request parameters or headers
+_Sequence = Optional[Tuple[Union[int, str], bool, bool]]  # (sequence_id, start, end) of a sequence model
+
+
+def _sequence(sequence_id: Union[int, str], start: bool, end: bool) -> _Sequence:
+    """What a request of a sequence model carries (docs/sequences.md); None for sequence id 0 (none)."""
+    if not sequence_id:
+        if start or end:
+            raise PyTritonClientValueError("sequence_start and sequence_end need a sequence_id (not 0 or '').")
+        return None
+    return (sequence_id, bool(start), bool(end))
 
 
 class ModelClient(BaseModelClient, ClosesOnExit):
@@ -115,25 +125,38 @@ class ModelClient(BaseModelClient, ClosesOnExit):
         return self.model_config.max_batch_size > 0
 
     def _infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool
-    ) -> _Outputs:
+        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool,
+        sequence: _Sequence = None,
+    ) -> _Outputs:  # fmt: skip
         self._check_open()
-        operation = self._core.infer(inputs, named, parameters, headers, batch, self._lib)
+        operation = self._core.infer(inputs, named, parameters, headers, batch, self._lib, sequence)
         return run_sync(operation, self._control, self._infer_client)  # type: ignore[no-any-return]
 
     def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
-        """Infer one sample: the batch axis is added for batching models and removed from the outputs."""
-        return self._infer(inputs, named_inputs, parameters, headers, batch=False)
+        """Infer one sample: the batch axis is added for batching models and removed from the outputs.
+
+        ``sequence_id`` (non-zero), ``sequence_start``, ``sequence_end``: the request's place in a
+        sequence, for a sequence model (docs/sequences.md); also on ``infer_batch`` and the other clients.
+        """
+        return self._infer(
+            inputs, named_inputs, parameters, headers, batch=False,
+            sequence=_sequence(sequence_id, sequence_start, sequence_end),
+        )  # fmt: skip
 
     def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer a batch (inputs carry the batch axis); only for batching models."""
-        return self._infer(inputs, named_inputs, parameters, headers, batch=True)
+        return self._infer(
+            inputs, named_inputs, parameters, headers, batch=True,
+            sequence=_sequence(sequence_id, sequence_start, sequence_end),
+        )  # fmt: skip
 
 
 class FuturesModelClient(BaseModelClient, ClosesOnExit):
@@ -232,17 +255,25 @@ class FuturesModelClient(BaseModelClient, ClosesOnExit):
 
     def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
         **named_inputs: Any,
     ) -> Future[Any]:  # fmt: skip
         """Future of :meth:`ModelClient.infer_sample`."""
-        return self._submit("infer_sample", *inputs, parameters=parameters, headers=headers, **named_inputs)
+        return self._submit(
+            "infer_sample", *inputs, parameters=parameters, headers=headers, sequence_id=sequence_id,
+            sequence_start=sequence_start, sequence_end=sequence_end, **named_inputs,
+        )  # fmt: skip
 
     def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
         **named_inputs: Any,
     ) -> Future[Any]:  # fmt: skip
         """Future of :meth:`ModelClient.infer_batch`."""
-        return self._submit("infer_batch", *inputs, parameters=parameters, headers=headers, **named_inputs)
+        return self._submit(
+            "infer_batch", *inputs, parameters=parameters, headers=headers, sequence_id=sequence_id,
+            sequence_start=sequence_start, sequence_end=sequence_end, **named_inputs,
+        )  # fmt: skip
 
     def wait_for_model(self, timeout_s: float) -> Future[Any]:
         """Future that completes when the model is ready (or fails with a timeout)."""
@@ -315,25 +346,34 @@ class AsyncioModelClient(BaseModelClient):
         return await run_async(self._core.ensure_config(), self._client)  # type: ignore[no-any-return]
 
     async def _infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool
-    ) -> _Outputs:
+        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool,
+        sequence: _Sequence = None,
+    ) -> _Outputs:  # fmt: skip
         self._check_open()
-        operation = self._core.infer(inputs, named, parameters, headers, batch, self._lib)
+        operation = self._core.infer(inputs, named, parameters, headers, batch, self._lib, sequence)
         return await run_async(operation, self._client)  # type: ignore[no-any-return]
 
     async def infer_sample(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer one sample (see :meth:`ModelClient.infer_sample`)."""
-        return await self._infer(inputs, named_inputs, parameters, headers, batch=False)
+        return await self._infer(
+            inputs, named_inputs, parameters, headers, batch=False,
+            sequence=_sequence(sequence_id, sequence_start, sequence_end),
+        )  # fmt: skip
 
     async def infer_batch(
         self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
         **named_inputs: Any,
     ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
         """Infer a batch (see :meth:`ModelClient.infer_batch`)."""
-        return await self._infer(inputs, named_inputs, parameters, headers, batch=True)
+        return await self._infer(
+            inputs, named_inputs, parameters, headers, batch=True,
+            sequence=_sequence(sequence_id, sequence_start, sequence_end),
+        )  # fmt: skip
 
 
 # The streaming clients subclass the ones above, so they are imported once those exist.

@@ -50,6 +50,49 @@ class DynamicBatcher:
     priority_queue_policy: Optional[Dict[int, QueuePolicy]] = None
 
 
+class SequenceStrategy(enum.Enum):
+    """How the sequence batcher assigns sequences to model instances (Triton's ``ModelSequenceBatching``).
+
+    ``DIRECT``: each sequence keeps one batch slot of one instance for its whole life, so that
+    instance sees every request of the sequence (state kept in the instance is safe).
+    ``OLDEST``: requests of the oldest sequences are batched dynamically, at most one per sequence
+    per batch; a sequence may move between instances of the model, so state must be shared by them.
+    """
+
+    DIRECT = "direct"
+    OLDEST = "oldest"
+
+
+@dataclasses.dataclass
+class SequenceBatcher:
+    """Sequence batcher settings: a *stateful* model whose requests belong to sequences.
+
+    Each request carries a sequence id and start/end flags (client keyword arguments
+    ``sequence_id``, ``sequence_start``, ``sequence_end``); the callable reads them as
+    ``Request.sequence_id``, ``Request.sequence_start`` and ``Request.sequence_end``. pytriton
+    declares Triton's START, END, READY and CORRID control inputs itself under reserved names and
+    hands their values over as those attributes, so the callable never sees them as inputs.
+    docs/sequences.md.
+
+    Args:
+        strategy: ``SequenceStrategy.DIRECT`` (default) or ``SequenceStrategy.OLDEST``.
+        max_sequence_idle_microseconds: a sequence that gets no request for this long is ended
+            by Triton, which frees its slot; its next request then fails (0: Triton's default, 1 s).
+        string_ids: sequence ids may be strings (then integers are accepted too; without it only
+            unsigned 64-bit integers are, declared through Triton's CORRID control).
+        max_candidate_sequences: OLDEST only: sequences the batcher chooses among (0: Triton's default).
+        max_queue_delay_microseconds: OLDEST only: how long a batch may wait to fill up.
+        preferred_batch_size: OLDEST only: batch sizes the batcher aims for.
+    """
+
+    strategy: SequenceStrategy = SequenceStrategy.DIRECT
+    max_sequence_idle_microseconds: int = 0
+    string_ids: bool = False
+    max_candidate_sequences: int = 0
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_size: Optional[List[int]] = None
+
+
 @dataclasses.dataclass
 class WarmupInput:
     """One input of a warmup request (Triton's ``ModelWarmup.Input``).

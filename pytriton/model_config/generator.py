@@ -9,7 +9,14 @@ import json
 from typing import Any, Dict, List, Mapping
 
 from pytriton.exceptions import PyTritonModelConfigError
-from pytriton.model_config.common import DeviceKind, DynamicBatcher, QueuePolicy, TimeoutAction
+from pytriton.model_config.common import (
+    DeviceKind,
+    DynamicBatcher,
+    QueuePolicy,
+    SequenceBatcher,
+    SequenceStrategy,
+    TimeoutAction,
+)
 from pytriton.model_config.dtypes import numpy_type, triton_type
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 
@@ -43,6 +50,65 @@ def _batcher(batcher: DynamicBatcher) -> Dict[str, Any]:
             str(int(level)): _queue_policy(policy) for level, policy in batcher.priority_queue_policy.items()
         }
     return result
+
+
+# The control inputs pytriton declares for a sequence model (``SequenceBatcher``). Triton feeds them to
+# the stub as extra inputs of every request; the stub turns them into the request's sequence fields
+# and never forwards them, so the names cannot clash with the user's (which are checked against them).
+SEQUENCE_CONTROLS = {
+    "start": "_PYTRITON_SEQUENCE_START",
+    "end": "_PYTRITON_SEQUENCE_END",
+    "ready": "_PYTRITON_SEQUENCE_READY",
+    "corrid": "_PYTRITON_SEQUENCE_ID",
+}
+_FLAG_KINDS = {"start": "CONTROL_SEQUENCE_START", "end": "CONTROL_SEQUENCE_END", "ready": "CONTROL_SEQUENCE_READY"}
+
+
+def _sequence_batcher(batcher: SequenceBatcher) -> Dict[str, Any]:
+    controls: List[Dict[str, Any]] = [
+        # INT32 rather than BOOL: the stub reads inputs through DLPack under numpy 2, which carries int32 for sure.
+        {"name": SEQUENCE_CONTROLS[key], "control": [{"kind": kind, "int32_false_true": [0, 1]}]}
+        for key, kind in _FLAG_KINDS.items()
+    ]
+    if not batcher.string_ids:
+        # With a TYPE_STRING CORRID control, Triton 2.51 refuses batched requests ("unexpected number of
+        # string elements 2 for inference input"): string ids go without the control, which Triton accepts.
+        corrid = {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}
+        controls.append({"name": SEQUENCE_CONTROLS["corrid"], "control": [corrid]})
+    result: Dict[str, Any] = {}
+    if batcher.max_sequence_idle_microseconds:
+        result["max_sequence_idle_microseconds"] = int(batcher.max_sequence_idle_microseconds)
+    result["control_input"] = controls
+    if batcher.strategy is SequenceStrategy.OLDEST:
+        oldest: Dict[str, Any] = {}
+        if batcher.max_candidate_sequences:
+            oldest["max_candidate_sequences"] = int(batcher.max_candidate_sequences)
+        if batcher.preferred_batch_size:
+            oldest["preferred_batch_size"] = [int(size) for size in batcher.preferred_batch_size]
+        if batcher.max_queue_delay_microseconds:
+            oldest["max_queue_delay_microseconds"] = int(batcher.max_queue_delay_microseconds)
+        result["oldest"] = oldest
+    else:
+        result["direct"] = {}
+    return result
+
+
+def _parse_sequence_batcher(raw: Mapping[str, Any]) -> SequenceBatcher:
+    oldest = raw.get("oldest")
+    corrid = [
+        control
+        for entry in raw.get("control_input", [])
+        for control in entry.get("control", [])
+        if control.get("kind") == "CONTROL_SEQUENCE_CORRID"
+    ]
+    return SequenceBatcher(
+        strategy=SequenceStrategy.OLDEST if oldest is not None else SequenceStrategy.DIRECT,
+        max_sequence_idle_microseconds=int(raw.get("max_sequence_idle_microseconds", 0)),
+        string_ids=not any(control.get("data_type") == "TYPE_UINT64" for control in corrid),
+        max_candidate_sequences=int((oldest or {}).get("max_candidate_sequences", 0)),
+        max_queue_delay_microseconds=int((oldest or {}).get("max_queue_delay_microseconds", 0)),
+        preferred_batch_size=[int(size) for size in (oldest or {}).get("preferred_batch_size", [])] or None,
+    )
 
 
 def _config_type(dtype: Any) -> str:
@@ -80,7 +146,9 @@ def to_dict(config: TritonModelConfig) -> Dict[str, Any]:
     }
     if config.versions:
         result["version_policy"] = {"specific": {"versions": [int(version) for version in config.versions]}}
-    if config.batching and config.batcher is not None:
+    if config.sequence_batcher is not None:
+        result["sequence_batching"] = _sequence_batcher(config.sequence_batcher)
+    elif config.batching and config.batcher is not None:
         result["dynamic_batching"] = _batcher(config.batcher)
     if config.decoupled:
         result["model_transaction_policy"] = {"decoupled": True}
@@ -195,6 +263,7 @@ def from_dict(raw: Mapping[str, Any]) -> TritonModelConfig:
             inputs=_parse_tensors(raw.get("input", [])),
             outputs=_parse_tensors(raw.get("output", [])),
             response_cache=bool(raw.get("response_cache", {}).get("enable", False)),
+            sequence_batcher=_parse_sequence_batcher(raw["sequence_batching"]) if "sequence_batching" in raw else None,
             backend=raw.get("backend", "") or raw.get("platform", ""),
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional
 
-from pytriton.model_config.common import DynamicBatcher, ModelWarmup
+from pytriton.model_config.common import DynamicBatcher, ModelWarmup, SequenceBatcher
 
 
 @dataclasses.dataclass
@@ -26,6 +26,10 @@ class ModelConfig:
             this time fails with an error naming the timeout, and the instance is freed for the
             next batch (the hung call keeps running on its own thread; its result is discarded).
             For a decoupled model it bounds the wait for each next response. ``None``: no limit.
+            docs/cancellation.md says what happens to the hung call.
+        sequence_batcher: make the model stateful: Triton's sequence batcher routes the requests
+            of each sequence (:class:`~pytriton.model_config.common.SequenceBatcher`) in place of
+            the dynamic batcher (``batcher`` must then be left at its default). docs/sequences.md.
     """
 
     batching: bool = True
@@ -35,3 +39,4 @@ class ModelConfig:
     decoupled: bool = False
     model_warmup: Optional[List[ModelWarmup]] = None
     execution_timeout_s: Optional[float] = None
+    sequence_batcher: Optional[SequenceBatcher] = None

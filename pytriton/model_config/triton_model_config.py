@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from pytriton.model_config.common import DeviceKind, DynamicBatcher
+from pytriton.model_config.common import DeviceKind, DynamicBatcher, SequenceBatcher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +68,8 @@ class TritonModelConfig:
     versions: Optional[List[int]] = None
     # The ``model_warmup`` section in protobuf JSON form (pytriton.model_config.warmup); None: no warmup.
     model_warmup: Optional[List[Dict[str, Any]]] = None
+    # Triton's sequence batcher in place of the dynamic one (docs/sequences.md); None: not a sequence model.
+    sequence_batcher: Optional[SequenceBatcher] = None
 
     @property
     def instance_count(self) -> int:

@@ -15,9 +15,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
-from pytriton.model_config.common import DeviceKind
+from pytriton.model_config.common import DeviceKind, DynamicBatcher, SequenceBatcher, SequenceStrategy
 from pytriton.model_config.dtypes import normalize_dtype
-from pytriton.model_config.generator import to_dict, to_pbtxt
+from pytriton.model_config.generator import SEQUENCE_CONTROLS, to_dict, to_pbtxt
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
@@ -106,6 +106,9 @@ def _resolve_tensors(tensors: Sequence[Tensor], prefix: str, model: str) -> List
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise PyTritonBadParameterError(f"Model {model!r}: duplicate {prefix.lower()} names {duplicates}.")
+    reserved = sorted(set(names) & set(SEQUENCE_CONTROLS.values()))
+    if reserved:
+        raise PyTritonBadParameterError(f"Model {model!r}: tensor names {reserved} are reserved by pytriton.")
     if prefix == "OUTPUT" and any(spec.optional for spec in specs):
         raise PyTritonBadParameterError(f"Model {model!r}: outputs cannot be optional.")
     return specs
@@ -167,6 +170,7 @@ class BoundModel:
         if config.batching and config.max_batch_size < 1:
             raise PyTritonBadParameterError(f"Model {model_name!r}: max_batch_size must be >= 1 when batching.")
         self.execution_timeout_s = _execution_timeout(config.execution_timeout_s, model_name)
+        sequence = _sequence_batcher(config, model_name)
         self.generation = 0  # grows with each reload that replaces a dead stub (see proxy/_stub.py)
         self.infer_funcs = funcs
         self.instance_kind = _process.check_instance_kind(instance_kind, model_name)
@@ -194,7 +198,8 @@ class BoundModel:
             model_version=model_version,
             max_batch_size=config.max_batch_size if config.batching else 0,
             batching=config.batching,
-            batcher=config.batcher if config.batching else None,
+            batcher=config.batcher if config.batching and sequence is None else None,
+            sequence_batcher=sequence,
             instance_group={DeviceKind.KIND_CPU: len(funcs)},
             decoupled=config.decoupled,
             inputs=_resolve_tensors(inputs, "INPUT", model_name),
@@ -224,6 +229,8 @@ class BoundModel:
             # The stub forwards Triton's trace contexts only then (proxy/_stub_trace.py).
             "trace": context.tracing,
         }
+        if sequence is not None:  # the stub reads these control inputs into each request's sequence fields
+            self._private["sequence"] = dict(SEQUENCE_CONTROLS)
         self._route = f"m{index}"
         if context.tcp is not None:  # the stub connects here instead (proxy/_zmq_channel.py)
             tcp = {"endpoint": context.tcp.endpoint, "token": context.tcp.token, "route": self._route}
@@ -416,6 +423,35 @@ class BoundModel:
     def remove_files(self, repository: pathlib.Path) -> None:
         """Delete the model's repository directory."""
         shutil.rmtree(repository / self.name, ignore_errors=True)
+
+
+def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatcher]:
+    """The model's sequence batcher, checked (None: not a sequence model)."""
+    sequence = config.sequence_batcher
+    if sequence is None:
+        return None
+    if not isinstance(sequence, SequenceBatcher):
+        raise PyTritonBadParameterError(f"Model {model!r}: sequence_batcher must be a SequenceBatcher or None.")
+    if not isinstance(sequence.strategy, SequenceStrategy):
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: SequenceBatcher.strategy must be SequenceStrategy.DIRECT or SequenceStrategy.OLDEST."
+        )
+    if config.batcher != DynamicBatcher():
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: a model has either a dynamic batcher or a sequence batcher; leave "
+            "ModelConfig.batcher at its default when sequence_batcher is set (batch settings of the OLDEST "
+            "strategy are fields of SequenceBatcher)."
+        )
+    if config.decoupled:
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: a sequence model cannot be decoupled in pytriton; stream with a plain "
+            "decoupled model, or send one request per step of the sequence."
+        )
+    for field in ("max_sequence_idle_microseconds", "max_candidate_sequences", "max_queue_delay_microseconds"):
+        value = getattr(sequence, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise PyTritonBadParameterError(f"Model {model!r}: SequenceBatcher.{field} must be an int >= 0.")
+    return sequence
 
 
 def _execution_timeout(value: Any, model: str) -> Optional[float]:

@@ -73,6 +73,9 @@ INSTANCE_KINDS = ("thread", "process")
 READY_TIMEOUT_S = 120.0  # a worker process imports the user's modules (torch can take a while)
 STOP_TIMEOUT_S = 2.0
 MAX_START_FAILURES = 5  # consecutive worker processes that died before being ready: give up
+# The exit code of a worker process that ended itself because a call ran past the execution timeout
+# (_process_child._replace): it is replaced like any dead worker, and logged as such, not as a crash.
+EXIT_REPLACED = 75
 _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
 # Set in a worker process while it imports the user's main module (see ProcessInstance.launch).
 IN_WORKER_PROCESS = False
@@ -641,6 +644,15 @@ class ProcessInstance:
                 )
             return
         self.restarts += 1
+        if code == EXIT_REPLACED:
+            LOGGER.warning(
+                "Model %s: the worker process of instance %s (pid %d) ended its call that ran past the execution "
+                "timeout by exiting; starting a new one.",
+                self._model,
+                self._name,
+                child.pid,
+            )
+            return
         LOGGER.error(
             "Model %s: the worker process of instance %s (pid %d) died (%s)%s; starting a new one.",
             self._model,

@@ -208,12 +208,23 @@ def main(argv: List[str]) -> None:
         infer_func=func,
         on_unrecoverable=lambda exc: link.send("unrecoverable", error_text(exc)),
         on_stub_lost=lambda generation, server_pid: link.send("stub_lost", generation, server_pid),
+        on_hung_call=_replace,
         **settings["worker"],
     )
     worker.start(listener=socket.socket(fileno=listen_fd))
     link.send("ready")
     code = _control_loop(link, worker)
     _exit(code, run_atexit=code == 0)
+
+
+def _replace() -> None:
+    """A call ran past the execution timeout: end this process, so that a new one serves the slot.
+
+    Runs while the stub's new connection waits for its welcome, which it then never gets: the stub
+    connects again before its next batch, to the new worker process (the parent keeps the slot's
+    socket listening), and the hung call ends with this process, whatever it was blocked in.
+    """
+    _exit(_process.EXIT_REPLACED, run_atexit=False)
 
 
 def _control_loop(link: _Link, worker: InstanceWorker) -> int:

@@ -29,6 +29,7 @@ there, once: nothing of it had reached a worker.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -144,6 +145,13 @@ def _size_text(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
+# How long a stub of a model with an execution timeout waits for the welcome at least (see _connect).
+_HELLO_TIMEOUT_S = 30.0
+
+# The answer to a null request of the sequence batcher (see _sequence_fields); Triton discards it.
+_NULL_REQUEST = "pytriton: null request of the sequence batcher"
+
+
 class RequestsTooLarge(Exception):
     """Some requests of a batch exceed the size limit: ``rejected`` maps their index to the error text."""
 
@@ -203,6 +211,9 @@ class TritonPythonModel:
         self._max_request_bytes = int(params.get("max_request_bytes", 0))  # 0: no limit
         # The server traces in OpenTelemetry mode: forward each request's trace context (_stub_trace).
         self._trace = bool(params.get("trace", False))
+        # A sequence model (docs/sequences.md): the names of the control inputs Triton adds to each
+        # request; they become the request's sequence fields on the wire and are not forwarded.
+        self._sequence: Optional[Dict[str, str]] = params.get("sequence")
         # The generation is in the public config on purpose: a new value makes Triton reload the
         # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
         public = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
@@ -221,6 +232,7 @@ class TritonPythonModel:
         self._releaser = _wire.IdleReleaser(lambda: (self._arena, self._reader))
         self._metrics: _stub_metrics.NullMetrics = _stub_metrics.NULL
         self._broken = False  # the connection ended under a batch: connect again before the next one
+        self._batch: List[Any] = []  # the requests of the batch in flight
         self._connect()
         # Counted here, pushed to Triton's /metrics by a thread of their own (docs/metrics.md).
         self._metrics = _stub_metrics.create(
@@ -243,11 +255,15 @@ class TritonPythonModel:
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._socket.connect(os.path.join(self._endpoint_dir, f"slot-{self._slot}.sock"))
         if self._timeout_s is not None:
+            # The welcome may have to wait for a new worker process to start (one replaced after an
+            # execution timeout takes a second or two): the hello gets at least _HELLO_TIMEOUT_S.
+            self._socket.settimeout(max(self._timeout_s, _HELLO_TIMEOUT_S))
+        self._channel = self._socket if self._tcp is not None else _wire.Channel(self._socket, poll_s=self._poll_s)
+        reply = self._call(_wire.hello(os.getpid(), self._generation))
+        if self._timeout_s is not None:
             # With a timeout every receive waits in poll() first, so the reply polling of Channel
             # turns into a plain bounded wait: no spinning, and a late reply raises socket.timeout.
             self._socket.settimeout(self._timeout_s)
-        self._channel = self._socket if self._tcp is not None else _wire.Channel(self._socket, poll_s=self._poll_s)
-        reply = self._call(_wire.hello(os.getpid(), self._generation))
         if reply[_wire.KIND] != _wire.WELCOME:
             raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply[_wire.KIND]}")
 
@@ -337,12 +353,42 @@ class TritonPythonModel:
         return self._receive()
 
     def _receive(self) -> Any:
+        """The next reply of the worker; ASK messages on the way are answered (``_answer``).
+
+        The execution timeout bounds the whole wait, ASKs included.
+        """
+        started = time.monotonic() if self._timeout_s is not None else 0.0
+        shortened = False
         try:
-            return self._channel.recv()
+            while True:
+                message = self._channel.recv()
+                if message[_wire.KIND] != _wire.ASK:
+                    return message
+                self._answer()
+                if self._timeout_s is not None:
+                    remaining = self._timeout_s - (time.monotonic() - started)
+                    if remaining <= 0:
+                        raise ExecutionTimedOut()
+                    self._socket.settimeout(remaining)
+                    shortened = True
         except socket.timeout:
             raise ExecutionTimedOut() from None
         except (EOFError, OSError):
             raise self._gone() from None
+        finally:
+            if shortened:
+                with contextlib.suppress(OSError):
+                    self._socket.settimeout(self._timeout_s)
+
+    def _answer(self) -> None:
+        """Tell the worker which requests of the batch in flight Triton cancelled (Request.is_cancelled)."""
+        flags = []
+        for request in self._batch:
+            try:
+                flags.append(bool(request.is_cancelled()))
+            except Exception:  # noqa: BLE001 - a request Triton already released: nobody waits for it
+                flags.append(True)
+        self._channel.send(_wire.cancelled(flags))
 
     def _gone(self) -> UserProcessGone:
         self._broken = True
@@ -352,10 +398,17 @@ class TritonPythonModel:
         """The INFER message for a batch; raises ``RequestsTooLarge`` (before any copy) if needed."""
         groups = []
         entries = []
+        sequences: List[Any] = []
         limit = self._max_request_bytes
         rejected: Dict[int, str] = {}
         for index, (request, names) in enumerate(zip(requests, requested)):
             tensors = [(tensor.name(), _read_input(tensor)) for tensor in request.inputs()]
+            if self._sequence is not None:
+                tensors, sequence = self._sequence_fields(request, tensors)
+                if sequence is None:
+                    rejected[index] = _NULL_REQUEST
+                    continue
+                sequences.append(sequence)
             if limit:
                 nbytes = _input_bytes(tensors)
                 if nbytes > limit:
@@ -366,7 +419,36 @@ class TritonPythonModel:
         if rejected:
             raise RequestsTooLarge(rejected)
         segment, metas = _wire.write_tensors(self._arena, groups)
+        # Each request's timeout (the client's ``timeout`` parameter, microseconds; 0: none).
+        timeouts = [request.timeout() / 1e6 for request in requests]
+        if sequences or any(timeouts):
+            sequence_of = sequences or [None] * len(requests)
+            bodies = [_wire.entry(m, p, n, q, t) for m, (p, n), q, t in zip(metas, entries, sequence_of, timeouts)]
+            return _wire.infer(segment, bodies, trace)
         return _wire.infer(segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)], trace)
+
+    def _sequence_fields(self, request: Any, tensors: List[Any]) -> Any:
+        """The request's inputs without the sequence controls, and its ``(id, start, end)``.
+
+        The sequence is None for a null request: the direct strategy fills idle batch slots with
+        them (READY false); they are answered at once and never reach the callable.
+        """
+        assert self._sequence is not None
+        controls = {name: key for key, name in self._sequence.items()}
+        flags: Dict[str, Any] = {}
+        kept = []
+        for name, array in tensors:
+            key = controls.get(name)
+            if key is None:
+                kept.append((name, array))
+            elif key != "corrid":
+                flags[key] = bool(np.asarray(array).reshape(-1)[0])
+        if not flags.get("ready", True):
+            return kept, None
+        sequence_id = request.correlation_id()
+        if not isinstance(sequence_id, (int, str)):  # a CorrelationId-like object in some backends
+            sequence_id = getattr(sequence_id, "value", lambda: sequence_id)()
+        return kept, (sequence_id, flags.get("start", False), flags.get("end", False))
 
     def _too_large(self, nbytes: int) -> str:
         return (
@@ -426,6 +508,7 @@ class TritonPythonModel:
             self._releaser.leave()
 
     def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
+        self._batch = requests  # what an ASK is about (_answer)
         trace = _stub_trace.collect(requests) if self._trace else None
         if self._single_output:
             requested: List[Any] = [None] * len(requests)

@@ -47,16 +47,22 @@ import numpy.typing as npt
 # read them through the field constants and parsers: both ends then agree on one definition.
 # stub -> user
 HELLO = 1  # (HELLO, stub_pid, generation)
-INFER = 2  # (INFER, segment, entries[, trace])  entries: [(inputs, parameters, requested_outputs)] per request
+INFER = (
+    2  # (INFER, segment, entries[, trace])  entries: [(inputs, parameters, requested_outputs[, sequence, timeout_s])]
+)
 NEXT = 3  # (NEXT,)  acknowledges streamed chunks: send more
 BYE = 4  # (BYE,)  the instance is going away
 CANCEL = 5  # (CANCEL,)  instead of NEXT: nobody wants the rest of this stream; close the generator
+CANCELLED = 6  # (CANCELLED, [bool per request])  the answer to ASK
 # user -> stub
 OK = 10  # (OK, segment, results, retire[, duration_s])  results: [outputs] one per request
 ERROR = 11  # (ERROR, text, retire[, duration_s])  the whole batch failed
 CHUNK = 12  # (CHUNK, segment, results)  one streamed response per request, more follow
 END = 13  # (END, retire[, duration_s])  the stream finished
 WELCOME = 14  # (WELCOME, slot)
+# (ASK,)  sent while a batch runs, before its final reply: which requests of the batch did Triton
+# cancel? The stub answers CANCELLED and keeps waiting for the reply (Request.is_cancelled()).
+ASK = 15
 
 KIND = 0
 STUB_PID = 1  # HELLO: the stub's process id
@@ -73,6 +79,7 @@ FINAL_KINDS = (OK, ERROR, END)
 # optional trailing field after it says how long the callable ran (``callable_duration``).
 RETIRE_AT = {OK: 3, ERROR: 2, END: 1}
 
+ASK_MESSAGE = (ASK,)
 NEXT_MESSAGE = (NEXT,)
 CANCEL_MESSAGE = (CANCEL,)
 BYE_MESSAGE = (BYE,)
@@ -139,6 +146,39 @@ def infer(segment: Optional[str], entries: List[Any], trace: Optional[Tuple[int,
 
 def parse_infer(message: Sequence[Any]) -> Infer:
     return Infer(message[SEGMENT], message[BODY])
+
+
+def entry(
+    metas: List[Any], parameters: Any, requested: Any, sequence: Any = None, timeout_s: float = 0.0
+) -> Tuple[Any, ...]:
+    """One request of an INFER message. ``sequence`` is ``(sequence_id, start, end)`` for a sequence
+    model (docs/sequences.md); ``timeout_s`` the request's timeout (0: none). Both are left out when
+    neither is set, so plain requests keep the three-field entry."""
+    if sequence is None and not timeout_s:
+        return (metas, parameters, requested)
+    return (metas, parameters, requested, sequence, timeout_s)
+
+
+class Entry(NamedTuple):
+    metas: List[Any]
+    parameters: Any
+    requested: Any
+    sequence: Optional[Tuple[Any, bool, bool]]
+    timeout_s: float
+
+
+def parse_entry(raw: Sequence[Any]) -> Entry:
+    if len(raw) == 3:
+        return Entry(raw[0], raw[1], raw[2], None, 0.0)
+    return Entry(raw[0], raw[1], raw[2], raw[3], float(raw[4]))
+
+
+def cancelled(flags: List[bool]) -> Tuple[int, List[bool]]:
+    return (CANCELLED, flags)
+
+
+def parse_cancelled(message: Sequence[Any]) -> List[bool]:
+    return [bool(flag) for flag in message[1]]
 
 
 def parse_trace(message: Sequence[Any]) -> Optional[Tuple[int, List[Any]]]:

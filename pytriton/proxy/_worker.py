@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import ctypes
 import inspect
 import logging
 import socket
@@ -27,7 +29,7 @@ from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _stub_watch, _tracing, _wire, _zmq_channel
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy.types import Request
+from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
     from pytriton.server._drain import Admission
@@ -55,6 +57,69 @@ def _process_running(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie (a killed stub stays a zombie until Triton reaps it)."""
     fields = _proc_stat(pid)
     return bool(fields) and fields[0] not in (b"Z", b"X")
+
+
+class CancelProbe:
+    """Answers ``Request.is_cancelled()`` for one batch by asking its stub (ASK -> CANCELLED).
+
+    Shared by the requests of the batch; usable from any thread while the callable runs. It asks at
+    most once per ``INTERVAL_S`` (a tight polling loop costs one round trip per interval) and
+    remembers a cancellation for good. :meth:`close` is called before the batch's final reply is
+    sent, so no question can follow it on the connection; afterwards the last answer stays.
+    """
+
+    INTERVAL_S = 0.001
+
+    def __init__(self, channel: Any, n_requests: int):
+        self._channel = channel
+        self._flags = [False] * n_requests
+        self.lock = threading.Lock()  # one exchange on the connection at a time (see _stream)
+        self._open = True
+        self._asked = 0.0
+
+    def __call__(self, index: int) -> bool:
+        if self._flags[index]:
+            return True
+        with self.lock:
+            now = time.monotonic()
+            if self._open and now - self._asked >= self.INTERVAL_S:
+                self._asked = now
+                try:
+                    self._channel.send(_wire.ASK_MESSAGE)
+                    reply = self._channel.recv()
+                except (EOFError, OSError):  # the stub is gone: nobody waits for the batch
+                    self._open = False
+                    self._flags = [True] * len(self._flags)
+                    return True
+                if reply[_wire.KIND] == _wire.CANCELLED:
+                    self._flags = [old or new for old, new in zip(self._flags, _wire.parse_cancelled(reply))]
+        return self._flags[index]
+
+    def known(self, index: int) -> bool:
+        """What is known without asking: cancelled at an earlier answer (or by ``cancel_all``)."""
+        return self._flags[index]
+
+    def close(self) -> None:
+        with self.lock:
+            self._open = False
+
+    def cancel_all(self) -> None:
+        """Nobody waits for the batch any more (its stub gave up): every request reads as cancelled."""
+        self._open = False  # no question may go over the abandoned connection
+        self._flags = [True] * len(self._flags)
+
+
+class CallAbandoned(BaseException):
+    """Raised inside a thread instance's callable that ran past the model's execution timeout.
+
+    A ``BaseException``, so that ``except Exception`` in the callable does not swallow it. Its batch
+    has already failed at the client; whatever the call does afterwards is discarded.
+    """
+
+
+def _raise_in_thread(ident: int, exc_type: Type[BaseException]) -> bool:
+    """Ask Python to raise ``exc_type`` in the thread ``ident`` at its next bytecode; False if it is gone."""
+    return bool(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type)))
 
 
 class _StubLeft(Exception):
@@ -94,6 +159,9 @@ class _Session:
         self.call_started = 0.0
         self.call_ended = 0.0
         self.spans: Optional[List[Any]] = None  # of the batch in flight, when Triton traces it (_tracing)
+        self.probe: Optional[CancelProbe] = None  # of the batch in flight (Request.is_cancelled)
+        self.in_callable = False  # the serving thread is inside the callable (see _end_hung_calls)
+        self.batch_token: Optional[contextvars.Token[Optional[List[Request]]]] = None  # CURRENT_BATCH's
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -139,6 +207,7 @@ class InstanceWorker:
         poll_s: float = 0.0,
         on_stub_lost: Optional[Callable[[int, int], None]] = None,
         metrics: bool = False,
+        on_hung_call: Optional[Callable[[], None]] = None,
     ):
         self._path = path
         self._infer_func = infer_func
@@ -152,6 +221,9 @@ class InstanceWorker:
         self._name = name
         self._poll_s = poll_s  # how long to poll for the next message before sleeping (0: never)
         self._metrics = metrics  # final replies carry the callable's duration (docs/metrics.md)
+        # Called when a stub gave up on a running call (execution timeout) instead of interrupting its
+        # thread: a worker process ends itself there, and is replaced (_process_child.py).
+        self._on_hung_call = on_hung_call
         self._thread: Optional[threading.Thread] = None
         self._listener: Any = None  # a Unix socket, or a TCP transport's listener
         self._sessions: List[_Session] = []
@@ -390,22 +462,52 @@ class InstanceWorker:
         fields = _proc_stat(session.stub_pid)
         session.server_pid = int(fields[1]) if len(fields) > 1 else 0
         session.connected = True
-        hung = 0
+        hung: List[_Session] = []
         with self._sessions_lock:
             for other in self._sessions:
                 # The same stub process connecting again gave up on its previous connection.
                 if other is not session and other.stub_pid == session.stub_pid and not other.abandoned:
                     other.abandoned = True
-                    hung += other.busy
+                    if other.busy:
+                        hung.append(other)
         if hung:
+            self._end_hung_calls(hung)
+        LOGGER.debug(
+            "Worker %s: stub pid %s (generation %s) connected", self._name, session.stub_pid, session.generation
+        )
+
+    def _end_hung_calls(self, sessions: List[_Session]) -> None:
+        """Calls whose stub gave up on them (execution timeout): tell them, then end them if possible.
+
+        Their requests read as cancelled (``Request.is_cancelled()``), so a cooperative callable
+        stops. A worker process (``on_hung_call``) is then replaced as a whole. In a thread instance
+        :class:`CallAbandoned` is raised inside each hung call: Python delivers it at the call's next
+        bytecode, so pure-Python code ends at once, while a call blocked in native code (a sleep, a
+        lock, I/O, a long numpy or GPU operation) ends when that returns; its thread lives until then.
+        """
+        for session in sessions:
+            if session.probe is not None:
+                session.probe.cancel_all()
+        if self._on_hung_call is not None:
             LOGGER.warning(
-                "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout) and "
-                "reconnected; the running call keeps its thread and its result will be discarded.",
+                "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout); "
+                "its worker process is replaced.",
                 self._config.model_name,
                 self._name,
             )
-        LOGGER.debug(
-            "Worker %s: stub pid %s (generation %s) connected", self._name, session.stub_pid, session.generation
+            self._on_hung_call()
+            return
+        interrupted = [s for s in sessions if s.in_callable and s.thread is not None and s.thread.ident is not None]
+        for session in interrupted:
+            assert session.thread is not None and session.thread.ident is not None
+            _raise_in_thread(session.thread.ident, CallAbandoned)
+        LOGGER.warning(
+            "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout) and "
+            "reconnected; its requests read as cancelled and CallAbandoned was raised in %d running call(s); a call "
+            "blocked in native code keeps its thread until that returns.",
+            self._config.model_name,
+            self._name,
+            len(interrupted),
         )
 
     # -- one batch -----------------------------------------------------------------------
@@ -438,7 +540,14 @@ class InstanceWorker:
         segment, entries = _wire.parse_infer(message)
         buffer = session.reader.attach(segment) if segment else None
         requests = []
-        for metas, parameters, requested in entries:
+        extras = False
+        for raw in entries:
+            if len(raw) == 3:
+                metas, parameters, requested = raw
+                sequence, timeout_s = None, 0.0
+            else:
+                metas, parameters, requested, sequence, timeout_s = _wire.parse_entry(raw)
+                extras = True
             data = {}
             for meta in metas:
                 zero_copy = type(meta[3]) is not bytes and meta[1] != _wire.BYTES
@@ -448,7 +557,30 @@ class InstanceWorker:
                     # base, so its reference count shows whether the callable kept any of them.
                     views.append(array.base if array.base is not None else array)
                 data[meta[0]] = array
-            requests.append(Request(data, parameters, requested_output_names=requested))
+            if not extras:
+                requests.append(Request(data, parameters, requested_output_names=requested))
+            elif sequence is None:
+                requests.append(
+                    Request(data, parameters, requested_output_names=requested, timeout_s=timeout_s or None)
+                )
+            else:
+                sequence_id, start, end = sequence
+                requests.append(
+                    Request(
+                        data,
+                        parameters,
+                        requested_output_names=requested,
+                        sequence_id=sequence_id,
+                        sequence_start=start,
+                        sequence_end=end,
+                        timeout_s=timeout_s or None,
+                    )
+                )
+        if session.channel is not None:  # Request.is_cancelled() asks the stub over this connection
+            probe = session.probe = CancelProbe(session.channel, len(requests))
+            for index, request in enumerate(requests):
+                request._probe = probe
+                request._index = index
         if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode): Request.span
             session.spans = _tracing.start_spans(
                 _wire.parse_trace(message), requests, self._config.model_name, self._config.model_version
@@ -468,6 +600,8 @@ class InstanceWorker:
 
     def _failure(self, exc: BaseException) -> Any:
         """Log a failed batch with its traceback and build the error reply (never raises)."""
+        if isinstance(exc, CallAbandoned):  # already logged when raised (_end_hung_calls); nobody waits
+            return _wire.error(error_text(exc))
         try:
             LOGGER.error("Model %s: inference callable failed", self._config.model_name, exc_info=exc)
         except Exception:  # noqa: BLE001 - e.g. a handler that cannot format the exception
@@ -485,10 +619,18 @@ class InstanceWorker:
         """
         views: List[npt.NDArray[Any]] = []
         session.call_started = 0.0
-        if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode)
-            reply = self._call_traced(session, message, views)
-        else:
-            reply = self._call_callable(session, message, views)
+        try:
+            if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode)
+                reply = self._call_traced(session, message, views)
+            else:
+                reply = self._call_callable(session, message, views)
+        finally:
+            if session.batch_token is not None:
+                CURRENT_BATCH.reset(session.batch_token)
+                session.batch_token = None
+            if session.probe is not None:  # before the final reply: no ASK may follow it
+                session.probe.close()
+                session.probe = None
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
         reply = _wire.with_retire(reply, retire) if retire else reply
         if self._metrics and session.call_started:
@@ -513,13 +655,17 @@ class InstanceWorker:
         # a real Ctrl-C is delivered to the main thread, never here.
         try:
             requests = self._decode_on(session, message, views)
+            session.batch_token = CURRENT_BATCH.set(requests)  # for pipeline handles (pytriton.pipeline)
             session.call_started = time.perf_counter()
+            session.in_callable = True
             result = self._infer_func(requests)
             # A plain list is by far the common answer: skip the inspect calls for it (each costs a
             # few microseconds right after the thread wakes up, see docs/performance.md).
             if type(result) is not list and inspect.iscoroutine(result):
                 result = self._run_async(session, result)
+            session.in_callable = False
         except BaseException as exc:  # noqa: BLE001
+            session.in_callable = False
             session.call_ended = time.perf_counter()
             return self._failure(exc)
         session.call_ended = time.perf_counter()  # a generator: once it finished, below
@@ -588,7 +734,11 @@ class InstanceWorker:
         unacknowledged = 0
         while True:
             try:
-                chunk = self._next_chunk(session, stream)
+                session.in_callable = True
+                try:
+                    chunk = self._next_chunk(session, stream)
+                finally:
+                    session.in_callable = False
                 reply = _wire.chunk(*self._encode_on(session, chunk, n_requests))
             except done:
                 return _wire.end()
@@ -596,13 +746,17 @@ class InstanceWorker:
                 return self._failure(exc)
             if session.abandoned:
                 raise _StubLeft()
+            # Under the probe's lock: an is_cancelled() from another thread must not put its question
+            # between a chunk and the acknowledgement this thread waits for.
+            probe = session.probe
             try:
-                channel.send(reply)
-                unacknowledged += 1
-                if not _wire.must_acknowledge(reply, unacknowledged):
-                    continue
-                unacknowledged = 0
-                follow_up = channel.recv()
+                with probe.lock if probe is not None else contextlib.nullcontext():
+                    channel.send(reply)
+                    unacknowledged += 1
+                    if not _wire.must_acknowledge(reply, unacknowledged):
+                        continue
+                    unacknowledged = 0
+                    follow_up = channel.recv()
             except (EOFError, OSError):
                 raise _StubLeft() from None
             if follow_up[_wire.KIND] == _wire.CANCEL:

@@ -8,7 +8,21 @@ tests/unit/test_decorators.py (``Request`` as callables see it).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, ItemsView, Iterator, KeysView, List, Optional, Tuple, ValuesView
+import contextvars
+import time
+from typing import (
+    Any,
+    ContextManager,
+    Dict,
+    ItemsView,
+    Iterator,
+    KeysView,
+    List,
+    Optional,
+    Tuple,
+    Union,
+    ValuesView,
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +59,16 @@ class Request:
             :meth:`traced_span`).
         requested_output_names: outputs the client asked for (``None`` means all; always
             ``None`` for a model with a single output, where there is nothing to choose).
+        sequence_id: for a sequence model (``ModelConfig(sequence_batcher=...)``), the id of the
+            sequence this request belongs to (an int, or a str with ``string_ids``); else ``None``.
+        sequence_start: the request opens its sequence (the client's ``sequence_start``).
+        sequence_end: the request closes its sequence; state kept for it can be dropped
+            (docs/sequences.md).
+        timeout_s: the request's timeout as the client sent it (Triton's ``timeout`` request
+            parameter, in seconds), or ``None``; :meth:`is_cancelled` turns true once it has
+            passed, counted from when the callable got the request (docs/cancellation.md).
+
+    :meth:`is_cancelled` tells whether the client still waits for the answer.
 
     The positional order is ``Request(data, parameters, span, requested_output_names)``, as in
     NVIDIA PyTriton 0.7. For code written against pytriton's earlier order, a list or tuple given
@@ -52,7 +76,19 @@ class Request:
     is never a sequence.
     """
 
-    __slots__ = ("data", "parameters", "span", "requested_output_names")
+    __slots__ = (
+        "data",
+        "parameters",
+        "span",
+        "requested_output_names",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "timeout_s",
+        "_deadline",
+        "_probe",
+        "_index",
+    )
 
     def __init__(
         self,
@@ -60,6 +96,11 @@ class Request:
         parameters: Optional[Dict[str, Any]] = None,
         span: Any = None,
         requested_output_names: Optional[List[str]] = None,
+        *,
+        sequence_id: Union[int, str, None] = None,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        timeout_s: Optional[float] = None,
     ):
         if requested_output_names is None and isinstance(span, (list, tuple)):
             span, requested_output_names = None, list(span)  # the earlier 3-argument order
@@ -67,6 +108,37 @@ class Request:
         self.parameters = parameters
         self.span = span
         self.requested_output_names = requested_output_names
+        self.sequence_id = sequence_id
+        self.sequence_start = sequence_start
+        self.sequence_end = sequence_end
+        self.timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s if timeout_s else None
+        self._probe: Optional[Any] = None  # proxy._worker.CancelProbe of the batch
+        self._index = 0
+
+    def is_cancelled(self) -> bool:
+        """True once nobody waits for this request's answer any more.
+
+        That is when the client cancelled it (a cancelled gRPC call, a gRPC deadline that passed:
+        whatever Triton reports as cancelled) or when :attr:`timeout_s` has passed. A long callable
+        can poll it and stop early; what it then returns (or raises) is discarded by Triton for a
+        cancelled request. Each call that finds the request still wanted asks Triton's stub (one
+        round trip on the instance's connection, tens of microseconds), so poll it between steps
+        of work, not in a tight loop. Call it from the callable while it runs (any thread); after
+        the callable returned it answers with the last known state. Always False for a request
+        built by hand (tests).
+        """
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return True
+        probe = self._probe
+        return probe is not None and probe(self._index)
+
+    def _known_cancelled(self) -> bool:
+        """:meth:`is_cancelled` without asking the stub: past the timeout, or cancelled at an earlier ask."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return True
+        probe = self._probe
+        return probe is not None and probe.known(self._index)
 
     def traced_span(self, span_name: str) -> ContextManager[Any]:
         """A context manager timing a block of the callable as a child span of :attr:`span`.
@@ -137,6 +209,13 @@ class Request:
 
 
 Requests = List[Request]
+
+# The requests of the batch whose callable is running on this thread (or in this task): set by the
+# worker around each call, read by pipeline handles (pytriton.pipeline) to propagate cancellation,
+# deadlines and trace context to the models the callable calls.
+CURRENT_BATCH: contextvars.ContextVar[Optional[List[Request]]] = contextvars.ContextVar(
+    "pytriton_current_batch", default=None
+)
 Response = Dict[str, npt.NDArray[Any]]
 Responses = List[Response]
 # Names used by the decorators module of the reference API.

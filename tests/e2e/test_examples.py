@@ -21,6 +21,9 @@ EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
         ("legacy_client.py", "async requests completed: 4"),
         ("embedded_unit_test.py", "3 of 3 model tests passed, with no port"),
         pytest.param("openai_chat.py", "streamed 9 tokens: You |said: |streams ", marks=needs_stub_strings),
+        ("sequences.py", "sequence 4: total 20"),
+        ("cancellation.py", "the instance serves again"),
+        ("pipeline.py", "grpc: inner error reaches the client"),
     ],
 )
 def test_example_runs(script, expected):

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import warnings
 from typing import Dict, Iterator, List, Tuple
 
@@ -30,8 +31,9 @@ import tritonclient.http as httpclient
 from bench.remote import stub_env_overlay
 from pytriton._remote import server_command
 from pytriton.client import DecoupledModelClient, ModelClient
+from pytriton.client.exceptions import PyTritonClientTimeoutError
 from pytriton.exceptions import PyTritonModelConfigError
-from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config import ModelConfig, SequenceBatcher, Tensor
 from pytriton.proxy import _wire
 from pytriton.triton import RemoteTriton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 from tests.conftest import shm_entries, triton_ports, wait_for
@@ -353,3 +355,47 @@ def test_streams_closed_at_their_final_response_let_the_model_unload(remote):
             with DecoupledModelClient(_url(remote, "grpc"), "RemoteStreams") as client:
                 assert len(list(client.infer_sample(x=LARGE))) == 20
     _check_unloaded(remote, "RemoteStreams")
+
+
+def _running_sum(requests):
+    """A running total per sequence (state on this callable; the direct strategy keeps a sequence on it)."""
+    responses = []
+    for request in requests:
+        total = (0.0 if request.sequence_start else _TOTALS[request.sequence_id]) + float(request["x"].sum())
+        _TOTALS[request.sequence_id] = total
+        responses.append({"y": np.array([[total]], np.float32)})
+    return responses
+
+
+def _watch(requests):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not requests[0].is_cancelled():
+        time.sleep(0.001)
+    _CANCELLED.append(requests[0].is_cancelled())
+    return [{"y": requests[0]["x"]}]
+
+
+_TOTALS: Dict[object, float] = {}
+_CANCELLED: List[bool] = []
+
+
+def test_sequences_and_cancellation_over_tcp(remote):
+    """The sequence fields and is_cancelled()'s questions travel over the ZeroMQ transport too."""
+    tensors = ([Tensor(name="x", shape=(1,), dtype=np.float32)], [Tensor(name="y", shape=(1,), dtype=np.float32)])
+    grpc_url = _url(remote, "grpc")
+
+    with RemoteTriton(_url(remote), access_token=TOKEN, transport="tcp") as triton:
+        triton.bind("RemoteSum", _running_sum, *tensors, config=ModelConfig(sequence_batcher=SequenceBatcher()))
+        triton.bind("RemoteWatch", _watch, *tensors, config=ModelConfig(batching=False))
+        triton.run()
+        with ModelClient(grpc_url, "RemoteSum") as client:
+            for step, value in enumerate((1.0, 2.0, 3.0)):
+                out = client.infer_sample(np.array([value], np.float32), sequence_id=77, sequence_start=step == 0)
+        assert float(out["y"][0]) == 6.0
+        with ModelClient(grpc_url, "RemoteWatch", inference_timeout_s=0.3) as client:
+            client.wait_for_model(10)
+            with pytest.raises(PyTritonClientTimeoutError):
+                client.infer_sample(np.array([1.0], np.float32))
+        assert wait_for(lambda: _CANCELLED == [True], 10.0)
+    _check_unloaded(remote, "RemoteSum")
+    _check_unloaded(remote, "RemoteWatch")

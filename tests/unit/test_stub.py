@@ -120,11 +120,23 @@ class RefusingSender(FakeSender):
 
 
 class FakeRequest:
-    def __init__(self, inputs, parameters=None, requested=None, sender=None):
+    def __init__(self, inputs, parameters=None, requested=None, sender=None, timeout_us=0, correlation_id=0):
         self._inputs = [FakeTensor(name, array) for name, array in inputs.items()]
         self._parameters = json.dumps(parameters or {})
         self._requested = requested or []
         self.sender = sender or FakeSender()
+        self._timeout_us = timeout_us
+        self._correlation_id = correlation_id
+        self.cancelled = False
+
+    def timeout(self):
+        return self._timeout_us
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def is_cancelled(self):
+        return self.cancelled
 
     def inputs(self):
         return self._inputs

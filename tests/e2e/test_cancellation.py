@@ -1,0 +1,185 @@
+"""Cancellation, deadlines and the execution timeout through a live server (docs/cancellation.md).
+
+A callable polls ``Request.is_cancelled()``; it must see a gRPC cancel, a gRPC deadline and a
+request timeout (HTTP and gRPC). A call that runs past the model's execution timeout fails at the
+client with a clear error, and the instance is recovered: a thread instance's pure-Python call is
+interrupted (its thread ends), a process instance's worker process is replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from pytriton.client import ModelClient
+from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientTimeoutError
+from pytriton.decorators import batch, batch_cancelled
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import triton_ports, wait_for
+
+CAP_S = 10.0  # no callable here runs longer than this, whatever happens
+SEEN = {}  # tag -> (monotonic time the callable saw the cancellation, Request.timeout_s)
+STARTED = {}  # tag -> threading.Event set when the callable starts
+
+
+def watch(requests):
+    """Polls is_cancelled() until it turns true (or CAP_S); output 1 if it did."""
+    request = requests[0]
+    tag = int(request["tag"].flat[0])
+    STARTED.setdefault(tag, threading.Event()).set()
+    deadline = time.monotonic() + CAP_S
+    while time.monotonic() < deadline:
+        if request.is_cancelled():
+            SEEN[tag] = (time.monotonic(), request.timeout_s)
+            return [{"seen": np.array([1], np.int32)}]
+        time.sleep(0.001)
+    return [{"seen": np.array([0], np.int32)}]
+
+
+@batch
+def watch_batch(tag):
+    deadline = time.monotonic() + CAP_S
+    while time.monotonic() < deadline:
+        if batch_cancelled():
+            SEEN[int(tag.flat[0])] = (time.monotonic(), None)
+            break
+        time.sleep(0.001)
+    return {"seen": np.ones_like(tag)}
+
+
+def spin(requests):
+    """Pure Python for a negative tag (until interrupted, or CAP_S); else answers at once."""
+    if int(requests[0]["tag"].flat[0]) < 0:
+        deadline = time.monotonic() + 3 * CAP_S  # longer than the test waits for its thread to end
+        count = 0
+        while time.monotonic() < deadline:
+            count += 1
+    return [{"seen": np.array([os.getpid()], np.int32)} for _ in requests]
+
+
+def sleep_in_native_code(requests):
+    """Blocks in time.sleep (native code: nothing can interrupt it in a thread) for a negative tag."""
+    if int(requests[0]["tag"].flat[0]) < 0:
+        time.sleep(CAP_S)
+    return [{"seen": np.array([os.getpid()], np.int32)} for _ in requests]
+
+
+@pytest.fixture(scope="module")
+def urls():
+    ports = triton_ports()
+    tensors = dict(
+        inputs=[Tensor(name="tag", shape=(1,), dtype=np.int32)],
+        outputs=[Tensor(name="seen", shape=(1,), dtype=np.int32)],
+    )
+    plain = ModelConfig(batching=False)
+    with Triton(config=TritonConfig(**ports)) as triton:
+        triton.bind("Watch", [watch, watch], config=plain, **tensors)
+        triton.bind("WatchBatch", watch_batch, config=ModelConfig(max_batch_size=4), **tensors)
+        triton.bind("Spin", spin, config=ModelConfig(batching=False, execution_timeout_s=0.5), **tensors)
+        triton.bind(
+            "SleepProcess",
+            sleep_in_native_code,
+            config=ModelConfig(batching=False, execution_timeout_s=0.5),
+            instance_kind="process",
+            **tensors,
+        )
+        triton.run()
+        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}"}
+
+
+def _tag_input(lib, tag, batched=False):
+    shape = [1, 1] if batched else [1]
+    tensor = lib.InferInput("tag", shape, "INT32")
+    tensor.set_data_from_numpy(np.full(shape, tag, np.int32))
+    return [tensor]
+
+
+def test_a_grpc_cancel_reaches_the_callable(urls):
+    client = grpcclient.InferenceServerClient(urls["grpc"])
+    STARTED[101] = threading.Event()
+    try:
+        call = client.async_infer("Watch", _tag_input(grpcclient, 101), callback=lambda result, error: None)
+        assert STARTED[101].wait(CAP_S)
+        time.sleep(0.05)
+        cancelled_at = time.monotonic()
+        call.cancel()
+        assert wait_for(lambda: 101 in SEEN, CAP_S), "the callable never saw the cancellation"
+    finally:
+        client.close()
+    print(f"gRPC cancel seen by the callable after {(SEEN[101][0] - cancelled_at) * 1e3:.2f} ms")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_client_timeout_travels_to_the_callable(urls, protocol):
+    tag = 200 if protocol == "http" else 201
+    with ModelClient(f"{protocol}://{urls[protocol]}", "Watch", inference_timeout_s=0.5) as client:
+        client.wait_for_model(CAP_S)
+        sent = time.monotonic()
+        with pytest.raises(PyTritonClientTimeoutError):
+            client.infer_sample(np.array([tag], np.int32))
+    assert wait_for(lambda: tag in SEEN, CAP_S), "the callable never saw its request's deadline pass"
+    seen_at, timeout_s = SEEN[tag]
+    assert timeout_s == pytest.approx(0.5)
+    print(f"{protocol}: client timeout 0.5 s, the callable stopped {seen_at - sent:.3f} s after the request was sent")
+
+
+@pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_raw_tritonclient_request_timeout_reaches_the_callable(urls, lib):
+    tag = 300 if lib is httpclient else 301
+    client = lib.InferenceServerClient(urls["http" if lib is httpclient else "grpc"])
+    try:
+        result = client.infer("Watch", _tag_input(lib, tag), timeout=300_000)  # microseconds
+    finally:
+        client.close()
+    assert int(result.as_numpy("seen")[0]) == 1  # the callable stopped early, and answered
+    assert SEEN[tag][1] == pytest.approx(0.3)
+
+
+def test_batch_cancelled_is_the_batch_view(urls):
+    client = grpcclient.InferenceServerClient(urls["grpc"])
+    try:
+        with pytest.raises(Exception, match="(?i)deadline"):
+            client.infer("WatchBatch", _tag_input(grpcclient, 400, batched=True), client_timeout=0.3)
+    finally:
+        client.close()
+    assert wait_for(lambda: 400 in SEEN, CAP_S)
+
+
+def _session_threads(model):
+    return [
+        thread
+        for thread in threading.enumerate()
+        if thread.name.startswith(f"pytriton-{model}-") and "-c" in thread.name
+    ]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_execution_timeout_interrupts_a_pure_python_call_of_a_thread_instance(urls, protocol):
+    with ModelClient(f"{protocol}://{urls[protocol]}", "Spin") as client:
+        client.wait_for_model(CAP_S)
+        started = time.monotonic()
+        with pytest.raises(PyTritonClientInferenceServerError, match="execution timeout of 0.5 s"):
+            client.infer_sample(np.array([-1], np.int32))
+        assert time.monotonic() - started < CAP_S
+        assert int(client.infer_sample(np.array([1], np.int32))["seen"][0]) == os.getpid()
+    # The hung call was interrupted: its thread ends (nothing is left behind per timeout).
+    assert wait_for(lambda: len(_session_threads("Spin")) == 1, CAP_S), [t.name for t in _session_threads("Spin")]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_execution_timeout_replaces_a_process_instance(urls, protocol):
+    with ModelClient(f"{protocol}://{urls[protocol]}", "SleepProcess") as client:
+        client.wait_for_model(CAP_S)
+        before = int(client.infer_sample(np.array([1], np.int32))["seen"][0])
+        with pytest.raises(PyTritonClientInferenceServerError, match="execution timeout of 0.5 s"):
+            client.infer_sample(np.array([-1], np.int32))
+        after = int(client.infer_sample(np.array([1], np.int32))["seen"][0])
+    assert after != before, "a new worker process serves the instance"
+    assert wait_for(lambda: not os.path.exists(f"/proc/{before}"), CAP_S), "the hung worker process is gone"

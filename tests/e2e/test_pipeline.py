@@ -1,0 +1,202 @@
+"""Pipelines through a live server: a callable calls another bound model (docs/pipelines.md).
+
+Checks the results over HTTP and gRPC (sync and ``async def`` callers), that the inner model's
+error reaches the client with its message, that a cancelled outer request cancels the inner call,
+that the outer deadline travels, and that Triton's spans of the inner request nest under the outer
+request's span. An embedded ``Triton`` takes the in-process path: tests/e2e/test_pipeline.py's
+last test.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from pytriton import pipeline
+from pytriton.client import ModelClient
+from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientTimeoutError
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.proxy import _tracing
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import triton_ports, wait_for
+from tests.e2e.test_tracing import _Receiver, _triton_spans, receiver  # noqa: F401 - the fixture
+from tests.otel_memory import memory_exporter
+
+CAP_S = 10.0
+INNER_SEEN = {}  # tag -> (cancelled?, Request.timeout_s) as the inner callable saw them
+STARTED = threading.Event()
+TRACE_ID = "1af7651916cd43dd8448eb211c80319d"
+
+
+@batch
+def inner(x):
+    if (x < 0).any():
+        raise ValueError("inner refuses negative input")
+    return {"y": x * 10}
+
+
+def inner_slow(requests):
+    request = requests[0]
+    tag = int(request["x"].flat[0])
+    STARTED.set()
+    deadline = time.monotonic() + CAP_S
+    while time.monotonic() < deadline and not request.is_cancelled():
+        time.sleep(0.001)
+    INNER_SEEN[tag] = (request.is_cancelled(), request.timeout_s)
+    return [{"y": request["x"]}]
+
+
+def outer(requests):
+    handle = pipeline.model("Inner")
+    return [{"y": handle.infer_batch(request["x"] + 1)["y"]} for request in requests]
+
+
+async def outer_async(requests):
+    handle = pipeline.model("Inner")
+    return [{"y": (await handle.async_infer_batch(request["x"] + 1))["y"]} for request in requests]
+
+
+def outer_in_process(requests, url):
+    """A process instance has no Triton of its own: it names the server (and gets a clear error if not)."""
+    x = requests[0]["x"]
+    handle = pipeline.model("Inner") if float(x.flat[0]) < -100 else pipeline.model("Inner", url=url)
+    return [{"y": handle.infer_sample(x)["y"]}]
+
+
+def outer_slow(requests):
+    return [{"y": pipeline.model("InnerSlow").infer_sample(requests[0]["x"])["y"]}]
+
+
+@pytest.fixture(scope="module")
+def server(receiver):  # noqa: F811
+    exporter = memory_exporter()
+    ports = triton_ports()
+    config = TritonConfig(
+        **ports,
+        trace_config=[
+            "mode=opentelemetry",
+            "level=OFF",
+            f"opentelemetry,url=http://127.0.0.1:{receiver}/v1/traces",
+            "opentelemetry,bsp_schedule_delay=50",
+        ],
+    )
+    tensors = dict(
+        inputs=[Tensor(name="x", shape=(1,), dtype=np.float32)],
+        outputs=[Tensor(name="y", shape=(1,), dtype=np.float32)],
+    )
+    traced = dict(trace_config=["level=TIMESTAMPS", "rate=1"])
+    plain = ModelConfig(batching=False)
+    with Triton(config=config) as triton:
+        triton.bind("Inner", inner, config=ModelConfig(max_batch_size=8), **tensors, **traced)
+        triton.bind("Outer", outer, config=ModelConfig(max_batch_size=8), **tensors, **traced)
+        triton.bind("OuterAsync", outer_async, config=ModelConfig(max_batch_size=8), **tensors)
+        triton.bind(
+            "OuterProcess",
+            functools.partial(outer_in_process, url=f"grpc://127.0.0.1:{ports['grpc_port']}"),
+            config=plain,
+            instance_kind="process",
+            **tensors,
+        )
+        triton.bind("InnerSlow", [inner_slow, inner_slow], config=plain, **tensors)
+        triton.bind("OuterSlow", [outer_slow, outer_slow], config=plain, **tensors)
+        triton.run()
+        yield {"http": triton.http_url, "grpc": triton.grpc_url, "exporter": exporter}
+    exporter.shutdown()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["Outer", "OuterAsync"])
+def test_a_callable_calls_another_bound_model(server, protocol, model):
+    with ModelClient(server[protocol], model) as client:
+        result = client.infer_batch(np.array([[1.0], [2.0]], np.float32))
+        assert result["y"].tolist() == [[20.0], [30.0]]
+        with pytest.raises(PyTritonClientInferenceServerError, match="inner refuses negative input"):
+            client.infer_sample(np.array([-5.0], np.float32))
+
+
+def test_a_process_instance_calls_through_the_url_it_names(server):
+    with ModelClient(server["grpc"], "OuterProcess") as client:
+        assert client.infer_sample(np.array([3.0], np.float32))["y"].tolist() == [30.0]
+        with pytest.raises(PyTritonClientInferenceServerError, match="pass url="):
+            client.infer_sample(np.array([-500.0], np.float32))
+
+
+def test_cancelling_the_outer_request_cancels_the_inner_call(server):
+    client = grpcclient.InferenceServerClient(server["grpc"].split("://")[1])
+    STARTED.clear()
+    tensor = grpcclient.InferInput("x", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([7.0], np.float32))
+    try:
+        call = client.async_infer("OuterSlow", [tensor], callback=lambda result, error: None)
+        assert STARTED.wait(CAP_S)
+        call.cancel()
+        assert wait_for(lambda: 7 in INNER_SEEN, CAP_S)
+    finally:
+        client.close()
+    assert INNER_SEEN[7][0], "the inner request was cancelled with the outer one"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_outer_deadline_travels_to_the_inner_request(server, protocol):
+    tag = 8 if protocol == "http" else 9
+    with ModelClient(server[protocol], "OuterSlow", inference_timeout_s=0.5) as client:
+        client.wait_for_model(CAP_S)
+        with pytest.raises(PyTritonClientTimeoutError):
+            client.infer_sample(np.array([tag], np.float32))
+    assert wait_for(lambda: tag in INNER_SEEN, CAP_S)
+    cancelled, timeout_s = INNER_SEEN[tag]
+    assert cancelled and timeout_s is not None and 0 < timeout_s <= 0.5
+
+
+def test_the_inner_models_spans_nest_under_the_outer_request(server):
+    exporter = server["exporter"]
+    trace_id = int(TRACE_ID, 16)
+    with ModelClient(server["http"], "Outer") as client:
+        client.infer_sample(np.array([1.0], np.float32), headers={"traceparent": f"00-{TRACE_ID}-b7ad6b7169203332-01"})
+    assert wait_for(lambda: any(s.context.trace_id == trace_id for s in exporter.get_finished_spans()), CAP_S)
+
+    def proxies():
+        return {
+            span.attributes["pytriton.model_name"]: span
+            for span in exporter.get_finished_spans()
+            if span.context.trace_id == trace_id and span.name == _tracing.REQUEST_SPAN
+        }
+
+    # The inner callable's span is in the client's trace: the trace context went through the hop.
+    assert wait_for(lambda: {"Outer", "Inner"} <= set(proxies()), CAP_S), set(proxies())
+    outer_span_id = f"{proxies()['Outer'].context.span_id:016x}"
+
+    def inner_requests():
+        with _Receiver.lock:
+            return [
+                span
+                for span in _Receiver.spans
+                if span["traceId"] == TRACE_ID
+                and span["name"] == "InferRequest"
+                and span["parentSpanId"] == outer_span_id
+            ]
+
+    # Triton's InferRequest span of the inner call hangs off the outer callable's span.
+    assert wait_for(lambda: inner_requests(), CAP_S), _triton_spans(TRACE_ID)
+
+
+def test_an_embedded_triton_takes_the_inprocess_path():
+    with Triton(embedded=True) as triton:
+        tensors = dict(
+            inputs=[Tensor(name="x", shape=(1,), dtype=np.float32)],
+            outputs=[Tensor(name="y", shape=(1,), dtype=np.float32)],
+        )
+        triton.bind("Inner", inner, config=ModelConfig(max_batch_size=8), **tensors)
+        triton.bind("Outer", outer, config=ModelConfig(max_batch_size=8), **tensors)
+        triton.run()
+        assert pipeline.model("Inner").path == "inprocess"
+        client = triton.client("Outer")
+        assert client.infer_sample(np.array([2.0], np.float32))["y"].tolist() == [30.0]
+        with pytest.raises(Exception, match="inner refuses negative input"):
+            client.infer_sample(np.array([-5.0], np.float32))

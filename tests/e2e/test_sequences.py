@@ -1,0 +1,197 @@
+"""Sequence models through a live server: ids and flags reach the callable, state per sequence, idle timeout.
+
+Clients: pytriton's three clients (keyword arguments ``sequence_id``, ``sequence_start``,
+``sequence_end``) and raw tritonclient, over HTTP and gRPC. docs/sequences.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from pytriton.client import AsyncioModelClient, FuturesModelClient, ModelClient
+from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientValueError
+from pytriton.model_config import ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import triton_ports
+
+IDLE_S = 0.5
+
+
+class RunningSum:
+    """A running total per sequence; records what each request said about its sequence."""
+
+    def __init__(self):
+        self.totals = {}
+        self.seen = []  # (sequence_id, start, end)
+        self.lock = threading.Lock()
+
+    def __call__(self, requests):
+        responses = []
+        with self.lock:
+            for request in requests:
+                if set(request.keys()) != {"value"}:  # the control inputs never reach the callable
+                    raise AssertionError(f"unexpected inputs {sorted(request.keys())}")
+                self.seen.append((request.sequence_id, request.sequence_start, request.sequence_end))
+                if request.sequence_start:
+                    self.totals[request.sequence_id] = 0.0
+                total = self.totals[request.sequence_id] + float(request["value"].sum())
+                if request.sequence_end:
+                    del self.totals[request.sequence_id]
+                else:
+                    self.totals[request.sequence_id] = total
+                responses.append({"total": np.full((1, 1), total, np.float32)})
+        return responses
+
+
+_PROCESS_TOTALS = {}  # in the worker process
+
+
+def process_running_sum(requests):
+    """A process instance's state lives in its worker process; the sequence fields reach it the same way."""
+    responses = []
+    for request in requests:
+        start = 0.0 if request.sequence_start else _PROCESS_TOTALS[request.sequence_id]
+        _PROCESS_TOTALS[request.sequence_id] = start + float(request["value"].sum())
+        responses.append({"total": np.full((1, 1), _PROCESS_TOTALS[request.sequence_id], np.float32)})
+        if request.sequence_end:
+            del _PROCESS_TOTALS[request.sequence_id]
+    return responses
+
+
+DIRECT = RunningSum()
+OLDEST = RunningSum()
+
+
+@pytest.fixture(scope="module")
+def urls():
+    ports = triton_ports()
+    tensors = dict(
+        inputs=[Tensor(name="value", shape=(1,), dtype=np.float32)],
+        outputs=[Tensor(name="total", shape=(1,), dtype=np.float32)],
+    )
+    with Triton(config=TritonConfig(**ports)) as triton:
+        idle = int(IDLE_S * 1e6)
+        triton.bind(
+            "Sum",
+            DIRECT,
+            config=ModelConfig(max_batch_size=4, sequence_batcher=SequenceBatcher(max_sequence_idle_microseconds=idle)),
+            **tensors,
+        )
+        oldest = SequenceBatcher(
+            strategy=SequenceStrategy.OLDEST,
+            string_ids=True,
+            max_candidate_sequences=8,
+            max_queue_delay_microseconds=2000,
+        )
+        triton.bind("SumOldest", OLDEST, config=ModelConfig(max_batch_size=4, sequence_batcher=oldest), **tensors)
+        triton.bind(
+            "SumProcess",
+            process_running_sum,
+            config=ModelConfig(max_batch_size=4, sequence_batcher=SequenceBatcher()),
+            instance_kind="process",
+            **tensors,
+        )
+        triton.run()
+        yield {"http": f"http://127.0.0.1:{ports['http_port']}", "grpc": f"grpc://127.0.0.1:{ports['grpc_port']}"}
+
+
+def _steps(client, sequence_id, values):
+    result = None
+    for step, value in enumerate(values):
+        result = client.infer_sample(
+            np.array([value], np.float32),
+            sequence_id=sequence_id,
+            sequence_start=step == 0,
+            sequence_end=step == len(values) - 1,
+        )
+    return float(result["total"][0])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_concurrent_sequences_keep_their_own_state(urls, protocol):
+    base = 1000 if protocol == "http" else 2000
+    totals = {}
+
+    def run(sequence_id):
+        with ModelClient(urls[protocol], "Sum") as client:
+            totals[sequence_id] = _steps(client, sequence_id, [float(sequence_id - base)] * 6)
+
+    threads = [threading.Thread(target=run, args=(base + n,)) for n in range(1, 7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert totals == {base + n: 6.0 * n for n in range(1, 7)}
+    mine = [entry for entry in DIRECT.seen if base < entry[0] < base + 100]
+    assert len(mine) == 36
+    assert sorted(entry for entry in mine if entry[1]) == [(base + n, True, False) for n in range(1, 7)]
+    assert sorted(entry for entry in mine if entry[2]) == [(base + n, False, True) for n in range(1, 7)]
+    assert all(sid not in DIRECT.totals for sid in totals)  # every sequence's state was dropped at its end
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_futures_and_asyncio_clients_send_sequences(urls, protocol):
+    sid = 3000 if protocol == "http" else 3100
+    with FuturesModelClient(urls[protocol], "Sum") as client:
+        first = client.infer_sample(np.array([2.0], np.float32), sequence_id=sid, sequence_start=True).result(30)
+        last = client.infer_sample(np.array([3.0], np.float32), sequence_id=sid, sequence_end=True).result(30)
+    assert (float(first["total"][0]), float(last["total"][0])) == (2.0, 5.0)
+
+    async def steps():
+        async with AsyncioModelClient(urls[protocol], "Sum") as client:
+            await client.infer_sample(np.array([1.0], np.float32), sequence_id=sid + 1, sequence_start=True)
+            out = await client.infer_sample(np.array([4.0], np.float32), sequence_id=sid + 1, sequence_end=True)
+        return float(out["total"][0])
+
+    assert asyncio.run(steps()) == 5.0
+
+
+@pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_raw_tritonclient_with_string_ids_and_the_oldest_strategy(urls, lib):
+    address = urls["http" if lib is httpclient else "grpc"].split("://")[1]
+    client = lib.InferenceServerClient(address)
+    names = [f"{lib.__name__}-a", f"{lib.__name__}-b"]
+    try:
+        for step in range(3):
+            for index, name in enumerate(names):
+                tensor = lib.InferInput("value", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[index + 1.0]], np.float32))
+                result = client.infer(
+                    "SumOldest", [tensor], sequence_id=name, sequence_start=step == 0, sequence_end=step == 2
+                )
+                assert float(result.as_numpy("total")[0, 0]) == (index + 1.0) * (step + 1)
+    finally:
+        client.close()
+    starts = {entry[0] for entry in OLDEST.seen if entry[1] and entry[0] in names}
+    assert starts == set(names)
+    assert all(isinstance(entry[0], str) for entry in OLDEST.seen)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_sequence_idle_too_long_is_ended_by_triton(urls, protocol):
+    sid = 4000 if protocol == "http" else 4100
+    with ModelClient(urls[protocol], "Sum") as client:
+        client.infer_sample(np.array([1.0], np.float32), sequence_id=sid, sequence_start=True)
+        time.sleep(IDLE_S * 3)
+        with pytest.raises(PyTritonClientInferenceServerError, match="START"):
+            client.infer_sample(np.array([1.0], np.float32), sequence_id=sid)
+        # A new sequence under the same id starts afresh.
+        assert _steps(client, sid, [5.0, 1.0]) == 6.0
+
+
+def test_a_process_instance_gets_the_sequence_fields(urls):
+    with ModelClient(urls["grpc"], "SumProcess") as client:
+        assert _steps(client, 5000, [1.0, 2.0, 4.0]) == 7.0
+
+
+def test_sequence_flags_need_an_id(urls):
+    with ModelClient(urls["http"], "Sum") as client:
+        with pytest.raises(PyTritonClientValueError, match="sequence_id"):
+            client.infer_sample(np.array([1.0], np.float32), sequence_start=True)

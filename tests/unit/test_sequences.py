@@ -1,0 +1,165 @@
+"""Sequence models through their seams: the generated config, bind's checks, the stub's control
+inputs, the wire entry and the worker's ``Request`` fields, the clients' keyword arguments.
+
+End to end: tests/e2e/test_sequences.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.http
+
+from pytriton.client._core import ClientCore
+from pytriton.client._url import parse_url
+from pytriton.client.client import _sequence
+from pytriton.client.exceptions import PyTritonClientValueError
+from pytriton.exceptions import PyTritonBadParameterError
+from pytriton.model_config import DynamicBatcher, ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
+from pytriton.model_config.generator import SEQUENCE_CONTROLS, from_dict, to_dict, to_pbtxt
+from pytriton.proxy import _wire
+from tests.unit.test_binding import _model, context  # noqa: F401 - the fixture
+from tests.unit.test_client_core import DRIVERS, FakeServer, _drive
+from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
+from tests.unit.test_worker import make_worker  # noqa: F401 - the fixture
+
+
+def _controls(raw):
+    return {entry["name"]: entry["control"][0] for entry in raw["sequence_batching"]["control_input"]}
+
+
+def test_direct_strategy_renders_every_control_and_replaces_the_dynamic_batcher(context):  # noqa: F811
+    model = _model(
+        context, config=ModelConfig(sequence_batcher=SequenceBatcher(max_sequence_idle_microseconds=2_000_000))
+    )
+    raw = to_dict(model.config)
+    assert "dynamic_batching" not in raw
+    assert raw["sequence_batching"]["direct"] == {}
+    assert raw["sequence_batching"]["max_sequence_idle_microseconds"] == 2_000_000
+    controls = _controls(raw)
+    assert controls[SEQUENCE_CONTROLS["start"]] == {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}
+    assert controls[SEQUENCE_CONTROLS["ready"]]["kind"] == "CONTROL_SEQUENCE_READY"
+    assert controls[SEQUENCE_CONTROLS["corrid"]] == {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}
+    assert [spec.name for spec in model.config.inputs] == ["x"]  # controls are not inputs clients send
+    assert model._private["sequence"] == SEQUENCE_CONTROLS
+    text = to_pbtxt(model.config)
+    assert "sequence_batching {" in text and "kind: CONTROL_SEQUENCE_END" in text
+    assert "int32_false_true: [0, 1]" in text and "data_type: TYPE_UINT64" in text
+    assert from_dict(raw).sequence_batcher == SequenceBatcher(max_sequence_idle_microseconds=2_000_000)
+
+
+def test_oldest_strategy_with_string_ids_round_trips(context):  # noqa: F811
+    batcher = SequenceBatcher(
+        strategy=SequenceStrategy.OLDEST,
+        string_ids=True,
+        max_candidate_sequences=8,
+        max_queue_delay_microseconds=500,
+        preferred_batch_size=[2, 4],
+    )
+    raw = to_dict(_model(context, config=ModelConfig(sequence_batcher=batcher)).config)
+    assert raw["sequence_batching"]["oldest"] == {
+        "max_candidate_sequences": 8,
+        "preferred_batch_size": [2, 4],
+        "max_queue_delay_microseconds": 500,
+    }
+    assert SEQUENCE_CONTROLS["corrid"] not in _controls(raw)  # see the generator: Triton 2.51 and string CORRID
+    assert from_dict(raw).sequence_batcher == batcher
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (ModelConfig(sequence_batcher={"strategy": "direct"}), "must be a SequenceBatcher"),
+        (ModelConfig(sequence_batcher=SequenceBatcher(strategy="oldest")), "SequenceStrategy.DIRECT"),
+        (
+            ModelConfig(sequence_batcher=SequenceBatcher(), batcher=DynamicBatcher(max_queue_delay_microseconds=5)),
+            "either a dynamic batcher or a sequence batcher",
+        ),
+        (ModelConfig(sequence_batcher=SequenceBatcher(), decoupled=True), "cannot be decoupled"),
+        (
+            ModelConfig(sequence_batcher=SequenceBatcher(max_sequence_idle_microseconds=-1)),
+            "max_sequence_idle_microseconds must be an int",
+        ),
+    ],
+)
+def test_bind_refuses_bad_sequence_settings(context, config, match):  # noqa: F811
+    with pytest.raises(PyTritonBadParameterError, match=match):
+        _model(context, config=config)
+
+
+def test_reserved_control_names_cannot_be_declared(context):  # noqa: F811
+    with pytest.raises(PyTritonBadParameterError, match="reserved by pytriton"):
+        _model(context, inputs=[Tensor(name=SEQUENCE_CONTROLS["start"], shape=(1,), dtype=np.bool_)])
+
+
+def _sequence_request(value, sequence_id, start=False, end=False, ready=True):
+    flags = {"start": start, "end": end, "ready": ready}
+    inputs = {"x": np.array([[value]], np.int32)}
+    inputs.update({SEQUENCE_CONTROLS[key]: np.array([[int(flag)]], np.int32) for key, flag in flags.items()})
+    inputs[SEQUENCE_CONTROLS["corrid"]] = np.array([[sequence_id]], np.uint64)
+    return FakeRequest(inputs, correlation_id=sequence_id)
+
+
+def test_the_stub_turns_controls_into_sequence_fields_and_answers_null_requests(setup, pool):  # noqa: F811
+    worker = setup.worker()
+    model = setup.model(sequence=SEQUENCE_CONTROLS)
+    channel = worker.channel()
+    requests = [
+        _sequence_request(1, 7, start=True),
+        _sequence_request(0, 0, ready=False),  # a null request of the direct strategy
+        _sequence_request(3, 8, end=True),
+    ]
+    future = pool.submit(model.execute, requests)
+    message = channel.recv()
+    entries = [_wire.parse_entry(raw) for raw in message[_wire.BODY]]
+    assert [entry.sequence for entry in entries] == [(7, True, False), (8, False, True)]
+    assert [[meta[0] for meta in entry.metas] for entry in entries] == [["x"], ["x"]]  # controls stay in the stub
+    arena = _wire.Arena(f"{setup.shm_prefix}-w")
+    try:
+        channel.send(_ok(arena, [{"y": np.array([[10]], np.int32)}, {"y": np.array([[30]], np.int32)}]))
+        responses = future.result(TIMEOUT_S)
+    finally:
+        arena.close()
+    assert [response.error is None for response in responses] == [True, False, True]
+    np.testing.assert_array_equal(responses[2].outputs()["y"], [[30]])
+
+
+def test_the_worker_hands_the_sequence_fields_to_the_callable(make_worker):  # noqa: F811
+    seen = []
+
+    def func(requests):
+        seen.extend((r.sequence_id, r.sequence_start, r.sequence_end, r.timeout_s) for r in requests)
+        return [{"y": r["k"]} for r in requests]
+
+    worker, _ = make_worker(func)
+    segment, metas = _wire.write_tensors(None, [[("k", np.array([[1]], np.int32))]] * 3)
+    entries = [
+        _wire.entry(metas[0], None, None, (5, True, False)),
+        _wire.entry(metas[1], None, None, ("text-id", False, True), 2.5),
+        _wire.entry(metas[2], None, None),
+    ]
+    assert len(entries[2]) == 3  # nothing to add: the plain three-field entry
+    reply = worker._infer((_wire.INFER, segment, entries), None)
+    assert reply[_wire.KIND] == _wire.OK
+    assert seen == [(5, True, False, None), ("text-id", False, True, 2.5), (None, False, False, None)]
+
+
+def test_client_sequence_arguments():
+    assert _sequence(0, False, False) is None
+    assert _sequence(12, True, False) == (12, True, False)
+    assert _sequence("abc", 0, 1) == ("abc", False, True)
+    with pytest.raises(PyTritonClientValueError, match="need a sequence_id"):
+        _sequence(0, True, False)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_core_sends_the_sequence_and_the_request_timeout(driver):
+    server = FakeServer()
+    core = ClientCore(parse_url("http://fake:1"), "AddSub", None, 5.0, 2.5)
+    a = np.ones(3, np.float32)
+    _drive(driver, core.infer((a, a), {}, None, None, False, tritonclient.http, (42, True, False)), server)
+    kwargs = server.last_kwargs
+    assert (kwargs["sequence_id"], kwargs["sequence_start"], kwargs["sequence_end"]) == (42, True, False)
+    assert kwargs["timeout"] == 2_500_000  # microseconds: Request.timeout_s in the callable
+    _drive(driver, core.infer((a, a), {}, None, None, False, tritonclient.http), server)
+    assert "sequence_id" not in server.last_kwargs and server.last_kwargs["timeout"] == 2_500_000
