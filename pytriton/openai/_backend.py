@@ -29,12 +29,13 @@ Unit test: tests/unit/test_openai_app.py (error mapping), tests/e2e/test_openai.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Dict, Optional, Protocol, Set
+from typing import Any, AsyncIterator, Dict, Optional, Protocol, Set, Tuple
 
 import numpy as np
 
 from pytriton.client._decoupled import GRACEFUL_CLOSE_TIMEOUT_S
 from pytriton.openai._errors import QUEUE_FULL_TEXT, OpenAIError, invalid_request, model_failed, overloaded, unavailable
+from pytriton.openai._http import TritonHttp, TritonHttpError
 from pytriton.openai._requests import ModelCall
 
 Outputs = Dict[str, np.ndarray]  # type: ignore[type-arg]
@@ -86,18 +87,26 @@ def _unbatched(outputs: Outputs, batching: bool) -> Outputs:
 
 # -- gRPC -----------------------------------------------------------------------------------------
 class GrpcBackend:
-    """tritonclient's asyncio gRPC client on ``url`` (``host:port``); created and used on one event loop."""
+    """tritonclient's asyncio gRPC client on ``url`` (``host:port``); created and used on one event loop.
 
-    def __init__(self, url: str, access_token: Optional[str] = None) -> None:
+    With ``http`` (``(host, port)`` of the same Triton's HTTP endpoint), non-streaming inference goes
+    over :class:`~pytriton.openai._http.TritonHttp` instead: its answers reach the loop without a
+    thread hand-off (see that module). Configuration, readiness and streams stay on gRPC.
+    """
+
+    def __init__(self, url: str, access_token: Optional[str] = None, http: Optional[Tuple[str, int]] = None) -> None:
         import tritonclient.grpc.aio as grpcclient
+
+        from pytriton.client.auth import create_auth_headers
 
         self._grpc = grpcclient
         self._client = grpcclient.InferenceServerClient(url)
         self._headers: Optional[Dict[str, str]] = None
         if access_token:
-            from pytriton.client.auth import create_auth_headers
-
             self._headers = create_auth_headers(access_token, "grpc")
+        self._http: Optional[TritonHttp] = None
+        if http is not None:
+            self._http = TritonHttp(*http, headers=create_auth_headers(access_token, "http") if access_token else None)
 
     def _error(self, exc: Exception) -> OpenAIError:
         status = str(exc.status() if hasattr(exc, "status") and callable(exc.status) else "") or ""
@@ -127,6 +136,14 @@ class GrpcBackend:
             return False
 
     async def infer(self, model: str, version: Optional[int], call: ModelCall, batching: bool) -> Outputs:
+        if self._http is not None:
+            try:
+                outputs = await self._http.infer(model, version, _batched(call, batching), call.parameters or None)
+            except TritonHttpError as exc:
+                raise error_from_status(exc.status, exc.message) from None
+            except OSError as exc:
+                raise unavailable(f"Triton's HTTP endpoint is unreachable: {exc}") from None
+            return _unbatched(outputs, batching)
         try:
             result = await self._client.infer(
                 model, self._inputs(call, batching), model_version=str(version or ""),
@@ -152,6 +169,8 @@ class GrpcBackend:
         return _GrpcStream(self, self._client.stream_infer(one_request(), headers=self._headers), batching)
 
     async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         await self._client.close()
 
 

@@ -32,6 +32,7 @@ import os
 import signal
 import socket
 import threading
+import urllib.parse
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonInvalidOperationError
@@ -168,7 +169,11 @@ class OpenAIFrontend:
             server = triton.inprocess_server
             return lambda: InProcessBackend(server)
         address, token = triton.grpc_url[len("grpc://") :], self._access_token or triton.get_access_token()
-        return lambda: GrpcBackend(address, token)
+        http_address: Optional[Tuple[str, int]] = None
+        if getattr(getattr(triton, "_config", None), "allow_http", None) is not False:  # plain inference over HTTP
+            http = urllib.parse.urlparse(triton.http_url)
+            http_address = (http.hostname or "127.0.0.1", int(http.port or 80))
+        return lambda: GrpcBackend(address, token, http=http_address)
 
     def start(self) -> None:
         """Start serving (see the module docstring); errors: a taken port, a model that does not fit its mapping."""
