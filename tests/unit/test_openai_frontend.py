@@ -1,5 +1,6 @@
 """OpenAIFrontend's checks before it serves: exposure without a key, arguments, ports, unreachable models."""
 
+import asyncio
 import socket
 
 import pytest
@@ -132,3 +133,20 @@ def test_serve_blocks_until_a_signal_then_stops(monkeypatch):
     frontend = OpenAIFrontend(FakeTriton(), [ChatModel("tiny", "chat")], port=0)
     frontend.serve()
     assert FakeTriton.served and frontend._thread is None
+
+
+def test_the_frontend_loop_is_uvloop_when_installed_else_asyncio():
+    from pytriton.openai import _frontend
+
+    seen = {}
+
+    async def main():
+        seen["loop"] = type(asyncio.get_running_loop()).__module__
+
+    _frontend._run_loop(main())
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        assert seen["loop"].startswith("asyncio")
+    else:
+        assert seen["loop"].startswith("uvloop")
