@@ -237,6 +237,7 @@ def test_openai_bench_summary_takes_medians_and_compares_to_direct_grpc() -> Non
     assert summary["paths"]["openai_grpc"]["p50_ms"] == 1.3 and summary["paths"]["grpc_direct"]["p50_ms"] == 1.0
     comparison = summary["comparisons"]["openai_grpc"]
     assert abs(comparison["p50_ratio"] - 1.3) < 1e-9 and comparison["p50_goal_met"]
+    assert abs(comparison["p50_ratio_per_round"] - 1.2) < 1e-9  # of 1.2, 1.6 and 0.65
     assert abs(comparison["ttft_extra_ms"] - 0.8) < 1e-9 and comparison["ttft_goal_met"]
     text = openai_bench.table({"summary": summary, "count_per_round": 10, "quick": False})
-    assert "| openai_grpc | 1.30x met | 0.300 ms | +0.800 ms met |" in text
+    assert "| openai_grpc | 1.30x met | 1.20x | 0.300 ms | +0.800 ms met |" in text
