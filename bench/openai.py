@@ -1,6 +1,6 @@
 """The OpenAI frontend's cost: added latency per request and time to first token, against gRPC, in one run.
 
-Usage: ``python -m bench.openai [--quick] [--out DIR]``. Results: ``DIR/openai.json`` and
+Usage: ``python -m bench.openai [--quick] [--rounds N --count M] [--out DIR]``. Results: ``DIR/openai.json`` and
 ``DIR/openai.md`` (default ``bench/results/``); the table is printed too.
 
 Two server processes (``python -m bench.openai --serve MODE``), each binding the same two trivial
@@ -199,9 +199,13 @@ def _percentile(values: List[float], q: float) -> float:
     return float(np.percentile(values, q))
 
 
-def run(quick: bool) -> Dict[str, Any]:
-    """Start both servers, measure every path in rounds, summarise."""
-    rounds_count, count, warmup = (1, 150, 20) if quick else (3, 400, 40)
+def run(quick: bool, rounds_count: int = 3, count: int = 400) -> Dict[str, Any]:
+    """Start both servers, measure every path in rounds (``rounds_count`` of ``count`` requests), summarise.
+
+    More, shorter rounds put each path's requests closer in time to the direct ones they are compared
+    with, which matters on a host whose load swings within seconds.
+    """
+    rounds_count, count, warmup = (1, 150, 20) if quick else (rounds_count, count, 40)
     servers = [_Server("grpc"), _Server("inprocess")]
     try:
         paths = {
@@ -276,13 +280,15 @@ def table(results: Dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one short round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument("--count", type=int, default=400, help="requests per path per round (default 400)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     parser.add_argument("--serve", choices=["grpc", "inprocess"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return
-    results = run(args.quick)
+    results = run(args.quick, args.rounds, args.count)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "openai.json").write_text(json.dumps(results, indent=2))
     text = table(results)
