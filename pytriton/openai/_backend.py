@@ -1,4 +1,4 @@
-"""How the frontend reaches the bound models: in-process (embedded Triton) or over gRPC.
+"""How the frontend reaches the bound models: in-process (embedded Triton), or gRPC and HTTP.
 
 Both backends offer the same three calls, on the frontend's event loop:
 

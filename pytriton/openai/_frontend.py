@@ -10,8 +10,10 @@ the ``Triton``: stop the frontend first, then Triton.
 
 Which way to the models: an embedded ``Triton`` (``Triton(embedded=True)``) is called in-process,
 through its ``pytriton.inprocess.Server``; a launched one over gRPC at its ``grpc_url`` (streaming
-for decoupled models), with its access token when it has one; a ``"grpc://host:port"`` string names
-a Triton elsewhere (``RemoteTriton``'s server, another process).
+for decoupled models), with its access token when it has one, except that plain requests go to its
+``http_url`` (unless ``allow_http=False``) through the keep-alive pool of ``_http.py``, which is
+cheaper per request; a ``"grpc://host:port"`` string names a Triton elsewhere (``RemoteTriton``'s
+server, another process), reached over gRPC only. The event loop is uvloop's when it is installed.
 
 Security: the frontend listens on 127.0.0.1 unless told otherwise. An ``api_key`` (or the
 ``PYTRITON_OPENAI_API_KEY`` variable) makes every ``/v1`` route require ``Authorization: Bearer
