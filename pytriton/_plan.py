@@ -66,6 +66,20 @@ _TYPED = frozenset(
     }
 )
 
+# Optional plan fields and the Options attribute each sets when given (else Options keeps the
+# server's default). tests/unit/test_plan.py checks that every attribute set exists on Options.
+_INPROCESS_OPTIONAL = (
+    ("server_id", "server_id"),
+    ("exit_timeout_secs", "exit_timeout"),
+    ("allow_metrics", "metrics"),
+    ("allow_gpu_metrics", "gpu_metrics"),
+    ("allow_cpu_metrics", "cpu_metrics"),
+    ("metrics_interval_ms", "metrics_interval"),
+    ("cache_directory", "cache_directory"),
+    ("buffer_manager_thread_count", "buffer_manager_thread_count"),
+    ("pinned_memory_pool_byte_size", "pinned_memory_pool_size"),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class PythonBackendOptions:
@@ -264,27 +278,13 @@ class LaunchPlan:
             repo_agent_directory=str(self.binary.parent.parent / "repoagents"),
             backend_configuration={"python": self.python_backend.settings()},
         )
-        if self.server_id is not None:
-            options.server_id = self.server_id
-        if self.exit_timeout_secs is not None:
-            options.exit_timeout = self.exit_timeout_secs
+        for field, option in _INPROCESS_OPTIONAL:
+            value = getattr(self, field)
+            if value is not None:
+                setattr(options, option, value)
         if self.log_format is not None:
             iso = self.log_format.upper() == "ISO8601"
             options.log_format = inprocess.LogFormat.ISO8601 if iso else inprocess.LogFormat.DEFAULT
-        if self.allow_metrics is not None:
-            options.metrics = self.allow_metrics
-        if self.allow_gpu_metrics is not None:
-            options.gpu_metrics = self.allow_gpu_metrics
-        if self.allow_cpu_metrics is not None:
-            options.cpu_metrics = self.allow_cpu_metrics
-        if self.metrics_interval_ms is not None:
-            options.metrics_interval = self.metrics_interval_ms
-        if self.cache_directory is not None:
-            options.cache_directory = self.cache_directory
-        if self.buffer_manager_thread_count is not None:
-            options.buffer_manager_thread_count = self.buffer_manager_thread_count
-        if self.pinned_memory_pool_byte_size is not None:
-            options.pinned_memory_pool_size = self.pinned_memory_pool_byte_size
         for item in self.metrics_config:
             group, setting, value = _setting("metrics_config", item)
             options.metrics_configuration.setdefault(group, {})[setting] = value
