@@ -132,8 +132,9 @@ def _stub_pids(repository_prefixes: Sequence[str]) -> List[int]:
 class EmbeddedServer(TritonServerProcess):
     """Triton's server library in this process, behind the interface of :class:`TritonServerProcess`.
 
-    Lifetime: :meth:`start` creates the :class:`pytriton.inprocess.Server` (models named with
-    ``--load-model`` are loaded before it returns); :meth:`stop` unloads every model, waits (at most
+    Built from a :class:`~pytriton._plan.LaunchPlan` (rendered as in-process options; the log goes
+    to ``log_path`` when given). Lifetime: :meth:`start` creates the :class:`pytriton.inprocess.Server`
+    (the plan's start-up models are loaded before it returns); :meth:`stop` unloads every model, waits (at most
     ``grace_s``) for in-flight batches and for the stubs to exit, then stops and frees the server.
     Both are idempotent. ``pid`` is this process's id while the server runs, because that is the
     stubs' parent (``Triton`` tells a stub that died from one whose server died by it).
@@ -148,15 +149,14 @@ class EmbeddedServer(TritonServerProcess):
         log_path: Optional[pathlib.Path] = None,
         log_buffer_lines: int = 2000,
     ):
-        argv = plan.to_argv()
-        super().__init__(argv, env, log_path=log_path, log_buffer_lines=log_buffer_lines)
+        super().__init__(plan.to_argv(), env, log_path=log_path, log_buffer_lines=log_buffer_lines)
         self._options = (
             plan if log_path is None else dataclasses.replace(plan, log_file=log_path)
         ).to_inprocess_options()
         repositories = self._options.model_repository
         paths = [repositories] if isinstance(repositories, str) else list(repositories)
         self._repository_prefixes = [os.path.abspath(path).rstrip("/") + "/" for path in paths]
-        self._root = pathlib.Path(argv[0]).parent.parent  # <install>/bin/tritonserver
+        self._root = plan.binary.parent.parent  # <install>/bin/tritonserver
         self._server: Optional[inprocess.Server] = None
         self._loaded: Set[str] = set(self._options.startup_models)
         self._log_lines_max = log_buffer_lines
