@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import math
 import pathlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Container, Dict, List, Optional, Tuple
 
 from pytriton import inprocess
 from pytriton.exceptions import PyTritonBadParameterError
@@ -202,8 +202,8 @@ class LaunchPlan:
         current = self.exit_timeout_secs
         return dataclasses.replace(self, exit_timeout_secs=wanted if current is None else max(wanted, current))
 
-    def loading_only(self, names: Any) -> LaunchPlan:
-        """This plan with the start-up models restricted to those in ``names`` (a container of names)."""
+    def loading_only(self, names: Container[str]) -> LaunchPlan:
+        """This plan with the start-up models restricted to those in ``names`` (their order kept)."""
         return dataclasses.replace(self, startup_models=tuple(name for name in self.startup_models if name in names))
 
     # -- renderings ------------------------------------------------------------------------
