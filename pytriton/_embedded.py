@@ -3,9 +3,10 @@
 ``Triton(embedded=True)`` binds callables exactly as the default mode does (the same model
 repository, proxy model, worker threads, shared-memory names, watchdog and clean-up) but, instead of
 launching the ``tritonserver`` binary, starts Triton's server library in this process with the
-options the binary would have been given: the command line ``Triton`` builds is translated flag by
-flag (:func:`options_from_command`), so the Python backend gets the same shared-memory prefix and
-sizes, the same backend directory and the same control mode. There are no ports and no network
+options the binary would have been given: the launch plan ``Triton`` builds (pytriton/_plan.py) is
+rendered to in-process options instead of argv (:meth:`LaunchPlan.to_inprocess_options`), so the
+Python backend gets the same shared-memory prefix and sizes, the same backend directory and the same
+control mode. There are no ports and no network
 endpoints; bound models are called through :meth:`EmbeddedTriton.model` (a
 :class:`pytriton.inprocess.Model`) or :meth:`EmbeddedTriton.client` (an
 :class:`~pytriton.inprocess.InProcessModelClient`).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import pathlib
@@ -33,6 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from pytriton import inprocess
 from pytriton._healing import _State
+from pytriton._plan import LaunchPlan
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
@@ -53,132 +56,10 @@ _UNLOAD_LOG_WAIT_S = 1.0
 # Triton's own exit timeout for the final ServerStop, once every model has unloaded (or cannot).
 _STOP_EXIT_TIMEOUT_S = 1
 
-# Flags of the binary that configure its network endpoints: nothing listens in embedded mode.
-_NETWORK_PREFIXES = ("http-", "grpc-", "sagemaker-", "vertex-ai-")
-_NETWORK_FLAGS = frozenset(
-    {"allow-http", "allow-grpc", "allow-sagemaker", "allow-vertex-ai", "metrics-port", "metrics-address"}
-)
-# Flags the server library has no option for.
-_UNSUPPORTED_FLAGS = {"trace-config": "tracing is not available in embedded mode"}
 # The stubs inherit this process's environment; inprocess.Server already puts the stub's python3
 # first on PATH and this libpython first on LD_LIBRARY_PATH for as long as it runs.
 _SERVER_MANAGED_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH"})
 _ENVIRON_LOCK = threading.Lock()
-
-
-def _flag_bool(name: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "on", "yes"):
-        return True
-    if lowered in ("false", "0", "off", "no"):
-        return False
-    raise PyTritonBadParameterError(f"--{name}={value!r} is not a boolean.")
-
-
-def _setting(name: str, value: str) -> List[str]:
-    """``group,setting=value`` or ``setting=value`` -> ``[group, setting, value]`` (group ``""`` if absent)."""
-    head, sep, setting_value = value.partition(",")
-    if not sep or "=" in head or "=" not in setting_value:
-        head, setting_value = "", value
-    setting, sep, item = setting_value.partition("=")
-    if not sep or not setting:
-        raise PyTritonBadParameterError(f"--{name}={value!r}: expected '[group,]setting=value'.")
-    return [head, setting, item]
-
-
-def options_from_command(argv: Sequence[str], log_file: Optional[pathlib.Path] = None) -> inprocess.Options:
-    """The in-process :class:`~pytriton.inprocess.Options` equivalent to a ``tritonserver`` command line.
-
-    ``argv`` is what :func:`pytriton.server.command.build_command` returns (the binary first, then
-    ``--flag=value`` elements). Defaults are the binary's, not ``Options``'s: info, warning and
-    error logging on, and config auto-completion on unless ``--disable-auto-complete-config``.
-    Network flags (HTTP, gRPC, SageMaker, Vertex AI, metrics port and address, restricted
-    endpoints) are dropped, as nothing listens; ``--trace-config`` is dropped with a warning;
-    an unknown flag is dropped with a warning. ``log_file`` (else ``--log-file``) receives Triton's
-    log; with neither, Triton logs to this process's standard error.
-
-    Raises:
-        PyTritonBadParameterError: a value cannot be parsed.
-    """
-    binary = pathlib.Path(argv[0])
-    options = inprocess.Options(
-        model_repository=[],
-        model_control_mode=inprocess.ModelControlMode.NONE,
-        strict_model_config=False,
-        log_info=True,
-        log_warn=True,
-        log_error=True,
-        repo_agent_directory=str(binary.parent.parent / "repoagents"),
-    )
-    repositories: List[str] = []
-    for arg in argv[1:]:
-        if not arg.startswith("--"):
-            raise PyTritonBadParameterError(f"Unexpected tritonserver argument {arg!r}.")
-        name, _, value = arg[2:].partition("=")
-        if name.startswith(_NETWORK_PREFIXES) or name in _NETWORK_FLAGS:
-            continue
-        if name in _UNSUPPORTED_FLAGS:
-            LOGGER.warning("Embedded Triton ignores --%s: %s.", name, _UNSUPPORTED_FLAGS[name])
-            continue
-        if name == "model-repository":
-            repositories.append(value)
-        elif name == "id":
-            options.server_id = value
-        elif name == "model-control-mode":
-            options.model_control_mode = inprocess.ModelControlMode[value.upper()]
-        elif name == "load-model":
-            options.startup_models.append(value)
-        elif name == "disable-auto-complete-config":
-            options.strict_model_config = True
-        elif name == "strict-readiness":
-            options.strict_readiness = _flag_bool(name, value)
-        elif name == "exit-on-error":
-            options.exit_on_error = _flag_bool(name, value)
-        elif name == "exit-timeout-secs":
-            options.exit_timeout = int(value)
-        elif name == "log-verbose":
-            options.log_verbose = int(value)
-        elif name in ("log-info", "log-warning", "log-error"):
-            setattr(options, {"log-warning": "log_warn"}.get(name, name.replace("-", "_")), _flag_bool(name, value))
-        elif name == "log-format":
-            options.log_format = (
-                inprocess.LogFormat.ISO8601 if value.upper() == "ISO8601" else inprocess.LogFormat.DEFAULT
-            )
-        elif name == "log-file":
-            options.log_file = value
-        elif name == "allow-metrics":
-            options.metrics = _flag_bool(name, value)
-        elif name == "allow-gpu-metrics":
-            options.gpu_metrics = _flag_bool(name, value)
-        elif name == "allow-cpu-metrics":
-            options.cpu_metrics = _flag_bool(name, value)
-        elif name == "metrics-interval-ms":
-            options.metrics_interval = int(value)
-        elif name == "metrics-config":
-            group, setting, item = _setting(name, value)
-            options.metrics_configuration.setdefault(group, {})[setting] = item
-        elif name == "cache-config":
-            group, setting, item = _setting(name, value)
-            options.cache_config.setdefault(group, {})[setting] = item  # strings, as the binary sends them
-        elif name == "cache-directory":
-            options.cache_directory = value
-        elif name == "backend-directory":
-            options.backend_directory = value
-        elif name == "backend-config":
-            group, setting, item = _setting(name, value)
-            options.backend_configuration.setdefault(group, {})[setting] = item
-        elif name == "buffer-manager-thread-count":
-            options.buffer_manager_thread_count = int(value)
-        elif name == "pinned-memory-pool-byte-size":
-            options.pinned_memory_pool_size = int(value)
-        elif name == "model-load-thread-count":
-            options.model_load_thread_count = int(value)
-        else:
-            LOGGER.warning("Embedded Triton ignores the unknown tritonserver flag %s.", arg)
-    options.model_repository = repositories
-    if log_file is not None:
-        options.log_file = str(log_file)
-    return options
 
 
 def environment_changes(target: Mapping[str, str], current: Mapping[str, str]) -> Dict[str, Optional[str]]:
@@ -251,8 +132,9 @@ def _stub_pids(repository_prefixes: Sequence[str]) -> List[int]:
 class EmbeddedServer(TritonServerProcess):
     """Triton's server library in this process, behind the interface of :class:`TritonServerProcess`.
 
-    Lifetime: :meth:`start` creates the :class:`pytriton.inprocess.Server` (models named with
-    ``--load-model`` are loaded before it returns); :meth:`stop` unloads every model, waits (at most
+    Built from a :class:`~pytriton._plan.LaunchPlan` (rendered as in-process options; the log goes
+    to ``log_path`` when given). Lifetime: :meth:`start` creates the :class:`pytriton.inprocess.Server`
+    (the plan's start-up models are loaded before it returns); :meth:`stop` unloads every model, waits (at most
     ``grace_s``) for in-flight batches and for the stubs to exit, then stops and frees the server.
     Both are idempotent. ``pid`` is this process's id while the server runs, because that is the
     stubs' parent (``Triton`` tells a stub that died from one whose server died by it).
@@ -261,18 +143,20 @@ class EmbeddedServer(TritonServerProcess):
 
     def __init__(
         self,
-        argv: List[str],
+        plan: LaunchPlan,
         env: Dict[str, str],
         *,
         log_path: Optional[pathlib.Path] = None,
         log_buffer_lines: int = 2000,
     ):
-        super().__init__(argv, env, log_path=log_path, log_buffer_lines=log_buffer_lines)
-        self._options = options_from_command(argv, log_path)
+        super().__init__(plan.to_argv(), env, log_path=log_path, log_buffer_lines=log_buffer_lines)
+        self._options = (
+            plan if log_path is None else dataclasses.replace(plan, log_file=log_path)
+        ).to_inprocess_options()
         repositories = self._options.model_repository
         paths = [repositories] if isinstance(repositories, str) else list(repositories)
         self._repository_prefixes = [os.path.abspath(path).rstrip("/") + "/" for path in paths]
-        self._root = pathlib.Path(argv[0]).parent.parent  # <install>/bin/tritonserver
+        self._root = plan.binary.parent.parent  # <install>/bin/tritonserver
         self._server: Optional[inprocess.Server] = None
         self._loaded: Set[str] = set(self._options.startup_models)
         self._log_lines_max = log_buffer_lines
@@ -510,16 +394,16 @@ class EmbeddedTriton:
         """True if this ``Triton`` runs the server inside this process (``Triton(embedded=True)``)."""
         return self._embedded
 
-    def _new_server(self, argv: List[str], env: Dict[str, str]) -> TritonServerProcess:
-        """The server for ``argv``/``env``: the ``tritonserver`` binary, or the library in this process."""
+    def _new_server(self, plan: LaunchPlan, env: Dict[str, str]) -> TritonServerProcess:
+        """The server for ``plan``/``env``: the ``tritonserver`` binary, or the library in this process."""
         if not self._embedded:
             return TritonServerProcess(
-                argv, env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
+                plan.to_argv(), env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
             )
         # Triton's log goes to the configured file, else to one in the workspace (server_log reads
         # it), not to this process's standard error.
         log_path = self._config.log_file or self._workspace.subdir("embedded") / LOG_FILE_NAME
-        return EmbeddedServer(argv, env, log_path=log_path)
+        return EmbeddedServer(plan, env, log_path=log_path)
 
     def _embedded_request(self, action: str, model_name: str) -> None:
         """A model-repository call (``load``/``unload``) on the in-process server."""

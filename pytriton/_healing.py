@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from pytriton._plan import LaunchPlan
 from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
 from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy import _wire
@@ -60,7 +61,7 @@ class SelfHealing:
     _shm_prefix: str
     _scratch: ScratchDirTracker
     _wakeup: threading.Event
-    _launch: Optional[Tuple[List[str], Dict[str, str]]]
+    _launch: Optional[Tuple[LaunchPlan, Dict[str, str]]]
     _events: queue.Queue[Tuple[str, Any]]
     _restart_policy: RestartPolicy
     _restarts: int
@@ -210,14 +211,16 @@ class SelfHealing:
                 old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
                 self._scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
                 _wire.sweep_segments(f"{self._shm_prefix}-pb")  # its Python-backend regions
-                argv, env = self._launch
-                bound = set(self._model_names())  # a model unbound since run() is not loaded again
-                argv = [a for a in argv if not (a.startswith("--load-model=") and a.split("=", 1)[1] not in bound)]
+                plan, env = self._launch
+                plan = plan.loading_only(set(self._model_names()))  # a model unbound since run() is not loaded again
                 with self._lock:
                     if self._state is not _State.RUNNING:
                         return
                     server = TritonServerProcess(
-                        argv, env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
+                        plan.to_argv(),
+                        env,
+                        log_path=self._config.log_file,
+                        data_headroom=self._settings.server_data_headroom,
                     )
                     server.register_on_exit(self._on_server_exit)
                     self._scratch = ScratchDirTracker()

@@ -47,6 +47,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pytriton._healing import _State
+from pytriton._plan import LaunchPlan
 from pytriton.client._url import TritonUrl, parse_url
 from pytriton.client.auth import create_auth_headers
 from pytriton.exceptions import (
@@ -58,7 +59,7 @@ from pytriton.exceptions import (
 from pytriton.model_config.generator import to_dict
 from pytriton.proxy import _wire, _zmq_channel
 from pytriton.proxy._binding import BindingContext, backend_region_prefix
-from pytriton.server.command import LaunchSettings, build_command
+from pytriton.server.command import LaunchSettings
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig
 from pytriton.server.triton_config import TritonConfig
@@ -377,7 +378,7 @@ def server_command(
     config = config or TritonConfig()
     security = security_config if security_config is not None else TritonSecurityConfig()
     distribution = find_server(config.tritonserver_dir)
-    argv = build_command(
+    plan = LaunchPlan.build(
         distribution.binary,
         config,
         LaunchSettings(
@@ -394,7 +395,7 @@ def server_command(
         malloc_arena_max=config.server_malloc_arena_max,
         allocator=config.server_allocator,
     )
-    return argv, env
+    return plan.to_argv(), env
 
 
 def command_text(

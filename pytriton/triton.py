@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from pytriton import _embedded, _endpoints, _healing, _registry
 from pytriton._healing import _State
+from pytriton._plan import LaunchPlan
 from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
     PyTritonBadParameterError,
@@ -61,11 +62,11 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
-from pytriton.server import _allocator, _drain
+from pytriton.server import _allocator
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
-from pytriton.server.command import LaunchSettings, build_command
+from pytriton.server.command import LaunchSettings
 from pytriton.server.distribution import (
     check_python_supported,
     find_server,
@@ -223,7 +224,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         # replaces dead stubs, one event at a time.
         # Delays restarts after repeated crashes, gives up only on a server that cannot start (server/_restarts.py).
         self._restart_policy = RestartPolicy(max_server_restarts, float(restart_window_s))
-        self._launch: Optional[Tuple[List[str], Dict[str, str]]] = None
+        self._launch: Optional[Tuple[LaunchPlan, Dict[str, str]]] = None
         self._events: queue.Queue[Tuple[str, Any]] = queue.Queue()
         self._supervisor: Optional[threading.Thread] = None
         self._restarts = 0
@@ -546,7 +547,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
             warm = [name for name in self._model_names() if any(self._warmup(v) for v in self._versions(name))]
             startup = [name for name in self._model_names() if name not in warm]
-            argv = build_command(
+            plan = LaunchPlan.build(
                 distribution.binary,
                 self._config,
                 LaunchSettings(
@@ -558,20 +559,18 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                     access=self._access,
                 ),
             )
-            argv = [arg for arg in argv if not arg.startswith("--log-file=")]
+            plan = dataclasses.replace(plan, log_file=None)  # the server process (or embedded) writes it
             if self._settings.drain_delay_s > 0 and not self._embedded:  # Triton must not end the drain first
-                argv = _drain.with_server_exit_timeout(
-                    argv, self._settings.drain_delay_s + self._settings.exit_timeout_s
-                )
+                plan = plan.with_exit_timeout_at_least(self._settings.drain_delay_s + self._settings.exit_timeout_s)
             env = _server_environment(
                 stub_env.bin_dir,
                 [libpython, *distribution.library_dirs],
                 malloc_arena_max=self._config.server_malloc_arena_max,
                 allocator=self._config.server_allocator,
             )
-            self._launch = (argv, env)
+            self._launch = (plan, env)
             self._startup_models = startup
-            self._server = self._new_server(argv, env)  # the binary, or the library in this process
+            self._server = self._new_server(plan, env)  # the binary, or the library in this process
             self._server.register_on_exit(self._on_server_exit)
             self._state = _State.RUNNING
             _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)

@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import math
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple
 
-EXIT_TIMEOUT_FLAG = "--exit-timeout-secs="
 _DELAY_STEP_S = 0.02  # how often the delay checks whether the server is still alive
 
 
@@ -156,16 +154,3 @@ def drain(
     for model in models():
         model.refuse_new(Admission(queued.get((model.name, str(model.version)), 0)))
     return wait_detached(deadline)
-
-
-def with_server_exit_timeout(argv: List[str], bound_s: float) -> List[str]:
-    """``argv`` with Triton's own exit timeout at least ``bound_s`` (rounded up, plus 1 s).
-
-    Triton leaves its first shutdown phase after its exit timeout; with a drain delay the drain
-    lasts longer than ``exit_timeout_secs``, so the server is given the whole bound (pytriton ends
-    it at the bound in any case).
-    """
-    wanted = int(math.ceil(bound_s)) + 1
-    kept = [arg for arg in argv if not arg.startswith(EXIT_TIMEOUT_FLAG)]
-    current = [int(arg[len(EXIT_TIMEOUT_FLAG) :]) for arg in argv if arg.startswith(EXIT_TIMEOUT_FLAG)]
-    return [*kept, f"{EXIT_TIMEOUT_FLAG}{max([wanted, *current])}"]

@@ -1,7 +1,8 @@
 import dataclasses
 import pathlib
 
-from pytriton.server.command import LaunchSettings, build_command
+from pytriton._plan import LaunchPlan
+from pytriton.server.command import LaunchSettings
 from pytriton.server.triton_config import TritonConfig
 
 LAUNCH = LaunchSettings(
@@ -14,7 +15,7 @@ LAUNCH = LaunchSettings(
 
 
 def _argv(config):
-    return build_command(pathlib.Path("/srv/bin/tritonserver"), config, LAUNCH)
+    return LaunchPlan.build(pathlib.Path("/srv/bin/tritonserver"), config, LAUNCH).to_argv()
 
 
 def test_defaults_bind_every_interface_and_load_models_explicitly():
@@ -81,7 +82,7 @@ def test_restriction_flags_come_from_the_access_policy():
     argv = _argv(config)
     assert [arg for arg in argv if "restricted" in arg] == ["--http-restricted-api=statistics:k=v"]
     launch = dataclasses.replace(LAUNCH, access=AccessPolicy(config, TritonSecurityConfig(access_token="t")))
-    argv = build_command(pathlib.Path("/srv/bin/tritonserver"), config, launch)
+    argv = LaunchPlan.build(pathlib.Path("/srv/bin/tritonserver"), config, launch).to_argv()
     assert [arg for arg in argv if "restricted" in arg] == [
         "--http-restricted-api=statistics:k=v",
         "--http-restricted-api=shared-memory,model-repository,trace,logging:triton-access-token=t",
@@ -90,7 +91,8 @@ def test_restriction_flags_come_from_the_access_policy():
     opted_out = dataclasses.replace(
         LAUNCH, access=AccessPolicy(TritonConfig(), TritonSecurityConfig(restricted_endpoints=[]))
     )
-    assert not [arg for arg in build_command(pathlib.Path("/x"), TritonConfig(), opted_out) if "restricted" in arg]
+    argv = LaunchPlan.build(pathlib.Path("/x"), TritonConfig(), opted_out).to_argv()
+    assert not [arg for arg in argv if "restricted" in arg]
 
 
 def test_grpc_allocation_pool_is_off_unless_configured():

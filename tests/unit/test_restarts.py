@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any, Callable, List
 
 import pytest
 
 from pytriton import _healing
 from pytriton._healing import _State
+from pytriton._plan import LaunchPlan, PythonBackendOptions
 from pytriton.exceptions import PyTritonServerError
 from pytriton.server._restarts import BACKOFF_CAP_S, MAX_FAILED_STARTS, RestartPolicy
 from pytriton.triton import Triton
@@ -117,7 +119,15 @@ def supervised(monkeypatch):
     monkeypatch.setattr(_healing.time, "monotonic", clock)
     monkeypatch.setattr(_healing.time, "sleep", lambda s: (sleeps.append(s), setattr(clock, "now", clock.now + s)))
     triton._restart_policy = RestartPolicy(2, 60.0, clock=clock)
-    triton._launch = (["tritonserver", "--model-repository=/nowhere"], {})
+    triton._launch = (
+        LaunchPlan(
+            binary=pathlib.Path("tritonserver"),
+            model_repository=pathlib.Path("/nowhere"),
+            backend_directory=pathlib.Path("/nowhere/backends"),
+            python_backend=PythonBackendOptions(shm_region_prefix="p"),
+        ),
+        {},
+    )
     triton._server = FakeServer([], {})  # the server that "died": never started, so not alive
     triton._state = _State.RUNNING
     try:

@@ -411,9 +411,10 @@ def test_the_switch(monkeypatch):
     assert resolve(TritonConfig(allow_metrics=False), environ={}).callable_metrics is False  # no /metrics
     monkeypatch.setenv("PYTRITON_TRITON_CONFIG_CALLABLE_METRICS", "off")
     assert resolve(None).callable_metrics is False
-    from pytriton.server.command import LaunchSettings, build_command
+    from pytriton._plan import LaunchPlan
+    from pytriton.server.command import LaunchSettings
 
-    argv = build_command(
+    argv = LaunchPlan.build(
         pathlib.Path("/bin/tritonserver"),
         TritonConfig(callable_metrics=False),
         LaunchSettings(
@@ -422,5 +423,5 @@ def test_the_switch(monkeypatch):
             cache_directory=None,
             shm_region_prefix="p",
         ),
-    )
+    ).to_argv()
     assert not any("callable" in arg for arg in argv)  # pytriton's own setting, not a server flag
