@@ -24,9 +24,9 @@ import numpy as np
 from bench.models import identity
 from pytriton.model_config import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _wire
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
+from pytriton.proxy.stubside import _arena, _tensors, _wire
 
 GAP_US = 500
 ROUNDS = 1500
@@ -62,7 +62,7 @@ def measure(rounds: int = ROUNDS, gap_us: int = GAP_US) -> Dict[str, Dict[str, f
         stub_end, worker_end = socket.socketpair()
         try:
             stub, user = _wire.Channel(stub_end), _wire.Channel(worker_end)
-            segment, metas = _wire.write_tensors(_wire.Arena("unused"), [[("INPUT", np.ones((1, 16), np.float32))]])
+            segment, metas = _tensors.write_tensors(_arena.Arena("unused"), [[("INPUT", np.ones((1, 16), np.float32))]])
             message = _wire.infer(segment, [(metas[0], None, None)])
             requests = worker._decode(message, [])
             result = identity(requests)

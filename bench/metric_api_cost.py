@@ -8,7 +8,7 @@ Starts a server with pytriton, loads a plain Python-backend model next to a boun
 it to time ``CALLS`` (default 2000) calls each of ``Metric.observe`` (histogram), ``increment``
 (counter) and ``set`` (gauge) inside its ``execute``. Each is a round trip from the stub to the
 server process; the figure is why pytriton's stub counts in its own memory and pushes the changes
-from a thread once per second (pytriton/proxy/_stub_metrics.py, docs/metrics.md). It then times
+from a thread once per second (pytriton/proxy/stubside/_stub_metrics.py, docs/metrics.md). It then times
 what pytriton does per batch instead (``hot_path``): the stub's counting with the metrics on and
 off, and the worker's final reply with and without the duration field (``timeit``, best of 5).
 """
@@ -27,7 +27,7 @@ import tritonclient.http as httpclient
 from bench.__main__ import free_ports
 from pytriton.decorators import batch
 from pytriton.model_config import Tensor
-from pytriton.proxy import _stub_metrics, _wire
+from pytriton.proxy.stubside import _stub_metrics, _wire
 from pytriton.triton import Triton, TritonConfig
 
 _MODEL = """

@@ -109,7 +109,7 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
     from bench.__main__ import free_ports, load_plain_models
     from pytriton._remote import server_command
     from pytriton.model_config import Tensor
-    from pytriton.proxy import _wire
+    from pytriton.proxy.stubside import _segments
     from pytriton.triton import RemoteTriton, TritonConfig, TritonSecurityConfig
 
     regions = f"pytriton-bremote-{os.getpid()}-"
@@ -178,7 +178,7 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait(10)
-            _wire.sweep_segments(regions)
+            _segments.sweep_segments(regions)
     return {"p50_ms": results, "requests": counts}
 
 

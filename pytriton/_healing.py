@@ -24,8 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from pytriton._plan import LaunchPlan
 from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
 from pytriton.exceptions import PyTritonServerError
-from pytriton.proxy import _wire
 from pytriton.proxy._binding import BoundModel, backend_region_prefix
+from pytriton.proxy.stubside import _segments
 from pytriton.server import _recycle
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server._scratch import ScratchDirTracker
@@ -210,7 +210,7 @@ class SelfHealing:
             while True:
                 old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
                 self._scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
-                _wire.sweep_segments(f"{self._shm_prefix}-pb")  # its Python-backend regions
+                _segments.sweep_segments(f"{self._shm_prefix}-pb")  # its Python-backend regions
                 plan, env = self._launch
                 plan = plan.loading_only(set(self._model_names()))  # a model unbound since run() is not loaded again
                 with self._lock:
@@ -277,7 +277,7 @@ class SelfHealing:
 
         Triton 2.51's Python backend neither restarts a dead stub nor unloads a model that has
         sent requests to one (the unload never completes), so pytriton loads a new generation of
-        the model next to the old one (its stubs take their own slot locks, see proxy/_stub.py);
+        the model next to the old one (its stubs take their own slot locks, see proxy/stubside/_stub.py);
         Triton switches traffic to it once it is ready. The old generation's surviving stubs are
         then ended once idle (Triton may never finalize them).
         """

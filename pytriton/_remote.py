@@ -23,7 +23,7 @@ How the stubs reach this process (``transport``):
 - ``"unix"`` (default): Unix sockets and shared memory, as ``Triton`` does. The server must run
   on this host as the same user (it opens the sockets under ``/tmp`` and the ``/dev/shm`` segments,
   all mode 0600); in Kubernetes, two containers of one pod sharing ``/tmp`` and ``/dev/shm``.
-- ``"tcp"``: ZeroMQ over TCP, tensors inside the messages (``proxy/_zmq_channel.py``); the
+- ``"tcp"``: ZeroMQ over TCP, tensors inside the messages (``proxy/stubside/_zmq_channel.py``); the
   server's stub environment needs pyzmq.
 
 Resource contract: worker threads, the Unix socket directory or the TCP hub (one thread, one
@@ -57,8 +57,8 @@ from pytriton.exceptions import (
     PyTritonServerError,
 )
 from pytriton.model_config.generator import to_dict
-from pytriton.proxy import _wire, _zmq_channel
 from pytriton.proxy._binding import BindingContext, backend_region_prefix
+from pytriton.proxy.stubside import _segments, _zmq_channel
 from pytriton.server.command import LaunchSettings
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig
@@ -336,7 +336,7 @@ class RemoteTriton(Triton):
                 model.remove_files(self._repository)
         if self._hub is not None:
             self._hub.close()
-        _wire.sweep_segments(self._shm_prefix)
+        _segments.sweep_segments(self._shm_prefix)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         self._workspace.clean()

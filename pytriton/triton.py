@@ -54,7 +54,7 @@ from pytriton.exceptions import (
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy import _stub_bytes, _tracing, _wire
+from pytriton.proxy import _tracing
 from pytriton.proxy._binding import (
     BindingContext,
     BoundModel,
@@ -62,6 +62,7 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
+from pytriton.proxy.stubside import _segments, _stub_bytes
 from pytriton.server import _allocator
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server._scratch import ScratchDirTracker
@@ -205,7 +206,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         self._workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         self._token = secrets.token_hex(4)
         self._pid = os.getpid()
-        self._shm_prefix = _wire.shm_prefix(self._pid, self._token)
+        self._shm_prefix = _segments.shm_prefix(self._pid, self._token)
         # (name, version) -> model; the versions of one name share its config.pbtxt and its generation.
         self._models: Dict[Tuple[str, int], BoundModel] = {}
         self._server: Optional[TritonServerProcess] = None
@@ -478,7 +479,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         except (http.client.HTTPException, OSError) as exc:
             raise self._load_interrupted(model_name, exc) from None
         self._apply_trace_settings([model_name])
-        _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
+        _segments.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
         server = self._server
         if server is not None:
             server.cap_memory()  # the model's instances added threads: the cap follows (server/process.py)
@@ -534,7 +535,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                 self._check_stub_support(model)
             if not self._embedded:
                 self._check_ports()
-            _wire.sweep_dead_owners()
+            _segments.sweep_dead_owners()
             self._binding_context()
             self._repository = self._config.model_repository or self._workspace.subdir("model-store")
             self._repository.mkdir(parents=True, exist_ok=True)
@@ -589,7 +590,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                 self.stop()
                 raise
             self._claim_scratch(True)
-            _wire.make_private(backend_region_prefix(self._shm_prefix))  # the stubs did; a second line
+            _segments.make_private(backend_region_prefix(self._shm_prefix))  # the stubs did; a second line
             self._supervisor = threading.Thread(
                 target=self._supervise, name=f"pytriton-supervisor-{self._token}", daemon=True
             )
@@ -742,7 +743,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         self._shm_guard.stop()
         for model in self._models.values():
             model.stop_workers()
-        _wire.sweep_segments(self._shm_prefix)
+        _segments.sweep_segments(self._shm_prefix)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         self._workspace.clean()

@@ -41,7 +41,7 @@ def stub_numpy_status() -> Tuple[str, Optional[str]]:
     """How this interpreter's backend stub gets numpy, and why string tensors cannot work, if so."""
     import numpy
 
-    from pytriton.proxy import _stub_bytes
+    from pytriton.proxy.stubside import _stub_bytes
     from pytriton.server.distribution import stub_environment
 
     try:

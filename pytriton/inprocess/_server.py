@@ -47,7 +47,7 @@ from pytriton.inprocess._errors import (
     TritonError,
     UnavailableError,
 )
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _segments
 from pytriton.server._shm_guard import ShmGuard
 
 _DEFAULT_READY_TIMEOUT_S = 300.0
@@ -422,7 +422,7 @@ class Server:
                 raise InvalidArgumentError("The in-process server is already started")
             lib = self._library()
             # Regions of in-process servers (and Triton user processes) that died without cleaning up.
-            _wire.sweep_dead_owners()
+            _segments.sweep_dead_owners()
             if lib.path is not None:
                 _lib.preload_backends(pathlib.Path(self.options.backend_directory), lib.path.parent)
             options_handle = ctypes.c_void_p()

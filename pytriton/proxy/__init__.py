@@ -1,12 +1,14 @@
 """The data path between Triton and the user's callables.
 
-``types`` holds the public ``Request`` type. The private modules implement the proxy:
-``_wire`` (protocol and shared-memory arenas, shared by both sides), ``_stub`` (the model that
-runs inside Triton's Python-backend stub), ``_worker`` (the user-side loop that calls the bound
-callable) and ``_binding`` (one bound model: config, repository files, workers).
+``types`` holds the public ``Request`` type. ``stubside`` is everything that runs inside Triton's
+Python-backend stub, one package copied whole into each model version (the wire protocol, arenas
+and tensor encoding in it are shared by both sides); ``_stub_model`` is the ``model.py`` that loads
+it there. The other private modules are the user's side: ``_worker`` (the loop that calls the bound
+callable), ``_process`` and ``_process_child`` (process instances) and ``_binding`` (one bound
+model: config, repository files, workers).
 
-This package must stay importable inside the stub (standard library and numpy only): keep imports lazy here.
+Keep imports lazy here: importing ``pytriton.proxy.stubside`` from the user's side runs this file.
 
-Unit tests: tests/unit/test_wire.py, tests/unit/test_stub.py, tests/unit/test_worker.py,
-tests/unit/test_binding.py (one per module).
+Unit tests: tests/unit/test_worker.py, tests/unit/test_binding.py, tests/unit/test_stub_package.py
+(one per module).
 """

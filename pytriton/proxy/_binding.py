@@ -22,8 +22,9 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
-from pytriton.proxy import _process, _stub_exit, _wire, _zmq_channel
+from pytriton.proxy import _process, _stub_model, stubside
 from pytriton.proxy._worker import InstanceWorker
+from pytriton.proxy.stubside import _segments, _stub_exit, _wire, _zmq_channel
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
 _MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
@@ -171,7 +172,7 @@ class BoundModel:
             raise PyTritonBadParameterError(f"Model {model_name!r}: max_batch_size must be >= 1 when batching.")
         self.execution_timeout_s = _execution_timeout(config.execution_timeout_s, model_name)
         sequence = _sequence_batcher(config, model_name)
-        self.generation = 0  # grows with each reload that replaces a dead stub (see proxy/_stub.py)
+        self.generation = 0  # grows with each reload that replaces a dead stub (see proxy/stubside/_stub.py)
         self.infer_funcs = funcs
         self.instance_kind = _process.check_instance_kind(instance_kind, model_name)
         if self.instance_kind == "process" and context.tcp is not None:
@@ -223,16 +224,16 @@ class BoundModel:
             "max_request_bytes": context.max_request_bytes,
             "execution_timeout_s": self.execution_timeout_s or 0.0,
             # A stub being unloaded ends within this time, its stacks in the server's log if it
-            # had to be ended (proxy/_stub_exit.py).
+            # had to be ended (proxy/stubside/_stub_exit.py).
             "exit_deadline_s": _stub_exit.DEADLINE_S,
             "metrics": context.metrics,  # pytriton_* metrics from the stub (docs/metrics.md)
-            # The stub forwards Triton's trace contexts only then (proxy/_stub_trace.py).
+            # The stub forwards Triton's trace contexts only then (proxy/stubside/_stub_trace.py).
             "trace": context.tracing,
         }
         if sequence is not None:  # the stub reads these control inputs into each request's sequence fields
             self._private["sequence"] = dict(SEQUENCE_CONTROLS)
         self._route = f"m{index}"
-        if context.tcp is not None:  # the stub connects here instead (proxy/_zmq_channel.py)
+        if context.tcp is not None:  # the stub connects here instead (proxy/stubside/_zmq_channel.py)
             tcp = {"endpoint": context.tcp.endpoint, "token": context.tcp.token, "route": self._route}
             if context.tcp.public_key is not None:
                 tcp["server_key"] = context.tcp.public_key
@@ -275,21 +276,9 @@ class BoundModel:
             warmup_dir = model_dir / WARMUP_DIR
             warmup_dir.mkdir(mode=0o700, exist_ok=True)
             for file_name, content in self._warmup_files.items():
-                descriptor = os.open(warmup_dir / file_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(descriptor, "wb") as data:
-                    os.fchmod(data.fileno(), 0o600)
-                    data.write(content)
-        private = os.open(version_dir / _wire.PRIVATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(private, "w") as file:
-            os.fchmod(file.fileno(), 0o600)  # also when the file existed with other bits
-            json.dump(self._private, file)
-        shutil.copyfile(pathlib.Path(__file__).with_name("_stub.py"), version_dir / "model.py")
-        shutil.copyfile(_wire.__file__, version_dir / "_pytriton_wire.py")
-        shutil.copyfile(pathlib.Path(__file__).with_name("_stub_bytes.py"), version_dir / "_pytriton_stub_bytes.py")
-        shutil.copyfile(_zmq_channel.__file__, version_dir / "_pytriton_zmq_channel.py")
-        shutil.copyfile(pathlib.Path(__file__).with_name("_stub_metrics.py"), version_dir / "_pytriton_stub_metrics.py")
-        shutil.copyfile(pathlib.Path(__file__).with_name("_stub_trace.py"), version_dir / "_pytriton_stub_trace.py")
-        shutil.copyfile(_stub_exit.__file__, version_dir / "_pytriton_stub_exit.py")
+                _write_private(warmup_dir / file_name, content)
+        _write_private(version_dir / _wire.PRIVATE_FILE, json.dumps(self._private).encode())
+        write_stub_package(version_dir)
 
     def run_direct_warmup(self) -> None:
         """Hand each callable the warmup batches Triton cannot send (``direct_warmup``), in order.
@@ -414,7 +403,7 @@ class BoundModel:
             worker.stop()
         self._workers = []
         shutil.rmtree(self.endpoint_dir, ignore_errors=True)
-        _wire.sweep_segments(self.shm_prefix)
+        _segments.sweep_segments(self.shm_prefix)
 
     def remove_version_files(self, repository: pathlib.Path) -> None:
         """Delete this version's directory only (other versions of the name stay)."""
@@ -423,6 +412,36 @@ class BoundModel:
     def remove_files(self, repository: pathlib.Path) -> None:
         """Delete the model's repository directory."""
         shutil.rmtree(repository / self.name, ignore_errors=True)
+
+
+def _write_private(path: pathlib.Path, content: bytes) -> None:
+    """Write ``path`` with mode 0600, also when it existed with other bits."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        os.fchmod(file.fileno(), 0o600)
+        file.write(content)
+
+
+def copy_stub_package(version_dir: pathlib.Path) -> pathlib.Path:
+    """Copy the stub-side package whole into ``version_dir``; return the copy's directory.
+
+    Every module of ``pytriton/proxy/stubside`` goes to ``_pytriton_stubside/`` (0700; files 0600,
+    like everything pytriton writes into the repository: docs/security.md); the package is flat, so
+    its ``*.py`` files are all of it (``__pycache__`` stays behind). Files overwrite an earlier
+    copy, which a running stub has already imported.
+    """
+    package_dir = version_dir / _stub_model.PACKAGE
+    package_dir.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(package_dir, 0o700)
+    for source in sorted(pathlib.Path(stubside.__file__).parent.glob("*.py")):
+        _write_private(package_dir / source.name, source.read_bytes())
+    return package_dir
+
+
+def write_stub_package(version_dir: pathlib.Path) -> None:
+    """The stub side of a model version: the package (:func:`copy_stub_package`) and ``model.py`` that loads it."""
+    copy_stub_package(version_dir)
+    _write_private(version_dir / "model.py", pathlib.Path(_stub_model.__file__).read_bytes())
 
 
 def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatcher]:

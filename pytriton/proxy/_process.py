@@ -63,8 +63,8 @@ import wrapt
 from pytriton.decorators import TritonContext
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _wire
 from pytriton.proxy._worker import _process_running
+from pytriton.proxy.stubside import _arena
 from pytriton.server.process import describe_exit
 
 LOGGER = logging.getLogger(__name__)
@@ -632,7 +632,7 @@ class ProcessInstance:
         busy, connected, _, stub_pid, last_active = self._status.read()
         self._orphan = stub_pid if connected else 0
         self._status.write(False, False, False, 0, last_active)
-        # Segments are named <prefix>-c<connection>-<pid of the creating process>-<n> (_wire.Arena).
+        # Segments are named <prefix>-c<connection>-<pid of the creating process>-<n> (_arena.Arena).
         _sweep_segments_of(f"{self._shm_prefix}-c", child.pid)
         if self._stopping or not ready:
             if not self._stopping and self._ready.is_set():
@@ -702,7 +702,7 @@ def _sweep_segments_of(prefix: str, pid: int) -> None:
     """Remove the ``/dev/shm`` segments named ``<prefix>...-<pid>-...`` (a dead worker process's arenas)."""
     marker = f"-{pid}-"
     with contextlib.suppress(OSError):
-        for name in os.listdir(_wire.SHM_DIR):
+        for name in os.listdir(_arena.SHM_DIR):
             if name.startswith(prefix) and marker in name[len(prefix) :]:
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(_wire.SHM_DIR, name))
+                    os.unlink(os.path.join(_arena.SHM_DIR, name))

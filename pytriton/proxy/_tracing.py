@@ -3,7 +3,7 @@
 How a traced request travels: Triton, started with ``--trace-config mode=opentelemetry``, opens
 its ``InferRequest`` span and a span named after the model, and gives the Python backend the
 model span's W3C trace context. The stub forwards it unparsed in the INFER message's optional
-``TRACE`` field, with the time it received the batch (``pytriton/proxy/_stub_trace.py``; the
+``TRACE`` field, with the time it received the batch (``pytriton/proxy/stubside/_stub_trace.py``; the
 stub runs no OpenTelemetry SDK). Here the worker opens one span per traced request,
 ``proxy_inference_callable`` (the name NVIDIA PyTriton uses), a child of Triton's model span that
 starts when the stub received the batch and ends once the reply is ready: it is
@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _wire
 
 LOGGER = logging.getLogger(__name__)
 

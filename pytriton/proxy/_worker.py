@@ -27,8 +27,9 @@ import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _stub_watch, _tracing, _wire, _zmq_channel
+from pytriton.proxy import _stub_watch, _tracing
 from pytriton.proxy._outputs import OutputChecker
+from pytriton.proxy.stubside import _arena, _tensors, _wire, _zmq_channel
 from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
@@ -135,13 +136,13 @@ class _Session:
 
     def __init__(self, number: int, sock: Any, arena_prefix: str):
         self.number = number
-        self.sock = sock  # a Unix socket, or a TCP transport's connection (proxy/_zmq_channel.py)
+        self.sock = sock  # a Unix socket, or a TCP transport's connection (proxy/stubside/_zmq_channel.py)
         # Set by the serving thread (or a direct caller): a stream talks to its stub through it.
         self.channel: Optional[_wire.Channel] = None
         # The TCP transport shares no memory with its stub: every tensor travels in the message.
         inline = getattr(sock, "inline_only", False)
-        self.arena: Any = _zmq_channel.InlineArena() if inline else _wire.Arena(f"{arena_prefix}-c{number}")
-        self.reader = _wire.ArenaReader()
+        self.arena: Any = _zmq_channel.InlineArena() if inline else _arena.Arena(f"{arena_prefix}-c{number}")
+        self.reader = _arena.ArenaReader()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.thread: Optional[threading.Thread] = None
         self.stub_pid = 0
@@ -170,7 +171,7 @@ class _Session:
 
     def drop_loop(self) -> None:
         """Forget the event loop (after a BaseException escaped it, its state is not to be trusted)."""
-        _wire.close_quietly(self.loop, Exception)
+        _arena.close_quietly(self.loop, Exception)
         self.loop = None
 
     def close(self) -> None:
@@ -550,8 +551,8 @@ class InstanceWorker:
                 extras = True
             data = {}
             for meta in metas:
-                zero_copy = type(meta[3]) is not bytes and meta[1] != _wire.BYTES
-                array = _wire.read_tensor(buffer, meta, copy=not zero_copy)
+                zero_copy = type(meta[3]) is not bytes and meta[1] != _tensors.BYTES
+                array = _tensors.read_tensor(buffer, meta, copy=not zero_copy)
                 if zero_copy:
                     # numpy points every view derived from ``array`` (and ``array`` itself) at this
                     # base, so its reference count shows whether the callable kept any of them.
@@ -596,7 +597,7 @@ class InstanceWorker:
         """
         requested = None if requests is None else [request.requested_output_names for request in requests]
         groups = self._checker.check(result, n_requests, requested)
-        return _wire.write_tensors(session.arena, groups, session.reader)
+        return _tensors.write_tensors(session.arena, groups, session.reader)
 
     def _failure(self, exc: BaseException) -> Any:
         """Log a failed batch with its traceback and build the error reply (never raises)."""

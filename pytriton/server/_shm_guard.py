@@ -25,7 +25,7 @@ import struct
 import threading
 from typing import Optional, Tuple
 
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _arena, _segments
 
 LOGGER = logging.getLogger(__name__)
 
@@ -58,12 +58,14 @@ class ShmGuard:
             descriptor = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
             if descriptor < 0:
                 raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-            if libc.inotify_add_watch(descriptor, _wire.SHM_DIR.encode(), _IN_CREATE | _IN_ATTRIB) < 0:
+            if libc.inotify_add_watch(descriptor, _arena.SHM_DIR.encode(), _IN_CREATE | _IN_ATTRIB) < 0:
                 error = ctypes.get_errno()
                 os.close(descriptor)
-                raise OSError(error, f"cannot watch {_wire.SHM_DIR}")
+                raise OSError(error, f"cannot watch {_arena.SHM_DIR}")
         except (OSError, AttributeError) as exc:
-            LOGGER.info("Cannot watch %s (%s); backend regions are made private by the stubs only.", _wire.SHM_DIR, exc)
+            LOGGER.info(
+                "Cannot watch %s (%s); backend regions are made private by the stubs only.", _arena.SHM_DIR, exc
+            )
             return False
         self._inotify = descriptor
         self._wake = os.pipe()
@@ -87,13 +89,13 @@ class ShmGuard:
                 name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
                 offset += _EVENT.size + length
                 if mask & _IN_Q_OVERFLOW:
-                    _wire.make_private(self._prefix.decode())  # events were lost: sweep instead
+                    _segments.make_private(self._prefix.decode())  # events were lost: sweep instead
                 elif name.startswith(self._prefix):
                     self._make_private(name.decode(errors="replace"))
 
     @staticmethod
     def _make_private(name: str) -> None:
-        path = os.path.join(_wire.SHM_DIR, name)
+        path = os.path.join(_arena.SHM_DIR, name)
         try:
             if os.stat(path).st_mode & 0o077:
                 os.chmod(path, 0o600)  # our own chmod comes back as IN_ATTRIB, then as a no-op

@@ -206,7 +206,7 @@ class StubEnvironment:
     bin_dir: pathlib.Path
     own: bool  # True: pytriton's private env; False: the user's own environment
     # The stub will run with numpy 2 (Python 3.13+): numeric tensors go through DLPack and BYTES
-    # tensors through the workaround in proxy/_stub_bytes.py.
+    # tensors through the workaround in proxy/stubside/_stub_bytes.py.
     numpy2: bool = False
 
 

@@ -8,11 +8,10 @@ This module holds no tests (it is imported by the ``test_inprocess_*`` modules).
 from __future__ import annotations
 
 import pathlib
-import shutil
 import textwrap
 from typing import Dict, Tuple
 
-from pytriton.proxy import _wire
+from pytriton.proxy._binding import copy_stub_package
 
 HEADER = textwrap.dedent("""\
     import os
@@ -21,8 +20,8 @@ HEADER = textwrap.dedent("""\
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
-    import _pytriton_stub_bytes as stub_bytes
-    import _pytriton_wire as wire
+    from _pytriton_stubside import _stub_bytes as stub_bytes
+    from _pytriton_stubside import _tensors as tensors
 
     stub_bytes.install(pb_utils)
 
@@ -84,9 +83,9 @@ MODELS: Dict[str, Tuple[str, str]] = {
             responses = []
             for r in requests:
                 carrier = stub_bytes.input_payload(pb_utils.get_input_tensor_by_name(r, "text_input").as_numpy())
-                x = wire.deserialize_bytes(carrier.data, 0, len(carrier.data), carrier.shape)
+                x = tensors.deserialize_bytes(carrier.data, 0, len(carrier.data), carrier.shape)
                 y = np.array([v.upper() for v in x.ravel()], dtype=object).reshape(x.shape)
-                out = stub_bytes.output_tensor(pb_utils, "text_output", wire.serialize_bytes(y), y.shape)
+                out = stub_bytes.output_tensor(pb_utils, "text_output", tensors.serialize_bytes(y), y.shape)
                 responses.append(pb_utils.InferenceResponse([out]))
             return responses
         """),
@@ -158,14 +157,12 @@ MODELS: Dict[str, Tuple[str, str]] = {
 
 def write_repository(root: pathlib.Path, names: Tuple[str, ...] = tuple(MODELS)) -> pathlib.Path:
     """Write the named models into ``root`` (created); returns ``root``."""
-    proxy = pathlib.Path(_wire.__file__).parent
     for name in names:
         source, config = MODELS[name]
         version = root / name / "1"
         version.mkdir(parents=True)
         (version / "model.py").write_text(source)
-        shutil.copyfile(proxy / "_wire.py", version / "_pytriton_wire.py")
-        shutil.copyfile(proxy / "_stub_bytes.py", version / "_pytriton_stub_bytes.py")
+        copy_stub_package(version)  # Triton puts the version directory on the stub's sys.path
         body = textwrap.dedent(config).strip()
         (root / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\n{body}\ninstance_group [{{ kind: KIND_CPU count: 1 }}]\n'

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import tempfile
 import textwrap
 import threading
@@ -22,7 +21,7 @@ import pytest
 import tensorrtserver.shared_memory as shm
 from pytriton.decorators import batch, current_requests
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.proxy import _wire
+from pytriton.proxy._binding import copy_stub_package
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 from pytriton.server.process import TritonServerProcess, http_ready_probe
 from pytriton.triton import Triton, TritonConfig, _server_environment
@@ -51,14 +50,14 @@ LABELS = ["cat", "dog", "bird", "fish", "frog"]
 # -- the plain repository -------------------------------------------------------------------------
 # The stub of Triton 2.51 is built against numpy 1.x; on Python 3.13 it runs with numpy 2, where its
 # own conversions lose data unless the project's stub helpers are installed (they fix how the stub
-# reads strings, see pytriton/proxy/_stub_bytes.py). So every model installs them, as the proxy model
+# reads strings, see pytriton/proxy/stubside/_stub_bytes.py). So every model installs them, as the proxy model
 # of ``Triton.bind`` does, and, like it, moves numeric tensors through DLPack under numpy 2.
 _HEADER = textwrap.dedent("""\
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
-    import _pytriton_stub_bytes as stub_bytes
-    import _pytriton_wire as wire
+    from _pytriton_stubside import _stub_bytes as stub_bytes
+    from _pytriton_stubside import _tensors as tensors
 
     stub_bytes.install(pb_utils)  # before the stub first converts a tensor
 
@@ -107,9 +106,9 @@ MODELS = {
                 responses = []
                 for r in requests:
                     carrier = stub_bytes.input_payload(pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())
-                    x = wire.deserialize_bytes(carrier.data, 0, len(carrier.data), carrier.shape)
+                    x = tensors.deserialize_bytes(carrier.data, 0, len(carrier.data), carrier.shape)
                     y = np.array([v.upper() for v in x.ravel()], dtype=object).reshape(x.shape)
-                    out = stub_bytes.output_tensor(pb_utils, "OUTPUT", wire.serialize_bytes(y), y.shape)
+                    out = stub_bytes.output_tensor(pb_utils, "OUTPUT", tensors.serialize_bytes(y), y.shape)
                     responses.append(pb_utils.InferenceResponse([out]))
                 return responses
             """),
@@ -205,10 +204,8 @@ def write_repository(root: pathlib.Path) -> None:
             f'name: "{name}"\nbackend: "python"\n{body}\ninstance_group [{{ kind: KIND_CPU count: 1 }}]\n'
         )
     (root / "classifier" / "labels.txt").write_text("\n".join(LABELS) + "\n")
-    proxy = pathlib.Path(_wire.__file__).parent
-    for name in MODELS:
-        shutil.copyfile(proxy / "_wire.py", root / name / "1" / "_pytriton_wire.py")
-        shutil.copyfile(proxy / "_stub_bytes.py", root / name / "1" / "_pytriton_stub_bytes.py")
+    for name in MODELS:  # Triton puts the version directory on the stub's sys.path
+        copy_stub_package(root / name / "1")
 
 
 @pytest.fixture(scope="module")

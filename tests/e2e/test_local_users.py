@@ -31,7 +31,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _arena
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 
@@ -83,7 +83,7 @@ def _infer(port: int, model: str, x: np.ndarray) -> bool:
 
 
 def _backend_regions(prefix: str) -> Set[str]:
-    return {name for name in os.listdir(_wire.SHM_DIR) if name.startswith(prefix)}
+    return {name for name in os.listdir(_arena.SHM_DIR) if name.startswith(prefix)}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def attack() -> Iterator[Dict[str, Any]]:
         assert watcher.stdout.readline().strip() == "ready"
         # Controls: what a root process shows in its command line, and a region that is 0644 from the start.
         decoy = subprocess.Popen(["/bin/sh", "-c", "sleep 30", control])  # noqa: S603
-        region = pathlib.Path(_wire.SHM_DIR) / f"{CONTROL_PREFIX}{os.getpid()}"
+        region = pathlib.Path(_arena.SHM_DIR) / f"{CONTROL_PREFIX}{os.getpid()}"
         region.write_bytes(b"x")
         region.chmod(0o644)
         _bind(triton, "Identity")

@@ -8,7 +8,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _arena
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 
@@ -51,7 +51,7 @@ def test_arena_memory_returns_after_a_large_request():
             after = _shared_mib(os.getpid())
             assert after - before > 150, (before, after)
             # Once the instance has been idle for RELEASE_IDLE_S, each arena keeps RELEASE_KEEP at most.
-            keep = 2 * _wire.RELEASE_KEEP / MIB
+            keep = 2 * _arena.RELEASE_KEEP / MIB
             assert wait_for(lambda: _shared_mib(os.getpid()) <= before + keep + 4, timeout_s=30, interval_s=0.2), (
                 before,
                 _shared_mib(os.getpid()),

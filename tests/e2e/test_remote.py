@@ -34,7 +34,7 @@ from pytriton.client import DecoupledModelClient, ModelClient
 from pytriton.client.exceptions import PyTritonClientTimeoutError
 from pytriton.exceptions import PyTritonModelConfigError
 from pytriton.model_config import ModelConfig, SequenceBatcher, Tensor
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _segments
 from pytriton.triton import RemoteTriton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 from tests.conftest import shm_entries, triton_ports, wait_for
 
@@ -106,7 +106,7 @@ def _end(server: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)  # the server and its stubs
         server.wait(10)
-    assert _wire.sweep_segments(REGIONS) == []  # nothing left behind
+    assert _segments.sweep_segments(REGIONS) == []  # nothing left behind
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def _check_unloaded(remote, name: str) -> None:
     client = httpclient.InferenceServerClient(f"127.0.0.1:{remote['ports']['http_port']}")
     try:
         assert wait_for(lambda: not client.is_model_ready(name), 10.0)
-        # A stub ends within its exit deadline (proxy/_stub_exit.py, 20 s) however its shutdown goes.
+        # A stub ends within its exit deadline (proxy/stubside/_stub_exit.py, 20 s) however its shutdown goes.
         assert wait_for(lambda: not _stubs(server), 40.0), f"the model's stubs did not exit\n{_diagnose(remote)}"
         _report_ended_stubs(remote)
         assert client.is_server_live() and server.poll() is None  # the server keeps running

@@ -37,7 +37,7 @@ from pytriton.client import (
 from pytriton.client.auth import create_auth_headers
 from pytriton.client.exceptions import PyTritonClientError, PyTritonClientPermissionError, PyTritonClientTimeoutError
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _arena
 from pytriton.triton import VALID_TRITON_ENDPOINTS, Triton, TritonConfig, TritonSecurityConfig
 from tests.conftest import triton_ports, wait_for
 
@@ -168,7 +168,7 @@ def test_http_admin_endpoints_serve_the_token(secured, method, path, body):
 def test_http_shared_memory_and_logging_work_with_the_token(secured):
     headers = secured.token_headers()
     name = f"pytriton-{os.getpid()}-e2e-client-region"
-    path = pathlib.Path(_wire.SHM_DIR) / name
+    path = pathlib.Path(_arena.SHM_DIR) / name
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(descriptor, 4096)
@@ -485,8 +485,8 @@ def test_shared_memory_has_no_group_or_other_bits(secured):
         np.testing.assert_array_equal(client.infer_sample(x=X)["y"], X)
         np.testing.assert_array_equal(client.infer_sample(x=big)["y"], big)
     named = {
-        name: stat.S_IMODE(os.stat(pathlib.Path(_wire.SHM_DIR) / name).st_mode)
-        for name in os.listdir(_wire.SHM_DIR)
+        name: stat.S_IMODE(os.stat(pathlib.Path(_arena.SHM_DIR) / name).st_mode)
+        for name in os.listdir(_arena.SHM_DIR)
         if name.startswith(triton._shm_prefix)
     }
     backend = {name: mode for name, mode in named.items() if name.startswith(f"{triton._shm_prefix}-pb")}
@@ -522,10 +522,10 @@ def _can_switch_to_nobody() -> bool:
 @pytest.mark.skipif(not _can_switch_to_nobody(), reason="needs root, a 'nobody' user and setpriv")
 def test_another_user_cannot_open_the_backend_regions(secured, tmp_path):
     prefix = f"{secured.triton._shm_prefix}-pb"
-    regions = [pathlib.Path(_wire.SHM_DIR) / name for name in os.listdir(_wire.SHM_DIR) if name.startswith(prefix)]
+    regions = [pathlib.Path(_arena.SHM_DIR) / name for name in os.listdir(_arena.SHM_DIR) if name.startswith(prefix)]
     assert regions
     # Control: the same user can read a 0644 segment, so a refusal below is the mode's doing.
-    control = pathlib.Path(_wire.SHM_DIR) / f"pytriton-{os.getpid()}-e2e-control"
+    control = pathlib.Path(_arena.SHM_DIR) / f"pytriton-{os.getpid()}-e2e-control"
     control.write_bytes(b"x")
     control.chmod(0o644)
     try:

@@ -24,7 +24,7 @@ import pytest
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
-from pytriton.proxy import _binding, _wire
+from pytriton.proxy import _binding
 from pytriton.proxy._binding import (
     BindingContext,
     BoundModel,
@@ -33,6 +33,7 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
+from pytriton.proxy.stubside import _tensors, _wire
 from tests.conftest import shm_entries
 
 X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
@@ -188,22 +189,20 @@ def test_repository_files(context, tmp_path):
     assert sorted(path.name for path in version_dir.iterdir()) == sorted(
         [
             "model.py",
-            "_pytriton_wire.py",
-            "_pytriton_stub_bytes.py",
-            "_pytriton_stub_metrics.py",
-            "_pytriton_stub_trace.py",
-            "_pytriton_stub_exit.py",
-            "_pytriton_zmq_channel.py",
+            "_pytriton_stubside",
             _wire.PRIVATE_FILE,
         ]
     )
     proxy = pathlib.Path(_binding.__file__).parent
-    assert (version_dir / "model.py").read_bytes() == (proxy / "_stub.py").read_bytes()
-    assert (version_dir / "_pytriton_wire.py").read_bytes() == (proxy / "_wire.py").read_bytes()
-    assert (version_dir / "_pytriton_stub_bytes.py").read_bytes() == (proxy / "_stub_bytes.py").read_bytes()
-    assert (version_dir / "_pytriton_stub_metrics.py").read_bytes() == (proxy / "_stub_metrics.py").read_bytes()
-    assert (version_dir / "_pytriton_stub_trace.py").read_bytes() == (proxy / "_stub_trace.py").read_bytes()
-    assert (version_dir / "_pytriton_stub_exit.py").read_bytes() == (proxy / "_stub_exit.py").read_bytes()
+    assert (version_dir / "model.py").read_bytes() == (proxy / "_stub_model.py").read_bytes()
+    sources = sorted((proxy / "stubside").glob("*.py"))
+    assert "_wire.py" in [source.name for source in sources] and "_stub.py" in [source.name for source in sources]
+    copied = version_dir / "_pytriton_stubside"
+    assert sorted(path.name for path in copied.iterdir()) == [source.name for source in sources]
+    for source in sources:
+        assert (copied / source.name).read_bytes() == source.read_bytes()
+        assert (copied / source.name).stat().st_mode & 0o777 == 0o600
+    assert copied.stat().st_mode & 0o777 == 0o700 and (version_dir / "model.py").stat().st_mode & 0o777 == 0o600
     pbtxt = (repository / "Identity" / "config.pbtxt").read_text()
     assert 'name: "Identity"' in pbtxt and 'backend: "python"' in pbtxt
     assert 'name: "x"' in pbtxt and 'name: "y"' in pbtxt and "TYPE_FP32" in pbtxt
@@ -285,11 +284,11 @@ def test_workers_serve_one_socket_per_slot_and_go_away(context):
         assert model.connected and not model.serving  # one of two instances attached
         second, channel2, _ = _hello(model.endpoint_dir / "slot-1.sock")
         assert model.serving
-        segment, metas = _wire.write_tensors(None, [[("x", np.array([[1.5]], np.float32))]])
+        segment, metas = _tensors.write_tensors(None, [[("x", np.array([[1.5]], np.float32))]])
         channel2.send(_wire.infer(segment, [(metas[0], None, None)]))
         reply = channel2.recv()
         assert reply[_wire.KIND] == _wire.OK, reply
-        assert _wire.read_tensor(None, reply[_wire.BODY][0][0], True).tolist() == [[1.5]]
+        assert _tensors.read_tensor(None, reply[_wire.BODY][0][0], True).tolist() == [[1.5]]
         assert model.last_active > 0.0 and not model.retired_busy
         for sock, chan in ((first, channel), (second, channel2)):
             chan.send(_wire.BYE_MESSAGE)

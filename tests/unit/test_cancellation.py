@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from pytriton.proxy import _wire
 from pytriton.proxy._worker import CallAbandoned, CancelProbe, _raise_in_thread
+from pytriton.proxy.stubside import _arena, _tensors, _wire
 from pytriton.proxy.types import Request
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
 from tests.unit.test_worker import _connect, make_worker  # noqa: F401 - the fixture
@@ -34,7 +34,7 @@ def test_the_stub_answers_ask_while_it_waits_and_sends_each_timeout(setup, pool)
     requests[1].cancelled = True
     channel.send(_wire.ASK_MESSAGE)
     assert _wire.parse_cancelled(channel.recv()) == [False, True]
-    arena = _wire.Arena(f"{setup.shm_prefix}-w")
+    arena = _arena.Arena(f"{setup.shm_prefix}-w")
     try:
         channel.send(_ok(arena, [{"y": np.array([[1]], np.int32)}, {"y": np.array([[2]], np.int32)}]))
         responses = future.result(TIMEOUT_S)
@@ -149,7 +149,7 @@ def test_a_stub_giving_up_ends_the_hung_call_of_a_thread_instance(make_worker): 
 
     worker, _ = make_worker(func)
     first_sock, first = _connect(worker)
-    segment, metas = _wire.write_tensors(None, [[("k", np.array([[-1]], np.int32))]])
+    segment, metas = _tensors.write_tensors(None, [[("k", np.array([[-1]], np.int32))]])
     first.send((_wire.INFER, segment, [(metas[0], None, None)]))
     deadline = time.monotonic() + TIMEOUT_S
     while not worker.busy and time.monotonic() < deadline:

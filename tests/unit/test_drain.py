@@ -6,7 +6,7 @@ import http.server
 import threading
 import time
 
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _wire
 from pytriton.server import _drain
 
 

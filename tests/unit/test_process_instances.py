@@ -26,8 +26,9 @@ from pytriton.decorators import TritonContext, batch
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _process, _wire
+from pytriton.proxy import _process
 from pytriton.proxy._binding import _resolve_tensors
+from pytriton.proxy.stubside import _arena, _tensors, _wire
 from pytriton.proxy.types import Request
 from tests.conftest import shm_entries, wait_for
 from tests.unit import process_callables as calls
@@ -189,10 +190,10 @@ class FakeStub:
         self.channel = _wire.Channel(self.sock)
         self.channel.send(_wire.hello(os.getpid() if pid is None else pid, generation))
         assert self.channel.recv()[_wire.KIND] == _wire.WELCOME
-        self.arena = _wire.Arena(f"pytriton-{os.getpid()}-unitstub{secrets.token_hex(3)}")
+        self.arena = _arena.Arena(f"pytriton-{os.getpid()}-unitstub{secrets.token_hex(3)}")
 
     def infer(self, value):
-        segment, metas = _wire.write_tensors(self.arena, [[("k", np.array([[value]], np.int32))]])
+        segment, metas = _tensors.write_tensors(self.arena, [[("k", np.array([[value]], np.int32))]])
         self.channel.send(_wire.infer(segment, [(metas[0], None, None)]))
         return self.channel.recv()
 

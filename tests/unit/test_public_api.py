@@ -186,5 +186,5 @@ def test_package_root_stays_light():
     import subprocess
     import sys
 
-    code = "import sys, pytriton, pytriton.proxy, pytriton.proxy._wire; print('tritonclient' in sys.modules)"
+    code = "import sys, pytriton, pytriton.proxy, pytriton.proxy.stubside._wire; print('tritonclient' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -79,7 +79,11 @@ def test_tcp_transport_writes_the_endpoint_and_token_into_the_private_file(tmp_p
         triton._write_name("Remote")
         config, files = triton._model_files("Remote")
         assert json.loads(config)["name"] == "Remote"
-        assert {"file:1/model.py", "file:1/_pytriton_wire.py", "file:1/_pytriton_zmq_channel.py"} <= set(files)
+        assert {
+            "file:1/model.py",
+            "file:1/_pytriton_stubside/_wire.py",
+            "file:1/_pytriton_stubside/_zmq_channel.py",
+        } <= set(files)
         private = json.loads(files["file:1/pytriton_private.json"])
         assert private["tcp"]["endpoint"] == endpoint and private["tcp"]["route"] == "m1"
         assert len(private["tcp"]["token"]) >= 32

@@ -110,7 +110,7 @@ def supervised(monkeypatch):
     FakeServer.outcomes = []
     sleeps: List[float] = []
     monkeypatch.setattr(_healing, "TritonServerProcess", FakeServer)
-    monkeypatch.setattr(_healing._wire, "sweep_segments", lambda prefix: None)
+    monkeypatch.setattr(_healing._segments, "sweep_segments", lambda prefix: None)
     triton = Triton(max_server_restarts=2, restart_window_s=60)
     monkeypatch.setattr(triton, "_ready_probe", lambda: lambda: True)
     monkeypatch.setattr(triton, "_apply_trace_settings", lambda names: None)

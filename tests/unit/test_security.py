@@ -19,8 +19,8 @@ from pytriton.client.exceptions import PyTritonClientValueError
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy import _wire
 from pytriton.proxy._binding import BindingContext, BoundModel
+from pytriton.proxy.stubside import _arena, _segments, _wire
 from pytriton.server.security import (
     DEFAULT_PROTECTED_ENDPOINTS,
     TRITON_ACCESS_HEADER,
@@ -285,11 +285,11 @@ def test_stub_parameters_live_in_a_private_file_not_in_the_served_config(tmp_pat
 
 def test_arena_segments_are_private_even_with_an_open_umask():
     previous = os.umask(0)
-    arena = _wire.Arena(f"pytriton-{os.getpid()}-unittest-arena", initial_size=4096)
+    arena = _arena.Arena(f"pytriton-{os.getpid()}-unittest-arena", initial_size=4096)
     try:
         arena.reserve(10)
         assert arena.name is not None
-        mode = stat.S_IMODE(os.stat(pathlib.Path(_wire.SHM_DIR) / arena.name).st_mode)
+        mode = stat.S_IMODE(os.stat(pathlib.Path(_arena.SHM_DIR) / arena.name).st_mode)
         assert mode == 0o600
     finally:
         os.umask(previous)
@@ -298,16 +298,16 @@ def test_arena_segments_are_private_even_with_an_open_umask():
 
 def test_make_private_closes_group_and_other_bits():
     prefix = f"pytriton-{os.getpid()}-unittest-pb"
-    paths = [pathlib.Path(_wire.SHM_DIR) / f"{prefix}{index}" for index in range(2)]
-    other = pathlib.Path(_wire.SHM_DIR) / f"pytriton-{os.getpid()}-unittest-other"
+    paths = [pathlib.Path(_arena.SHM_DIR) / f"{prefix}{index}" for index in range(2)]
+    other = pathlib.Path(_arena.SHM_DIR) / f"pytriton-{os.getpid()}-unittest-other"
     try:
         for path in [*paths, other]:
             path.write_bytes(b"x")
             path.chmod(0o644)
-        assert sorted(_wire.make_private(prefix)) == sorted(path.name for path in paths)
+        assert sorted(_segments.make_private(prefix)) == sorted(path.name for path in paths)
         assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in paths)
         assert stat.S_IMODE(other.stat().st_mode) == 0o644
-        assert _wire.make_private(prefix) == []  # already private: nothing to change
+        assert _segments.make_private(prefix) == []  # already private: nothing to change
     finally:
         for path in [*paths, other]:
             path.unlink(missing_ok=True)
@@ -318,8 +318,8 @@ def test_shm_guard_makes_new_and_reopened_entries_private_at_once():
     from tests.conftest import wait_for
 
     prefix = f"pytriton-{os.getpid()}-unittest-guard-pb"
-    ours = pathlib.Path(_wire.SHM_DIR) / f"{prefix}region"
-    theirs = pathlib.Path(_wire.SHM_DIR) / f"pytriton-{os.getpid()}-unittest-guard-other"
+    ours = pathlib.Path(_arena.SHM_DIR) / f"{prefix}region"
+    theirs = pathlib.Path(_arena.SHM_DIR) / f"pytriton-{os.getpid()}-unittest-guard-other"
     guard = ShmGuard(prefix)
     assert guard.start()
     threads = {thread.name for thread in threading.enumerate()}

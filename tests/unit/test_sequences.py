@@ -17,7 +17,7 @@ from pytriton.client.exceptions import PyTritonClientValueError
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
 from pytriton.model_config.generator import SEQUENCE_CONTROLS, from_dict, to_dict, to_pbtxt
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _arena, _tensors, _wire
 from tests.unit.test_binding import _model, context  # noqa: F401 - the fixture
 from tests.unit.test_client_core import DRIVERS, FakeServer, _drive
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
@@ -114,7 +114,7 @@ def test_the_stub_turns_controls_into_sequence_fields_and_answers_null_requests(
     entries = [_wire.parse_entry(raw) for raw in message[_wire.BODY]]
     assert [entry.sequence for entry in entries] == [(7, True, False), (8, False, True)]
     assert [[meta[0] for meta in entry.metas] for entry in entries] == [["x"], ["x"]]  # controls stay in the stub
-    arena = _wire.Arena(f"{setup.shm_prefix}-w")
+    arena = _arena.Arena(f"{setup.shm_prefix}-w")
     try:
         channel.send(_ok(arena, [{"y": np.array([[10]], np.int32)}, {"y": np.array([[30]], np.int32)}]))
         responses = future.result(TIMEOUT_S)
@@ -132,7 +132,7 @@ def test_the_worker_hands_the_sequence_fields_to_the_callable(make_worker):  # n
         return [{"y": r["k"]} for r in requests]
 
     worker, _ = make_worker(func)
-    segment, metas = _wire.write_tensors(None, [[("k", np.array([[1]], np.int32))]] * 3)
+    segment, metas = _tensors.write_tensors(None, [[("k", np.array([[1]], np.int32))]] * 3)
     entries = [
         _wire.entry(metas[0], None, None, (5, True, False)),
         _wire.entry(metas[1], None, None, ("text-id", False, True), 2.5),

@@ -1,4 +1,4 @@
-"""The proxy model (``pytriton/proxy/_stub.py``) driven through a fake ``triton_python_backend_utils``.
+"""The proxy model (``pytriton/proxy/stubside/_stub.py``) driven through a fake ``triton_python_backend_utils``.
 
 No tritonserver: the module is imported with a fake ``triton_python_backend_utils`` in
 ``sys.modules``, and its ``initialize``/``execute``/``finalize`` talk over a real Unix socket to a
@@ -36,7 +36,7 @@ import types
 import numpy as np
 import pytest
 
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _arena, _segments, _tensors, _wire
 
 FINAL = 1  # the fake TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TIMEOUT_S = 10.0  # every wait in this file is bounded by this
@@ -165,16 +165,16 @@ def _fake_pb_utils():
 
 @pytest.fixture(scope="module")
 def stub():
-    """``pytriton.proxy._stub`` imported against the fake utils; every global it touches is restored."""
-    saved_modules = {name: sys.modules.get(name) for name in ("numpy.core.multiarray", "pytriton.proxy._stub")}
+    """``pytriton.proxy.stubside._stub`` imported against the fake utils; every global it touches is restored."""
+    saved_modules = {name: sys.modules.get(name) for name in ("numpy.core.multiarray", "pytriton.proxy.stubside._stub")}
     saved_path = list(sys.path)
-    from pytriton.proxy import _stub_bytes
+    from pytriton.proxy.stubside import _stub_bytes
 
     saved_unavailable = _stub_bytes.UNAVAILABLE
     sys.modules["triton_python_backend_utils"] = _fake_pb_utils()
-    sys.modules.pop("pytriton.proxy._stub", None)
+    sys.modules.pop("pytriton.proxy.stubside._stub", None)
     try:
-        yield importlib.import_module("pytriton.proxy._stub")
+        yield importlib.import_module("pytriton.proxy.stubside._stub")
     finally:
         sys.modules.pop("triton_python_backend_utils", None)
         for name, module in saved_modules.items():
@@ -299,7 +299,7 @@ class Setup:
             with contextlib.suppress(Exception):
                 model.finalize()
         shutil.rmtree(self.root, ignore_errors=True)
-        leftovers = _wire.sweep_segments(self.shm_prefix)
+        leftovers = _segments.sweep_segments(self.shm_prefix)
         assert not leftovers, f"shared-memory segments left behind: {leftovers}"
 
 
@@ -328,14 +328,14 @@ def _inputs(message, reader=None):
     segment = message[_wire.SEGMENT]
     buffer = reader.attach(segment) if segment is not None else None
     return [
-        ({meta[0]: _wire.read_tensor(buffer, meta, True) for meta in metas}, params, names)
+        ({meta[0]: _tensors.read_tensor(buffer, meta, True) for meta in metas}, params, names)
         for metas, params, names in message[_wire.BODY]
     ]
 
 
 def _results(arena, outputs_per_request):
     """An OK/CHUNK segment and results for ``[{name: array}]``."""
-    return _wire.write_tensors(arena, [list(outputs.items()) for outputs in outputs_per_request])
+    return _tensors.write_tensors(arena, [list(outputs.items()) for outputs in outputs_per_request])
 
 
 def _ok(arena, outputs_per_request, retire=False):
@@ -344,7 +344,7 @@ def _ok(arena, outputs_per_request, retire=False):
 
 
 def _value_chunk(value, requests=1):
-    segment, results = _wire.write_tensors(None, [[("y", np.array([value], np.int32))]] * requests)
+    segment, results = _tensors.write_tensors(None, [[("y", np.array([value], np.int32))]] * requests)
     return _wire.chunk(segment, results)
 
 
@@ -422,7 +422,7 @@ def test_ok_reply_becomes_one_response_per_request(setup, pool):
     assert [params for _, params, _ in received] == [{"temperature": 0.5}, None]
     assert [names for _, _, names in received] == [None, None]  # a single output: nothing to filter
     np.testing.assert_array_equal(received[1][0]["x"], [[3, 4]])
-    arena = _wire.Arena(f"{setup.shm_prefix}-w")
+    arena = _arena.Arena(f"{setup.shm_prefix}-w")
     try:
         channel.send(_ok(arena, [{"y": inputs["x"] * 10} for inputs, _, _ in received]))
         responses = future.result(TIMEOUT_S)
@@ -441,8 +441,8 @@ def test_large_tensors_travel_through_both_arenas(setup, pool):
     future = pool.submit(model.execute, [FakeRequest({"x": big})])
     message = channel.recv()
     assert message[_wire.SEGMENT] is not None and message[_wire.SEGMENT].startswith(setup.shm_prefix)
-    reader = _wire.ArenaReader()
-    arena = _wire.Arena(f"{setup.shm_prefix}-w")
+    reader = _arena.ArenaReader()
+    arena = _arena.Arena(f"{setup.shm_prefix}-w")
     try:
         inputs, _, _ = _inputs(message, reader)[0]
         np.testing.assert_array_equal(inputs["x"], big)
@@ -498,7 +498,7 @@ def test_retire_moves_the_stub_to_a_fresh_arena_segment(setup, pool):
         message = channel.recv()
         segments.append(message[_wire.SEGMENT])
         with contextlib.suppress(FileNotFoundError):  # the worker side unlinks what it maps
-            os.unlink(os.path.join(_wire.SHM_DIR, message[_wire.SEGMENT]))
+            os.unlink(os.path.join(_arena.SHM_DIR, message[_wire.SEGMENT]))
         channel.send(_ok(None, [{"y": np.zeros(1, np.float32)}], retire=retire))
         future.result(TIMEOUT_S)
         if retire:
@@ -540,7 +540,7 @@ def test_an_arena_chunk_is_acknowledged_at_once(setup, pool):
     model = setup.model(decoupled=True)
     channel = worker.channel()
     request = FakeRequest({"x": np.ones(1, np.int32)})
-    arena = _wire.Arena(f"{setup.shm_prefix}-w")
+    arena = _arena.Arena(f"{setup.shm_prefix}-w")
     try:
         future = pool.submit(model.execute, [request])
         channel.recv()

@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from pytriton.proxy import _stub_bytes, _wire
+from pytriton.proxy.stubside import _arena, _segments, _stub_bytes, _tensors
 
 STRINGS = np.array([b"abc", b"", "h\u00e9".encode(), b"x" * 300], dtype=object)
 
@@ -57,7 +57,7 @@ def installed(monkeypatch):
 
 
 def test_output_hands_the_stub_the_wire_payload_with_the_right_size(installed):
-    payload = _wire.serialize_bytes(STRINGS)
+    payload = _tensors.serialize_bytes(STRINGS)
     tensor = _stub_bytes.output_tensor(installed, "out", payload, STRINGS.shape)
     assert tensor.name == "out" and tensor.shape == STRINGS.shape
     assert tensor.payload == payload
@@ -81,26 +81,26 @@ def test_other_object_arrays_still_reach_the_original_serializer(monkeypatch):
 
 
 def test_input_is_forwarded_serialized_and_arrives_as_strings(installed, tmp_path):
-    encoded = np.frombuffer(_wire.serialize_bytes(STRINGS), dtype=np.uint8).copy()
+    encoded = np.frombuffer(_tensors.serialize_bytes(STRINGS), dtype=np.uint8).copy()
     _stub_bytes._state["table_used"] = True  # the stub built `encoded` through the fixed table
     carrier = installed.deserialize_bytes_tensor(encoded).reshape([len(STRINGS)])
     as_numpy = np.empty((), dtype=object)
     as_numpy[()] = carrier  # what pybind11 makes of it
     payload = _stub_bytes.input_payload(as_numpy)
-    owner = _wire.Arena(f"pytriton-{os.getpid()}-stubbytes", initial_size=4096)
-    reader = _wire.ArenaReader()
+    owner = _arena.Arena(f"pytriton-{os.getpid()}-stubbytes", initial_size=4096)
+    reader = _arena.ArenaReader()
     try:
         for copies in (1, 200):  # inline, then through the arena
-            big = _wire.SerializedBytes(np.concatenate([payload.data] * copies), (len(STRINGS) * copies,))
-            segment, metas = _wire.write_tensors(owner, [[("s", big)]])
+            big = _tensors.SerializedBytes(np.concatenate([payload.data] * copies), (len(STRINGS) * copies,))
+            segment, metas = _tensors.write_tensors(owner, [[("s", big)]])
             buffer = reader.attach(segment) if segment else None
-            out = _wire.read_tensor(buffer, metas[0][0], copy=True)
+            out = _tensors.read_tensor(buffer, metas[0][0], copy=True)
             assert out.shape == (len(STRINGS) * copies,)
             assert list(out) == list(STRINGS) * copies
     finally:
         owner.close()
         reader.close()
-        _wire.sweep_segments(f"pytriton-{os.getpid()}-stubbytes")
+        _segments.sweep_segments(f"pytriton-{os.getpid()}-stubbytes")
 
 
 def test_input_read_without_the_fixed_table_is_refused(installed):

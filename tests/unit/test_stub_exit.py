@@ -1,4 +1,4 @@
-"""The stub's exit deadline (``pytriton/proxy/_stub_exit.py``), each timer in a child process.
+"""The stub's exit deadline (``pytriton/proxy/stubside/_stub_exit.py``), each timer in a child process.
 
 A child arms the deadline and then cannot exit on its own: a non-daemon thread that never ends
 keeps the interpreter's shutdown waiting, as a stuck stub would keep Triton's unload waiting. The
@@ -13,13 +13,13 @@ import subprocess
 import sys
 import textwrap
 
-from pytriton.proxy import _stub_exit
+from pytriton.proxy.stubside import _stub_exit
 
 LIMIT_S = 60.0
 
 HANGS_AT_EXIT = """
 import threading
-from pytriton.proxy import _stub_exit
+from pytriton.proxy.stubside import _stub_exit
 
 def stuck_in_unload():
     threading.Event().wait()

@@ -1,4 +1,4 @@
-"""The callables' metrics (``pytriton/proxy/_stub_metrics.py``) with a fake metric API, no server.
+"""The callables' metrics (``pytriton/proxy/stubside/_stub_metrics.py``) with a fake metric API, no server.
 
 Covers: the values each series gets (histogram buckets, sums and counts, errors, reconnects, the
 in-flight gauge, the labels), that the request path makes no call to the metric API and a
@@ -21,9 +21,9 @@ import pytest
 
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _stub_metrics, _wire
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
+from pytriton.proxy.stubside import _segments, _stub_metrics, _tensors, _wire
 from pytriton.server.triton_config import TritonConfig
 from tests.unit import test_stub
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok
@@ -341,11 +341,11 @@ def worker_channel(tmp_path):
         sock.close()
     for worker in workers:
         worker.stop()
-    _wire.sweep_segments(prefix)
+    _segments.sweep_segments(prefix)
 
 
 def _send_infer(channel, x):
-    segment, metas = _wire.write_tensors(None, [[("x", x)]])
+    segment, metas = _tensors.write_tensors(None, [[("x", x)]])
     channel.send(_wire.infer(segment, [(metas[0], None, None)]))
 
 

@@ -26,9 +26,10 @@ from pytriton.decorators import batch
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError, PyTritonValidationError
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _stub_trace, _tracing, _wire
+from pytriton.proxy import _tracing
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
+from pytriton.proxy.stubside import _stub_trace, _tensors, _wire
 from pytriton.proxy.types import Request
 from tests.conftest import shm_entries
 from tests.otel_memory import by_name, memory_exporter
@@ -109,7 +110,7 @@ def _run_batch(setup, pool, requests, **private):  # noqa: F811
     channel = worker.channel()
     future = pool.submit(model.execute, requests)
     message = channel.recv()
-    segment, results = _wire.write_tensors(None, [[("y", np.array([[1]], np.int32))]] * len(requests))
+    segment, results = _tensors.write_tensors(None, [[("y", np.array([[1]], np.int32))]] * len(requests))
     channel.send(_wire.ok(segment, results))
     assert all(response.error is None for response in future.result(TIMEOUT_S))
     return message
@@ -196,7 +197,7 @@ def make_worker(tmp_path):
 
 
 def _infer(channel, values, trace=None):
-    segment, metas = _wire.write_tensors(None, [[("k", np.array([[value]], np.int32))] for value in values])
+    segment, metas = _tensors.write_tensors(None, [[("k", np.array([[value]], np.int32))] for value in values])
     channel.send(_wire.infer(segment, [(meta, None, None) for meta in metas], trace))
     return channel.recv()
 

@@ -10,25 +10,25 @@ import time
 import numpy as np
 import pytest
 
-from pytriton.proxy import _wire
+from pytriton.proxy.stubside import _arena, _segments, _tensors, _wire
 from tests.conftest import DTYPES, wait_for
 
 
 @pytest.fixture()
 def arena():
-    owner = _wire.Arena(f"pytriton-{os.getpid()}-unittest", initial_size=4096)
-    reader = _wire.ArenaReader()
+    owner = _arena.Arena(f"pytriton-{os.getpid()}-unittest", initial_size=4096)
+    reader = _arena.ArenaReader()
     yield owner, reader
     owner.close()
     reader.close()
-    assert not _wire.sweep_segments(f"pytriton-{os.getpid()}-unittest")
+    assert not _segments.sweep_segments(f"pytriton-{os.getpid()}-unittest")
 
 
 def _round_trip(arena, tensors):
     owner, reader = arena
-    segment, metas = _wire.write_tensors(owner, [list(tensors.items())])
+    segment, metas = _tensors.write_tensors(owner, [list(tensors.items())])
     buffer = reader.attach(segment) if segment else None
-    return {meta[0]: _wire.read_tensor(buffer, meta, copy=True) for meta in metas[0]}
+    return {meta[0]: _tensors.read_tensor(buffer, meta, copy=True) for meta in metas[0]}
 
 
 @pytest.mark.parametrize("rows", [3, 20_000], ids=["inline", "arena"])
@@ -71,7 +71,7 @@ def test_arena_grows_and_reader_follows(arena):
     np.testing.assert_array_equal(out, big)
     assert small["x"].sum() == 10
     # The reader unlinks every segment it mapped: nothing is left visible in /dev/shm.
-    assert not os.path.exists(os.path.join(_wire.SHM_DIR, owner.name))
+    assert not os.path.exists(os.path.join(_arena.SHM_DIR, owner.name))
 
 
 def test_copies_do_not_alias_the_arena(arena):
@@ -160,8 +160,8 @@ def test_a_polling_read_still_returns_a_late_message():
 def test_views_keep_their_mapping_alive(arena):
     owner, reader = arena
     data = np.arange(100_000, dtype=np.float64)
-    segment, metas = _wire.write_tensors(owner, [[("x", data)]])
-    view = _wire.read_tensor(reader.attach(segment), metas[0][0], copy=False)
+    segment, metas = _tensors.write_tensors(owner, [[("x", data)]])
+    view = _tensors.read_tensor(reader.attach(segment), metas[0][0], copy=False)
     reader.close()  # the reader lets go, but the view must stay readable (no unmap under it)
     owner.close()
     assert view.sum() == data.sum()
@@ -171,20 +171,20 @@ def test_outputs_lying_in_the_receivers_arena_are_referenced_not_copied(arena):
     """An input returned as is (or a contiguous slice of it) goes back as an offset into the sender's arena."""
     owner, reader = arena
     data = np.arange(50_000, dtype=np.float32).reshape(2, 25_000)
-    segment, metas = _wire.write_tensors(owner, [[("x", data)]])
-    view = _wire.read_tensor(reader.attach(segment), metas[0][0], copy=False)  # what the callable gets
-    answer = _wire.Arena(f"pytriton-{os.getpid()}-unittest-answer")
+    segment, metas = _tensors.write_tensors(owner, [[("x", data)]])
+    view = _tensors.read_tensor(reader.attach(segment), metas[0][0], copy=False)  # what the callable gets
+    answer = _arena.Arena(f"pytriton-{os.getpid()}-unittest-answer")
     try:
         outputs = [("same", view), ("row", view[1]), ("strided", view[:, ::2]), ("fresh", view * 2)]
-        answer_segment, answer_metas = _wire.write_tensors(answer, [outputs], peer=reader)
+        answer_segment, answer_metas = _tensors.write_tensors(answer, [outputs], peer=reader)
         payloads = {meta[0]: meta[3] for meta in answer_metas[0]}
-        assert payloads["same"] == (metas[0][0][3][0], data.nbytes, _wire.IN_RECEIVER)
-        assert payloads["row"] == (metas[0][0][3][0] + data.nbytes // 2, data.nbytes // 2, _wire.IN_RECEIVER)
+        assert payloads["same"] == (metas[0][0][3][0], data.nbytes, _tensors.IN_RECEIVER)
+        assert payloads["row"] == (metas[0][0][3][0] + data.nbytes // 2, data.nbytes // 2, _tensors.IN_RECEIVER)
         assert len(payloads["strided"]) == 2 and len(payloads["fresh"]) == 2  # copied into the answer arena
         assert answer_segment == answer.name
         # The original writer resolves the references against its own arena.
         own = owner.buffer
-        back = {m[0]: _wire.read_tensor(answer.buffer, m, copy=True, own=own) for m in answer_metas[0]}
+        back = {m[0]: _tensors.read_tensor(answer.buffer, m, copy=True, own=own) for m in answer_metas[0]}
         np.testing.assert_array_equal(back["same"], data)
         np.testing.assert_array_equal(back["row"], data[1])
         np.testing.assert_array_equal(back["strided"], data[:, ::2])
@@ -201,18 +201,18 @@ def _allocated(fd):
 def test_arena_release_gives_pages_back_and_stays_usable(arena):
     owner, reader = arena
     data = np.arange(2 << 20, dtype=np.float32)  # 8 MiB
-    segment, metas = _wire.write_tensors(owner, [[("x", data)]])
-    fd = os.open(os.path.join(_wire.SHM_DIR, segment), os.O_RDONLY)  # to watch the segment after unlinking
+    segment, metas = _tensors.write_tensors(owner, [[("x", data)]])
+    fd = os.open(os.path.join(_arena.SHM_DIR, segment), os.O_RDONLY)  # to watch the segment after unlinking
     try:
         buffer = reader.attach(segment)  # the reader unlinks the name
         assert _allocated(fd) >= data.nbytes
         assert owner.release(1 << 20) >= data.nbytes - (1 << 20)
         assert _allocated(fd) <= (1 << 20) + 4096
-        np.testing.assert_array_equal(_wire.read_tensor(buffer, metas[0][0], copy=True)[: 1 << 18], data[: 1 << 18])
+        np.testing.assert_array_equal(_tensors.read_tensor(buffer, metas[0][0], copy=True)[: 1 << 18], data[: 1 << 18])
         # The segment is reused as before: new data arrives intact, pages are faulted in again.
-        segment_again, metas = _wire.write_tensors(owner, [[("x", data * 2)]])
+        segment_again, metas = _tensors.write_tensors(owner, [[("x", data * 2)]])
         assert segment_again == segment and _allocated(fd) >= data.nbytes
-        np.testing.assert_array_equal(_wire.read_tensor(buffer, metas[0][0], copy=True), data * 2)
+        np.testing.assert_array_equal(_tensors.read_tensor(buffer, metas[0][0], copy=True), data * 2)
         # The reader can release the peer's pages too (between messages), for both processes.
         assert reader.release(0) >= data.nbytes
         assert _allocated(fd) == 0
@@ -224,10 +224,10 @@ def test_arena_release_gives_pages_back_and_stays_usable(arena):
 def test_idle_releaser_waits_for_idleness(arena):
     owner, reader = arena
     data = np.ones(1 << 20, dtype=np.float64)  # 8 MiB
-    releaser = _wire.IdleReleaser(lambda: (owner, reader), idle_s=0.05, keep=1 << 20)
+    releaser = _arena.IdleReleaser(lambda: (owner, reader), idle_s=0.05, keep=1 << 20)
     try:
         releaser.enter()
-        segment, _ = _wire.write_tensors(owner, [[("x", data)]])
+        segment, _ = _tensors.write_tensors(owner, [[("x", data)]])
         reader.attach(segment)
         time.sleep(0.3)
         assert releaser.released == 0  # a message in flight: never released under it
@@ -237,7 +237,7 @@ def test_idle_releaser_waits_for_idleness(arena):
         time.sleep(0.3)
         assert releaser.released == released  # nothing used since: no second release
         releaser.enter()
-        _wire.write_tensors(owner, [[("x", data)]])
+        _tensors.write_tensors(owner, [[("x", data)]])
         releaser.leave()
         assert wait_for(lambda: releaser.released > released, timeout_s=10)
     finally:
@@ -298,10 +298,10 @@ def test_the_stream_window_rule():
 
 
 def test_owner_pid_reads_both_naming_schemes():
-    assert _wire._owner_pid("pytriton-123-m0-arena") == 123
-    assert _wire._owner_pid("pytriton-inproc-456-1-region") == 456
+    assert _segments._owner_pid("pytriton-123-m0-arena") == 123
+    assert _segments._owner_pid("pytriton-inproc-456-1-region") == 456
     for foreign in ("other-123-x", "pytriton-abc-x", "pytriton-inproc-x-1", "pytriton-1"):
-        assert _wire._owner_pid(foreign) is None, foreign
+        assert _segments._owner_pid(foreign) is None, foreign
 
 
 def test_sweep_dead_owners_removes_regions_of_dead_in_process_servers():
@@ -309,13 +309,13 @@ def test_sweep_dead_owners_removes_regions_of_dead_in_process_servers():
     dead = int(pathlib.Path("/proc/sys/kernel/pid_max").read_text()) + 1
     names = [f"pytriton-inproc-{dead}-1-unittest", f"pytriton-inproc-{os.getpid()}-1-unittest"]
     for name in names:
-        with open(os.path.join(_wire.SHM_DIR, name), "wb"):
+        with open(os.path.join(_arena.SHM_DIR, name), "wb"):
             pass
     try:
-        assert names[0] in _wire.sweep_dead_owners()
-        assert not os.path.exists(os.path.join(_wire.SHM_DIR, names[0]))
-        assert os.path.exists(os.path.join(_wire.SHM_DIR, names[1]))  # ours: alive
+        assert names[0] in _segments.sweep_dead_owners()
+        assert not os.path.exists(os.path.join(_arena.SHM_DIR, names[0]))
+        assert os.path.exists(os.path.join(_arena.SHM_DIR, names[1]))  # ours: alive
     finally:
         for name in names:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(_wire.SHM_DIR, name))
+                os.unlink(os.path.join(_arena.SHM_DIR, name))

@@ -22,9 +22,9 @@ import pytest
 
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _wire
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker, error_text
+from pytriton.proxy.stubside import _arena, _tensors, _wire
 from tests.conftest import shm_entries, wait_for
 
 
@@ -89,7 +89,9 @@ def _connect(worker, pid=None, generation=0):
 
 
 def _infer(channel, value):
-    segment, metas = _wire.write_tensors(_wire.Arena("pytriton-unit-unused"), [[("k", np.array([[value]], np.int32))]])
+    segment, metas = _tensors.write_tensors(
+        _arena.Arena("pytriton-unit-unused"), [[("k", np.array([[value]], np.int32))]]
+    )
     channel.send((_wire.INFER, segment, [(metas[0], None, None)]))
     return channel.recv()
 
@@ -169,7 +171,7 @@ def test_a_stub_reconnecting_abandons_its_hung_call(make_worker, caplog):
     worker, lost = make_worker(func)
     caplog.set_level(logging.WARNING, logger="pytriton.proxy")
     first_sock, first = _connect(worker)
-    segment, metas = _wire.write_tensors(_wire.Arena("pytriton-unit-unused"), [[("k", np.array([[-1]], np.int32))]])
+    segment, metas = _tensors.write_tensors(_arena.Arena("pytriton-unit-unused"), [[("k", np.array([[-1]], np.int32))]])
     first.send((_wire.INFER, segment, [(metas[0], None, None)]))
     assert wait_for(lambda: worker.busy, 10)
     first_sock.close()  # what the stub does when its execution timeout expires ...
@@ -187,7 +189,7 @@ def test_stop_leaves_a_hung_call_behind_and_says_so(make_worker, caplog):
     release = threading.Event()
     worker, _ = make_worker(lambda requests: release.wait(60) and [])
     sock, channel = _connect(worker)
-    segment, metas = _wire.write_tensors(_wire.Arena("pytriton-unit-unused"), [[("k", np.array([[1]], np.int32))]])
+    segment, metas = _tensors.write_tensors(_arena.Arena("pytriton-unit-unused"), [[("k", np.array([[1]], np.int32))]])
     channel.send((_wire.INFER, segment, [(metas[0], None, None)]))
     assert wait_for(lambda: worker.busy, 10)
     caplog.set_level(logging.WARNING, logger="pytriton.proxy")

@@ -19,9 +19,9 @@ import pytest
 
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _wire
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
+from pytriton.proxy.stubside import _arena, _segments, _tensors, _wire
 from tests.conftest import shm_entries
 
 TIMEOUT_S = 10.0
@@ -44,7 +44,7 @@ def _config(decoupled, outputs=("y",)):
 def prefix():
     prefix = f"pytriton-{os.getpid()}-proto{secrets.token_hex(3)}"
     yield prefix
-    _wire.sweep_segments(prefix)
+    _segments.sweep_segments(prefix)
 
 
 @pytest.fixture()
@@ -83,14 +83,14 @@ def connect(tmp_path, prefix):
 
 def _infer(channel, arena, *requests):
     """Send one INFER: each request is ``(x array, parameters, requested names)``."""
-    segment, metas = _wire.write_tensors(arena, [[("x", x)] for x, _, _ in requests])
+    segment, metas = _tensors.write_tensors(arena, [[("x", x)] for x, _, _ in requests])
     channel.send(_wire.infer(segment, [(meta, params, names) for meta, (_, params, names) in zip(metas, requests)]))
 
 
 def _outputs(reply, reader=None):
     segment = reply[_wire.SEGMENT]
     buffer = reader.attach(segment) if segment is not None else None
-    return [{meta[0]: _wire.read_tensor(buffer, meta, True) for meta in metas} for metas in reply[_wire.BODY]]
+    return [{meta[0]: _tensors.read_tensor(buffer, meta, True) for meta in metas} for metas in reply[_wire.BODY]]
 
 
 def test_ok_batch_with_parameters_and_requested_outputs(connect):
@@ -182,7 +182,7 @@ def test_an_arena_chunk_waits_for_its_acknowledgement(connect):
 
     channel = connect(func, decoupled=True)
     _infer(channel, None, (np.ones((1, 1), np.float32), None, None))
-    reader = _wire.ArenaReader()
+    reader = _arena.ArenaReader()
     try:
         for step in range(3):
             chunk = channel.recv()
@@ -205,7 +205,7 @@ def test_retire_is_set_only_when_the_callable_keeps_a_large_input(connect, prefi
         return [{"y": request["x"][:, :1]} for request in requests]
 
     channel = connect(func)
-    arena = _wire.Arena(f"{prefix}-s")
+    arena = _arena.Arena(f"{prefix}-s")
     big = np.ones((1, 1 << 15), np.float32)  # 128 KiB: through the stub's arena
     try:
         for keep, small in ((False, False), (True, True), (True, False)):

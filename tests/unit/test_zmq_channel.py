@@ -1,4 +1,4 @@
-"""The TCP transport (pytriton/proxy/_zmq_channel.py) over a loopback hub and stub channel, no server."""
+"""The TCP transport (pytriton/proxy/stubside/_zmq_channel.py) over a loopback hub and stub channel, no server."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
-from pytriton.proxy import _wire, _zmq_channel
 from pytriton.proxy._worker import InstanceWorker
+from pytriton.proxy.stubside import _tensors, _wire, _zmq_channel
 
 TOKEN = "unit-token"
 
@@ -122,9 +122,9 @@ def test_garbage_peer_is_refused_and_ignored(hub):
 def test_inline_arena_puts_every_tensor_in_the_message():
     arena = _zmq_channel.InlineArena()
     large = np.arange(1 << 18, dtype=np.float32)  # 1 MiB, above the shared-memory threshold
-    segment, metas = _wire.write_tensors(arena, [[("x", large)]])  # type: ignore[arg-type]
+    segment, metas = _tensors.write_tensors(arena, [[("x", large)]])  # type: ignore[arg-type]
     assert segment is None and type(metas[0][0][3]) is bytes
-    np.testing.assert_array_equal(_wire.read_tensor(None, metas[0][0], copy=True), large)
+    np.testing.assert_array_equal(_tensors.read_tensor(None, metas[0][0], copy=True), large)
 
 
 def echo_worker(hub: _zmq_channel.Hub, route: str) -> InstanceWorker:
@@ -158,11 +158,11 @@ def test_worker_serves_a_stub_over_tcp(hub):
         assert stub.recv()[_wire.KIND] == _wire.WELCOME
         assert worker.connected
         large = np.arange(1 << 18, dtype=np.float32)
-        segment, metas = _wire.write_tensors(_zmq_channel.InlineArena(), [[("x", large)]])  # type: ignore[arg-type]
+        segment, metas = _tensors.write_tensors(_zmq_channel.InlineArena(), [[("x", large)]])  # type: ignore[arg-type]
         stub.send(_wire.infer(segment, [(metas[0], None, None)]))
         reply = _wire.parse_ok(stub.recv())
         assert reply.segment is None
-        np.testing.assert_array_equal(_wire.read_tensor(None, reply.results[0][0], copy=True), large * 2)
+        np.testing.assert_array_equal(_tensors.read_tensor(None, reply.results[0][0], copy=True), large * 2)
         stub.send(_wire.BYE_MESSAGE)
         stub.recv()
         assert not worker.connected

@@ -1,4 +1,4 @@
-"""The RemoteTriton TCP hub (pytriton/proxy/_zmq_channel.py) under hostile bytes, no server.
+"""The RemoteTriton TCP hub (pytriton/proxy/stubside/_zmq_channel.py) under hostile bytes, no server.
 
 A real hub on 127.0.0.1 serves a real authenticated stub connection (an ``InstanceWorker`` doubling
 its input) while other peers send at least 10,000 frames: random, multi-frame, truncated greetings,
@@ -21,7 +21,7 @@ from typing import Any, List
 import numpy as np
 import pytest
 
-from pytriton.proxy import _wire, _zmq_channel
+from pytriton.proxy.stubside import _tensors, _wire, _zmq_channel
 from tests.unit.test_zmq_channel import echo_worker
 
 zmq = pytest.importorskip("zmq")
@@ -32,14 +32,14 @@ FRAMES = 10_000  # frames the attackers send in all, at least
 
 
 def _infer_message(values: np.ndarray) -> Any:
-    segment, metas = _wire.write_tensors(_zmq_channel.InlineArena(), [[("x", values)]])  # type: ignore[arg-type]
+    segment, metas = _tensors.write_tensors(_zmq_channel.InlineArena(), [[("x", values)]])  # type: ignore[arg-type]
     return _wire.infer(segment, [(metas[0], None, None)])
 
 
 def _check_infer(stub: _zmq_channel.StubChannel, values: np.ndarray) -> None:
     stub.send(_infer_message(values))
     reply = _wire.parse_ok(stub.recv())
-    np.testing.assert_array_equal(_wire.read_tensor(None, reply.results[0][0], copy=True), values * 2)
+    np.testing.assert_array_equal(_tensors.read_tensor(None, reply.results[0][0], copy=True), values * 2)
 
 
 def _stub(hub: _zmq_channel.Hub) -> _zmq_channel.StubChannel:

@@ -5,8 +5,8 @@ or host; ``RemoteTriton(transport="tcp")``, docs/remote.md). Every message of ``
 one ZeroMQ frame holding its ``marshal`` encoding, tensors included: nothing goes through shared
 memory (:class:`InlineArena`).
 
-This file is imported on both sides. ``RemoteTriton.bind`` copies it beside the stub's ``model.py``
-as ``_pytriton_zmq_channel.py``; inside the stub only the standard library, numpy and (for this
+This file is imported on both sides. It is part of the stub-side package
+(``stubside/__init__.py``); inside the stub only the standard library, numpy and (for this
 transport) pyzmq are available, so nothing else from pytriton is imported here.
 
 Topology and why: the user's process binds ONE ``ROUTER`` socket per ``RemoteTriton``
@@ -51,6 +51,8 @@ import socket
 import threading
 from typing import Any, Dict, Optional, Tuple
 
+from . import _wire
+
 LOGGER = logging.getLogger("pytriton.proxy")
 
 SCHEME = "zmq-route:"  # worker paths of this transport: "zmq-route:<hub id>/<route>"
@@ -61,7 +63,7 @@ AUTH_TIMEOUT_S = 10.0
 _MAX_GREETING = 4096  # a greeting is "PYTRITON1 <token> <route>": anything longer is not one
 _MAX_REFUSED = 4096  # refused peers remembered at most (each is forgotten when it disconnects)
 _STOP = b"stop"
-_INFER = 2  # _wire.INFER (this file imports nothing from pytriton: it also runs inside the stub)
+_INFER = _wire.INFER
 _hub_ids = itertools.count(1)
 _HUBS: Dict[int, Hub] = {}
 _HUBS_LOCK = threading.Lock()
@@ -86,9 +88,9 @@ def _zmq() -> Any:
 
 
 class InlineArena:
-    """An arena that holds nothing: with it, ``_wire.write_tensors`` puts every tensor in the message.
+    """An arena that holds nothing: with it, ``_tensors.write_tensors`` puts every tensor in the message.
 
-    It has the interface ``_wire`` uses of ``_wire.Arena`` (``inline_limit``, ``buffer``, ``close``,
+    It has the interface ``_wire`` uses of ``_arena.Arena`` (``inline_limit``, ``buffer``, ``close``,
     ``release``); ``reserve`` is never reached because no tensor exceeds ``inline_limit``.
     """
 

@@ -1,8 +1,8 @@
 """The callables' metrics, counted in Triton's Python-backend stub and exported on Triton's ``/metrics``.
 
 Imported by the proxy model (``_stub.py``) in the stub process only, where just the standard
-library, numpy and ``triton_python_backend_utils`` exist. ``Triton.bind`` copies it next to
-``model.py`` as ``_pytriton_stub_metrics.py``. Unit tests: tests/unit/test_stub_metrics.py. What
+library, numpy and ``triton_python_backend_utils`` exist. It is part of the
+stub-side package (``stubside/__init__.py``). Unit tests: tests/unit/test_stub_metrics.py. What
 each metric means: docs/metrics.md.
 
 Cost. Every operation of the Python backend's metric API (``Metric.increment``, ``set``,
@@ -35,10 +35,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-try:  # the copy placed next to model.py by Triton.bind
-    import _pytriton_wire as _wire  # type: ignore[import-not-found]
-except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _wire
+from . import _wire
 
 FLUSH_INTERVAL_S = 1.0
 # Upper bounds (seconds) of the duration buckets: 100 us to 1 min in 1-2.5-5 steps, then +Inf.

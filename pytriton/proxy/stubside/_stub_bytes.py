@@ -1,16 +1,16 @@
 """String (BYTES) tensors inside Triton's Python-backend stub, with numpy 1.x or numpy 2.
 
 Imported by the proxy model (``_stub.py``) in the stub process only, where just the standard
-library, numpy and ``triton_python_backend_utils`` exist. ``Triton.bind`` copies it next to
-``model.py`` as ``_pytriton_stub_bytes.py``.
+library, numpy and ``triton_python_backend_utils`` exist. It is part of the
+stub-side package (``stubside/__init__.py``).
 
 The stub (de)serialises BYTES tensors by calling ``serialize_byte_tensor`` and
 ``deserialize_bytes_tensor`` on the ``triton_python_backend_utils`` module, looked up at each call.
 The proxy never needs the strings themselves, only Triton's serialized layout, which is also the
-wire format (``_wire.serialize_bytes``). :func:`install` replaces both functions:
+wire format (``_tensors.serialize_bytes``). :func:`install` replaces both functions:
 
 - an input arrives in ``deserialize_bytes_tensor`` as a uint8 array holding the serialized tensor
-  (the stub's own copy); it is wrapped, unparsed, in a :class:`_wire.SerializedBytes` that the
+  (the stub's own copy); it is wrapped, unparsed, in a :class:`_tensors.SerializedBytes` that the
   proxy forwards as is (``Tensor.as_numpy()`` then returns a 0-d object array holding it);
 - an output is made by :func:`output_tensor`: ``pb_utils.Tensor(name, placeholder)`` with an
   object placeholder of the right shape, for which ``serialize_byte_tensor`` returns the payload.
@@ -46,10 +46,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-try:  # the copy placed next to model.py by Triton.bind
-    import _pytriton_wire as _wire  # type: ignore[import-not-found]
-except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _wire
+from . import _tensors
 
 NUMPY2 = int(np.__version__.split(".")[0]) >= 2
 UNAVAILABLE: Optional[str] = None  # why string tensors cannot work in this stub, if they cannot
@@ -171,16 +168,16 @@ def install(pb_utils: Any) -> None:
         return payload
 
     def deserialize_bytes_tensor(encoded: Any) -> Any:
-        return _wire.SerializedBytes(encoded, (len(encoded),), valid=not NUMPY2 or _state["table_used"])
+        return _tensors.SerializedBytes(encoded, (len(encoded),), valid=not NUMPY2 or _state["table_used"])
 
     pb_utils.serialize_byte_tensor = serialize_byte_tensor
     pb_utils.deserialize_bytes_tensor = deserialize_bytes_tensor
 
 
 def input_payload(value: Any) -> Any:
-    """The :class:`_wire.SerializedBytes` behind ``Tensor.as_numpy()`` of a BYTES input."""
+    """The :class:`_tensors.SerializedBytes` behind ``Tensor.as_numpy()`` of a BYTES input."""
     carrier = value[()] if isinstance(value, np.ndarray) else value
-    if not isinstance(carrier, _wire.SerializedBytes):
+    if not isinstance(carrier, _tensors.SerializedBytes):
         raise TypeError(f"unexpected BYTES input representation {type(carrier).__name__}")
     if not carrier.valid:
         raise RuntimeError(

@@ -1,9 +1,8 @@
 """The proxy model that runs inside Triton's Python-backend stub.
 
-``Triton.bind`` copies this file as ``model.py`` (and ``_wire.py`` beside it as
-``_pytriton_wire.py``, likewise ``_stub_bytes.py``, ``_stub_metrics.py``, ``_stub_trace.py``,
-``_stub_exit.py`` and ``_zmq_channel.py``) into the model repository. Only the standard library
-and numpy are available here (the stub's own environment), so nothing else from pytriton may be
+``Triton.bind`` copies this package (``stubside``) whole into the model repository, beside a
+``model.py`` shim that loads it (see ``stubside/__init__.py``). Only the standard library and
+numpy are available here (the stub's own environment), so nothing outside this package may be
 imported.
 
 Per model instance (one stub process each) the proxy claims a free *slot* of the model by taking
@@ -34,25 +33,13 @@ import fcntl
 import json
 import os
 import socket
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-try:  # the copies placed next to model.py by Triton.bind
-    import _pytriton_stub_bytes as _stub_bytes  # type: ignore[import-not-found]
-    import _pytriton_stub_exit as _stub_exit  # type: ignore[import-not-found]
-    import _pytriton_stub_metrics as _stub_metrics  # type: ignore[import-not-found]
-    import _pytriton_stub_trace as _stub_trace  # type: ignore[import-not-found]
-    import _pytriton_wire as _wire  # type: ignore[import-not-found]
-    import _pytriton_zmq_channel as _zmq_channel  # type: ignore[import-not-found]
-except ImportError:  # imported from the package (tests, type checking)
-    from pytriton.proxy import _stub_bytes, _stub_exit, _stub_metrics, _stub_trace, _wire, _zmq_channel
-
+from . import _arena, _segments, _stub_bytes, _stub_exit, _stub_metrics, _stub_trace, _tensors, _wire, _zmq_channel
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
 # exists; on Python 3.13 (no numpy 1.x build) it runs with numpy 2, whose ABI breaks the stub's
@@ -71,7 +58,7 @@ _SLOT_ROUNDS = 4
 def _read_input(tensor: Any) -> Any:
     """An input as numpy (numeric) or as the serialized tensor (BYTES, see _stub_bytes)."""
     array = tensor.as_numpy()
-    if array.dtype.kind == "O":  # a 0-d array holding the tensor's _wire.SerializedBytes
+    if array.dtype.kind == "O":  # a 0-d array holding the tensor's _tensors.SerializedBytes
         return _stub_bytes.input_payload(array)
     return np.from_dlpack(tensor) if _NUMPY2 else array
 
@@ -97,7 +84,7 @@ def _empty_with_c_strides(array: Any) -> Any:
 
 def _bytes_output(meta: Any, buffer: Any) -> Any:
     """A BYTES output straight from its serialized form on the wire (nothing parsed)."""
-    return _stub_bytes.output_tensor(pb_utils, meta[0], _wire.bytes_payload(buffer, meta), meta[2])
+    return _stub_bytes.output_tensor(pb_utils, meta[0], _tensors.bytes_payload(buffer, meta), meta[2])
 
 
 def _errors(message: str, requests: List[Any]) -> List[Any]:
@@ -112,7 +99,7 @@ def _input_bytes(tensors: List[Any]) -> int:
     """Bytes of one request's inputs, strings counted as Triton serialises them (4-byte length + data)."""
     total = 0
     for _, array in tensors:
-        if isinstance(array, _wire.SerializedBytes):  # already in that layout (see _read_input)
+        if isinstance(array, _tensors.SerializedBytes):  # already in that layout (see _read_input)
             total += memoryview(array.data).nbytes
         elif array.dtype.kind == "O":
             total += 4 * array.size + sum(map(len, array.flat))
@@ -190,13 +177,13 @@ class TritonPythonModel:
             params = json.load(file)
         # The backend created this instance's region 0644 just before starting us; no request has
         # used it yet. Close it (and any sibling's) to other users before the model can be ready.
-        _wire.make_private(params["backend_shm_prefix"])
+        _segments.make_private(params["backend_shm_prefix"])
         region = _own_backend_region()
         if region is not None:  # also under a server whose region prefix pytriton did not choose
-            _wire.make_private(region)
+            _segments.make_private(region)
         self._user_pid = int(params["user_pid"])
         self._endpoint_dir = params["endpoint_dir"]
-        # The TCP transport (RemoteTriton(transport="tcp"), proxy/_zmq_channel.py): the user's process
+        # The TCP transport (RemoteTriton(transport="tcp"), stubside/_zmq_channel.py): the user's process
         # may run on another host, so slots are claimed in this version's own directory, its pid is
         # not checked, and every tensor travels in the messages.
         self._tcp: Optional[Dict[str, str]] = params.get("tcp")
@@ -226,10 +213,13 @@ class TritonPythonModel:
         # fast callable then answers without paying for a wake-up of this process.
         self._poll_s = float(params.get("spin_us", 0)) / 1e6
         self._lock_fd = self._claim_slot(slots)
-        self._arena = _zmq_channel.InlineArena() if self._tcp else _wire.Arena(f"{params['shm_prefix']}-s{self._slot}")
-        self._reader = _wire.ArenaReader()
+        # Any: InlineArena has the part of _arena.Arena the stub uses, no declared protocol yet (issue 26, item 3).
+        self._arena: Any = (
+            _zmq_channel.InlineArena() if self._tcp else _arena.Arena(f"{params['shm_prefix']}-s{self._slot}")
+        )
+        self._reader = _arena.ArenaReader()
         # After a large request, both arenas give their memory back once this instance is idle.
-        self._releaser = _wire.IdleReleaser(lambda: (self._arena, self._reader))
+        self._releaser = _arena.IdleReleaser(lambda: (self._arena, self._reader))
         self._metrics: _stub_metrics.NullMetrics = _stub_metrics.NULL
         self._broken = False  # the connection ended under a batch: connect again before the next one
         self._batch: List[Any] = []  # the requests of the batch in flight
@@ -247,6 +237,11 @@ class TritonPythonModel:
 
     def _connect(self) -> None:
         """Connect to the slot's worker and say hello."""
+        # The two transports share no declared interface yet (a Channel protocol is issue 26, item 3):
+        # the socket and the channel are either the Unix socket and its _wire.Channel or the ZeroMQ
+        # StubChannel twice.
+        self._socket: Any
+        self._channel: Any
         if self._tcp is not None:
             route = f"{self._tcp['route']}/{self._slot}"
             tcp = self._tcp
@@ -418,7 +413,7 @@ class TritonPythonModel:
             entries.append((json.loads(raw_parameters) if raw_parameters != "{}" else None, names))
         if rejected:
             raise RequestsTooLarge(rejected)
-        segment, metas = _wire.write_tensors(self._arena, groups)
+        segment, metas = _tensors.write_tensors(self._arena, groups)
         # Each request's timeout (the client's ``timeout`` parameter, microseconds; 0: none).
         timeouts = [request.timeout() / 1e6 for request in requests]
         if sequences or any(timeouts):
@@ -480,11 +475,11 @@ class TritonPythonModel:
         buffer = self._reader.attach(segment) if segment is not None else None
         own = self._arena.buffer
         Tensor = _dlpack_output if _NUMPY2 else pb_utils.Tensor
-        read = _wire.read_tensor
+        read = _tensors.read_tensor
         responses = []
         for metas, names in zip(reply.results, requested):
             tensors = [
-                _bytes_output(m, buffer) if m[1] == _wire.BYTES else Tensor(m[0], read(buffer, m, False, own))
+                _bytes_output(m, buffer) if m[1] == _tensors.BYTES else Tensor(m[0], read(buffer, m, False, own))
                 for m in metas
                 if names is None or m[0] in names
             ]

@@ -1,7 +1,6 @@
 """Stub side of tracing: the trace context Triton gives each request, for the user's process.
 
-``Triton.bind`` copies this file next to the stub's ``model.py`` as ``_pytriton_stub_trace.py``;
-like the stub itself it may use only the standard library. The stub calls :func:`collect` only
+Part of the stub-side package (``stubside/__init__.py``); like the stub itself it may use only the standard library. The stub calls :func:`collect` only
 when the server runs in OpenTelemetry trace mode (the ``trace`` flag of the model's private file,
 see ``pytriton/proxy/_tracing.py``); otherwise it never touches the requests' traces, so an
 untraced server pays nothing for this (asking Triton for a context costs about 3.5 us a request

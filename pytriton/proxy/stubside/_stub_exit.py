@@ -1,7 +1,6 @@
 """Stub side of unloading: a stub that is being unloaded ends, however its shutdown goes.
 
-``Triton.bind`` copies this file next to the stub's ``model.py`` as ``_pytriton_stub_exit.py``;
-like the stub itself it may use only the standard library.
+Part of the stub-side package (``stubside/__init__.py``); like the stub itself it may use only the standard library.
 
 Why. When Triton unloads a Python-backend model instance it sends the stub its finalize message and
 then waits for the stub process to exit with ``waitpid``, without a time limit. Until it exits, the

@@ -1,0 +1,26 @@
+"""The stub side: everything pytriton runs inside Triton's Python-backend stub, as one package.
+
+``Triton.bind`` copies this package whole (every ``*.py`` here; files 0600, the directory 0700)
+into each model version's directory as ``_pytriton_stubside/``, and writes ``model.py`` there
+from ``pytriton/proxy/_stub_model.py``, a shim that loads this package by its location. Inside the
+stub only the standard library, numpy, ``triton_python_backend_utils`` and (for the TCP transport)
+pyzmq exist, so the modules here import nothing else: each other through relative imports, never
+``pytriton``. tests/unit/test_stub_package.py holds them to that and imports a copied package in a
+fresh interpreter of the stub's environment.
+
+The user's process imports the same modules from here (one copy of the code on both sides):
+
+- ``_wire``: the messages and their framing on the Unix socket; change the wire protocol here
+  (both ends follow, docs/architecture.md "Where to change the wire protocol").
+- ``_tensors``: how a tensor is described in a message and encoded (BYTES serialisation included).
+- ``_arena``: the shared-memory arenas and their idle release.
+- ``_segments``: segment names and sweeping the segments of dead processes.
+- ``_zmq_channel``: the TCP transport (``RemoteTriton(transport="tcp")``), both ends.
+- ``_stub``: the proxy model (``TritonPythonModel``) that the stub runs.
+- ``_stub_bytes``, ``_stub_exit``, ``_stub_metrics``, ``_stub_trace``: the stub's string tensors,
+  unload deadline, metrics and trace contexts.
+
+This file runs inside the stub too: keep it free of imports.
+
+Unit tests: tests/unit/test_stub_package.py.
+"""
