@@ -140,8 +140,8 @@ class TritonHttp:
         self,
         model: str,
         version: Optional[int],
-        inputs: Dict[str, np.ndarray],
-        parameters: Optional[Dict[str, Any]],  # type: ignore[type-arg]
+        inputs: Dict[str, np.ndarray[Any, Any]],
+        parameters: Optional[Dict[str, Any]],
     ) -> Outputs:
         """One inference request; raises :class:`TritonHttpError` for Triton's errors, ``OSError`` when unreachable."""
         body, header_length = encode_request(inputs, parameters)

@@ -93,7 +93,7 @@ def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> Optiona
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise invalid_request(f"'{name}' must be an integer from {low} to {high}, got {value!r}.", name)
-    return value
+    return int(value)
 
 
 def _flag(body: Mapping[str, Any], name: str) -> bool:

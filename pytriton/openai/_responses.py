@@ -175,9 +175,9 @@ class ChunkWriter:
 
 def embedding_response(
     model: str,
-    vectors: Sequence[np.ndarray],
+    vectors: Sequence[np.ndarray[Any, Any]],
     encoding_format: str,
-    tokens: Optional[int],  # type: ignore[type-arg]
+    tokens: Optional[int],
 ) -> Dict[str, Any]:
     """The body of an embeddings answer; ``base64`` is the float32 little-endian bytes, as OpenAI sends."""
     data = []

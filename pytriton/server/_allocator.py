@@ -46,7 +46,11 @@ _warned = False
 # jemalloc gives freed memory back only while it allocates, unless a background thread purges it:
 # without that the server stayed 1.22x above its start after the 48-connection soak, with it 1.06x
 # (docs/soak.md). Dirty pages go back after 1 s idle, and are not kept "muzzy" in between.
-JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+# retain:false: jemalloc otherwise keeps freed address space mapped read-write for reuse, which
+# counts in VmData and so against the server's RLIMIT_DATA cap (server/process.py, cap_memory):
+# after a few large requests a legitimate 1 GiB output failed with "failed to reserve ... bytes"
+# (3 of 3 runs of tests/e2e/test_data_path.py; 0 of 3 with retain:false).
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,retain:false"
 
 
 def library_dirs() -> List[pathlib.Path]:
