@@ -32,7 +32,7 @@ from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
-    from pytriton.server._drain import Admission
+    from pytriton.proxy._admission import Admission
 
 LOGGER = logging.getLogger(__name__)
 

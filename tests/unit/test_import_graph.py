@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Dict, FrozenSet, Iterator, List, Optional, Set
 
 ROOT = pathlib.Path(__file__).parents[2]
 PACKAGE = "pytriton"
@@ -121,8 +121,19 @@ def _closed_path(graph: Dict[str, Set[str]], component: Set[str]) -> List[str]:
     raise AssertionError(f"no cycle in component {sorted(component)}")
 
 
+# The one cycle still open, with what breaks it. Each entry must still exist (the last test below), so the entry
+# goes when the cycle does; any other cycle fails at once.
+KNOWN_CYCLES: Dict[FrozenSet[str], str] = {
+    frozenset({"pytriton._remote", "pytriton.triton"}): (
+        "RemoteTriton subclasses Triton and is public as pytriton.triton.RemoteTriton (a module __getattr__); "
+        "issue 26 item 1 breaks it: a remote ServerBackend below triton.py, RemoteTriton a way to construct a Triton"
+    ),
+}
+KNOWN_UPWARD = {"pytriton.triton -> pytriton._remote": "the same cycle as in KNOWN_CYCLES"}
+
+
 def test_the_package_imports_have_no_cycles() -> None:
-    cycles = find_cycles(import_graph())
+    cycles = [cycle for cycle in find_cycles(import_graph()) if frozenset(cycle) not in KNOWN_CYCLES]
     assert not cycles, "import cycles in pytriton/:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
 
 
@@ -146,7 +157,7 @@ def test_lower_layers_never_import_upward() -> None:
         for layer, above in FORBIDDEN.items()
         if _within(importer, layer)
         for target in targets
-        if any(_within(target, higher) for higher in above)
+        if any(_within(target, higher) for higher in above) and f"{importer} -> {target}" not in KNOWN_UPWARD
     )
     assert not upward, "imports from a lower layer up into a higher one:\n" + "\n".join(upward)
 
@@ -160,3 +171,12 @@ def test_the_graph_sees_function_level_relative_and_type_checking_imports(tmp_pa
     graph = {name: {t for t in _targets(name, path, modules) if t != name} for name, path in modules.items()}
     assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}}
     assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_every_known_exception_still_exists() -> None:
+    """A cycle or upward arrow that was broken leaves the lists above, so it cannot come back unnoticed."""
+    graph = import_graph()
+    cycles = {frozenset(cycle) for cycle in find_cycles(graph)}
+    assert not [sorted(known) for known in KNOWN_CYCLES if known not in cycles]
+    arrows = {f"{importer} -> {target}" for importer, targets in graph.items() for target in targets}
+    assert not [arrow for arrow in KNOWN_UPWARD if arrow not in arrows]
