@@ -149,8 +149,9 @@ def _run_server(args: argparse.Namespace) -> int:
     """Run the server in the foreground (private launch: server/_launch.py); its exit code, or 0 after a signal."""
     import signal
 
+    from pytriton._exit import describe_exit
     from pytriton.server import _launch
-    from pytriton.server.process import _die_with_parent, describe_exit
+    from pytriton.server.process import _die_with_parent
 
     argv, env, _ = _server(args, os.environ.get(TOKEN_VARIABLE) or None)
     env.pop(TOKEN_VARIABLE, None)

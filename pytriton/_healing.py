@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from pytriton._exit import describe_exit
 from pytriton._plan import LaunchPlan
 from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
 from pytriton.exceptions import PyTritonServerError
@@ -29,7 +30,7 @@ from pytriton.proxy.stubside import _segments
 from pytriton.server import _recycle
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server._scratch import ScratchDirTracker
-from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
+from pytriton.server.process import TritonServerProcess, kill_stub
 from pytriton.server.settings import Settings
 from pytriton.server.triton_config import TritonConfig
 

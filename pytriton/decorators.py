@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import bisect
 import contextvars
-import dataclasses
 import inspect
-from collections.abc import MutableMapping
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +35,8 @@ import wrapt
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _tracing
+from pytriton.proxy._context import CONTEXT_ATTRIBUTE as _CONTEXT_ATTRIBUTE
+from pytriton.proxy._context import ModelConfigDict, TritonContext
 from pytriton.proxy.types import InferenceRequest, InferenceRequests, InferenceResult, InferenceResults, Request
 
 # wrapt's type stubs declare their whole module for Python 3.10 and later only, so a type check for
@@ -69,67 +69,13 @@ __all__ = [
 ]
 
 TRITON_CONTEXT_FIELD_NAME = "triton_context"
-_CONTEXT_ATTRIBUTE = "__triton_context__"
 _SPECIAL_KEYS = (_CONTEXT_ATTRIBUTE, TRITON_CONTEXT_FIELD_NAME)
 _CURRENT_REQUESTS: contextvars.ContextVar[Optional[List[Request]]] = contextvars.ContextVar(
     "pytriton_current_requests", default=None
 )
 
 
-# -- the context Triton.bind attaches to callables ------------------------------------------------
-def _config_key(infer_callable: Any) -> Any:
-    """Identity of a callable that is the same through every decorator layer and method binding."""
-    target = infer_callable
-    for _ in range(100):  # bounded: decorator stacks are shallow
-        inner = getattr(target, "__wrapped__", None)
-        if inner is None:
-            break
-        target = inner
-    owner = getattr(target, "__self__", None)
-    function = getattr(target, "__func__", None)
-    if owner is not None and function is not None:
-        return (id(owner), id(function))
-    return id(target)
-
-
-class ModelConfigDict(MutableMapping[Any, TritonModelConfig]):
-    """Model configurations keyed by inference callable.
-
-    Lookups see through decorators and bound methods: ``d[decorated]``, ``d[inner]`` and
-    ``d[obj.method]`` find the config stored for the callable that was bound.
-    """
-
-    def __init__(self) -> None:
-        self._data: Dict[Any, TritonModelConfig] = {}
-        self._callables: Dict[Any, Callable[..., Any]] = {}
-
-    def __getitem__(self, infer_callable: Callable[..., Any]) -> TritonModelConfig:
-        return self._data[_config_key(infer_callable)]
-
-    def __setitem__(self, infer_callable: Callable[..., Any], config: TritonModelConfig) -> None:
-        key = _config_key(infer_callable)
-        self._data[key] = config
-        self._callables[key] = infer_callable
-
-    def __delitem__(self, infer_callable: Callable[..., Any]) -> None:
-        key = _config_key(infer_callable)
-        del self._data[key]
-        del self._callables[key]
-
-    def __iter__(self) -> Iterator[Callable[..., Any]]:
-        return iter(list(self._callables.values()))
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
-@dataclasses.dataclass
-class TritonContext:
-    """What ``Triton.bind`` shares with the callables it binds: their model configurations."""
-
-    model_configs: ModelConfigDict = dataclasses.field(default_factory=ModelConfigDict)
-
-
+# -- the context Triton.bind attaches to callables (defined in pytriton/proxy/_context.py) -------------
 def get_triton_context(wrapped: Any, instance: Any) -> TritonContext:
     """The ``TritonContext`` attached by ``Triton.bind`` to ``instance`` (methods) or ``wrapped``."""
     context = None

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from pytriton import _embedded, _endpoints, _healing, _registry
 from pytriton._healing import _State
 from pytriton._plan import LaunchPlan
-from pytriton.decorators import TritonContext
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
@@ -62,6 +61,7 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
+from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy.stubside import _segments, _stub_bytes
 from pytriton.server import _allocator
 from pytriton.server._restarts import RestartPolicy
@@ -426,13 +426,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
     def _attach_context(self, model: BoundModel) -> None:
         """Let decorators find the model config: ``__triton_context__`` on each callable (or its instance)."""
         for func in model.infer_funcs:
-            self.triton_context.model_configs[func] = model.config
-            owner = getattr(func, "__self__", None)
-            target: Any = owner if owner is not None and not isinstance(owner, type(sys)) else func
-            try:
-                target.__triton_context__ = self.triton_context
-            except (AttributeError, TypeError):
-                LOGGER.debug("Cannot attach the Triton context to %r; decorators needing it will fail.", func)
+            attach_context(func, self.triton_context, model.config)
 
     def _check_stub_support(self, model: BoundModel) -> None:
         if self._stub_numpy2 and model.has_bytes_tensors:

@@ -40,11 +40,11 @@ from typing import (
 
 import numpy.typing as npt
 
+from pytriton.client._clients import AsyncioModelClient, ModelClient
 from pytriton.client._core import check_parameters, map_error
 from pytriton.client._drivers import run_sync
 from pytriton.client._sse import HttpStream, decode_event, encode_request
 from pytriton.client.auth import create_auth_headers, grpc_metadata
-from pytriton.client.client import AsyncioModelClient, ModelClient
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientError,

@@ -36,7 +36,7 @@ import itertools
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Union
 
 import numpy as np
 
@@ -59,8 +59,38 @@ from pytriton.inprocess._tensor import (
     parse_device,
 )
 
-if TYPE_CHECKING:
-    from pytriton.inprocess._server import Model
+
+class ServerSide(Protocol):
+    """What a request needs of the server its model belongs to.
+
+    Defined here, below :mod:`pytriton.inprocess._server` (whose ``Server`` implements it), so that this module never
+    imports the server: the server creates requests and iterators, requests only talk back through this seam.
+    The members keep the server's internal names because ``Server`` mirrors tritonserver's public in-process API,
+    which has no such methods to make public.
+    """
+
+    @property
+    def _handle(self) -> Optional[int]: ...  # the running server's handle; None when stopped
+
+    @property
+    def _requests(self) -> _pool.RequestPool: ...  # released plain requests kept for reuse
+
+    def _library(self) -> _lib.Library: ...
+
+    def _running(self) -> bool: ...
+
+    def _handle_or_raise(self) -> int: ...
+
+
+class Model(Protocol):
+    """A model a request is sent to (implemented by :class:`pytriton.inprocess._server.Model`)."""
+
+    name: str
+    version: int
+
+    @property
+    def _server(self) -> ServerSide: ...
+
 
 LOGGER = logging.getLogger(__name__)
 _WAIT_SLICE_S = 0.5

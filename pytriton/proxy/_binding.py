@@ -390,7 +390,7 @@ class BoundModel:
     def refuse_new(self, admission: Any) -> None:
         """Draining: a batch reaching an instance from now on runs only if ``admission`` admits it.
 
-        ``admission`` (``pytriton.server._drain.Admission``, shared by the instances) admits the
+        ``admission`` (``pytriton.proxy._admission.Admission``, shared by the instances) admits the
         requests Triton had queued when the drain began and answers the rest with UNAVAILABLE.
         Batches already in a callable finish normally. Irreversible: only ``Triton.stop`` calls it.
         """

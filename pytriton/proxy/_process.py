@@ -60,12 +60,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import wrapt
 
-from pytriton.decorators import TritonContext
+from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
+from pytriton.proxy._context import TritonContext
 from pytriton.proxy._worker import _process_running
 from pytriton.proxy.stubside import _arena
-from pytriton.server.process import describe_exit
 
 LOGGER = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ class ProcessInstance:
 
     @property
     def admission(self) -> Any:
-        """The drain's admission (``pytriton.server._drain.Admission``), once ``Triton.stop`` drains."""
+        """The drain's admission (``pytriton.proxy._admission.Admission``), once ``Triton.stop`` drains."""
         return self._admission
 
     @admission.setter

@@ -35,10 +35,10 @@ import threading
 import traceback
 from typing import Any, Dict, List, Optional
 
-from pytriton.decorators import TritonContext
 from pytriton.proxy import _process
+from pytriton.proxy._admission import Admission
+from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._worker import InstanceWorker, _Session, error_text
-from pytriton.server import _drain
 
 _PR_SET_PDEATHSIG = 1
 LOGGER = logging.getLogger(__name__)
@@ -157,24 +157,13 @@ class _PublishingWorker(InstanceWorker):
             self._status.write(busy, connected, retired_busy, stub_pid, self._last_active)
 
 
-def _attach_context(func: Any, context: TritonContext, config: Any) -> None:
-    """What ``Triton.bind`` does in the user's process: decorators find the model config through it."""
-    context.model_configs[func] = config
-    owner = getattr(func, "__self__", None)
-    target = owner if owner is not None and not isinstance(owner, type(sys)) else func
-    try:
-        target.__triton_context__ = context
-    except (AttributeError, TypeError):
-        LOGGER.debug("Cannot attach the Triton context to %r; decorators needing it will fail.", func)
-
-
 def _load(settings: Dict[str, Any]) -> Any:
     """Import the user's modules as the parent has them and unpickle the callable."""
     _process.IN_WORKER_PROCESS = True  # a main module that starts Triton again gets a clear error
     multiprocessing.spawn.prepare(settings["preparation"])
     context = TritonContext()
     func = _process.load_callable(settings["payload"], context)
-    _attach_context(func, context, settings["worker"]["config"])
+    attach_context(func, context, settings["worker"]["config"])
     return func
 
 
@@ -237,7 +226,7 @@ def _control_loop(link: _Link, worker: InstanceWorker) -> int:
         if message[0] == "retire":
             link.send("reply", message[1], worker.retire(message[2]))
         elif message[0] == "drain":  # Triton.stop() drains: admit this many more requests, refuse the rest
-            worker.admission = _drain.Admission(message[2])
+            worker.admission = Admission(message[2])
             link.send("reply", message[1], True)
         elif message[0] == "stop":
             worker.stop(message[1])

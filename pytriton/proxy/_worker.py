@@ -33,7 +33,7 @@ from pytriton.proxy.stubside import _arena, _tensors, _wire, _zmq_channel
 from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
-    from pytriton.server._drain import Admission
+    from pytriton.proxy._admission import Admission
 
 LOGGER = logging.getLogger(__name__)
 

@@ -35,39 +35,16 @@ from __future__ import annotations
 import contextlib
 import http.client
 import re
-import threading
 import time
 from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple
+
+from pytriton.proxy._admission import Admission
 
 _DELAY_STEP_S = 0.02  # how often the delay checks whether the server is still alive
 
 
 # One line of Triton's Prometheus text: requests waiting in a model version's scheduler queue.
 _PENDING = re.compile(r'^nv_inference_pending_request_count\{model="([^"]*)",version="([^"]*)"\} (\d+)', re.M)
-
-
-class Admission:
-    """How many more requests of one model may still run while draining; shared by its instances.
-
-    ``admit(n)`` is True while any of the budget is left (a batch that straddles the end still
-    runs whole: serving a few requests more is harmless, refusing one that was queued is not).
-    """
-
-    def __init__(self, budget: int):
-        self._left = budget
-        self._lock = threading.Lock()
-
-    def remaining(self) -> int:
-        """The budget left (at most 0 once spent)."""
-        with self._lock:
-            return self._left
-
-    def admit(self, requests: int) -> bool:
-        with self._lock:
-            if self._left <= 0:
-                return False
-            self._left -= requests
-            return True
 
 
 class Refusable(Protocol):

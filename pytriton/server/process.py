@@ -81,16 +81,6 @@ def _prepare_child(data_limit: Optional[int]) -> None:  # runs in the child betw
             resource.setrlimit(resource.RLIMIT_DATA, (data_limit, hard))
 
 
-def describe_exit(returncode: int) -> str:
-    """``"killed by SIGKILL"`` or ``"exit code 1"``: how a process ended, from its return code."""
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 def kill_stub(pid: int) -> bool:
     """SIGKILL ``pid`` if it is a running Python-backend stub; True if a signal was sent.
 

@@ -26,7 +26,7 @@ from pytriton.client import (
     FuturesModelClient,
     ModelClient,
 )
-from pytriton.client import client as client_module
+from pytriton.client import _clients as client_module
 from pytriton.client._core import ClientCore, ModelState, map_error, model_state
 from pytriton.client._drivers import run_async, run_sync
 from pytriton.client._url import parse_url

@@ -14,11 +14,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pytriton._exit import describe_exit
 from pytriton._healing import _State
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.server import _watchdog
-from pytriton.server.process import TritonServerProcess, describe_exit, kill_stub
+from pytriton.server.process import TritonServerProcess, kill_stub
 from pytriton.triton import Triton
 from tests.conftest import process_group_alive, wait_for
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tritonclient.http
 
+from pytriton.client._clients import _sequence
 from pytriton.client._core import ClientCore
 from pytriton.client._url import parse_url
-from pytriton.client.client import _sequence
 from pytriton.client.exceptions import PyTritonClientValueError
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
