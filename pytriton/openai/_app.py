@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping,
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -51,6 +51,7 @@ from pytriton.openai._requests import (
 from pytriton.openai._responses import (
     Answer,
     ChunkWriter,
+    dumps,
     embedding_response,
     event,
     model_entry,
@@ -92,8 +93,13 @@ class AppState:
         return release
 
 
-def _error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+def _json(body: Mapping[str, Any], status_code: int = 200) -> Response:
+    """A JSON response, encoded as Starlette's ``JSONResponse`` does but with one shared encoder."""
+    return Response(dumps(body), status_code, media_type="application/json")
+
+
+def _error_response(error: OpenAIError) -> Response:
+    return _json(error.body(), status_code=error.status)
 
 
 _INTERNAL = OpenAIError(500, "The server failed to handle the request; its log has the details.", "server_error")
@@ -184,7 +190,7 @@ async def _text(state: AppState, request: Request, chat: bool) -> Response:
             release = _nothing  # the stream releases its place when it ends
             return response
         answers = await _all([_answer(state, spec, model, info, call) for call in calls])
-        return JSONResponse(text_response(chat, text.model, answers, text.n))
+        return _json(text_response(chat, text.model, answers, text.n))
     finally:
         release()
 
@@ -396,7 +402,7 @@ async def _embeddings(state: AppState, request: Request) -> Response:
         vectors.append(outputs[spec.embedding_output])
         if spec.tokens_output in outputs:
             tokens = (tokens or 0) + int(outputs[spec.tokens_output].reshape(-1)[0])
-    return JSONResponse(embedding_response(parsed.model, vectors, parsed.encoding_format, tokens))
+    return _json(embedding_response(parsed.model, vectors, parsed.encoding_format, tokens))
 
 
 def _names(state: AppState) -> List[str]:
@@ -404,14 +410,14 @@ def _names(state: AppState) -> List[str]:
 
 
 async def _models(state: AppState, request: Request) -> Response:
-    return JSONResponse(model_list(_names(state), state.created))
+    return _json(model_list(_names(state), state.created))
 
 
 async def _model(state: AppState, request: Request) -> Response:
     name = str(request.path_params["name"])
     if name not in _names(state):
         raise unknown_model(name)
-    return JSONResponse(model_entry(name, state.created))
+    return _json(model_entry(name, state.created))
 
 
 async def _health(state: AppState, request: Request) -> Response:
@@ -420,9 +426,9 @@ async def _health(state: AppState, request: Request) -> Response:
     served += [(spec.model, spec.model_version) for spec, _ in state.embeddings.values()]
     ready = await asyncio.gather(*(state.backend.ready(model, version) for model, version in served))
     if all(ready):
-        return JSONResponse({"status": "ok"})
+        return _json({"status": "ok"})
     not_ready = sorted({model for (model, _), is_ready in zip(served, ready) if not is_ready})
-    return JSONResponse({"status": "unavailable", "models_not_ready": not_ready}, status_code=503)
+    return _json({"status": "unavailable", "models_not_ready": not_ready}, status_code=503)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

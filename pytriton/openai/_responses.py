@@ -15,8 +15,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import time
-import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -27,13 +27,24 @@ from pytriton.openai._models import ChatModel
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
+# One encoder for every body and event (json.dumps with options builds a new encoder on each call).
+# Compact, UTF-8 as is, and no NaN (not JSON; a client's parser would fail on it).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def dumps(payload: Mapping[str, Any]) -> bytes:
+    """``payload`` as compact UTF-8 JSON (the bodies of the answers)."""
+    return _ENCODER.encode(payload).encode("utf-8")
+
+
 def event(payload: Mapping[str, Any]) -> bytes:
     """One server-sent event carrying ``payload`` as compact JSON."""
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
+    return b"data: " + _ENCODER.encode(payload).encode("utf-8") + b"\n\n"
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """``prefix-`` and 32 random hex digits."""
+    return f"{prefix}-{os.urandom(16).hex()}"  # uuid4().hex reads the same bytes and builds an object around them
 
 
 @dataclasses.dataclass
