@@ -180,7 +180,7 @@ class RecordingTransport:
         return ("127.0.0.1", 1) if name == "peername" else default
 
 
-def test_writes_of_one_loop_step_leave_in_one_send():
+def test_a_write_waits_for_the_next_one_or_the_end_of_its_loop_step():
     from pytriton.openai._transport import CoalescingTransport
 
     async def main():
@@ -188,13 +188,13 @@ def test_writes_of_one_loop_step_leave_in_one_send():
         transport = CoalescingTransport(raw)
         transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
         transport.write(b"")
-        transport.writelines([b"{", b"}"])
-        assert raw.writes == []  # nothing sent within the step
+        assert raw.writes == []  # held within the step
+        transport.write(b"{}")
+        assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\n{}"]  # head and body in one send, at once
+        transport.writelines([b"a", b"b", b"c"])
+        assert raw.writes[1:] == [b"ab"]  # pairs: "c" does not wait for more than its step
         await asyncio.sleep(0)
-        assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\n{}"]
-        transport.write(b"next")
-        await asyncio.sleep(0)
-        assert raw.writes[-1] == b"next"  # a later step's write leaves at the end of that step
+        assert raw.writes[1:] == [b"ab", b"c"]
         transport.write(b"last")
         transport.close()  # sends what is pending first
         assert raw.writes[-1] == b"last" and raw.closed
