@@ -1,6 +1,6 @@
 """The OpenAI frontend's cost: added latency per request and time to first token, against gRPC, in one run.
 
-Usage: ``python -m bench.openai [--quick] [--rounds N --count M] [--out DIR]``. Results: ``DIR/openai.json`` and
+Usage: ``python -m bench.openai [--quick] [--rounds N --count M] [--against CHECKOUT] [--out DIR]``. Results: ``DIR/openai.json`` and
 ``DIR/openai.md`` (default ``bench/results/``); the table is printed too.
 
 Two server processes (``python -m bench.openai --serve MODE``), each binding the same two trivial
@@ -20,6 +20,10 @@ Figures, each the median over the rounds of the per-round p50: per request, the 
 the direct gRPC p50 (goal <= 1.3x), the median of the per-round ratios, and their difference; time to first token (first content chunk
 of a stream against the first response of the direct gRPC stream), and its difference (goal <= 1 ms).
 A round measures every path; the order of the paths rotates from round to round.
+
+``--against CHECKOUT`` (another checkout of this repository, e.g. a worktree of ``main``) adds a
+third server started from that checkout's code, in ``grpc`` mode, measured in the same rounds
+against its own direct gRPC paths (rows prefixed ``against_``): an A/B in one run, on one host.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -40,6 +44,7 @@ STREAM_TOKENS = 16
 MESSAGES = [{"role": "user", "content": "Say something short."}]
 GOAL_P50_RATIO = 1.3
 GOAL_TTFT_EXTRA_MS = 1.0
+AGAINST = "against_"  # the prefix of the paths of --against's server
 
 
 # -- the server side ------------------------------------------------------------------------------
@@ -80,10 +85,11 @@ def serve(mode: str) -> None:
 
 
 class _Server:
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, root: pathlib.Path = ROOT) -> None:
+        # cwd=root: ``-m`` puts it first on sys.path, so that checkout's pytriton serves.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "bench.openai", "--serve", mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, cwd=ROOT,
+            text=True, cwd=root,
         )  # fmt: skip
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # the child prints its addresses once it serves
@@ -199,7 +205,7 @@ def _percentile(values: List[float], q: float) -> float:
     return float(np.percentile(values, q))
 
 
-def run(quick: bool, rounds_count: int = 3, count: int = 400) -> Dict[str, Any]:
+def run(quick: bool, rounds_count: int = 3, count: int = 400, against: Optional[pathlib.Path] = None) -> Dict[str, Any]:
     """Start both servers, measure every path in rounds (``rounds_count`` of ``count`` requests), summarise.
 
     More, shorter rounds put each path's requests closer in time to the direct ones they are compared
@@ -208,11 +214,19 @@ def run(quick: bool, rounds_count: int = 3, count: int = 400) -> Dict[str, Any]:
     rounds_count, count, warmup = (1, 150, 20) if quick else (rounds_count, count, 40)
     servers = [_Server("grpc"), _Server("inprocess")]
     try:
+        if against is not None:
+            servers.append(_Server("grpc", against))
         paths = {
             **_direct_paths(servers[0].urls["grpc"]),
             **_frontend_paths("openai_grpc", servers[0].urls["openai"]),
             **_frontend_paths("openai_inprocess", servers[1].urls["openai"]),
         }
+        if against is not None:
+            other = {
+                **_direct_paths(servers[2].urls["grpc"]),
+                **_frontend_paths("openai_grpc", servers[2].urls["openai"]),
+            }
+            paths.update({f"{AGAINST}{name}": path for name, path in other.items()})
         rounds: List[Dict[str, Dict[str, float]]] = []
         names = list(paths)
         for index in range(rounds_count):
@@ -238,10 +252,14 @@ def summarize(rounds: List[Dict[str, Dict[str, float]]]) -> Dict[str, Any]:
             for figure in ("p50_ms", "p99_ms")
         }
     comparisons: Dict[str, Dict[str, Any]] = {}
-    for frontend in ("openai_grpc", "openai_inprocess"):
-        request, direct = paths[frontend]["p50_ms"], paths["grpc_direct"]["p50_ms"]
-        ttft, direct_ttft = paths[f"{frontend}_stream"]["p50_ms"], paths["grpc_direct_stream"]["p50_ms"]
-        per_round = [measured[frontend]["p50_ms"] / measured["grpc_direct"]["p50_ms"] for measured in rounds]
+    frontends = [("openai_grpc", ""), ("openai_inprocess", "")]
+    if f"{AGAINST}openai_grpc" in paths:
+        frontends.append((f"{AGAINST}openai_grpc", AGAINST))
+    for frontend, prefix in frontends:
+        baseline = f"{prefix}grpc_direct"  # each checkout against its own server's direct path
+        request, direct = paths[frontend]["p50_ms"], paths[baseline]["p50_ms"]
+        ttft, direct_ttft = paths[f"{frontend}_stream"]["p50_ms"], paths[f"{baseline}_stream"]["p50_ms"]
+        per_round = [measured[frontend]["p50_ms"] / measured[baseline]["p50_ms"] for measured in rounds]
         comparisons[frontend] = {
             "p50_ratio": request / direct,
             # Each round measures both within seconds of each other: on a host whose load swings, the
@@ -282,13 +300,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one short round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--count", type=int, default=400, help="requests per path per round (default 400)")
+    parser.add_argument("--against", type=pathlib.Path, help="another checkout to measure in the same rounds")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     parser.add_argument("--serve", choices=["grpc", "inprocess"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return
-    results = run(args.quick, args.rounds, args.count)
+    results = run(args.quick, args.rounds, args.count, args.against)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "openai.json").write_text(json.dumps(results, indent=2))
     text = table(results)

@@ -4,6 +4,8 @@ and an embedding model, served to OpenAI's own client.
 Run: ``python examples/openai_chat.py`` (after ``make server``; needs ``pip install pytriton[openai]``
 and, for the client part, ``pip install openai``). No weights: the "chat model" answers by echoing
 the last user message word by word, the "embedding model" hashes words into a 16-dimensional vector.
+Given ``tools``, the chat model calls the first one (or the one ``tool_choice`` names) with the last
+user message as its ``text`` argument, and once a tool has answered it repeats what the tool said.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -29,12 +31,29 @@ def reply_tokens(messages: List[Dict[str, Any]]) -> List[str]:
     return re.findall(r"\S+\s*", f"You said: {last}")
 
 
+def tool_call(messages: List[Dict[str, Any]], parameters: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The tool call the "model" makes: when tools are offered and the last message is the user's, else None."""
+    tools = json.loads(parameters.get("tools", "[]"))
+    choice = parameters.get("tool_choice", "auto")
+    if not tools or choice == "none" or messages[-1].get("role") != "user":
+        return None
+    name = tools[0]["function"]["name"]
+    if choice.startswith("{"):  # {"type": "function", "function": {"name": ...}}
+        name = json.loads(choice)["function"]["name"]
+    return {"function": {"name": name, "arguments": json.dumps({"text": messages[-1].get("content") or ""})}}
+
+
 def _generation(messages_json: bytes, parameters: Dict[str, Any]) -> Dict[str, Any]:
     messages = json.loads(messages_json)
-    tokens = reply_tokens(messages)
+    call = tool_call(messages, parameters)
+    if messages[-1].get("role") == "tool":
+        tokens = re.findall(r"\S+\s*", f"The tool said: {messages[-1].get('content') or ''}")
+    else:
+        tokens = [] if call else reply_tokens(messages)
     limit = int(parameters.get("max_tokens", 256))
     prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
-    return {"tokens": tokens[:limit], "finish": "length" if len(tokens) > limit else "stop", "prompt": prompt_tokens}
+    finish = "length" if len(tokens) > limit else "tool_calls" if call else "stop"
+    return {"tokens": tokens[:limit], "finish": finish, "prompt": prompt_tokens, "call": call}
 
 
 def _row(value: Any, dtype: Any) -> np.ndarray:
@@ -50,15 +69,23 @@ def chat(messages: np.ndarray) -> Dict[str, np.ndarray]:
         "finish_reason": np.array([[g["finish"].encode()] for g in rows], dtype=object),
         "prompt_tokens": np.array([[g["prompt"]] for g in rows], dtype=np.int32),
         "completion_tokens": np.array([[len(g["tokens"])] for g in rows], dtype=np.int32),
+        # JSON text of a list of tool calls; empty when the row calls none.
+        "tool_calls": np.array([[json.dumps([g["call"]]).encode() if g["call"] else b""] for g in rows], dtype=object),
     }
 
 
 @batch
 def chat_stream(messages: np.ndarray) -> Iterator[Dict[str, np.ndarray]]:
-    """Decoupled model: one response per token, then the finish reason and token counts."""
+    """Decoupled model: one response per token (or a tool call in two pieces), then finish reason and counts."""
     generation = _generation(messages[0, 0], current_requests()[0].parameters or {})
     for token in generation["tokens"]:
         yield {"text": _row(token.encode(), object)}
+    if generation["call"]:  # the call's name and half its arguments, then (same index) the other half
+        arguments = generation["call"]["function"]["arguments"]
+        half = len(arguments) // 2
+        head = {"function": {"name": generation["call"]["function"]["name"], "arguments": arguments[:half]}}
+        for item in (head, {"index": 0, "function": {"arguments": arguments[half:]}}):
+            yield {"text": _row(b"", object), "tool_calls": _row(json.dumps([item]).encode(), object)}
     yield {
         "text": _row(b"", object),
         "finish_reason": _row(generation["finish"].encode(), object),
@@ -86,6 +113,7 @@ TEXT_OUTPUTS = [
     Tensor(name="finish_reason", shape=(1,), dtype=bytes),
     Tensor(name="prompt_tokens", shape=(1,), dtype=np.int32),
     Tensor(name="completion_tokens", shape=(1,), dtype=np.int32),
+    Tensor(name="tool_calls", shape=(1,), dtype=bytes),
 ]
 
 
@@ -128,6 +156,15 @@ def main() -> None:
             vectors = client.embeddings.create(model="tiny-embed", input=["hello world", "world hello"]).data
             same = np.allclose(vectors[0].embedding, vectors[1].embedding)
             print(f"embedding dims {len(vectors[0].embedding)}; word order ignored: {same}")
+            tools: Any = [{"type": "function", "function": {"name": "shout", "parameters": {"type": "object"}}}]
+            asked = client.chat.completions.create(model="tiny-chat", messages=messages, tools=tools)
+            call = asked.choices[0].message.tool_calls[0]
+            print("tool call:", call.function.name, call.function.arguments)
+            shouted = json.loads(call.function.arguments)["text"].upper()
+            messages += [asked.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": shouted}]  # fmt: skip
+            final = client.chat.completions.create(model="tiny-chat", messages=messages, tools=tools)
+            print("after the tool:", final.choices[0].message.content)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping,
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pytriton.openai._backend import Backend, ModelStream, Outputs
 from pytriton.openai._errors import OpenAIError, overloaded, unknown_model
@@ -51,6 +51,7 @@ from pytriton.openai._requests import (
 from pytriton.openai._responses import (
     Answer,
     ChunkWriter,
+    dumps,
     embedding_response,
     event,
     model_entry,
@@ -92,8 +93,13 @@ class AppState:
         return release
 
 
-def _error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+def _json(body: Mapping[str, Any], status_code: int = 200) -> Response:
+    """A JSON response, encoded as Starlette's ``JSONResponse`` does but with one shared encoder."""
+    return Response(dumps(body), status_code, media_type="application/json")
+
+
+def _error_response(error: OpenAIError) -> Response:
+    return _json(error.body(), status_code=error.status)
 
 
 _INTERNAL = OpenAIError(500, "The server failed to handle the request; its log has the details.", "server_error")
@@ -133,16 +139,24 @@ def _lookup(models: Mapping[str, Tuple[_T, ModelInfo]], name: str) -> Tuple[_T, 
     return models[name]
 
 
-async def _all(coroutines: List[Awaitable[_T]]) -> List[_T]:
-    """Await all; if one fails, cancel the others (their streams close) and raise its error."""
+async def _all(coroutines: List[Awaitable[_T]], discard: Optional[Callable[[_T], None]] = None) -> List[_T]:
+    """Await all; if one fails, cancel the others and raise its error.
+
+    A coroutine cancelled so cleans up after itself (a stream it was opening is cancelled); ``discard``
+    is called with the result of each one that had already finished, whose result is thrown away.
+    """
     if len(coroutines) == 1:  # the usual case: no task to create
         return [await coroutines[0]]
     tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
     try:
         return list(await asyncio.gather(*tasks))
-    finally:
+    except BaseException:
         for task in tasks:
-            task.cancel()
+            if not task.done():
+                task.cancel()
+            elif discard is not None and not task.cancelled() and task.exception() is None:
+                discard(task.result())
+        raise
 
 
 async def _answer(state: AppState, spec: ChatModel, model: str, info: ModelInfo, call: ModelCall) -> Answer:
@@ -167,15 +181,16 @@ async def _text(state: AppState, request: Request, chat: bool) -> Response:
     spec, plain, streaming = state.chat[text.model]
     info = streaming if text.stream else plain
     model = (spec.stream_model or spec.model) if text.stream else spec.model
+    # Choice index = prompt index * n + choice of that prompt, as OpenAI numbers them.
     calls = [text_call(spec, info, text, prompt) for prompt in text.prompts for _ in range(text.n)]
     release = state.acquire()
     try:
         if text.stream:
-            response = await _start_stream(state, spec, model, info, text, calls[0], release)
+            response = await _start_stream(state, spec, model, info, text, calls, release)
             release = _nothing  # the stream releases its place when it ends
             return response
         answers = await _all([_answer(state, spec, model, info, call) for call in calls])
-        return JSONResponse(text_response(chat, text.model, answers, text.n))
+        return _json(text_response(chat, text.model, answers, text.n))
     finally:
         release()
 
@@ -184,48 +199,108 @@ def _nothing() -> None:
     return None
 
 
+@dataclasses.dataclass
+class _Choice:
+    """One choice of a streamed answer: its model request, first response, and the rest of its responses."""
+
+    stream: Optional[ModelStream]  # None for an ordinary model: its one response is the head
+    head: Optional[Outputs]
+    rest: Optional[AsyncIterator[Outputs]]  # None when there is nothing more to read
+
+    def cancel(self) -> None:
+        if self.stream is not None:
+            self.stream.cancel()
+
+
+async def _open(backend: Backend, spec: ChatModel, model: str, info: ModelInfo, call: ModelCall) -> _Choice:
+    """Send the request of one choice and wait for its first response (so that its errors keep their status)."""
+    if not info.decoupled:
+        return _Choice(None, await backend.infer(model, spec.model_version, call, info.batching), None)
+    stream = backend.stream(model, spec.model_version, call, info.batching)
+    responses = stream.__aiter__()
+    try:
+        return _Choice(stream, await responses.__anext__(), responses)
+    except StopAsyncIteration:
+        return _Choice(stream, None, None)
+    except BaseException:
+        stream.cancel()
+        raise
+
+
+async def _merged(sources: List[Tuple[int, AsyncIterator[Outputs]]]) -> AsyncIterator[Tuple[int, Optional[Outputs]]]:
+    """``(index, outputs)`` from every source as they arrive, and ``(index, None)`` when a source ends.
+
+    One source is read directly; several are each read by a task into one queue, so that a slow choice
+    does not hold back the others. Closing this generator cancels those tasks. The first error of any
+    source is raised.
+    """
+    if len(sources) == 1:
+        index, source = sources[0]
+        async for outputs in source:
+            yield index, outputs
+        yield index, None
+        return
+    queue: asyncio.Queue[Tuple[int, Optional[Outputs], Optional[Exception]]] = asyncio.Queue()
+
+    async def pump(index: int, source: AsyncIterator[Outputs]) -> None:
+        try:
+            async for outputs in source:
+                queue.put_nowait((index, outputs, None))
+            queue.put_nowait((index, None, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            queue.put_nowait((index, None, exc))
+
+    tasks = [asyncio.ensure_future(pump(index, source)) for index, source in sources]
+    try:
+        for _ in range(len(sources)):
+            while True:
+                index, received, error = await queue.get()
+                if error is not None:
+                    raise error
+                yield index, received
+                if received is None:
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 async def _start_stream(
     state: AppState,
     spec: ChatModel,
     model: str,
     info: ModelInfo,
     text: TextRequest,
-    call: ModelCall,
+    calls: List[ModelCall],
     release: Callable[[], None],
 ) -> Response:
     backend = state.backend
-    stream: Optional[ModelStream] = None
-    responses: Optional[AsyncIterator[Outputs]] = None
-    if info.decoupled:
-        stream = backend.stream(model, spec.model_version, call, info.batching)
-        responses = stream.__aiter__()
-        try:
-            head: Optional[Outputs] = await responses.__anext__()
-        except StopAsyncIteration:
-            head = None
-        except BaseException:
-            stream.cancel()
-            raise
-    else:
-        head = await backend.infer(model, spec.model_version, call, info.batching)
-    writer = ChunkWriter(text.chat, text.model, text.include_usage)
+    choices = await _all([_open(backend, spec, model, info, call) for call in calls], discard=_Choice.cancel)
+    writer = ChunkWriter(text.chat, text.model, text.include_usage, len(choices))
+    answers = [Answer() for _ in choices]
+
+    def piece(index: int, outputs: Outputs) -> bytes:
+        read = read_piece(spec, outputs)
+        return writer.piece(index, read.text, answers[index].add(read))
+
+    def cancel_all() -> None:
+        for choice in choices:
+            choice.cancel()
 
     async def events() -> AsyncIterator[bytes]:
-        answer = Answer()
         finished = False
+        merged = _merged([(index, choice.rest) for index, choice in enumerate(choices) if choice.rest is not None])
         try:
             yield writer.start()
-            if head is not None:
-                piece = read_piece(spec, head)
-                answer.add(piece)
-                yield writer.piece(piece.text)
-            if responses is not None:
-                async for outputs in responses:
-                    piece = read_piece(spec, outputs)
-                    answer.add(piece)
-                    yield writer.piece(piece.text)
+            for index, choice in enumerate(choices):
+                if choice.head is not None:
+                    yield piece(index, choice.head)
+                if choice.rest is None:
+                    yield writer.close(index, answers[index])
+            async for index, outputs in merged:
+                yield writer.close(index, answers[index]) if outputs is None else piece(index, outputs)
             finished = True
-            yield writer.end(answer)
+            yield writer.end(answers, text.n)
         except OpenAIError as error:
             finished = True
             yield event(error.body())
@@ -234,11 +309,12 @@ async def _start_stream(
             LOGGER.exception("OpenAI frontend: stream of model %r failed", model)
             yield event(_INTERNAL.body())
         finally:
-            if stream is not None and not finished:
-                stream.cancel()
+            await merged.aclose()  # type: ignore[attr-defined]
+            if not finished:
+                cancel_all()
             release()
 
-    return EventStream(events(), lambda: stream.cancel() if stream is not None else None, release)
+    return EventStream(events(), cancel_all, release)
 
 
 class EventStream(Response):
@@ -326,7 +402,7 @@ async def _embeddings(state: AppState, request: Request) -> Response:
         vectors.append(outputs[spec.embedding_output])
         if spec.tokens_output in outputs:
             tokens = (tokens or 0) + int(outputs[spec.tokens_output].reshape(-1)[0])
-    return JSONResponse(embedding_response(parsed.model, vectors, parsed.encoding_format, tokens))
+    return _json(embedding_response(parsed.model, vectors, parsed.encoding_format, tokens))
 
 
 def _names(state: AppState) -> List[str]:
@@ -334,14 +410,14 @@ def _names(state: AppState) -> List[str]:
 
 
 async def _models(state: AppState, request: Request) -> Response:
-    return JSONResponse(model_list(_names(state), state.created))
+    return _json(model_list(_names(state), state.created))
 
 
 async def _model(state: AppState, request: Request) -> Response:
     name = str(request.path_params["name"])
     if name not in _names(state):
         raise unknown_model(name)
-    return JSONResponse(model_entry(name, state.created))
+    return _json(model_entry(name, state.created))
 
 
 async def _health(state: AppState, request: Request) -> Response:
@@ -350,9 +426,9 @@ async def _health(state: AppState, request: Request) -> Response:
     served += [(spec.model, spec.model_version) for spec, _ in state.embeddings.values()]
     ready = await asyncio.gather(*(state.backend.ready(model, version) for model, version in served))
     if all(ready):
-        return JSONResponse({"status": "ok"})
+        return _json({"status": "ok"})
     not_ready = sorted({model for (model, _), is_ready in zip(served, ready) if not is_ready})
-    return JSONResponse({"status": "unavailable", "models_not_ready": not_ready}, status_code=503)
+    return _json({"status": "unavailable", "models_not_ready": not_ready}, status_code=503)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -361,8 +437,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(OpenAIError(status, f"{request.method} {request.url.path}: {exc}", kind))
 
 
-def create_app(state: AppState) -> Starlette:
-    """The Starlette application serving ``state`` (see the module docstring)."""
+def create_app(state: AppState) -> ASGIApp:
+    """The ASGI application serving ``state`` (see the module docstring).
+
+    The two text routes, the hot path, are called directly for ``POST``, around Starlette's
+    middleware and router (one dictionary lookup instead of two middleware layers and a regex per
+    route); their endpoints catch every error themselves, so nothing those layers do is lost. Any
+    other method or path, ``GET /v1/chat/completions`` (405) included, goes through Starlette.
+    """
 
     def route(path: str, handler: Callable[[AppState, Request], Awaitable[Response]], method: str) -> Route:
         return Route(path, _endpoint(handler, state, auth=path.startswith("/v1/")), methods=[method])
@@ -376,4 +458,18 @@ def create_app(state: AppState) -> Starlette:
         route("/health", _health, "GET"),
     ]
     handlers: Dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {HTTPException: _http_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    starlette = Starlette(routes=routes, exception_handlers=handlers)
+    direct = {
+        "/v1/chat/completions": _endpoint(_chat, state, auth=True),
+        "/v1/completions": _endpoint(_completions, state, auth=True),
+    }
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = direct.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if endpoint is None:
+            await starlette(scope, receive, send)
+            return
+        response = await endpoint(Request(scope, receive))
+        await response(scope, receive, send)
+
+    return app

@@ -48,6 +48,7 @@ from pytriton.openai._models import (
     check_embedding_model,
     model_info,
 )
+from pytriton.openai._transport import coalescing_protocol
 
 LOGGER = logging.getLogger("pytriton.openai")
 
@@ -260,9 +261,13 @@ class OpenAIFrontend:
         try:
             chat, embeddings = await self._resolve(backend)
             state = AppState(backend, chat, embeddings, self._api_key, self._max_in_flight)
+            # No proxy-headers middleware: nothing here trusts X-Forwarded-* (and it costs a layer per
+            # request); no Server header: the frontend does not advertise its stack; no WebSockets: no
+            # route takes them. The protocol sends each answer's head and body together (_transport.py).
             config = uvicorn.Config(
                 create_app(state), log_level="warning", access_log=False, lifespan="off",
-                timeout_graceful_shutdown=int(GRACEFUL_STOP_S),
+                timeout_graceful_shutdown=int(GRACEFUL_STOP_S), proxy_headers=False, server_header=False,
+                ws="none", http=coalescing_protocol(),
             )  # fmt: skip
             server = uvicorn.Server(config)
             self._server, self._loop = server, asyncio.get_running_loop()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -34,6 +35,8 @@ Outputs = Dict[str, np.ndarray]  # type: ignore[type-arg]
 _HEADER_LENGTH = "inference-header-content-length"
 # Triton's HTTP status for each of its error kinds, as gRPC status names (the backend maps those).
 _STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
+# One encoder for every request header: json.dumps with options builds a new encoder on each call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class TritonHttpError(Exception):
@@ -49,42 +52,69 @@ class _Stale(Exception):
     """A reused connection was closed before any answer arrived: the request may be sent again."""
 
 
-def _triton_dtype(array: np.ndarray) -> str:  # type: ignore[type-arg]
-    from tritonclient.utils import np_to_triton_dtype
+# Why not tritonclient.utils' (de)serialize_byte_tensor: they walk numpy object arrays generically and
+# cost several times these loops for the one short text a chat request carries (bench/history.md).
+_LENGTH = struct.Struct("<I")
 
+
+def _triton_dtype(array: np.ndarray) -> str:  # type: ignore[type-arg]
     if array.dtype == np.object_ or array.dtype.kind == "S":
         return "BYTES"
-    name = np_to_triton_dtype(array.dtype)
+    name = _dtypes().np_to_triton_dtype(array.dtype)
     if name is None:
         raise TritonHttpError("INVALID_ARGUMENT", f"No Triton data type for numpy {array.dtype}.")
     return str(name)
 
 
+def _dtypes() -> Any:
+    import tritonclient.utils
+
+    return tritonclient.utils
+
+
+def _serialize_bytes(array: np.ndarray) -> bytes:  # type: ignore[type-arg]
+    """A BYTES tensor as Triton's wire format: each element's 4-byte little-endian length, then its bytes."""
+    chunks: List[bytes] = []
+    for item in array.reshape(-1):
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        chunks.append(_LENGTH.pack(len(data)))
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def _deserialize_bytes(raw: bytes) -> np.ndarray:  # type: ignore[type-arg]
+    """The elements of a BYTES tensor in Triton's wire format, as a flat object array."""
+    items: List[bytes] = []
+    offset, end = 0, len(raw)
+    while offset < end:
+        (size,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4
+        if offset + size > end:
+            raise TritonHttpError("INTERNAL", "Triton's answer holds a truncated BYTES tensor.")
+        items.append(raw[offset : offset + size])
+        offset += size
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array
+
+
 def encode_request(inputs: Dict[str, np.ndarray], parameters: Optional[Dict[str, Any]]) -> Tuple[bytes, int]:  # type: ignore[type-arg]
     """The body of an inference request and the length of its JSON header (binary tensor extension)."""
-    from tritonclient.utils import serialize_byte_tensor
-
     tensors: List[Dict[str, Any]] = []
     chunks: List[bytes] = []
     for name, value in inputs.items():
         datatype = _triton_dtype(value)
-        if datatype == "BYTES":
-            serialized = serialize_byte_tensor(value)
-            data = serialized.item() if serialized.size else b""
-        else:
-            data = np.ascontiguousarray(value).tobytes()
+        data = _serialize_bytes(value) if datatype == "BYTES" else np.ascontiguousarray(value).tobytes()
         tensors.append({"name": name, "shape": list(value.shape), "datatype": datatype,
                         "parameters": {"binary_data_size": len(data)}})  # fmt: skip
         chunks.append(data)
     header = {"inputs": tensors, "parameters": {**(parameters or {}), "binary_data_output": True}}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded = _COMPACT.encode(header).encode()
     return b"".join([encoded, *chunks]), len(encoded)
 
 
 def decode_response(body: bytes, header_length: Optional[int]) -> Outputs:
     """The outputs of an inference answer (binary data where the output says so, else its JSON data)."""
-    from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
-
     header = json.loads(body[:header_length] if header_length is not None else body)
     offset = header_length if header_length is not None else len(body)
     outputs: Outputs = {}
@@ -92,16 +122,16 @@ def decode_response(body: bytes, header_length: Optional[int]) -> Outputs:
         shape, datatype = output["shape"], output["datatype"]
         size = (output.get("parameters") or {}).get("binary_data_size")
         if size is None:  # JSON data (Triton sends it so only when asked; kept for completeness)
-            dtype = np.object_ if datatype == "BYTES" else triton_to_np_dtype(datatype)
+            dtype = np.object_ if datatype == "BYTES" else _dtypes().triton_to_np_dtype(datatype)
             data = [item.encode() if isinstance(item, str) else item for item in output.get("data", [])]
             outputs[output["name"]] = np.array(data, dtype=dtype).reshape(shape)
             continue
         raw = body[offset : offset + size]
         offset += size
         if datatype == "BYTES":
-            array = deserialize_bytes_tensor(raw) if size else np.empty(0, dtype=np.object_)
+            array = _deserialize_bytes(raw)
         else:
-            array = np.frombuffer(raw, dtype=triton_to_np_dtype(datatype)).copy()
+            array = np.frombuffer(raw, dtype=_dtypes().triton_to_np_dtype(datatype)).copy()
         outputs[output["name"]] = array.reshape(shape)
     return outputs
 
@@ -166,22 +196,21 @@ class TritonHttp:
         keep = False
         try:
             connection.writer.write(request)
-            try:
-                status_line = await connection.reader.readline()
-            except ConnectionError:
-                status_line = b""
-            if not status_line:
+            try:  # the status line and the headers at once: one read, not one per line
+                head = (await connection.reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                    raise ConnectionError("Triton closed the HTTP connection in the middle of its answer.") from None
                 if fresh:
-                    raise ConnectionError("Triton closed the HTTP connection without answering.")
-                raise _Stale()
-            status = int(status_line.split(b" ", 2)[1])
+                    raise ConnectionError("Triton closed the HTTP connection without answering.") from None
+                raise _Stale() from None
+            status_line, *lines = head.split("\r\n")
+            status = int(status_line.split(" ", 2)[1])
             headers: Dict[str, str] = {}
-            while True:
-                line = await connection.reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
+            for line in lines:
+                name, _, value = line.partition(":")
+                if value:
+                    headers[name.strip().lower()] = value.strip()
             if "content-length" not in headers:
                 raise ConnectionError(f"Triton's HTTP answer has no Content-Length: {status_line!r}.")
             payload = await connection.reader.readexactly(int(headers["content-length"]))

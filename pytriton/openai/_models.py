@@ -28,6 +28,7 @@ SAMPLING_FIELDS: Tuple[str, ...] = (
     "user",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "presence_penalty",
     "frequency_penalty",
 )
@@ -73,6 +74,15 @@ class ChatModel:
     model declares them: ``finish_reason_output`` (BYTES, default ``"stop"``) and the token counts
     ``prompt_tokens_output``/``completion_tokens_output`` (integers; for a streaming model the last
     response that carries them counts), which become the ``usage`` of the answer.
+
+    Tool calls: a chat model that declares ``tool_calls_output`` (BYTES) answers with tool calls by
+    putting JSON text there: a list of calls, each ``{"function": {"name": ..., "arguments": ...}}``
+    (``arguments`` a JSON text or an object, sent on as JSON text), optionally with an ``id`` (else
+    ``call_<random>``) and a ``type`` (``"function"``). Calls are numbered in order across the
+    responses of a streaming model; an item with the ``index`` of an earlier call continues it (its
+    ``arguments`` are appended), so a model can stream a call's arguments piece by piece. An empty
+    output (``b""``) means no call. The answer's ``finish_reason`` is then ``"tool_calls"`` unless the
+    model sets another, and its message content is ``null`` when the model sent no text.
     """
 
     name: str
@@ -87,6 +97,7 @@ class ChatModel:
     finish_reason_output: str = "finish_reason"
     prompt_tokens_output: str = "prompt_tokens"
     completion_tokens_output: str = "completion_tokens"
+    tool_calls_output: str = "tool_calls"
 
     def __post_init__(self) -> None:
         _check_names(self.name, self.model)

@@ -3,7 +3,7 @@
 A body is checked field by field; the first problem becomes a 400 :class:`OpenAIError` that names
 the field (``param``). Fields the frontend does not know are ignored, as OpenAI-compatible servers
 commonly do (clients send newer fields); fields it knows but cannot honour (``logprobs``,
-``echo``, ``dimensions``, ``n > 1`` with ``stream``) are refused rather than silently dropped.
+``echo``, ``dimensions``) are refused rather than silently dropped.
 
 Unit test: tests/unit/test_openai_requests.py.
 """
@@ -139,26 +139,68 @@ def _options(body: Mapping[str, Any], chat: bool) -> Dict[str, Any]:
         if not isinstance(user, str):
             raise invalid_request("'user' must be a string.", "user")
         options["user"] = user
-    tools = body.get("tools")
-    if tools is not None:
-        if not chat or not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-            raise invalid_request("'tools' must be a list of tool objects (chat completions only).", "tools")
-        options["tools"] = tools
-    if body.get("tool_choice") is not None:
-        if not isinstance(body["tool_choice"], (str, dict)):
-            raise invalid_request("'tool_choice' must be a string or an object.", "tool_choice")
-        options["tool_choice"] = body["tool_choice"]
+    if chat:
+        options.update(_tools(body))
+    else:
+        _refuse(body, "tools", "tool_choice")
     return options
 
 
-def _stream_fields(body: Mapping[str, Any], n: int) -> Tuple[bool, bool]:
+def _tools(body: Mapping[str, Any]) -> Dict[str, Any]:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked as OpenAI checks them."""
+    options: Dict[str, Any] = {}
+    tools = body.get("tools")
+    names = set()
+    if tools is not None:
+        if not isinstance(tools, list) or not tools:
+            raise invalid_request("'tools' must be a non-empty list of tool objects.", "tools")
+        for index, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(tool, dict) or not isinstance(tool.get("type", "function"), str):
+                raise invalid_request(f"'tools[{index}]' must be an object with a 'type'.", f"tools[{index}]")
+            if tool.get("type", "function") == "function":
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+                    raise invalid_request(
+                        f"'tools[{index}].function.name' is required: a function tool needs a name.",
+                        f"tools[{index}].function.name",
+                    )
+                names.add(function["name"])
+        options["tools"] = tools
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if tools is None:
+            raise invalid_request("'tool_choice' is only allowed when 'tools' are given.", "tool_choice")
+        if isinstance(choice, dict):
+            function = choice.get("function")
+            if choice.get("type", "function") == "function" and (
+                not isinstance(function, dict) or function.get("name") not in names
+            ):
+                raise invalid_request(
+                    f"'tool_choice' must name one of the functions in 'tools' {sorted(names)}, got {choice!r}.",
+                    "tool_choice",
+                )
+        elif choice not in ("none", "auto", "required"):
+            raise invalid_request(
+                "'tool_choice' must be 'none', 'auto', 'required' or an object naming a function of 'tools'.",
+                "tool_choice",
+            )
+        options["tool_choice"] = choice
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None:
+        if tools is None:
+            raise invalid_request(
+                "'parallel_tool_calls' is only allowed when 'tools' are given.", "parallel_tool_calls"
+            )
+        options["parallel_tool_calls"] = _flag(body, "parallel_tool_calls")
+    return options
+
+
+def _stream_fields(body: Mapping[str, Any]) -> Tuple[bool, bool]:
     stream = _flag(body, "stream")
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise invalid_request("'stream_options' must be an object.", "stream_options")
     include_usage = bool((stream_options or {}).get("include_usage", False))
-    if stream and n > 1:
-        raise invalid_request("'n' greater than 1 is not supported with 'stream': true.", "n")
     return stream, include_usage
 
 
@@ -195,7 +237,7 @@ def parse_chat(body: Mapping[str, Any]) -> TextRequest:
     messages = _messages(body)
     _refuse(body, "logprobs", "top_logprobs")
     n = _integer(body, "n", 1, MAX_CHOICES) or 1
-    stream, include_usage = _stream_fields(body, n)
+    stream, include_usage = _stream_fields(body)
     return TextRequest(model, [messages], True, stream, include_usage, n, _options(body, chat=True))
 
 
@@ -208,9 +250,7 @@ def parse_completion(body: Mapping[str, Any]) -> TextRequest:
     n = _integer(body, "n", 1, MAX_CHOICES) or 1
     if len(prompts) * n > MAX_CHOICES:
         raise invalid_request(f"At most {MAX_CHOICES} choices per request (prompts times n).", "n")
-    stream, include_usage = _stream_fields(body, n)
-    if stream and len(prompts) > 1:
-        raise invalid_request("A list of prompts is not supported with 'stream': true.", "prompt")
+    stream, include_usage = _stream_fields(body)
     return TextRequest(model, prompts, False, stream, include_usage, n, _options(body, chat=False))
 
 

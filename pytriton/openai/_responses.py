@@ -15,8 +15,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import time
-import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -27,23 +27,35 @@ from pytriton.openai._models import ChatModel
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
+# One encoder for every body and event (json.dumps with options builds a new encoder on each call).
+# Compact, UTF-8 as is, and no NaN (not JSON; a client's parser would fail on it).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def dumps(payload: Mapping[str, Any]) -> bytes:
+    """``payload`` as compact UTF-8 JSON (the bodies of the answers)."""
+    return _ENCODER.encode(payload).encode("utf-8")
+
+
 def event(payload: Mapping[str, Any]) -> bytes:
     """One server-sent event carrying ``payload`` as compact JSON."""
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
+    return b"data: " + _ENCODER.encode(payload).encode("utf-8") + b"\n\n"
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """``prefix-`` and 32 random hex digits."""
+    return f"{prefix}-{os.urandom(16).hex()}"  # uuid4().hex reads the same bytes and builds an object around them
 
 
 @dataclasses.dataclass
 class Piece:
-    """What one model response said: text, and optionally a finish reason and token counts."""
+    """What one model response said: text, tool call items, and optionally a finish reason and token counts."""
 
     text: str
     finish_reason: Optional[str] = None
     prompt_tokens: Optional[int] = None
     completion_tokens: Optional[int] = None
+    tool_calls: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _scalar(outputs: Mapping[str, np.ndarray], name: str) -> Any:  # type: ignore[type-arg]
@@ -62,17 +74,47 @@ def _as_text(value: Any, name: str) -> str:
     return str(value)
 
 
+def _tool_calls(value: str, name: str) -> List[Dict[str, Any]]:
+    """The tool call items in the text of output ``name`` (see ``ChatModel``), checked; 500 if malformed."""
+    if not value.strip():
+        return []
+    try:
+        items = json.loads(value)
+    except ValueError:
+        raise model_failed(f"The model's output {name!r} is not JSON: {value[:200]!r}.") from None
+    items = [items] if isinstance(items, dict) else items
+    if not isinstance(items, list):
+        raise model_failed(f"The model's output {name!r} must be a JSON list of tool calls.")
+    for item in items:
+        function = item.get("function") if isinstance(item, dict) else None
+        index = item.get("index") if isinstance(item, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name", ""), str)
+            or (index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0))
+        ):
+            raise model_failed(
+                f"The model's output {name!r} holds a malformed tool call {item!r}: "
+                'expected {"function": {"name": ..., "arguments": ...}} with an optional integer "index".'
+            )
+        if not isinstance(function.get("arguments", ""), str):
+            function["arguments"] = json.dumps(function["arguments"])
+    return items
+
+
 def read_piece(spec: ChatModel, outputs: Mapping[str, np.ndarray]) -> Piece:  # type: ignore[type-arg]
     """The :class:`Piece` in one response's outputs (an empty final response gives empty text)."""
     text = _scalar(outputs, spec.text_output)
     reason = _scalar(outputs, spec.finish_reason_output)
     prompt_tokens = _scalar(outputs, spec.prompt_tokens_output)
     completion_tokens = _scalar(outputs, spec.completion_tokens_output)
+    calls = _scalar(outputs, spec.tool_calls_output) if spec.tool_calls_output in outputs else None
     return Piece(
         _as_text(text, spec.text_output) if text is not None else "",
         _as_text(reason, spec.finish_reason_output) or None if reason is not None else None,
         int(prompt_tokens) if prompt_tokens is not None else None,
         int(completion_tokens) if completion_tokens is not None else None,
+        _tool_calls(_as_text(calls, spec.tool_calls_output), spec.tool_calls_output) if calls is not None else [],
     )
 
 
@@ -84,14 +126,54 @@ class Answer:
     finish_reason: Optional[str] = None
     prompt_tokens: Optional[int] = None
     completion_tokens: Optional[int] = None
+    tool_calls: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def add(self, piece: Piece) -> None:
+    def add(self, piece: Piece) -> List[Dict[str, Any]]:
+        """Take in ``piece``; returns its tool calls as the deltas of a stream chunk (OpenAI's format)."""
         self.text += piece.text
         self.finish_reason = piece.finish_reason or self.finish_reason
         if piece.prompt_tokens is not None:
             self.prompt_tokens = piece.prompt_tokens
         if piece.completion_tokens is not None:
             self.completion_tokens = piece.completion_tokens
+        return [self._add_call(item) for item in piece.tool_calls]
+
+    def _add_call(self, item: Dict[str, Any]) -> Dict[str, Any]:
+        function = item["function"]
+        index = item.get("index")
+        if index is not None and index < len(self.tool_calls):  # continues an earlier call
+            known = self.tool_calls[index]["function"]
+            known["name"] += function.get("name", "")
+            known["arguments"] += function.get("arguments", "")
+            return {
+                "index": index,
+                "function": {key: function[key] for key in ("name", "arguments") if key in function},
+            }
+        if index is not None and index != len(self.tool_calls):
+            raise model_failed(
+                f"The model sent tool call index {index} after {len(self.tool_calls)} calls; "
+                "a new call takes the next index (or none)."
+            )
+        call: Dict[str, Any] = {
+            "id": str(item.get("id") or new_id("call")),
+            "type": str(item.get("type") or "function"),
+            "function": {"name": function.get("name", ""), "arguments": function.get("arguments", "")},
+        }
+        self.tool_calls.append(call)
+        # A copy for the stream's delta: a later piece extends this call's own arguments.
+        return {"index": len(self.tool_calls) - 1, **call, "function": dict(call["function"])}
+
+    def reason(self, chat: bool) -> str:
+        """The finish reason: the model's, else ``tool_calls`` for a chat answer with tool calls, else ``stop``."""
+        if self.finish_reason:
+            return self.finish_reason
+        return "tool_calls" if chat and self.tool_calls else "stop"
+
+    def message(self) -> Dict[str, Any]:
+        """The chat message of this answer (content ``null`` for tool calls without text, as OpenAI sends)."""
+        if not self.tool_calls:
+            return {"role": "assistant", "content": self.text}
+        return {"role": "assistant", "content": self.text or None, "tool_calls": self.tool_calls}
 
 
 def usage(prompt_tokens: Optional[int], completion_tokens: Optional[int]) -> Optional[Dict[str, int]]:
@@ -116,10 +198,9 @@ def text_response(
     """The body of a non-streaming chat completion or text completion."""
     choices: List[Dict[str, Any]] = []
     for index, answer in enumerate(answers):
-        reason = answer.finish_reason or "stop"
+        reason = answer.reason(chat)
         if chat:
-            message = {"role": "assistant", "content": answer.text}
-            choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": reason})
+            choices.append({"index": index, "message": answer.message(), "logprobs": None, "finish_reason": reason})
         else:
             choices.append({"index": index, "text": answer.text, "logprobs": None, "finish_reason": reason})
     return {
@@ -133,11 +214,18 @@ def text_response(
 
 
 class ChunkWriter:
-    """The events of one streamed choice (index 0), in order: :meth:`start`, :meth:`piece`..., :meth:`end`."""
+    """The events of one streamed answer with ``choices`` choices (indexes 0 to choices-1).
 
-    def __init__(self, chat: bool, model: str, include_usage: bool) -> None:
+    Order: :meth:`start`, then :meth:`piece` for each response of any choice and :meth:`close` once
+    per choice as it ends (choices interleave as their responses arrive), then :meth:`end`. With one
+    choice its closing chunk carries ``usage`` when the model reported token counts; with
+    ``include_usage`` a last chunk with no choices carries the usage of all choices.
+    """
+
+    def __init__(self, chat: bool, model: str, include_usage: bool, choices: int = 1) -> None:
         self._chat = chat
         self._include_usage = include_usage
+        self._choices = choices
         self._base = {
             "id": new_id("chatcmpl" if chat else "cmpl"),
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -145,32 +233,43 @@ class ChunkWriter:
             "model": model,
         }
 
-    def _chunk(self, delta: Optional[Dict[str, Any]], text: str, reason: Optional[str], **extra: Any) -> bytes:
+    def _chunk(self, index: int, delta: Dict[str, Any], text: str, reason: Optional[str], **extra: Any) -> bytes:
         choice: Dict[str, Any]
         if self._chat:
-            choice = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": reason}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
         return event({**self._base, "choices": [choice], **extra})
 
     def start(self) -> bytes:
-        """The opening chunk: the role for chat, nothing for completions (empty bytes)."""
-        return self._chunk({"role": "assistant", "content": ""}, "", None) if self._chat else b""
-
-    def piece(self, text: str) -> bytes:
-        """A chunk with the next piece of text (empty bytes for empty text)."""
-        if not text:
+        """The opening chunks: the role of each choice for chat, nothing for completions (empty bytes)."""
+        if not self._chat:
             return b""
-        return self._chunk({"content": text}, text, None)
+        return b"".join(
+            self._chunk(index, {"role": "assistant", "content": ""}, "", None) for index in range(self._choices)
+        )
 
-    def end(self, answer: Answer) -> bytes:
-        """The closing chunk (finish reason, usage if known), the usage chunk if asked for, and ``[DONE]``."""
-        counts = usage(answer.prompt_tokens, answer.completion_tokens)
+    def piece(self, index: int, text: str, tool_calls: Sequence[Dict[str, Any]] = ()) -> bytes:
+        """A chunk with choice ``index``'s next text and tool call deltas (chat only); empty bytes if none."""
+        delta: Dict[str, Any] = {"content": text} if text else {}
+        if tool_calls and self._chat:
+            delta["tool_calls"] = list(tool_calls)
+        if not delta:
+            return b""
+        return self._chunk(index, delta, text, None)
+
+    def close(self, index: int, answer: Answer) -> bytes:
+        """The closing chunk of choice ``index``: its finish reason (and usage, if it is the only choice)."""
+        counts = usage(answer.prompt_tokens, answer.completion_tokens) if self._choices == 1 else None
         extra = {"usage": counts} if counts is not None else {}
-        closing = self._chunk({}, "", answer.finish_reason or "stop", **extra)
-        if self._include_usage:
-            closing += event({**self._base, "choices": [], "usage": counts or usage(0, 0)})
-        return closing + DONE_EVENT
+        return self._chunk(index, {}, "", answer.reason(self._chat), **extra)
+
+    def end(self, answers: Sequence[Answer], choices_per_prompt: int) -> bytes:
+        """The usage chunk if asked for (all choices, as :func:`total_usage` counts), and ``[DONE]``."""
+        if not self._include_usage:
+            return DONE_EVENT
+        counts = total_usage(answers, choices_per_prompt) or usage(0, 0)
+        return event({**self._base, "choices": [], "usage": counts}) + DONE_EVENT
 
 
 def embedding_response(

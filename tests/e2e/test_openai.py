@@ -167,6 +167,102 @@ def test_async_client(frontend):
     assert len(embedding.data[0].embedding) == example.EMBEDDING_DIM
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "shout", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "whisper", "parameters": {"type": "object"}}},
+]
+
+
+def _tool_round_trip(client, tools_answer, expected_name):
+    """Check the tool call of ``tools_answer`` and send the tool's result back: the model repeats it."""
+    message = tools_answer.choices[0].message
+    # None in an answer; "" when accumulated from a stream (its opening chunk cannot know there will be no text).
+    assert tools_answer.choices[0].finish_reason == "tool_calls" and not message.content
+    [call] = message.tool_calls
+    assert call.type == "function" and call.function.name == expected_name and call.id
+    assert json.loads(call.function.arguments) == {"text": "one two three"}
+    follow_up = [
+        *MESSAGES,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "ONE"},
+    ]
+    return follow_up
+
+
+def test_tool_calls_sync(frontend):
+    client = _client(frontend)
+    answer = client.chat.completions.create(model="tiny-chat", messages=MESSAGES, tools=TOOLS)
+    assert answer.choices[0].message.content is None
+    follow_up = _tool_round_trip(client, answer, "shout")
+    final = client.chat.completions.create(model="tiny-chat", messages=follow_up, tools=TOOLS)
+    assert final.choices[0].message.content == "The tool said: ONE" and final.choices[0].finish_reason == "stop"
+    assert not final.choices[0].message.tool_calls
+    # Streamed: the model sends the call's arguments in two pieces; the SDK's own accumulator joins them.
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    state = ChatCompletionStreamState()
+    chunks = list(client.chat.completions.create(model="tiny-chat", messages=MESSAGES, tools=TOOLS, stream=True))
+    for chunk in chunks:
+        state.handle_chunk(chunk)
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(deltas) == 2 and deltas[1][0].index == 0 and deltas[1][0].id is None
+    _tool_round_trip(client, state.get_final_completion(), "shout")
+    # tool_choice "none": an ordinary answer.
+    plain = client.chat.completions.create(model="tiny-chat", messages=MESSAGES, tools=TOOLS, tool_choice="none")
+    assert plain.choices[0].message.content == "You said: one two three" and not plain.choices[0].message.tool_calls
+
+
+def test_tool_calls_async(frontend):
+    choice = {"type": "function", "function": {"name": "whisper"}}
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=frontend.url, api_key=KEY, max_retries=0, timeout=30) as client:
+            answer = await client.chat.completions.create(
+                model="tiny-chat", messages=MESSAGES, tools=TOOLS, tool_choice=choice
+            )
+            stream = await client.chat.completions.create(
+                model="tiny-chat", messages=MESSAGES, tools=TOOLS, tool_choice=choice, stream=True
+            )
+            calls = {}
+            reasons = []
+            async for chunk in stream:
+                for delta in chunk.choices[0].delta.tool_calls or []:
+                    known = calls.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
+                    known["name"] += delta.function.name or ""
+                    known["arguments"] += delta.function.arguments or ""
+                reasons.append(chunk.choices[0].finish_reason)
+            follow_up = _tool_round_trip(client, answer, "whisper")
+            final = await client.chat.completions.create(model="tiny-chat", messages=follow_up, stream=True)
+            pieces = [chunk.choices[0].delta.content or "" async for chunk in final]
+            return calls, reasons, "".join(pieces)
+
+    calls, reasons, final = asyncio.run(main())
+    assert list(calls) == [0] and calls[0]["id"] and calls[0]["name"] == "whisper"
+    assert json.loads(calls[0]["arguments"]) == {"text": "one two three"}
+    assert reasons[-1] == "tool_calls" and final == "The tool said: ONE"
+
+
+def test_n_choices_streamed(frontend):
+    client = _client(frontend)
+    pieces = {}
+    reasons = {}
+    stream = client.chat.completions.create(
+        model="tiny-chat", messages=MESSAGES, n=3, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    for chunk in chunks:
+        for choice in chunk.choices:
+            pieces[choice.index] = pieces.get(choice.index, "") + (choice.delta.content or "")
+            reasons[choice.index] = choice.finish_reason or reasons.get(choice.index)
+    assert pieces == {index: "You said: one two three" for index in range(3)} and set(reasons.values()) == {"stop"}
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (3, 15)
+    completions = client.completions.create(model="tiny-chat", prompt=["a b", "c"], n=2, stream=True)
+    texts = {}
+    for chunk in completions:
+        texts[chunk.choices[0].index] = texts.get(chunk.choices[0].index, "") + chunk.choices[0].text
+    assert texts == {0: "You said: a b", 1: "You said: a b", 2: "You said: c", 3: "You said: c"}
+
+
 def test_errors_through_the_openai_client(frontend):
     client = _client(frontend)
     with pytest.raises(openai.NotFoundError) as not_found:
@@ -196,6 +292,11 @@ def test_overload_is_429(frontend):
             with pytest.raises(openai.RateLimitError) as limited:
                 client.chat.completions.create(model="tiny-chat", messages=MESSAGES)
             assert limited.value.code == "rate_limit_exceeded"
+            if shutil.which("curl"):
+                status, error = curl_error(
+                    f"{single.url}/chat/completions", {"model": "tiny-chat", "messages": MESSAGES}
+                )
+                assert (status, error["type"]) == (429, "rate_limit_error")
         finally:
             stream.close()
         assert wait_for(lambda: tag in CLOSED, 10)
@@ -245,14 +346,52 @@ def _check_event_stream(raw: bytes) -> None:
     assert chunks[-1]["usage"]["total_tokens"] == 8
 
 
-@pytest.mark.skipif(
+needs_curl = pytest.mark.skipif(
     shutil.which("curl") is None, reason="curl is not installed (apt-get install curl); raw httpx covers the same"
 )
-def test_curl(frontend):
-    def curl(*args):
-        command = ["curl", "-sS", "-N", "--max-time", "30", "-H", f"Authorization: Bearer {KEY}", *args]
-        return subprocess.run(command, capture_output=True, timeout=60, check=True).stdout
 
+
+def curl(*args, key=KEY):
+    command = ["curl", "-sS", "-N", "--max-time", "30", "-H", f"Authorization: Bearer {key}", *args]
+    return subprocess.run(command, capture_output=True, timeout=60, check=True).stdout
+
+
+def curl_error(url, body=None, key=KEY):
+    """(HTTP status, OpenAI error object) of a failing request sent by curl; checks there is no stack trace."""
+    data = (
+        []
+        if body is None
+        else ["-H", "Content-Type: application/json", "-d", body if isinstance(body, str) else json.dumps(body)]
+    )
+    raw = curl("-w", "\n%{http_code}", *data, url, key=key)
+    payload, _, status = raw.rpartition(b"\n")
+    assert b"Traceback" not in payload and b'.py"' not in payload and b".py'" not in payload, payload
+    error = json.loads(payload)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return int(status), error
+
+
+@needs_curl
+def test_curl_errors(frontend):
+    url = f"{frontend.url}/chat/completions"
+    assert curl_error(url, {"model": "x", "messages": MESSAGES})[0] == 404
+    status, error = curl_error(url, "{not json")
+    assert (status, error["code"]) == (400, "invalid_json")
+    status, error = curl_error(url, {"model": "tiny-chat", "messages": MESSAGES, "temperature": 9})
+    assert (status, error["param"]) == (400, "temperature")
+    status, error = curl_error(url, {"model": "tiny-chat", "messages": MESSAGES, "tool_choice": "auto"})
+    assert (status, error["param"]) == (400, "tool_choice")
+    status, error = curl_error(f"{frontend.url}/models", key="wrong")
+    assert (status, error["code"]) == (401, "invalid_api_key")
+    status, error = curl_error(url, {"model": "fails", "messages": MESSAGES})
+    assert (status, error["type"]) == (500, "server_error") and "ValueError: the model gave up" in error["message"]
+    # A streamed request whose model fails before its first token keeps the status too.
+    status, error = curl_error(url, {"model": "fails", "messages": MESSAGES, "stream": True})
+    assert (status, error["type"]) == (500, "server_error")
+
+
+@needs_curl
+def test_curl(frontend):
     post = ["-H", "Content-Type: application/json", "-d"]
     body = {"model": "tiny-chat", "messages": MESSAGES}
     _check_event_stream(curl(*post, json.dumps({**body, "stream": True}), f"{frontend.url}/chat/completions"))
@@ -272,6 +411,9 @@ def test_a_model_unbound_under_the_frontend_is_503_and_health_says_so(frontend):
     with pytest.raises(openai.InternalServerError) as unavailable:
         client.chat.completions.create(model="gone", messages=MESSAGES)
     assert unavailable.value.status_code == 503 and unavailable.value.code == "service_unavailable"
+    if shutil.which("curl"):
+        status, error = curl_error(f"{frontend.url}/chat/completions", {"model": "gone", "messages": MESSAGES})
+        assert (status, error["code"]) == (503, "service_unavailable")
     health = httpx.get(frontend.url.replace("/v1", "/health"), timeout=30)
     assert health.status_code == 503 and health.json()["models_not_ready"] == ["gone"]
     assert client.chat.completions.create(model="tiny-chat", messages=MESSAGES).choices[0].message.content

@@ -241,3 +241,24 @@ def test_openai_bench_summary_takes_medians_and_compares_to_direct_grpc() -> Non
     assert abs(comparison["ttft_extra_ms"] - 0.8) < 1e-9 and comparison["ttft_goal_met"]
     text = openai_bench.table({"summary": summary, "count_per_round": 10, "quick": False})
     assert "| openai_grpc | 1.30x met | 1.20x | 0.300 ms | +0.800 ms met |" in text
+    assert "against_openai_grpc" not in summary["comparisons"]
+
+
+def test_openai_bench_against_another_checkout_compares_it_to_its_own_direct_grpc() -> None:
+    from bench import openai as openai_bench
+
+    def round_(direct: float, other_direct: float, other: float) -> dict:
+        paths = {"grpc_direct": direct, "grpc_direct_stream": 2.0}
+        for name in ("openai_grpc", "openai_inprocess"):
+            paths[name], paths[f"{name}_stream"] = 1.1, 2.1
+        paths.update({"against_grpc_direct": other_direct, "against_grpc_direct_stream": 3.0})
+        paths.update({"against_openai_grpc": other, "against_openai_grpc_stream": 3.5})
+        return {name: {"p50_ms": value, "p99_ms": value} for name, value in paths.items()}
+
+    summary = openai_bench.summarize([round_(1.0, 2.0, 3.0), round_(1.0, 2.0, 2.8), round_(1.0, 2.0, 3.2)])
+    against = summary["comparisons"]["against_openai_grpc"]
+    assert abs(against["p50_ratio"] - 1.5) < 1e-9 and not against["p50_goal_met"]
+    assert abs(against["ttft_extra_ms"] - 0.5) < 1e-9
+    assert abs(summary["comparisons"]["openai_grpc"]["p50_ratio"] - 1.1) < 1e-9
+    text = openai_bench.table({"summary": summary, "count_per_round": 10, "quick": False})
+    assert "| against_openai_grpc | 1.50x NOT met | 1.50x | 1.000 ms | +0.500 ms met |" in text

@@ -46,6 +46,9 @@ class FakeStream:
                     raise item
                 if item == "hang":
                     await asyncio.sleep(30)
+                if isinstance(item, float):  # a pause before the next response
+                    await asyncio.sleep(item)
+                    continue
                 yield item
         finally:
             self.closed = True
@@ -63,6 +66,8 @@ class FakeBackend:
             text("b"),
             text("", finish_reason=b"length", prompt_tokens=4, completion_tokens=2),
         ]
+        self.stream_plan = []  # items of each next stream, in order; then stream_items
+        self.infer_outputs = None
         self.infer_error = None
         self.ready_models = {"chat", "chat_stream", "embed"}
 
@@ -79,11 +84,13 @@ class FakeBackend:
         if model == "embed":
             words = call.inputs["input"][0].decode().split()
             return {"embedding": np.array([len(words), 1.0], dtype=np.float32)}
+        if self.infer_outputs is not None:
+            return self.infer_outputs
         return text("whole answer", finish_reason=b"stop", prompt_tokens=3, completion_tokens=2)
 
     def stream(self, model, version, call, batching):
         self.calls.append((model, call, batching))
-        stream = FakeStream(list(self.stream_items))
+        stream = FakeStream(list(self.stream_plan.pop(0) if self.stream_plan else self.stream_items))
         self.streams.append(stream)
         return stream
 
@@ -182,6 +189,142 @@ def test_chat_stream_uses_the_decoupled_model_and_openais_event_format(backend):
     assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
     assert backend.calls[0][0] == "chat_stream"
     assert not backend.streams[0].cancelled  # it ended on its own: nothing to cancel
+
+
+def _chunks(raw):
+    assert raw.endswith(b"data: [DONE]\n\n")
+    return [json.loads(part[6:]) for part in raw.split(b"\n\n")[:-2]]
+
+
+def test_n_streamed_choices_interleave_each_with_its_index(backend):
+    client, state = make_client(backend)
+    slow = [text("a "), 0.3, text("b", finish_reason=b"length", prompt_tokens=4, completion_tokens=2)]
+    backend.stream_plan = [slow, [text("c ", prompt_tokens=4), text("d", completion_tokens=2)]]
+    body = {"model": "tiny", "messages": MESSAGES, "stream": True, "n": 2, "stream_options": {"include_usage": True}}
+    chunks = _chunks(client.post("/v1/chat/completions", json=body).content)
+    events = [
+        (c["choices"][0]["index"], c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) for c in chunks[:-1]
+    ]
+    assert events[:2] == [
+        (0, {"role": "assistant", "content": ""}, None),
+        (1, {"role": "assistant", "content": ""}, None),
+    ]
+    assert events[2:4] == [(0, {"content": "a "}, None), (1, {"content": "c "}, None)]
+    # The slow choice 0 does not hold back choice 1: its end comes before choice 0's second piece.
+    assert events[4:] == [(1, {"content": "d"}, None), (1, {}, "stop"), (0, {"content": "b"}, None), (0, {}, "length")]
+    assert all("usage" not in c for c in chunks[:-1]) and len({c["id"] for c in chunks}) == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8
+    }  # fmt: skip
+    assert len(backend.calls) == 2 and state.in_flight == 0
+
+
+def test_completions_stream_several_prompts_as_numbered_choices(backend):
+    client, _ = make_client(backend)
+    backend.stream_plan = [[text("p0 ")], [text("p0 ")], [text("p1")], [text("p1")]]
+    body = {"model": "tiny", "prompt": ["x", "y"], "n": 2, "stream": True}
+    chunks = _chunks(client.post("/v1/completions", json=body).content)
+    texts = {
+        index: "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == index)
+        for index in range(4)
+    }
+    assert texts == {0: "p0 ", 1: "p0 ", 2: "p1", 3: "p1"}
+    prompts = [json.loads(call.inputs["messages"][0])[0]["content"] for _, call, _ in backend.calls]
+    assert prompts == ["x", "x", "y", "y"]
+
+
+def test_a_choice_failing_before_its_first_response_fails_the_stream_and_cancels_the_others(backend):
+    client, state = make_client(backend)
+    backend.stream_plan = [[text("a"), "hang"], [0.05, model_failed("The model failed: ValueError: boom")]]
+    response = client.post(
+        "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "stream": True, "n": 2}
+    )  # fmt: skip
+    assert_error(response, 500, "server_error", "model_error")
+    assert backend.streams[0].cancelled and backend.streams[1].cancelled and state.in_flight == 0
+
+
+def test_a_disconnect_cancels_the_streams_of_every_choice(backend):
+    _, state = make_client(backend)
+    backend.stream_plan = [[text("a"), "hang"], [text("b"), "hang"]]
+    app = create_app(state)
+    body = json.dumps({"model": "tiny", "messages": MESSAGES, "stream": True, "n": 2}).encode()
+    sent = []
+
+    async def main():
+        first_body = asyncio.Event()
+        requested = []
+
+        async def receive():
+            if not requested:
+                requested.append(True)
+                return {"type": "http.request", "body": body, "more_body": False}
+            await first_body.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "http.response.body" and message.get("body"):
+                first_body.set()
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+            "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        }  # fmt: skip
+        await asyncio.wait_for(app(scope, receive, send), 5)
+
+    asyncio.run(main())
+    assert sent[0]["status"] == 200
+    assert [stream.cancelled for stream in backend.streams] == [True, True] and state.in_flight == 0
+
+
+TOOL_CALL = {"function": {"name": "lookup", "arguments": {"q": "x"}}}
+
+
+def test_tool_calls_without_stream(backend):
+    client, _ = make_client(backend)
+    backend.infer_outputs = {
+        "text": np.array([b""], dtype=object), "tool_calls": np.array([json.dumps([TOOL_CALL]).encode()], dtype=object)
+    }  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "lookup"}}]
+    body = client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "tools": tools}).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"] == {"name": "lookup", "arguments": '{"q": "x"}'}
+    assert backend.calls[0][1].parameters == {"tools": json.dumps(tools)}
+    backend.infer_outputs["tool_calls"] = np.array([b"{oops"], dtype=object)
+    failed = client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "tools": tools})
+    assert "not JSON" in assert_error(failed, 500, "server_error", "model_error")["message"]
+
+
+def test_tool_calls_stream_as_deltas(backend):
+    client, _ = make_client(backend)
+
+    def calls(items):
+        return {
+            "text": np.array([b""], dtype=object),
+            "tool_calls": np.array([json.dumps(items).encode()], dtype=object),
+        }
+
+    backend.stream_items = [
+        calls([{"id": "call_1", "function": {"name": "lookup", "arguments": '{"q":'}}]),
+        calls([{"index": 0, "function": {"arguments": ' "x"}'}}]),
+        text(""),
+    ]
+    body = {"model": "tiny", "messages": MESSAGES, "stream": True, "tools": [{"function": {"name": "lookup"}}]}
+    chunks = _chunks(client.post("/v1/chat/completions", json=body).content)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[1:] == [
+        {
+            "tool_calls": [
+                {"index": 0, "id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q":'}}
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": ' "x"}'}}]},
+        {},
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_errors_before_the_first_token_keep_their_status(backend):

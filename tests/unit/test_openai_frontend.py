@@ -92,8 +92,15 @@ def test_start_serve_stop_on_a_fake_backend(monkeypatch):
         thread = frontend._thread
         headers = {"Authorization": "Bearer k"}
         body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
-        answer = httpx.post(frontend.url + "/chat/completions", json=body, headers=headers, timeout=10).json()
-        assert answer["choices"][0]["message"]["content"] == "whole answer"
+        response = httpx.post(frontend.url + "/chat/completions", json=body, headers=headers, timeout=10)
+        assert response.json()["choices"][0]["message"]["content"] == "whole answer"
+        assert "server" not in response.headers  # the frontend does not advertise uvicorn
+        streamed = httpx.post(frontend.url + "/chat/completions", json={**body, "stream": True}, headers=headers)
+        assert (
+            streamed.text.count("data: ") == 4
+            and "whole answer" in streamed.text
+            and streamed.text.endswith("data: [DONE]\n\n")
+        )
         with pytest.raises(PyTritonInvalidOperationError, match="already started"):
             frontend.start()
     assert not thread.is_alive()
@@ -150,3 +157,52 @@ def test_the_frontend_loop_is_uvloop_when_installed_else_asyncio():
         assert seen["loop"].startswith("asyncio")
     else:
         assert seen["loop"].startswith("uvloop")
+
+
+class RecordingTransport:
+    def __init__(self):
+        self.writes = []
+        self.closed = self.aborted = False
+
+    def write(self, data):
+        self.writes.append(data)
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    def abort(self):
+        self.aborted = True
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+
+def test_a_write_waits_for_the_next_one_or_the_end_of_its_loop_step():
+    from pytriton.openai._transport import CoalescingTransport
+
+    async def main():
+        raw = RecordingTransport()
+        transport = CoalescingTransport(raw)
+        transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        transport.write(b"")
+        assert raw.writes == []  # held within the step
+        transport.write(b"{}")
+        assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\n{}"]  # head and body in one send, at once
+        transport.writelines([b"a", b"b", b"c"])
+        assert raw.writes[1:] == [b"ab"]  # pairs: "c" does not wait for more than its step
+        await asyncio.sleep(0)
+        assert raw.writes[1:] == [b"ab", b"c"]
+        transport.write(b"last")
+        transport.close()  # sends what is pending first
+        assert raw.writes[-1] == b"last" and raw.closed
+        assert transport.get_extra_info("peername") == ("127.0.0.1", 1) and transport.is_closing()
+        dropped = CoalescingTransport(RecordingTransport())
+        dropped.write(b"x")
+        dropped.abort()
+        await asyncio.sleep(0)
+        assert dropped._transport.writes == [] and dropped._transport.aborted
+
+    asyncio.run(main())

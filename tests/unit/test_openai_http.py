@@ -6,7 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from pytriton.openai._http import TritonHttp, TritonHttpError, decode_response, encode_request
+from pytriton.openai._http import (
+    TritonHttp,
+    TritonHttpError,
+    _deserialize_bytes,
+    _serialize_bytes,
+    decode_response,
+    encode_request,
+)
 
 
 def _answer(outputs, status=200, close=False):
@@ -190,3 +197,28 @@ def test_unreachable_triton_raises_oserror():
             await TritonHttp("127.0.0.1", port).infer("m", None, {"in": np.array([1], dtype=np.int64)}, None)
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array([b"x"], dtype=object),
+        np.array([[b"", "é".encode()], [b"\x00\xff", b"long" * 100]], dtype=object),
+        np.array(["text"], dtype=object),
+        np.empty((0,), dtype=object),
+    ],
+)
+def test_bytes_tensors_use_tritons_wire_format(value):
+    from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
+
+    expected = serialize_byte_tensor(value)
+    raw = _serialize_bytes(value)
+    assert raw == (expected.item() if expected.size else b"")
+    decoded = _deserialize_bytes(raw)
+    assert decoded.dtype == np.object_
+    assert decoded.tolist() == (deserialize_bytes_tensor(raw).tolist() if raw else [])
+
+
+def test_a_truncated_bytes_tensor_is_an_error():
+    with pytest.raises(TritonHttpError, match="truncated"):
+        _deserialize_bytes(b"\x05\x00\x00\x00abc")

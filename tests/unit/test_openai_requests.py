@@ -40,6 +40,7 @@ CONFIG = {
 }
 INFO = model_info(CONFIG)
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 
 def _error(function, body):
@@ -79,11 +80,22 @@ def test_parse_json_refuses_non_objects():
         ({"model": "m", "messages": MESSAGES, "max_tokens": True}, "max_tokens"),
         ({"model": "m", "messages": MESSAGES, "top_p": 1.5}, "top_p"),
         ({"model": "m", "messages": MESSAGES, "n": 0}, "n"),
-        ({"model": "m", "messages": MESSAGES, "n": 2, "stream": True}, "n"),
+        ({"model": "m", "messages": MESSAGES, "n": 17}, "n"),
         ({"model": "m", "messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"model": "m", "messages": MESSAGES, "stream": "yes"}, "stream"),
         ({"model": "m", "messages": MESSAGES, "logprobs": True}, "logprobs"),
         ({"model": "m", "messages": MESSAGES, "tools": {"type": "function"}}, "tools"),
+        ({"model": "m", "messages": MESSAGES, "tools": []}, "tools"),
+        ({"model": "m", "messages": MESSAGES, "tools": ["f"]}, "tools[0]"),
+        ({"model": "m", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools[0].function.name"),
+        ({"model": "m", "messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
+        ({"model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
+        (
+            {"model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": {"function": {"name": "g"}}},
+            "tool_choice",
+        ),
+        ({"model": "m", "messages": MESSAGES, "parallel_tool_calls": False}, "parallel_tool_calls"),
+        ({"model": "m", "messages": MESSAGES, "tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
         ({"model": "m", "messages": MESSAGES, "user": 7}, "user"),
     ],
 )
@@ -116,6 +128,23 @@ def test_messages_go_as_json_and_fields_as_parameters_or_mapped_inputs():
     assert call.parameters == {"top_p": 0.5, "stop": '["x"]', "tools": json.dumps(tools)}
 
 
+def test_tool_fields_reach_the_model_as_declared_at_bind():
+    info = model_info(
+        {**CONFIG, "input": [*CONFIG["input"], {"name": "tool_specs", "data_type": "TYPE_STRING", "dims": [1]}]}
+    )
+    choice = {"type": "function", "function": {"name": "f"}}
+    body = {"model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": False}
+    request = parse_chat(body)
+    assert request.options == {"tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": False}
+    mapped = text_call(ChatModel("m", "b", inputs={"tools": "tool_specs"}), info, request, MESSAGES)
+    assert json.loads(mapped.inputs["tool_specs"][0]) == TOOLS
+    assert mapped.parameters == {"tool_choice": json.dumps(choice), "parallel_tool_calls": False}
+    plain = text_call(ChatModel("m", "b"), info, parse_chat({**body, "tool_choice": "required"}), MESSAGES)
+    assert plain.parameters == {"tools": json.dumps(TOOLS), "tool_choice": "required", "parallel_tool_calls": False}
+    error = _error(parse_completion, {"model": "m", "prompt": "x", "tools": TOOLS})
+    assert (error.status, error.param, error.code) == (400, "tools", "unsupported_parameter")
+
+
 def test_a_chat_template_renders_messages_into_the_prompt_input():
     info = model_info({"input": [{"name": "prompt", "data_type": "TYPE_STRING"}], "output": [{"name": "text"}]})
     request = parse_chat({"model": "m", "messages": MESSAGES})
@@ -136,11 +165,13 @@ def test_completions_prompt_goes_to_the_prompt_input_or_becomes_a_user_message()
     for body, param in (
         ({"model": "m", "prompt": [1, 2]}, "prompt"),
         ({"model": "m", "prompt": "a", "echo": True}, "echo"),
-        ({"model": "m", "prompt": ["a", "b"], "stream": True}, "prompt"),
+        ({"model": "m", "prompt": [], "stream": True}, "prompt"),
         ({"model": "m", "prompt": "a", "best_of": 2}, "best_of"),
         ({"model": "m", "prompt": ["a"] * 9, "n": 2}, "n"),
     ):
         assert _error(parse_completion, body).param == param
+    several = parse_completion({"model": "m", "prompt": ["a", "b"], "n": 2, "stream": True})
+    assert several.stream and several.prompts == ["a", "b"] and several.n == 2
 
 
 def test_embeddings_requests():
@@ -189,6 +220,53 @@ def test_read_piece_and_usage():
     assert text_response(False, "m", [Answer("x")], 1)["choices"][0]["text"] == "x"
 
 
+def _tool_outputs(items):
+    return {"text": np.array([b""], dtype=object), "tool_calls": np.array([json.dumps(items).encode()], dtype=object)}
+
+
+def test_tool_calls_are_read_numbered_and_continued():
+    spec = ChatModel("m", "b")
+    answer = Answer()
+    first = read_piece(spec, _tool_outputs([{"function": {"name": "f", "arguments": '{"a": '}}]))
+    [delta] = answer.add(first)
+    assert delta["index"] == 0 and delta["id"].startswith("call-") and delta["type"] == "function"
+    assert delta["function"] == {"name": "f", "arguments": '{"a": '}
+    more = [
+        {"index": 0, "function": {"arguments": "1}"}},
+        {"id": "c2", "function": {"name": "g", "arguments": {"x": 2}}},
+    ]
+    assert answer.add(read_piece(spec, _tool_outputs(more))) == [
+        {"index": 0, "function": {"arguments": "1}"}},
+        {"index": 1, "id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"x": 2}'}},
+    ]
+    assert [call["function"] for call in answer.tool_calls] == [
+        {"name": "f", "arguments": '{"a": 1}'},
+        {"name": "g", "arguments": '{"x": 2}'},
+    ]
+    assert answer.reason(chat=True) == "tool_calls" and answer.reason(chat=False) == "stop"
+    assert answer.message() == {"role": "assistant", "content": None, "tool_calls": answer.tool_calls}
+    body = text_response(True, "m", [answer], 1)
+    assert body["choices"][0]["finish_reason"] == "tool_calls" and body["choices"][0]["message"]["content"] is None
+    assert read_piece(spec, {"tool_calls": np.array([b""], dtype=object)}).tool_calls == []  # empty: no call
+    assert Answer("x").message() == {"role": "assistant", "content": "x"}  # no tool_calls key without calls
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"not json", b'"f"', b'[{"name": "f"}]', b'[{"function": {"name": 3}}]', b'[{"index": -1, "function": {}}]'],
+)
+def test_malformed_tool_calls_are_a_model_failure(raw):
+    with pytest.raises(OpenAIError) as caught:
+        read_piece(ChatModel("m", "b"), {"tool_calls": np.array([raw], dtype=object)})
+    assert caught.value.status == 500 and "tool_calls" in caught.value.message
+
+
+def test_a_new_tool_call_must_take_the_next_index():
+    answer = Answer()
+    with pytest.raises(OpenAIError, match="index 2 after 0 calls"):
+        answer.add(read_piece(ChatModel("m", "b"), _tool_outputs([{"index": 2, "function": {"name": "f"}}])))
+
+
 def _events(raw: bytes):
     assert raw.endswith(b"\n\n")
     return [part[len(b"data: ") :] for part in raw.split(b"\n\n")[:-1]]
@@ -206,24 +284,40 @@ def test_chat_chunks_open_with_the_role_and_close_with_reason_usage_and_done():
         "role": "assistant",
         "content": "",
     }
-    assert writer.piece("") == b""
-    middle = json.loads(_events(writer.piece("tok"))[0])
+    assert writer.piece(0, "") == b""
+    middle = json.loads(_events(writer.piece(0, "tok"))[0])
     assert middle["choices"][0] == {"index": 0, "delta": {"content": "tok"}, "logprobs": None, "finish_reason": None}
-    closing, usage_chunk, done = _events(writer.end(Answer("tok", None, 2, 1)))
-    closing, usage_chunk = json.loads(closing), json.loads(usage_chunk)
+    answer = Answer("tok", None, 2, 1)
+    closing = json.loads(_events(writer.close(0, answer))[0])
+    usage_chunk, done = _events(writer.end([answer], 1))
+    usage_chunk = json.loads(usage_chunk)
     assert closing["choices"][0]["finish_reason"] == "stop" and closing["usage"]["total_tokens"] == 3
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 1
     assert done == b"[DONE]"
     assert len({first["id"], middle["id"], closing["id"]}) == 1
 
 
+def test_chunks_of_several_choices_carry_their_index_and_usage_only_at_the_end():
+    writer = ChunkWriter(True, "m", include_usage=True, choices=2)
+    opening = [json.loads(raw) for raw in _events(writer.start())]
+    assert [chunk["choices"][0]["index"] for chunk in opening] == [0, 1]
+    tool = {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}
+    chunk = json.loads(_events(writer.piece(1, "", [tool]))[0])
+    assert chunk["choices"][0]["index"] == 1 and chunk["choices"][0]["delta"] == {"tool_calls": [tool]}
+    answers = [Answer("a", None, 2, 1), Answer("b", "length", 2, 3)]
+    closing = json.loads(_events(writer.close(1, answers[1]))[0])
+    assert closing["choices"][0]["finish_reason"] == "length" and "usage" not in closing
+    usage_chunk, _ = _events(writer.end(answers, 2))
+    assert json.loads(usage_chunk)["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+
+
 def test_completion_chunks_carry_text_and_no_usage_when_the_model_reports_none():
     writer = ChunkWriter(False, "m", include_usage=False)
     assert writer.start() == b""
-    chunk = json.loads(_events(writer.piece("x"))[0])
+    chunk = json.loads(_events(writer.piece(0, "x"))[0])
     assert chunk["object"] == "text_completion" and chunk["choices"][0]["text"] == "x"
-    closing, done = _events(writer.end(Answer("x")))
-    assert "usage" not in json.loads(closing) and done == b"[DONE]"
+    closing = _events(writer.close(0, Answer("x")))[0]
+    assert "usage" not in json.loads(closing) and writer.end([Answer("x")], 1) == DONE_EVENT
 
 
 def test_embedding_body_float_and_base64():
