@@ -109,6 +109,9 @@ class ServerBackend(Protocol):
     can_trace: bool
     #: True for the in-process server (``Triton.embedded``).
     embedded: bool
+    #: True if the models are offered to this process's callables through ``pytriton.pipeline.model`` by name
+    #: (a remote server's are not: a callable passes ``url=``).
+    offers_pipelines: bool
 
     @property
     def server(self) -> Optional[TritonServerProcess]:

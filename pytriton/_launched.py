@@ -100,6 +100,7 @@ class LocalBackend:
     loads_at_startup = True
     region_prefix: Optional[str]
     can_trace = True
+    offers_pipelines = True
 
     def __init__(self, site: Site, access: AccessPolicy) -> None:
         self._site = site

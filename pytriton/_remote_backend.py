@@ -78,6 +78,7 @@ class RemoteBackend:
     region_prefix: Optional[str] = None  # the stubs' regions are named by the remote server
     can_trace = True
     embedded = False
+    offers_pipelines = False  # pytriton.pipeline.model(name, url=...) reaches them
 
     def __init__(
         self,

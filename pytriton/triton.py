@@ -51,17 +51,16 @@ from pytriton._endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
 from pytriton._healing import Supervisor, wait_detached
 from pytriton._launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
 from pytriton._remote_backend import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
+from pytriton._trace_settings import ModelTraceSettings
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
     PyTritonModelAlreadyBoundError,
     PyTritonModelConfigError,
-    PyTritonServerError,
     PyTritonValidationError,
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy import _tracing
 from pytriton.proxy._binding import BindingContext, BoundModel, short_socket_dir, validate_model_name
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy.stubside import _segments, _stub_bytes
@@ -209,10 +208,7 @@ class Triton:
         self._shm_prefix = _segments.shm_prefix(self._pid, self._token)
         self._backend = make_backend(Site(settings, self._workspace, self._shm_prefix))
         # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
-        self._tracing = _tracing.enabled(self._config.trace_config) and self._backend.can_trace
-        self._trace_settings: Dict[str, Dict[str, Any]] = {}
-        if self._tracing:
-            _tracing.configure_export(self._config.trace_config)  # where unconfigured processes send spans
+        self._traces = ModelTraceSettings(self._backend, self._config.trace_config)
         # (name, version) -> model; the versions of one name share its config.pbtxt and its generation.
         self._models: Dict[Tuple[str, int], BoundModel] = {}
         self._lock = threading.RLock()
@@ -257,7 +253,7 @@ class Triton:
                 on_stub_lost=self._supervisor.on_stub_lost,
                 polling=self._settings.polling,
                 metrics=self._settings.callable_metrics,
-                tracing=self._tracing,
+                tracing=self._traces.enabled,
             )
         )
 
@@ -302,7 +298,7 @@ class Triton:
             PyTritonModelAlreadyBoundError: this name and version are already bound.
         """
         validate_model_name(model_name)
-        trace_settings = self._model_trace_settings(model_name, trace_config)
+        trace_settings = self._traces.parse(model_name, trace_config, bool(self._versions(model_name)))
         with self._lock:
             if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")
@@ -338,14 +334,14 @@ class Triton:
             self._models[key] = model
             self._attach_context(model)
             if trace_settings is not None:
-                self._trace_settings[model_name] = trace_settings
+                self._traces.by_name[model_name] = trace_settings
             if self._state is State.RUNNING:
                 try:
                     self._load_live(model)
                 except BaseException:
                     del self._models[key]
                     if not siblings:
-                        self._trace_settings.pop(model_name, None)
+                        self._traces.by_name.pop(model_name, None)
                     model.stop_workers()
                     assert self._repository is not None
                     if siblings:
@@ -388,10 +384,10 @@ class Triton:
                     if failure is not None:
                         LOGGER.error("Model %s: reloading its remaining versions failed: %s", model_name, failure)
                 else:
-                    self._clear_trace_settings(model_name)
+                    self._traces.clear(model_name)
                     self._backend.repository_request("unload", model_name)
             if not remaining:
-                self._trace_settings.pop(model_name, None)
+                self._traces.by_name.pop(model_name, None)
             deadline = time.monotonic() + self._settings.exit_timeout_s
             if self._state is State.RUNNING and not remaining:
                 wait_detached(removed, deadline)
@@ -469,7 +465,7 @@ class Triton:
             self._backend.repository_request("load", model_name)
         except (http.client.HTTPException, OSError) as exc:
             raise self._load_interrupted(model_name, exc) from None
-        self._apply_trace_settings([model_name])
+        self._traces.apply([model_name])
         self._backend.loaded()
 
     def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
@@ -525,12 +521,13 @@ class Triton:
             startup = [name for name in self._model_names() if name not in later]
             self._startup_models = startup
             self._state = State.RUNNING
-            _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
+            if self._backend.offers_pipelines:
+                _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
             try:
                 self._backend.start(self._repository, startup, bool(self._models), self._socket_dir)
                 for name in later:
                     self._request_load(name)
-                self._apply_trace_settings(startup)
+                self._traces.apply(startup)
             except BaseException:
                 self._backend.after_load(False)
                 self.stop()
@@ -657,44 +654,6 @@ class Triton:
         self._wakeup.set()
         threading.Thread(target=self.stop, name="pytriton-unrecoverable-stop", daemon=True).start()
 
-    # -- trace settings (docs/tracing.md) ---------------------------------------------------------
-    def _model_trace_settings(self, model_name: str, trace_config: Optional[List[str]]) -> Optional[Dict[str, Any]]:
-        """``bind``'s ``trace_config`` as Triton's per-model trace settings (None: none given)."""
-        if trace_config is None:
-            return None
-        settings = _tracing.model_settings(trace_config, model_name)
-        if not self._tracing:
-            raise PyTritonValidationError(
-                f"Model {model_name!r}: bind(trace_config=...) needs a server that traces in OpenTelemetry mode: "
-                "TritonConfig(trace_config=['mode=opentelemetry', 'opentelemetry,url=<collector>/v1/traces', ...])"
-                + self._backend.trace_problem()
-                + "."
-            )
-        known = self._trace_settings.get(model_name)
-        if known is not None and known != settings and self._versions(model_name):
-            raise PyTritonValidationError(
-                f"Model {model_name!r}: Triton keeps one trace setting per model name, and another version was "
-                f"bound with trace_config giving {known}; bind every version with the same trace_config."
-            )
-        return settings
-
-    def _apply_trace_settings(self, model_names: Sequence[str]) -> None:
-        """Send the per-model trace settings of ``model_names`` to the loaded server (after each load)."""
-        for name in model_names:
-            settings = self._trace_settings.get(name)
-            if settings is not None:
-                self._backend.send_trace_settings(name, settings)
-
-    def _clear_trace_settings(self, model_name: str) -> None:
-        """Before the last version is unloaded: Triton keeps a model's trace settings by name, so a
-        model bound later under this name would inherit them; null values restore the server's."""
-        settings = self._trace_settings.get(model_name)
-        if settings is not None:
-            try:
-                self._backend.send_trace_settings(model_name, dict.fromkeys(settings))
-            except (PyTritonServerError, OSError) as exc:
-                LOGGER.warning("Model %s: could not clear its trace settings: %s", model_name, exc)
-
     # -- introspection ---------------------------------------------------------------------
     def get_access_token(self) -> Optional[str]:
         """The token restricted endpoints require (``None`` when the security config restricts nothing).
@@ -808,7 +767,7 @@ class _RegistryView:
         self._triton._request_load(model_name)
 
     def apply_trace_settings(self, model_names: Sequence[str]) -> None:
-        self._triton._apply_trace_settings(model_names)
+        self._triton._traces.apply(model_names)
 
     def wake(self) -> None:
         self._triton._wakeup.set()

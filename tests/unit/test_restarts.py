@@ -114,7 +114,7 @@ def supervised(monkeypatch):
     triton = Triton(max_server_restarts=2, restart_window_s=60)
     backend = triton._backend
     monkeypatch.setattr(backend, "_probe", lambda: lambda: True)
-    monkeypatch.setattr(triton, "_apply_trace_settings", lambda names: None)
+    monkeypatch.setattr(triton._traces, "apply", lambda names: None)
     # Backoff waits end when (fake) time passes; the fake sleep advances the clock it reads.
     clock = FakeClock()
     monkeypatch.setattr(_healing.time, "monotonic", clock)
