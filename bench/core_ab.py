@@ -1,56 +1,39 @@
-"""Sequential p50 and server CPU per request of the proxy against the plain Python-backend model, for two source trees.
+"""Sequential p50 and server CPU per request of the proxy and the plain Python-backend model, for two source trees.
 
 Usage::
 
-    python bench/core_ab.py BEFORE_TREE AFTER_TREE [COUNT] [ROUNDS]
+    python -m bench.core_ab BEFORE_TREE AFTER_TREE [COUNT] [BLOCK]
 
 ``BEFORE_TREE``/``AFTER_TREE`` are checkouts of pytriton (e.g. ``git archive main | tar -x -C /tmp/before``
-and this worktree). Each round runs one child per tree, alternating (before, after, before, ...), so
-that drift of a shared machine hits both alike. A child starts one ``Triton`` from its tree with the
-proxied identity model and the plain Python-backend identity model (bench/models.py), then
+and this worktree). One child process per tree starts a ``Triton`` from that tree, at the same time,
+with the proxied identity model and the plain Python-backend identity model (bench/models.py) in one
+server. This process then sends sequential HTTP ``[1,16]`` float32 requests in blocks of ``BLOCK``
+(100), cycling through (tree, model) in an order reversed every round, until each pair had ``COUNT``
+(3000): a shared machine's drift hits all four alike, which separate runs one after the other did not
+achieve on the 2-core development machine (the proxy's p50 moved 4x between runs). Per pair it
+reports the p50 and the CPU time (user + system, from ``/proc``) that the tree's server process group
+(``tritonserver`` and its stubs) spent during that pair's blocks, per request; only one pair's
+requests are in flight at any time, so the group's CPU in a block is that model's. The proxied model's
+callable runs in the child and is not counted: this is the server side of the cost.
 
-- measures ``COUNT`` sequential HTTP requests per model in alternating blocks of 50
-  (``bench.load.latency_interleaved``): p50 per model and their ratio;
-- sends ``COUNT`` sequential requests to each model alone and reads the CPU time (user + system) of
-  the server's process group (``tritonserver`` and its stubs) from ``/proc`` before and after: CPU per
-  request per model and their ratio. The proxied model's own callable runs in the child, which is not
-  counted: this is the server side of the cost, as Triton accounts its own work.
-
-Prints one JSON line per child and a summary (medians over rounds) as the last line. Written for issue
-26 (the serving core refactor), which had to leave both figures unchanged.
+Prints per tree: p50 and CPU per request of each model and the proxy/plain ratios, as one JSON line.
+Written for issue 26 (the serving core refactor), which had to leave both ratios unchanged.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-from typing import Any, Dict, List
+import time
+from typing import Any, Dict, List, Tuple
 
 CHILD = r"""
-import json, os, pathlib, shutil, sys, tempfile, time
-from bench.__main__ import free_ports, load, load_plain_models
+import json, pathlib, shutil, sys, tempfile
+from bench.__main__ import free_ports, load_plain_models
 from bench.models import BatchCounter, bind_project_models, write_plain_models
-from pytriton.server.process import group_members
 from pytriton.triton import Triton, TritonConfig
-
-count = int(sys.argv[1])
-tick = os.sysconf("SC_CLK_TCK")
-
-
-def group_cpu_s(pgid):
-    total = 0
-    for pid in group_members(pgid):
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    return total / tick
-
 
 http_port, grpc_port, metrics_port = free_ports(3)
 repository = pathlib.Path(tempfile.mkdtemp(prefix="pytriton-core-ab-"))
@@ -61,67 +44,106 @@ try:
         bind_project_models(triton, BatchCounter())
         triton.run()
         load_plain_models(http_port, names, triton.get_access_token())
-        server = getattr(triton, "_backend", None)
-        server = server.server if server is not None else triton._server
-        pgid = server.pid
-        latency = load({"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "count": count,
-                        "models": ["proxy_identity", "plain_identity"], "max_s": 120.0})
-        cpu = {}
-        for model in ("proxy_identity", "plain_identity"):
-            before = group_cpu_s(pgid)
-            load({"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "count": count,
-                  "models": [model], "max_s": 120.0, "warmup": 0})
-            cpu[model] = (group_cpu_s(pgid) - before) / count * 1e6
-        print(json.dumps({
-            "p50_ms": {m: latency[m]["p50_ms"] for m in ("proxy_identity", "plain_identity")},
-            "server_cpu_us_per_request": cpu,
-        }))
+        backend = getattr(triton, "_backend", None)  # this tree's layout, or the one before issue 26
+        server = backend.server if backend is not None else triton._server
+        print(json.dumps({"http_port": http_port, "pgid": server.pid}), flush=True)
+        sys.stdin.read()  # until the parent closes it
 finally:
     shutil.rmtree(repository, ignore_errors=True)
 """
+MODELS = ("proxy_identity", "plain_identity")
+TICK = os.sysconf("SC_CLK_TCK")
 
 
-def child(tree: str, count: int) -> Dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=tree)
-    completed = subprocess.run(
-        [sys.executable, "-c", CHILD, str(count)],
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of the live members of process group ``pgid``."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def start(tree: str) -> Tuple[subprocess.Popen[str], Dict[str, int]]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
         cwd=tree,
-        env=env,
-        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=tree),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=600,
-        check=False,
     )
-    if completed.returncode != 0:
-        raise RuntimeError(f"{tree}: {completed.stderr[-3000:]}")
-    result: Dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line:
+        child.kill()
+        raise RuntimeError(f"{tree}: the server child failed to start (see its stderr above)")
+    info: Dict[str, int] = json.loads(line)
+    return child, info
+
+
+def measure(servers: Dict[str, Dict[str, int]], count: int, block: int) -> Dict[str, Any]:
+    from bench.load import _sequential_call
+
+    pairs = [(label, model) for label in servers for model in MODELS]
+    calls = {pair: _sequential_call("http", servers[pair[0]]["http_port"], pair[1]) for pair in pairs}
+    for call in calls.values():
+        for _ in range(200):  # warm-up, not counted
+            call()
+    samples: Dict[Tuple[str, str], List[float]] = {pair: [] for pair in pairs}
+    cpu: Dict[Tuple[str, str], float] = dict.fromkeys(pairs, 0.0)
+    order = list(pairs)
+    while min(len(s) for s in samples.values()) < count:
+        for pair in order:
+            call, sink, pgid = calls[pair], samples[pair], servers[pair[0]]["pgid"]
+            before = group_cpu_s(pgid)
+            for _ in range(block):
+                started = time.perf_counter()
+                call()
+                sink.append(time.perf_counter() - started)
+            cpu[pair] += group_cpu_s(pgid) - before
+        order.reverse()
+    result: Dict[str, Any] = {}
+    for label in servers:
+        row: Dict[str, float] = {}
+        for model in MODELS:
+            ordered = sorted(samples[(label, model)])
+            row[f"{model}_p50_ms"] = ordered[len(ordered) // 2] * 1e3
+            row[f"{model}_cpu_us"] = cpu[(label, model)] / len(ordered) * 1e6
+        row["p50_ratio"] = row["proxy_identity_p50_ms"] / row["plain_identity_p50_ms"]
+        row["cpu_ratio"] = row["proxy_identity_cpu_us"] / row["plain_identity_cpu_us"]
+        result[label] = row
     return result
-
-
-def summarize(runs: List[Dict[str, Any]]) -> Dict[str, float]:
-    p50_ratio = [r["p50_ms"]["proxy_identity"] / r["p50_ms"]["plain_identity"] for r in runs]
-    cpu = [r["server_cpu_us_per_request"] for r in runs]
-    return {
-        "proxy_p50_ms": statistics.median(r["p50_ms"]["proxy_identity"] for r in runs),
-        "plain_p50_ms": statistics.median(r["p50_ms"]["plain_identity"] for r in runs),
-        "p50_ratio_to_plain": statistics.median(p50_ratio),
-        "proxy_server_cpu_us": statistics.median(c["proxy_identity"] for c in cpu),
-        "plain_server_cpu_us": statistics.median(c["plain_identity"] for c in cpu),
-        "server_cpu_ratio_to_plain": statistics.median(c["proxy_identity"] / c["plain_identity"] for c in cpu),
-    }
 
 
 def main(argv: List[str]) -> int:
     before, after = argv[0], argv[1]
-    count = int(argv[2]) if len(argv) > 2 else 2000
-    rounds = int(argv[3]) if len(argv) > 3 else 3
-    runs: Dict[str, List[Dict[str, Any]]] = {"before": [], "after": []}
-    for _ in range(rounds):
+    count = int(argv[2]) if len(argv) > 2 else 3000
+    block = int(argv[3]) if len(argv) > 3 else 100
+    children = []
+    try:
+        servers: Dict[str, Dict[str, int]] = {}
         for label, tree in (("before", before), ("after", after)):
-            result = child(tree, count)
-            runs[label].append(result)
-            print(json.dumps({label: result}), flush=True)
-    print(json.dumps({label: summarize(results) for label, results in runs.items()}))
+            child, info = start(tree)
+            children.append(child)
+            servers[label] = info
+        print(json.dumps(measure(servers, count, block)), flush=True)
+    finally:
+        for child in children:
+            if child.stdin is not None:
+                child.stdin.close()
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
     return 0
 
 
