@@ -130,8 +130,8 @@ def startup_project(repeats: int) -> Dict[str, Any]:
 
 
 def startup_plain(repeats: int) -> Dict[str, Any]:
+    from pytriton._launched import server_environment as _server_environment
     from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
-    from pytriton.triton import _server_environment
 
     server = find_server()
     env = _server_environment(stub_environment().bin_dir, [shared_libpython_dir(), *server.library_dirs])

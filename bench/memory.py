@@ -105,7 +105,7 @@ def _shm_bytes(prefix: str) -> int:
 
 def snapshot(triton: Triton, label: str) -> Dict[str, Any]:
     """Memory of every process involved, in MiB."""
-    server = triton._server.pid if triton._server is not None else None  # noqa: SLF001 (bench-only peek)
+    server = triton._backend.server.pid if triton._backend.server is not None else None  # noqa: SLF001 (bench-only peek)
     processes = {"user": os.getpid()}
     if server is not None:
         processes["server"] = server

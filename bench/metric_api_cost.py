@@ -89,7 +89,7 @@ def run(calls: int = 2000, rounds: int = 3) -> List[Dict[str, float]]:
             (repository / "metric_api" / "1").mkdir(parents=True)
             (repository / "metric_api" / "1" / "model.py").write_text(_MODEL)
             (repository / "metric_api" / "config.pbtxt").write_text(_CONFIG)
-            triton._repository_request("load", "metric_api")
+            triton._backend.repository_request("load", "metric_api")
             client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
             try:
                 results = []

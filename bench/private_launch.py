@@ -68,8 +68,8 @@ def _one(private: bool) -> Dict[str, float]:
         started = time.perf_counter()
         triton.bind("Late", identity, *spec)
         bind_s = time.perf_counter() - started
-        assert triton._server is not None and triton._server.pid is not None
-        os.kill(triton._server.pid, signal.SIGKILL)
+        assert triton._backend.server is not None and triton._backend.server.pid is not None
+        os.kill(triton._backend.server.pid, signal.SIGKILL)
         started = time.perf_counter()
         deadline = started + 60
         time.sleep(0.05)

@@ -7,9 +7,9 @@ options the binary would have been given: the launch plan ``Triton`` builds (pyt
 rendered to in-process options instead of argv (:meth:`LaunchPlan.to_inprocess_options`), so the
 Python backend gets the same shared-memory prefix and sizes, the same backend directory and the same
 control mode. There are no ports and no network
-endpoints; bound models are called through :meth:`EmbeddedTriton.model` (a
-:class:`pytriton.inprocess.Model`) or :meth:`EmbeddedTriton.client` (an
-:class:`~pytriton.inprocess.InProcessModelClient`).
+endpoints; bound models are called through ``Triton.model`` (a :class:`pytriton.inprocess.Model`)
+or ``Triton.client`` (an :class:`~pytriton.inprocess.InProcessModelClient`).
+:class:`EmbeddedBackend` is the :class:`~pytriton._backend.ServerBackend` of this mode.
 
 Processes and lifetimes: the Python backend still runs one stub process per model instance; in this
 mode the stubs are children of this process (they exit on their own within about 0.3 s if it dies).
@@ -31,10 +31,11 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from pytriton import inprocess
-from pytriton._healing import _State
+from pytriton._backend import StopHooks
+from pytriton._launched import LocalBackend
 from pytriton._plan import LaunchPlan
 from pytriton.exceptions import (
     PyTritonBadParameterError,
@@ -44,9 +45,6 @@ from pytriton.exceptions import (
 )
 from pytriton.inprocess import _lib
 from pytriton.server.process import TritonServerProcess
-from pytriton.server.settings import Settings
-from pytriton.server.triton_config import TritonConfig
-from pytriton.server.workspace import Workspace
 
 LOGGER = logging.getLogger(__name__)
 LOG_FILE_NAME = "tritonserver.log"
@@ -372,105 +370,83 @@ class EmbeddedServer(TritonServerProcess):
             self._loaded.clear()
 
 
-class EmbeddedTriton:
-    """The embedded-mode part of ``Triton`` (a mixin): choosing the server, and in-process access.
+class EmbeddedBackend(LocalBackend):
+    """Triton's server library in this process (``Triton(embedded=True)``): no ports, no network endpoints.
 
-    The attributes declared here without a value are ``Triton``'s state.
+    The same plan, watchdog, shared-memory guard and scratch directory as the launched binary
+    (:class:`~pytriton._launched.LocalBackend`); the server is an :class:`EmbeddedServer`, models are
+    loaded through the library, and the server never dies on its own, so it is never restarted.
     """
 
-    _embedded: bool
-    _server: Optional[TritonServerProcess]
-    _config: TritonConfig
-    _settings: Settings
-    _workspace: Workspace
-    _state: _State
-    _lock: threading.RLock
-
-    def _model_names(self) -> List[str]:
-        raise NotImplementedError
-
-    @property
-    def embedded(self) -> bool:
-        """True if this ``Triton`` runs the server inside this process (``Triton(embedded=True)``)."""
-        return self._embedded
+    restartable = False
+    embedded = True
+    can_trace = False
 
     def _new_server(self, plan: LaunchPlan, env: Dict[str, str]) -> TritonServerProcess:
-        """The server for ``plan``/``env``: the ``tritonserver`` binary, or the library in this process."""
-        if not self._embedded:
-            return TritonServerProcess(
-                plan.to_argv(), env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
-            )
         # Triton's log goes to the configured file, else to one in the workspace (server_log reads
         # it), not to this process's standard error.
-        log_path = self._config.log_file or self._workspace.subdir("embedded") / LOG_FILE_NAME
+        log_path = self._config.log_file or self._site.workspace.subdir("embedded") / LOG_FILE_NAME
         return EmbeddedServer(plan, env, log_path=log_path)
 
-    def _embedded_request(self, action: str, model_name: str) -> None:
+    def _watchdog_group(self, server: TritonServerProcess) -> int:
+        return 0  # no server process group to kill: the stubs are this process's children
+
+    def _probe(self) -> Callable[[], bool]:
+        return lambda: True  # EmbeddedServer.wait_until asks the library instead
+
+    def replace_server(self, model_names: List[str]) -> TritonServerProcess:
+        raise PyTritonInvalidOperationError("An embedded Triton server is never restarted (it cannot die on its own).")
+
+    def repository_request(self, action: str, model_name: str) -> None:
         """A model-repository call (``load``/``unload``) on the in-process server."""
         server = self._server
-        if not isinstance(server, EmbeddedServer):
+        if not isinstance(server, EmbeddedServer) or server is self._stopped:
             raise PyTritonInvalidOperationError("The embedded Triton server is not running.")
         if action == "load":
             server.load(model_name)
         else:
             server.unload(model_name)
 
-    def _no_network(self, what: str) -> None:
-        """Refuse ``what`` (a network address) in embedded mode, where nothing listens."""
-        if self._embedded:
-            raise PyTritonInvalidOperationError(
-                f"Triton(embedded=True) has no network endpoints, so no {what}: call models with "
-                "triton.client(name) or triton.model(name)."
-            )
+    def send_trace_settings(self, model_name: str, settings: Dict[str, object]) -> None:
+        """Nothing to send: an embedded Triton cannot trace (``bind(trace_config=...)`` is refused)."""
 
-    @property
-    def inprocess_server(self) -> inprocess.Server:
-        """The running :class:`pytriton.inprocess.Server` of an embedded ``Triton`` (after :meth:`run`).
+    def pending_requests(self) -> Dict[Tuple[str, str], int]:
+        return {}
 
-        It stays valid until :meth:`stop`; stopping or unloading models through it directly bypasses
-        ``Triton``'s bookkeeping, so use ``Triton``'s own methods for that.
+    def stop(self, hooks: StopHooks, running: bool) -> None:
+        """No network endpoints, so nothing to drain: unload, wait for the batches in flight, stop."""
+        server = self._server
+        self._stopped = server
+        if server is not None:
+            server.stop(grace_s=self._settings.exit_timeout_s, wait_idle=hooks.wait_detached)
 
-        Raises:
-            PyTritonInvalidOperationError: not embedded, not running yet, or stopped.
-        """
-        if not self._embedded:
-            raise PyTritonInvalidOperationError(
-                "inprocess_server exists only for Triton(embedded=True); this Triton runs the tritonserver binary."
-            )
+    def _no_network(self, what: str) -> PyTritonInvalidOperationError:
+        return PyTritonInvalidOperationError(
+            f"Triton(embedded=True) has no network endpoints, so no {what}: call models with "
+            "triton.client(name) or triton.model(name)."
+        )
+
+    def http_url(self) -> str:
+        raise self._no_network("http_url")
+
+    def grpc_url(self) -> str:
+        raise self._no_network("grpc_url")
+
+    def access_token(self) -> Optional[str]:
+        return None  # no network endpoint, so nothing needs a token
+
+    def endpoints_line(self) -> str:
+        return "Triton runs embedded in this process: no network endpoints"
+
+    def trace_problem(self) -> str:
+        return " (Triton(embedded=True) cannot trace)"
+
+    def inprocess_server(self, not_running: Optional[str]) -> inprocess.Server:
         server = self._server
         inner = server.server if isinstance(server, EmbeddedServer) else None
-        if inner is None or self._state is not _State.RUNNING:
-            state = "stopped" if self._state is _State.STOPPED else "not running yet (call run() first)"
-            raise PyTritonInvalidOperationError(f"The embedded Triton is {state}.")
+        if inner is None or not_running is not None:
+            raise PyTritonInvalidOperationError(f"The embedded Triton is {not_running or 'not running'}.")
         return inner
-
-    def model(self, model_name: str, model_version: int = -1) -> inprocess.Model:
-        """The bound model ``model_name`` as a :class:`pytriton.inprocess.Model` (embedded mode, after run()).
-
-        ``model_version`` -1 lets Triton pick (the highest bound version). The handle calls the
-        server directly (``infer``, ``async_infer``, ``metadata``, ``config``, ``statistics``, ...)
-        and raises :class:`pytriton.inprocess.InvalidArgumentError` once this ``Triton`` is stopped.
-
-        Raises:
-            PyTritonInvalidOperationError: not embedded, not running, or no model of that name is bound.
-        """
-        server = self.inprocess_server
-        if model_name not in self._model_names():
-            raise PyTritonInvalidOperationError(f"No model {model_name!r} is bound.")
-        return server.model(model_name, model_version)
-
-    def client(self, model_name: str, model_version: Union[int, str, None] = None) -> inprocess.InProcessModelClient:
-        """A ``ModelClient``-shaped client of a bound model, with no network (embedded mode, after run()).
-
-        ``infer_sample``/``infer_batch`` behave as :class:`pytriton.client.ModelClient`'s (positional
-        inputs in the model's input order, batch axis added for batching models); errors are
-        :mod:`pytriton.inprocess` exceptions. Nothing to close: ``close()`` only marks it closed.
-
-        Raises:
-            PyTritonInvalidOperationError: not embedded, not running, or no model of that name is bound.
-        """
-        self.model(model_name)  # the same checks
-        return inprocess.InProcessModelClient(self.inprocess_server, model_name, model_version)
 
 
 def check_embedded_flag(embedded: Any) -> bool:

@@ -1,8 +1,14 @@
-"""Self-healing of a running ``Triton``: restarting a dead server, replacing dead stubs, recycling memory.
+"""The supervisor of a running ``Triton``: restarting a dead server, replacing dead stubs, recycling memory, the drain.
 
-:class:`SelfHealing` is a mixin of :class:`pytriton.triton.Triton`; its methods run on the
-supervisor thread (one event at a time) or report events to it. See docs/architecture.md,
-"Self-healing", for what each case does and its limits.
+:class:`Supervisor` works on a :class:`~pytriton._backend.ServerBackend` and on the model registry
+(:class:`~pytriton._backend.Registry`, the ``Triton``). Its thread handles one event at a time;
+:meth:`Supervisor.on_stub_lost` and the backend's exit callback report events to it from other
+threads. The drain (:meth:`Supervisor.drain`, :meth:`Supervisor.wait_detached`) runs on the thread
+that calls ``Triton.stop()``. See docs/architecture.md, "Self-healing" and "Graceful drain", for what
+each case does and its limits.
+
+Resource contract: the supervisor thread (``pytriton-supervisor-<token>``), started by :meth:`start`
+and ended by :meth:`request_stop` plus :meth:`join`; every server it starts belongs to the backend.
 
 Unit tests: tests/unit/test_restarts.py (the restart loop and its backoff, with a fake clock and a
 fake server), tests/unit/test_self_healing.py (which lost stubs are replaced),
@@ -13,118 +19,112 @@ tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requ
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
-import pathlib
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Optional, Sequence, Set, Tuple
 
+from pytriton._backend import Registry, ServerBackend
 from pytriton._exit import describe_exit
-from pytriton._plan import LaunchPlan
-from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
 from pytriton.exceptions import PyTritonServerError
-from pytriton.proxy._binding import BoundModel, backend_region_prefix
-from pytriton.proxy.stubside import _segments
-from pytriton.server import _recycle
+from pytriton.proxy._binding import BoundModel
+from pytriton.server import _drain, _recycle
 from pytriton.server._restarts import RestartPolicy
-from pytriton.server._scratch import ScratchDirTracker
-from pytriton.server.process import TritonServerProcess, kill_stub
+from pytriton.server.process import kill_stub
 from pytriton.server.settings import Settings
-from pytriton.server.triton_config import TritonConfig
 
 LOGGER = logging.getLogger(__name__)
-STARTUP_TIMEOUT_S = float(DEFAULT_TRITON_STARTUP_TIMEOUT_S)  # also for a restarted server
+# When batches were still running as a stop began, it waits this much longer after the last one:
+# the worker marks a batch done before its reply reaches the stub, and Triton then writes the
+# responses; with 8 instances finishing together on 2 cores that took over 0.1 s
+# (tests/e2e/test_drain.py). A stop of an idle server does not pay it.
+RESPONSE_SETTLE_S = 0.4
 
 
-class _State(enum.Enum):
-    """Where a ``Triton`` instance is in its life: ``run()`` makes it RUNNING, ``stop()`` STOPPED (for good)."""
+def wait_detached(models: Sequence[BoundModel], deadline: float) -> bool:
+    """Wait until no stub of ``models`` is attached (or ``deadline``); True if none is.
 
-    CREATED = "created"
-    RUNNING = "running"
-    STOPPED = "stopped"
+    Triton's unload call returns once the model stops taking requests, while its stubs are still
+    finishing and exiting. Loading the same name again before they have gone races their
+    teardown inside the server, so an unload followed by a load waits here in between.
+    """
+    while any(model.connected for model in models):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
-class SelfHealing:
-    """Server restarts, stub replacement and shared-memory recycling (a mixin of ``Triton``).
+class Supervisor:
+    """Server restarts, stub replacement, shared-memory recycling and the drain of one ``Triton``.
 
-    The attributes and methods declared here without a body are the ``Triton`` state it works on.
+    Args:
+        registry: the ``Triton``'s models and state.
+        backend: where the server runs; restarts only where ``backend.restartable``.
+        settings: the resolved settings (recycling thresholds, drain delay).
+        policy: when restarts are delayed or given up (server/_restarts.py).
+        name: the thread's name.
     """
 
-    _config: TritonConfig
-    _lock: threading.RLock
-    _state: _State
-    _server: Optional[TritonServerProcess]
-    _repository: Optional[pathlib.Path]
-    _models: Dict[Tuple[str, int], BoundModel]
-    _startup_models: List[str]
-    _shm_prefix: str
-    _scratch: ScratchDirTracker
-    _wakeup: threading.Event
-    _launch: Optional[Tuple[LaunchPlan, Dict[str, str]]]
-    _events: queue.Queue[Tuple[str, Any]]
-    _restart_policy: RestartPolicy
-    _restarts: int
-    _restarting: bool
-    _healing: Set[str]
-    _failure: Optional[PyTritonServerError]
-    _recycled_at: Dict[str, float]
-    _settings: Settings
+    def __init__(
+        self, registry: Registry, backend: ServerBackend, settings: Settings, policy: RestartPolicy, name: str
+    ) -> None:
+        self._registry = registry
+        self._backend = backend
+        self._settings = settings
+        self.policy = policy
+        self._name = name
+        self._events: queue.Queue[Tuple[str, Any]] = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self.restarts = 0  # how many times the server was restarted after dying on its own
+        self.restarting = False
+        self.healing: Set[str] = set()  # names of models whose stubs are being replaced
+        self.failure: Optional[PyTritonServerError] = None  # why serve() must end
+        # Giving grown Python-backend regions back (server/_recycle.py): model -> when it was recycled.
+        self._recycled_at: Dict[str, float] = {}
+        backend.on_exit(self.on_server_exit)
 
-    def _versions(self, model_name: str) -> List[BoundModel]:
-        raise NotImplementedError
+    # -- the thread -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the supervisor thread (once, from ``run()``)."""
+        self._thread = threading.Thread(target=self._supervise, name=self._name, daemon=True)
+        self._thread.start()
 
-    def _model_names(self) -> List[str]:
-        raise NotImplementedError
+    def active(self) -> bool:
+        """True once :meth:`start` was called (``run()`` finished starting the server)."""
+        return self._thread is not None
 
-    def _write_name(self, model_name: str) -> None:
-        raise NotImplementedError
+    def request_stop(self) -> None:
+        """Tell the thread to end after the event it handles."""
+        self._events.put(("stop", None))
 
-    def _request_load(self, model_name: str) -> None:
-        raise NotImplementedError
+    def join(self, timeout_s: float = 10.0) -> None:
+        """Wait for the thread to end (a no-op on the thread itself, or when it never started)."""
+        thread = self._thread
+        if thread is None or thread is threading.current_thread() or not thread.is_alive():
+            return
+        thread.join(timeout_s)  # ends within moments once the server is gone (its waits check the state)
+        if thread.is_alive():
+            LOGGER.warning("The pytriton supervisor thread did not end; leaving it behind.")
 
-    def _apply_trace_settings(self, model_names: Sequence[str]) -> None:
-        raise NotImplementedError
-
-    def _ready_probe(self) -> Callable[[], bool]:
-        raise NotImplementedError
-
-    def _claim_scratch(self, loaded: bool) -> None:
-        raise NotImplementedError
-
-    def _tell_watchdog(self, line: str) -> None:
-        raise NotImplementedError
-
-    def _on_server_exit(self, returncode: int) -> None:
+    # -- events ---------------------------------------------------------------------------------
+    def on_server_exit(self, returncode: int) -> None:
         """The server died on its own (called on its log reader thread): let the supervisor restart it."""
         self._events.put(("server", returncode))
 
-    def _on_stub_lost(self, model_name: str, generation: int, server_pid: int) -> None:
+    def on_stub_lost(self, model_name: str, generation: int, server_pid: int) -> None:
         """A stub died without saying goodbye (called on a worker thread): let the supervisor replace it."""
-        with self._lock:
-            if self._state is not _State.RUNNING or model_name in self._healing or self._restarting:
+        with self._registry.lock:
+            if not self._registry.running() or model_name in self.healing or self.restarting:
                 return
-            if not self._versions(model_name) or not self._stub_loss_is_ours(server_pid):
+            if not self._registry.versions(model_name) or not self._backend.stub_loss_is_ours(server_pid):
                 return  # unbound meanwhile (its stubs go away), or a stub of a server that is gone
-            self._healing.add(model_name)
+            self.healing.add(model_name)
         LOGGER.error(
             "Model %s: a stub process died (generation %d); replacing the model's instances.", model_name, generation
         )
         self._events.put(("stub", (model_name, generation)))
-
-    def _stub_loss_is_ours(self, server_pid: int) -> bool:
-        """True if a stub whose parent was ``server_pid`` died under the running server (replace it).
-
-        Otherwise its server died or was replaced, and restarting the server handles it.
-        """
-        server = self._server
-        return server is not None and server.pid == server_pid and server.is_alive()
-
-    def _server_serving(self) -> bool:
-        """True while the server the models are loaded into runs."""
-        server = self._server
-        return server is not None and server.is_alive()
 
     def _supervise(self) -> None:
         """Handle server deaths and stub deaths one at a time, until :meth:`stop`.
@@ -139,7 +139,7 @@ class SelfHealing:
                 kind, payload = self._events.get(timeout=poll_s)
             except queue.Empty:
                 kind, payload = "recycle", None
-            if kind == "stop" or self._state is not _State.RUNNING:
+            if kind == "stop" or not self._registry.running():
                 return
             if kind == "recycle":
                 try:
@@ -157,14 +157,14 @@ class SelfHealing:
 
     def _give_up(self, message: str) -> None:
         """Record why the server is not restarted any more and wake ``serve()`` to raise it."""
-        self._failure = PyTritonServerError(message)
-        LOGGER.error("%s", self._failure)
-        self._wakeup.set()
+        self.failure = PyTritonServerError(message)
+        LOGGER.error("%s", self.failure)
+        self._registry.wake()
 
     def _backoff(self, delay_s: float) -> bool:
         """Wait ``delay_s`` before a restart; False if the instance was stopped meanwhile."""
         deadline = time.monotonic() + delay_s
-        while self._state is _State.RUNNING:
+        while self._registry.running():
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
@@ -179,8 +179,8 @@ class SelfHealing:
         that fail (the server exits or is not ready in time) are retried a few times, then
         ``serve()`` is woken to raise.
         """
-        old = self._server
-        assert old is not None and self._launch is not None
+        old = self._backend.server
+        assert old is not None
         if old.is_alive():
             return  # a late report about a server that was already replaced
         # Its stubs may outlive it, holding their slot locks, its ports and its output pipe: end the
@@ -188,88 +188,72 @@ class SelfHealing:
         old.stop(grace_s=0.0)
         errors = old.crash_lines()
         reason = describe_exit(returncode) + ("; its last error lines:\n  " + "\n  ".join(errors) if errors else "")
-        delay = self._restart_policy.crashed()
+        delay = self.policy.crashed()
         if delay is None:
             self._give_up(f"tritonserver died ({reason}); restarts are off (max_server_restarts=0): giving up.")
             return
-        recent = self._restart_policy.recent_crashes()
+        recent = self.policy.recent_crashes()
         LOGGER.error(
             "tritonserver died (%s); restarting it%s (%d crash(es) within %g s).",
             reason,
             f" in {delay:.2f} s" if delay else "",
             recent,
-            self._restart_policy.window_s,
+            self.policy.window_s,
         )
         started = time.monotonic()
-        with self._lock:
-            if self._state is not _State.RUNNING:
+        with self._registry.lock:
+            if not self._registry.running():
                 return
-            self._restarting = True
+            self.restarting = True
         try:
             if delay and not self._backoff(delay):
                 return
             while True:
-                old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
-                self._scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
-                _segments.sweep_segments(f"{self._shm_prefix}-pb")  # its Python-backend regions
-                plan, env = self._launch
-                plan = plan.loading_only(set(self._model_names()))  # a model unbound since run() is not loaded again
-                with self._lock:
-                    if self._state is not _State.RUNNING:
+                with self._registry.lock:
+                    if not self._registry.running():
                         return
-                    server = TritonServerProcess(
-                        plan.to_argv(),
-                        env,
-                        log_path=self._config.log_file,
-                        data_headroom=self._settings.server_data_headroom,
-                    )
-                    server.register_on_exit(self._on_server_exit)
-                    self._scratch = ScratchDirTracker()
-                    if self._models:
-                        self._scratch.before_first_load()
-                    server.start()
-                    self._server = server
-                self._tell_watchdog(f"pgid {server.pid}")
+                    server = self._backend.replace_server(self._registry.model_names())
                 try:
-                    server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to restart")
-                    for name in self._model_names():
-                        if name not in self._startup_models:  # bound after run(): load it again
-                            self._request_load(name)
-                    self._apply_trace_settings(self._startup_models)  # a new server knows none
+                    self._backend.wait_ready(server, "Triton failed to restart")
+                    startup = self._registry.startup_models()
+                    for name in self._registry.model_names():
+                        if name not in startup:  # bound after run(): load it again
+                            self._registry.request_load(name)
+                    self._registry.apply_trace_settings(startup)  # a new server knows none
                 except PyTritonServerError as exc:
-                    self._claim_scratch(False)
-                    if self._state is not _State.RUNNING:
+                    self._backend.after_load(False)
+                    if not self._registry.running():
                         return
                     if server.listening and not server.is_alive():
                         # It accepted connections, then died before pytriton's probe saw it ready:
                         # a request can do that (an attacker polling readiness faster than the
                         # probe), so it is a crash like any other, never a failed start.
-                        delay = self._restart_policy.crashed() or 0.0
+                        delay = self.policy.crashed() or 0.0
                         LOGGER.error("tritonserver died right after it came up (%s); restarting it.", exc)
                         if delay and not self._backoff(delay):
                             return
                         old = server
                         continue
-                    if not self._restart_policy.start_failed():
+                    if not self.policy.start_failed():
                         self._give_up(
-                            f"tritonserver could not be started again ({self._restart_policy.failed_starts} "
+                            f"tritonserver could not be started again ({self.policy.failed_starts} "
                             f"failed starts in a row); giving up. Last failure: {exc}"
                         )
                         return
                     LOGGER.error("Restarting tritonserver failed (%s); trying again.", exc)
                     old = server
                     continue
-                self._restart_policy.started()
-                self._claim_scratch(True)
+                self.policy.started()
+                self._backend.after_load(True)
                 break
         finally:
-            with self._lock:
-                self._restarting = False
-        self._restarts += 1
+            with self._registry.lock:
+                self.restarting = False
+        self.restarts += 1
         LOGGER.warning(
             "tritonserver restarted in %.2f s (restart %d; pid %s).",
             time.monotonic() - started,
-            self._restarts,
+            self.restarts,
             server.pid,
         )
 
@@ -283,23 +267,20 @@ class SelfHealing:
         then ended once idle (Triton may never finalize them).
         """
         try:
-            models = self._versions(model_name)
-            if not models or models[0].generation != generation or not self._server_serving():
+            models = self._registry.versions(model_name)
+            if not models or models[0].generation != generation or not self._backend.is_serving():
                 return  # unbound, already replaced, or the server itself died (restarted as a whole)
-            if self._restarting or self._state is not _State.RUNNING:
+            if self.restarting or not self._registry.running():
                 return
-            assert self._repository is not None
             started = time.monotonic()
-            failure = self._load_next_generation(model_name)
+            failure = self.load_next_generation(model_name)
             if failure is not None:
                 LOGGER.error("Model %s: replacing its dead stub failed: %s", model_name, failure)
                 return
             pids = [pid for model in models for pid in model.retire_generation()]
             deadline = time.monotonic() + 5.0
             while (
-                any(model.retired_busy for model in models)
-                and time.monotonic() < deadline
-                and self._state is _State.RUNNING
+                any(model.retired_busy for model in models) and time.monotonic() < deadline and self._registry.running()
             ):
                 time.sleep(0.01)
             for pid in pids:
@@ -312,27 +293,26 @@ class SelfHealing:
                 len(pids),
             )
         finally:
-            with self._lock:
-                self._healing.discard(model_name)
+            with self._registry.lock:
+                self.healing.discard(model_name)
 
-    def _load_next_generation(self, model_name: str) -> Optional[Exception]:
+    def load_next_generation(self, model_name: str) -> Optional[Exception]:
         """Load every version of a model again with the generation raised (new stubs next to the old).
 
         Returns the error if it failed (the old generation keeps serving then).
         """
-        assert self._repository is not None
-        models = self._versions(model_name)
+        models = self._registry.versions(model_name)
         for model in models:
             model.generation += 1
         try:
-            self._write_name(model_name)
-            self._request_load(model_name)
+            self._registry.write_name(model_name)
+            self._registry.request_load(model_name)
         except Exception as exc:  # noqa: BLE001 - reported by the caller, the old generation keeps serving
             for model in models:
                 model.generation -= 1
             # The files must describe the generation that serves: a restarted server loads from them.
             with contextlib.suppress(Exception):
-                self._write_name(model_name)
+                self._registry.write_name(model_name)
             return exc
         return None
 
@@ -344,21 +324,21 @@ class SelfHealing:
         whose regions are removed. Runs on the supervisor thread, so it never overlaps a restart or
         a stub replacement; a model that served a batch since its last recycle is eligible again.
         """
-        server, repository = self._server, self._repository
-        if server is None or server.pid is None or repository is None or self._restarting:
+        server, repository, prefix = self._backend.server, self._registry.repository(), self._backend.region_prefix
+        if server is None or server.pid is None or repository is None or prefix is None or self.restarting:
             return
-        regions = _recycle.stub_regions(server.pid, repository, backend_region_prefix(self._shm_prefix))
+        regions = _recycle.stub_regions(server.pid, repository, prefix)
         now = time.monotonic()
         for name, resident in _recycle.grown_models(regions, self._settings.recycle_byte_size).items():
-            models = self._versions(name)
-            if not models or name in self._healing or any(m.busy for m in models) or self._state is not _State.RUNNING:
+            models = self._registry.versions(name)
+            if not models or name in self.healing or any(m.busy for m in models) or not self._registry.running():
                 continue
             last_active = max(m.last_active for m in models)
             if now - last_active < self._settings.recycle_idle_s or last_active <= self._recycled_at.get(name, 0.0):
                 continue  # still in use, or nothing ran since the last recycle (old stubs still exiting)
             self._recycled_at[name] = now
             started = time.monotonic()
-            failure = self._load_next_generation(name)
+            failure = self.load_next_generation(name)
             if failure is not None:
                 LOGGER.warning("Model %s: reloading it to give back shared memory failed: %s", name, failure)
                 if not server.is_alive():
@@ -372,3 +352,50 @@ class SelfHealing:
                 models[0].generation,
                 time.monotonic() - started,
             )
+
+    # -- the drain (on the thread that stops the Triton) -------------------------------------------
+    def drain(self, deadline: float) -> bool:
+        """After SIGINT: the drain delay, then refuse new batches and wait for those in flight."""
+        return _drain.drain(
+            deadline,
+            self._settings.drain_delay_s,
+            self._registry.models,
+            self.wait_detached,
+            self._backend.is_serving,
+            self._backend.pending_requests,
+        )
+
+    def wait_detached(self, deadline: float) -> bool:
+        """After SIGINT: True once nothing can still be in flight, so the server may be killed.
+
+        Triton keeps serving open keep-alive connections after SIGINT and only unloads models when
+        they close (or after ``exit_timeout_secs``), then polls once per second. Waiting for that
+        would make every stop take seconds, so pytriton watches its own workers instead: when
+        every instance has said goodbye, or none has worked for a quiet period longer than any
+        batcher queue delay (plus ``RESPONSE_SETTLE_S`` when batches ran during the stop, so that
+        their responses are written), no request is left to finish. Batches refused while draining do not count as
+        work (their answer needs no callable).
+        """
+        quiet_s = 0.1 + max((model.max_queue_delay_s for model in self._registry.models()), default=0.0)
+        signalled = time.monotonic()
+        busy_at_start = any(model.busy for model in self._registry.models())
+        while time.monotonic() < deadline:
+            if not self._backend.is_serving():
+                return False
+            models = self._registry.models()
+            # A batch cannot legitimately run past its model's execution timeout: stop waiting then.
+            busy = [
+                model
+                for model in models
+                if model.busy
+                and (model.execution_timeout_s is None or time.monotonic() - signalled < model.execution_timeout_s)
+            ]
+            if not busy:
+                if not any(model.connected for model in models):
+                    return True
+                worked = max((model.last_active for model in models), default=0.0)
+                settle = quiet_s + (RESPONSE_SETTLE_S if busy_at_start or worked > signalled else 0.0)
+                if time.monotonic() - max(signalled, worked) >= settle:
+                    return True
+            time.sleep(0.005)
+        return False

@@ -145,7 +145,7 @@ class ModelHandle:
         self._version = version
         self._embedded = None
         self._config: Optional[TritonModelConfig] = None
-        if triton is not None and getattr(triton, "_embedded", False):
+        if triton is not None and getattr(triton, "embedded", False):
             self._embedded = triton.client(name, version)
         elif triton is not None:
             url = triton.grpc_url

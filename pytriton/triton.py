@@ -13,70 +13,59 @@ model instance), one worker thread per model instance (a worker process for mode
 private directory and shared-memory segments named ``pytriton-<pid>-<token>-*``. ``stop()`` (also
 called by ``__exit__``, ``serve()`` on SIGINT/SIGTERM, and at interpreter exit) removes all of it;
 if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it. With
-``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_embedded.py``).
+``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_embedded.py``);
+``RemoteTriton`` binds into a server started elsewhere (``pytriton/_remote_backend.py``).
+
+Structure (docs/architecture.md, "The serving core"): ``Triton`` is the model registry (bind, unbind,
+versions, the repository files) and the public methods; where the server runs is its
+:class:`~pytriton._backend.ServerBackend` (launched binary, embedded library or remote server), chosen
+once by the constructor; restarts, stub replacement, memory recycling and the drain are its
+:class:`~pytriton._healing.Supervisor`.
 
 Unit tests (no server): tests/unit/test_self_healing.py (lifecycle states, restart budget, bind
-validation), tests/unit/test_security.py (token and restrictions), tests/unit/test_check.py (the
-endpoints line), tests/unit/test_server_environment.py, tests/unit/test_triton_config.py; with a
-server: tests/e2e/.
+validation), tests/unit/test_backends.py (the three backends behind Triton), tests/unit/test_security.py
+(token and restrictions), tests/unit/test_check.py (the endpoints line),
+tests/unit/test_server_environment.py, tests/unit/test_triton_config.py; with a server: tests/e2e/.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import http.client
 import logging
 import os
 import pathlib
-import queue
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from pytriton import _embedded, _endpoints, _healing, _registry
-from pytriton._healing import _State
-from pytriton._plan import LaunchPlan
+from pytriton import _registry, inprocess
+from pytriton._backend import ServerBackend, State
+from pytriton._embedded import EmbeddedBackend, check_embedded_flag
+from pytriton._endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
+from pytriton._healing import Supervisor, wait_detached
+from pytriton._launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
+from pytriton._remote_backend import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
+from pytriton._trace_settings import ModelTraceSettings
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
     PyTritonModelAlreadyBoundError,
     PyTritonModelConfigError,
-    PyTritonServerError,
     PyTritonValidationError,
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy import _tracing
-from pytriton.proxy._binding import (
-    BindingContext,
-    BoundModel,
-    backend_region_prefix,
-    short_socket_dir,
-    validate_model_name,
-)
+from pytriton.proxy._binding import BindingContext, BoundModel, short_socket_dir, validate_model_name
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy.stubside import _segments, _stub_bytes
-from pytriton.server import _allocator
 from pytriton.server._restarts import RestartPolicy
-from pytriton.server._scratch import ScratchDirTracker
-from pytriton.server._shm_guard import ShmGuard
-from pytriton.server.command import LaunchSettings
-from pytriton.server.distribution import (
-    check_python_supported,
-    find_server,
-    shared_libpython_dir,
-    stub_environment,
-)
-from pytriton.server.process import (
-    TritonServerProcess,
-)
+from pytriton.server.distribution import check_python_supported
 from pytriton.server.security import (  # noqa: F401  (the constants are importable from here, as in NVIDIA PyTriton)
     DEFAULT_PROTECTED_ENDPOINTS,
     TRITON_ACCESS_HEADER,
@@ -84,23 +73,16 @@ from pytriton.server.security import (  # noqa: F401  (the constants are importa
     AccessPolicy,
     TritonSecurityConfig,
 )
-from pytriton.server.settings import EXIT_TIMEOUT_S, RECYCLE_BYTE_SIZE, RECYCLE_IDLE_S  # noqa: F401 - kept names
+from pytriton.server.settings import EXIT_TIMEOUT_S, RECYCLE_BYTE_SIZE, RECYCLE_IDLE_S, Settings  # noqa: F401 - kept names
 from pytriton.server.settings import resolve as resolve_settings
 from pytriton.server.triton_config import TritonConfig
-from pytriton.server.workspace import Workspace, cleanup_paths
-
-if TYPE_CHECKING:
-    from pytriton._remote import RemoteTriton
+from pytriton.server.workspace import Workspace
 
 __all__ = ["RemoteTriton", "Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
 
 LOGGER = logging.getLogger(__name__)  # "pytriton.triton", a documented name
 MONITORING_PERIOD_S = 5.0
 MONITORING_PERIOD_SEC = MONITORING_PERIOD_S  # the name before NVIDIA PyTriton 0.4
-STARTUP_TIMEOUT_S = _healing.STARTUP_TIMEOUT_S
-# glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
-SERVER_MALLOC_ARENA_MAX = 1
-_WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
 
 def _say(message: str) -> None:
@@ -136,7 +118,7 @@ class TritonLifecyclePolicy:
                 )
 
 
-class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.EmbeddedTriton):
+class Triton:
     """A Triton Inference Server serving bound Python callables.
 
     Args:
@@ -186,55 +168,64 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             raise PyTritonBadParameterError(
                 f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(triton_lifecycle_policy).__name__}."
             )
-        self.triton_lifecycle_policy = triton_lifecycle_policy or TritonLifecyclePolicy()
-        self._embedded = _embedded.check_embedded_flag(embedded)
-        # Everything this instance runs with, resolved once (server/settings.py): the explicit
-        # config over PYTRITON_TRITON_CONFIG_* and PYTRITON_*_SPIN_US over defaults, frozen.
-        self._settings = resolve_settings(config)
-        self._config = self._settings.config  # the merged copy, for the command line; read only
-        # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
-        self._tracing = _tracing.enabled(self._config.trace_config) and not self._embedded
-        self._trace_settings: Dict[str, Dict[str, Any]] = {}
-        if self._tracing:
-            _tracing.configure_export(self._config.trace_config)  # where unconfigured processes send spans
+        embedded = check_embedded_flag(embedded)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
             raise PyTritonBadParameterError(
                 f"security_config must be a TritonSecurityConfig, got {type(security_config).__name__}."
             )
-        self._security = security_config if security_config is not None else TritonSecurityConfig()
-        self._access = AccessPolicy(self._config, self._security)  # also validates the config's own restrictions
+        security = security_config if security_config is not None else TritonSecurityConfig()
+        # Everything this instance runs with, resolved once (server/settings.py): the explicit
+        # config over PYTRITON_TRITON_CONFIG_* and PYTRITON_*_SPIN_US over defaults, frozen.
+        settings = resolve_settings(config)
+        access = AccessPolicy(settings.config, security)  # also validates the config's own restrictions
+
+        def backend(site: Site) -> ServerBackend:
+            return EmbeddedBackend(site, access) if embedded else LaunchedBackend(site, access, security.access_token)
+
+        self._setup(
+            settings,
+            workspace,
+            triton_lifecycle_policy or TritonLifecyclePolicy(),
+            backend,
+            RestartPolicy(max_server_restarts, float(restart_window_s)),
+        )
+
+    def _setup(
+        self,
+        settings: Settings,
+        workspace: Union[Workspace, str, pathlib.Path, None],
+        policy: TritonLifecyclePolicy,
+        make_backend: Callable[[Site], ServerBackend],
+        restart_policy: RestartPolicy,
+    ) -> None:
+        """The state every ``Triton`` has, whichever backend it serves through (``RemoteTriton`` calls it too)."""
+        self.triton_lifecycle_policy = policy
+        self._settings = settings
+        self._config = settings.config  # the merged copy, for the command line; read only
         self._workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         self._token = secrets.token_hex(4)
         self._pid = os.getpid()
         self._shm_prefix = _segments.shm_prefix(self._pid, self._token)
+        self._backend = make_backend(Site(settings, self._workspace, self._shm_prefix))
+        # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
+        self._traces = ModelTraceSettings(self._backend, self._config.trace_config)
         # (name, version) -> model; the versions of one name share its config.pbtxt and its generation.
         self._models: Dict[Tuple[str, int], BoundModel] = {}
-        self._server: Optional[TritonServerProcess] = None
         self._lock = threading.RLock()
         self._wakeup = threading.Event()
-        self._state = _State.CREATED
+        self._state = State.CREATED
         self._socket_dir: Optional[pathlib.Path] = None
-        self._watchdog_fd: Optional[int] = None
-        self._watchdog: Optional[subprocess.Popen[bytes]] = None
         self._repository: Optional[pathlib.Path] = None
         self._model_counter = 0
         self._stub_numpy2 = False
-        self._scratch = ScratchDirTracker()  # the Python backend's /tmp directory (server/_scratch.py)
-        self._shm_guard = ShmGuard(backend_region_prefix(self._shm_prefix))  # 0600 backend regions (security)
-        # Self-healing (docs/architecture.md): a supervisor thread restarts a dead server and
-        # replaces dead stubs, one event at a time.
-        # Delays restarts after repeated crashes, gives up only on a server that cannot start (server/_restarts.py).
-        self._restart_policy = RestartPolicy(max_server_restarts, float(restart_window_s))
-        self._launch: Optional[Tuple[LaunchPlan, Dict[str, str]]] = None
-        self._events: queue.Queue[Tuple[str, Any]] = queue.Queue()
-        self._supervisor: Optional[threading.Thread] = None
-        self._restarts = 0
-        self._restarting = False
-        self._healing: Set[str] = set()  # names of models whose stubs are being replaced
-        self._failure: Optional[PyTritonServerError] = None
         self._startup_models: List[str] = []
-        # Giving grown Python-backend regions back (server/_recycle.py): model -> when it was recycled.
-        self._recycled_at: Dict[str, float] = {}
+        view = _RegistryView(self)
+        self._backend.attach(view)
+        # Self-healing and the drain (docs/architecture.md): a supervisor thread restarts a dead server
+        # and replaces dead stubs, one event at a time; restarts are delayed after repeated crashes.
+        self._supervisor = Supervisor(
+            view, self._backend, settings, restart_policy, name=f"pytriton-supervisor-{self._token}"
+        )
         self.triton_context = TritonContext()
         # Even a Triton that is never run owns a workspace (and, once a model is bound, a socket
         # directory): make sure interpreter exit removes them. stop() unregisters this.
@@ -252,16 +243,18 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         if self._socket_dir is None:
             self._socket_dir = short_socket_dir(self._pid, self._token)
         assert self._socket_dir is not None
-        return BindingContext(
-            user_pid=self._pid,
-            shm_prefix=self._shm_prefix,
-            socket_dir=self._socket_dir,
-            on_unrecoverable=self._on_unrecoverable,
-            max_request_bytes=self._settings.max_request_bytes,
-            on_stub_lost=self._on_stub_lost,
-            polling=self._settings.polling,
-            metrics=self._settings.callable_metrics,
-            tracing=self._tracing,
+        return self._backend.binding_context(
+            BindingContext(
+                user_pid=self._pid,
+                shm_prefix=self._shm_prefix,
+                socket_dir=self._socket_dir,
+                on_unrecoverable=self._on_unrecoverable,
+                max_request_bytes=self._settings.max_request_bytes,
+                on_stub_lost=self._supervisor.on_stub_lost,
+                polling=self._settings.polling,
+                metrics=self._settings.callable_metrics,
+                tracing=self._traces.enabled,
+            )
         )
 
     def bind(
@@ -305,9 +298,9 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             PyTritonModelAlreadyBoundError: this name and version are already bound.
         """
         validate_model_name(model_name)
-        trace_settings = self._model_trace_settings(model_name, trace_config)
+        trace_settings = self._traces.parse(model_name, trace_config, bool(self._versions(model_name)))
         with self._lock:
-            if self._state is _State.STOPPED:
+            if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")
             if (model_name, model_version) in self._models:
                 raise PyTritonModelAlreadyBoundError(
@@ -341,14 +334,14 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             self._models[key] = model
             self._attach_context(model)
             if trace_settings is not None:
-                self._trace_settings[model_name] = trace_settings
-            if self._state is _State.RUNNING:
+                self._traces.by_name[model_name] = trace_settings
+            if self._state is State.RUNNING:
                 try:
                     self._load_live(model)
                 except BaseException:
                     del self._models[key]
                     if not siblings:
-                        self._trace_settings.pop(model_name, None)
+                        self._traces.by_name.pop(model_name, None)
                     model.stop_workers()
                     assert self._repository is not None
                     if siblings:
@@ -372,7 +365,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                 ``Triton`` is stopped.
         """
         with self._lock:
-            if self._state is _State.STOPPED:
+            if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped.")
             versions = self._versions(model_name)
             removed = [m for m in versions if model_version is None or m.version == model_version]
@@ -382,22 +375,22 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             remaining = [m for m in versions if m not in removed]
             for model in removed:
                 del self._models[(model.name, model.version)]
-            if self._state is _State.RUNNING:
+            if self._state is State.RUNNING:
                 assert self._repository is not None
                 if remaining:
                     for model in removed:
                         model.remove_version_files(self._repository)
-                    failure = self._load_next_generation(model_name)
+                    failure = self._supervisor.load_next_generation(model_name)
                     if failure is not None:
                         LOGGER.error("Model %s: reloading its remaining versions failed: %s", model_name, failure)
                 else:
-                    self._clear_trace_settings(model_name)
-                    self._repository_request("unload", model_name)
+                    self._traces.clear(model_name)
+                    self._backend.repository_request("unload", model_name)
             if not remaining:
-                self._trace_settings.pop(model_name, None)
+                self._traces.by_name.pop(model_name, None)
             deadline = time.monotonic() + self._settings.exit_timeout_s
-            if self._state is _State.RUNNING and not remaining:
-                self._wait_detached(removed, deadline)
+            if self._state is State.RUNNING and not remaining:
+                wait_detached(removed, deadline)
             while any(model.busy for model in removed) and time.monotonic() < deadline:
                 time.sleep(0.01)
             for model in removed:
@@ -448,13 +441,13 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         try:
             self._write_name(model.name)
             model.start_workers()
-            self._scratch.before_first_load()
+            self._backend.before_load()
             loaded = False
             try:
                 self._request_load(model.name)
                 loaded = True
             finally:
-                self._claim_scratch(loaded)
+                self._backend.after_load(loaded)
         except BaseException:
             if len(versions) > 1:
                 for version in versions:
@@ -469,18 +462,15 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         for version in self._versions(model_name):
             version.run_direct_warmup()  # warmups Triton cannot express (model_config/warmup.py)
         try:
-            self._repository_request("load", model_name)
+            self._backend.repository_request("load", model_name)
         except (http.client.HTTPException, OSError) as exc:
             raise self._load_interrupted(model_name, exc) from None
-        self._apply_trace_settings([model_name])
-        _segments.make_private(backend_region_prefix(self._shm_prefix))  # the stub did; this is a second line
-        server = self._server
-        if server is not None:
-            server.cap_memory()  # the model's instances added threads: the cap follows (server/process.py)
+        self._traces.apply([model_name])
+        self._backend.loaded()
 
     def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
         """The error for a load whose connection broke: usually the server died while loading the model."""
-        server = self._server
+        server = self._backend.server
         deadline = time.monotonic() + 2.0
         while server is not None and server.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)  # a crashing server takes a moment to be reaped
@@ -494,44 +484,27 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                 ". Triton 2.51 sometimes crashes when a model's warmup fails; the callable's error, if it "
                 "raised one, is logged by 'pytriton.proxy'"
             )
-        if died and self._state is _State.RUNNING and self._supervisor is not None:
+        if died and self._state is State.RUNNING and self._supervisor.active():
             message += "; pytriton restarts the server with the other models"
         return PyTritonModelConfigError(message + ".")
-
-    @staticmethod
-    def _wait_detached(models: Sequence[BoundModel], deadline: float) -> bool:
-        """Wait until no stub of ``models`` is attached (or ``deadline``); True if none is.
-
-        Triton's unload call returns once the model stops taking requests, while its stubs are still
-        finishing and exiting. Loading the same name again before they have gone races their
-        teardown inside the server, so an unload followed by a load waits here in between.
-        """
-        while any(model.connected for model in models):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
         """Start the server with every bound model and return once all of them are ready."""
         with self._lock:
-            if self._state is _State.STOPPED:
-                raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one.")
-            if self._state is _State.RUNNING:
+            if self._state is State.STOPPED:
+                raise PyTritonInvalidOperationError(
+                    f"This {type(self).__name__} instance is stopped; create a new one."
+                )
+            if self._state is State.RUNNING:
                 return
             started = time.monotonic()
-            distribution = find_server(self._config.tritonserver_dir)
-            libpython = shared_libpython_dir()
-            stub_env = stub_environment()
-            self._stub_numpy2 = stub_env.numpy2
+            self._stub_numpy2 = self._backend.prepare()
             for model in self._models.values():
                 self._check_stub_support(model)
-            if not self._embedded:
-                self._check_ports()
-            _segments.sweep_dead_owners()
             self._binding_context()
-            self._repository = self._config.model_repository or self._workspace.subdir("model-store")
+            assert self._socket_dir is not None
+            self._repository = self._backend.model_store(self._workspace)
             self._repository.mkdir(parents=True, exist_ok=True)
             for name in self._model_names():
                 self._write_name(name)
@@ -540,89 +513,33 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             # Models with a warmup are loaded through the repository API once the server is up, not
             # with --load-model: when a warmup fails at start-up, Triton 2.51 sometimes crashes on its
             # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
-            warm = [name for name in self._model_names() if any(self._warmup(v) for v in self._versions(name))]
-            startup = [name for name in self._model_names() if name not in warm]
-            plan = LaunchPlan.build(
-                distribution.binary,
-                self._config,
-                LaunchSettings(
-                    model_repository=self._repository,
-                    backend_directory=distribution.backend_dir,
-                    cache_directory=distribution.cache_dir,
-                    shm_region_prefix=backend_region_prefix(self._shm_prefix),
-                    startup_models=startup,
-                    access=self._access,
-                ),
-            )
-            plan = dataclasses.replace(plan, log_file=None)  # the server process (or embedded) writes it
-            if self._settings.drain_delay_s > 0 and not self._embedded:  # Triton must not end the drain first
-                plan = plan.with_exit_timeout_at_least(self._settings.drain_delay_s + self._settings.exit_timeout_s)
-            env = _server_environment(
-                stub_env.bin_dir,
-                [libpython, *distribution.library_dirs],
-                malloc_arena_max=self._config.server_malloc_arena_max,
-                allocator=self._config.server_allocator,
-            )
-            self._launch = (plan, env)
+            later = [
+                name
+                for name in self._model_names()
+                if not self._backend.loads_at_startup or any(self._warmup(v) for v in self._versions(name))
+            ]
+            startup = [name for name in self._model_names() if name not in later]
             self._startup_models = startup
-            self._server = self._new_server(plan, env)  # the binary, or the library in this process
-            self._server.register_on_exit(self._on_server_exit)
-            self._state = _State.RUNNING
-            _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
-            if self._models:
-                self._scratch.before_first_load()
+            self._state = State.RUNNING
+            if self._backend.offers_pipelines:
+                _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
             try:
-                self._shm_guard.start()
-                self._server.start()
-                self._start_watchdog()
-                self._server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to start")
-                for name in warm:
+                self._backend.start(self._repository, startup, bool(self._models), self._socket_dir)
+                for name in later:
                     self._request_load(name)
-                self._apply_trace_settings(startup)
+                self._traces.apply(startup)
             except BaseException:
-                self._claim_scratch(False)
+                self._backend.after_load(False)
                 self.stop()
                 raise
-            self._claim_scratch(True)
-            _segments.make_private(backend_region_prefix(self._shm_prefix))  # the stubs did; a second line
-            self._supervisor = threading.Thread(
-                target=self._supervise, name=f"pytriton-supervisor-{self._token}", daemon=True
-            )
+            self._backend.started()
             self._supervisor.start()
             LOGGER.info("Triton ready with %d model(s) in %.2f s", len(self._models), time.monotonic() - started)
             LOGGER.info("%s", self._endpoints_line())
 
-    def _claim_scratch(self, loaded: bool) -> None:
-        """End the first-load window; hand a claimed scratch directory to the watchdog as well."""
-        known = self._scratch.path
-        path = self._scratch.after_first_load(loaded)
-        if path is not None and path != known:
-            self._tell_watchdog(f"scratch {path}")
-
-    def _start_watchdog(self) -> None:
-        assert self._server is not None and self._server.pid is not None
-        read_fd, write_fd = os.pipe()
-        paths = [str(self._socket_dir)]
-        owned = cleanup_paths(self._workspace)
-        if owned is not None:
-            paths.append(str(owned))
-        self._watchdog = subprocess.Popen(  # noqa: S603
-            [
-                sys.executable,
-                "-S",
-                str(_WATCHDOG),
-                str(read_fd),
-                str(0 if self._embedded else self._server.pid),  # 0: no server process group to kill
-                self._shm_prefix,
-                *paths,
-            ],
-            pass_fds=(read_fd,),
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(read_fd)
-        os.set_inheritable(write_fd, False)
-        self._watchdog_fd = write_fd
+    def _endpoints_line(self) -> str:
+        """One line: where the server is reached and which endpoint groups need the token."""
+        return self._backend.endpoints_line()
 
     def serve(
         self, monitoring_period_s: float = MONITORING_PERIOD_S, *, monitoring_period_sec: Optional[float] = None
@@ -662,7 +579,7 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                 models = ", ".join(sorted({name for name, _ in self._models})) or "none"
                 _say(f"{self._endpoints_line()}; models: {models}. Ctrl-C to stop.")
             while not self._wakeup.wait(monitoring_period_s):
-                if self._failure is not None:
+                if self._supervisor.failure is not None:
                     break
         finally:
             for number, handler in previous.items():
@@ -671,8 +588,9 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             self.stop()
             if console:
                 _say(f"stopped in {time.monotonic() - started:.2f} s")
-        if self._failure is not None:
-            raise self._failure
+        failure = self._supervisor.failure
+        if failure is not None:
+            raise failure
 
     def is_alive(self) -> bool:
         """True while the server runs (not being restarted) and every bound model can serve.
@@ -681,20 +599,20 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
         being replaced; a model whose live load is still in progress does not count yet.
         """
         with self._lock:
-            return (
-                self._state is _State.RUNNING
-                and not self._restarting
-                and self._failure is None
-                and self._server is not None
-                and self._server.is_alive()
-                and not self._healing
+            supervisor = self._supervisor
+            healthy = (
+                self._state is State.RUNNING
+                and not supervisor.restarting
+                and supervisor.failure is None
+                and not supervisor.healing
                 and all(model.serving for model in self._models.values())
             )
+        return healthy and self._backend.is_serving()  # a remote server is asked over the network: not under the lock
 
     @property
     def server_restarts(self) -> int:
         """How many times ``tritonserver`` was restarted after dying on its own."""
-        return self._restarts
+        return self._supervisor.restarts
 
     def stop(self) -> bool:
         """Drain and stop the server, then release every resource. Idempotent; safe from any thread.
@@ -709,61 +627,27 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
             True if this call stopped the instance, False if it was already stopped.
         """
         with self._lock:
-            if self._state is _State.STOPPED:
+            if self._state is State.STOPPED:
                 return False
-            self._state = _State.STOPPED
-            server = self._server  # a restart in progress starts no further server once stopped
+            running = self._state is State.RUNNING
+            self._state = State.STOPPED  # a restart in progress starts no further server once stopped
         atexit.unregister(self.stop)
         _registry.unregister(self)
         started = time.monotonic()
-        self._events.put(("stop", None))
-        if server is not None and self._embedded:  # no network endpoints: nothing to drain
-            server.stop(grace_s=self._settings.exit_timeout_s, wait_idle=self._wait_models_detached)
-        elif server is not None:
-            held = self._hold_http() if server.is_alive() else None  # before the SIGINT (server/_drain.py)
-            try:
-                server.stop(grace_s=self._settings.drain_delay_s + self._settings.exit_timeout_s, wait_idle=self._drain)
-            finally:
-                if held is not None:
-                    held.close()
-        supervisor = self._supervisor
-        if supervisor is not None and supervisor is not threading.current_thread():
-            supervisor.join(10.0)  # ends within moments once the server is gone (its waits check the state)
-            if supervisor.is_alive():
-                LOGGER.warning("The pytriton supervisor thread did not end; leaving it behind.")
-        if self._server is not None and self._server is not server:
-            self._server.stop(grace_s=0.0)  # started by a restart right before stop()
-        self._scratch.remove()
-        self._shm_guard.stop()
-        for model in self._models.values():
+        self._supervisor.request_stop()
+        self._backend.stop(self._supervisor, running)  # the drain, then the server ends (a remote one stays)
+        self._supervisor.join()
+        models = list(self._models.values())
+        for model in models:
             model.stop_workers()
         _segments.sweep_segments(self._shm_prefix)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         self._workspace.clean()
-        self._release_watchdog()
+        self._backend.release(models, self._repository)
         self._wakeup.set()
         LOGGER.debug("Triton stopped in %.2f s", time.monotonic() - started)
         return True
-
-    def _release_watchdog(self) -> None:
-        if self._watchdog_fd is not None:
-            try:
-                os.write(self._watchdog_fd, b"done\n")
-            finally:
-                os.close(self._watchdog_fd)
-                self._watchdog_fd = None
-        if self._watchdog is not None:
-            try:
-                self._watchdog.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-            self._watchdog = None
-
-    def _tell_watchdog(self, line: str) -> None:
-        if self._watchdog_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._watchdog_fd, f"{line}\n".encode())
 
     def _on_unrecoverable(self, exc: BaseException) -> None:
         LOGGER.error("Unrecoverable error in an inference callable (%s); stopping Triton.", exc)
@@ -776,65 +660,209 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
 
         Clients send it with ``access_token=``; raw HTTP clients as the ``triton-access-token`` header,
         gRPC clients as ``triton-grpc-protocol-triton-access-token`` metadata. ``None`` for
-        ``Triton(embedded=True)``: it has no network endpoint, so nothing needs a token.
+        ``Triton(embedded=True)``: it has no network endpoint, so nothing needs a token. For
+        ``RemoteTriton``: the token given for the server's restricted endpoints.
         """
-        return None if self._embedded else self._security.access_token
+        return self._backend.access_token()
 
     @property
     def server_log(self) -> List[str]:
-        """The last lines the server printed."""
-        return self._server.log_lines if self._server is not None else []
+        """The last lines the server printed (always empty for ``RemoteTriton``: the output is its owner's)."""
+        return self._backend.server_log()
 
     @property
     def http_url(self) -> str:
-        """``http://host:port`` of the HTTP endpoint."""
-        self._no_network("http_url")
-        return f"http://{self._settings.http.client_host}:{self._settings.http.port}"
+        """``http://host:port`` of the HTTP endpoint (``RemoteTriton``: the URL given, when it is an HTTP one)."""
+        return self._backend.http_url()
 
     @property
     def grpc_url(self) -> str:
-        """``grpc://host:port`` of the gRPC endpoint."""
-        self._no_network("grpc_url")
-        return f"grpc://{self._settings.grpc.client_host}:{self._settings.grpc.port}"
+        """``grpc://host:port`` of the gRPC endpoint (``RemoteTriton``: the URL given, when it is a gRPC one)."""
+        return self._backend.grpc_url()
+
+    # -- in this process (Triton(embedded=True)) -------------------------------------------------
+    @property
+    def embedded(self) -> bool:
+        """True if this ``Triton`` runs the server inside this process (``Triton(embedded=True)``)."""
+        return self._backend.embedded
+
+    @property
+    def inprocess_server(self) -> inprocess.Server:
+        """The running :class:`pytriton.inprocess.Server` of an embedded ``Triton`` (after :meth:`run`).
+
+        It stays valid until :meth:`stop`; stopping or unloading models through it directly bypasses
+        ``Triton``'s bookkeeping, so use ``Triton``'s own methods for that.
+
+        Raises:
+            PyTritonInvalidOperationError: not embedded, not running yet, or stopped.
+        """
+        not_running = {
+            State.RUNNING: None,
+            State.STOPPED: "stopped",
+            State.CREATED: "not running yet (call run() first)",
+        }[self._state]
+        return self._backend.inprocess_server(not_running)
+
+    def model(self, model_name: str, model_version: int = -1) -> inprocess.Model:
+        """The bound model ``model_name`` as a :class:`pytriton.inprocess.Model` (embedded mode, after run()).
+
+        ``model_version`` -1 lets Triton pick (the highest bound version). The handle calls the
+        server directly (``infer``, ``async_infer``, ``metadata``, ``config``, ``statistics``, ...)
+        and raises :class:`pytriton.inprocess.InvalidArgumentError` once this ``Triton`` is stopped.
+
+        Raises:
+            PyTritonInvalidOperationError: not embedded, not running, or no model of that name is bound.
+        """
+        server = self.inprocess_server
+        if model_name not in self._model_names():
+            raise PyTritonInvalidOperationError(f"No model {model_name!r} is bound.")
+        return server.model(model_name, model_version)
+
+    def client(self, model_name: str, model_version: Union[int, str, None] = None) -> inprocess.InProcessModelClient:
+        """A ``ModelClient``-shaped client of a bound model, with no network (embedded mode, after run()).
+
+        ``infer_sample``/``infer_batch`` behave as :class:`pytriton.client.ModelClient`'s (positional
+        inputs in the model's input order, batch axis added for batching models); errors are
+        :mod:`pytriton.inprocess` exceptions. Nothing to close: ``close()`` only marks it closed.
+
+        Raises:
+            PyTritonInvalidOperationError: not embedded, not running, or no model of that name is bound.
+        """
+        self.model(model_name)  # the same checks
+        return inprocess.InProcessModelClient(self.inprocess_server, model_name, model_version)
 
 
-def _server_environment(
-    stub_bin: pathlib.Path,
-    library_dirs: List[pathlib.Path],
-    malloc_arena_max: Optional[int] = None,
-    allocator: Optional[str] = None,
-) -> Dict[str, str]:
-    """Environment of the server: the stub's python3 first on PATH, this libpython first to load.
+class _RegistryView:
+    """What the supervisor and the backends see of a ``Triton`` (:class:`pytriton._backend.Registry`)."""
 
-    ``malloc_arena_max`` (``None``: :data:`SERVER_MALLOC_ARENA_MAX`; 0: glibc's own default) sets
-    ``MALLOC_ARENA_MAX`` for the server and its stubs only, unless your environment sets it.
-    ``allocator`` (``TritonConfig.server_allocator``) picks the ``malloc`` preloaded into the server
-    and its stubs (pytriton/server/_allocator.py: jemalloc when installed, by default).
+    def __init__(self, triton: Triton) -> None:
+        self._triton = triton
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._triton._lock
+
+    def running(self) -> bool:
+        return self._triton._state is State.RUNNING
+
+    def models(self) -> List[BoundModel]:
+        return list(self._triton._models.values())
+
+    def versions(self, model_name: str) -> List[BoundModel]:
+        return self._triton._versions(model_name)
+
+    def model_names(self) -> List[str]:
+        return self._triton._model_names()
+
+    def repository(self) -> Optional[pathlib.Path]:
+        return self._triton._repository
+
+    def startup_models(self) -> List[str]:
+        return self._triton._startup_models
+
+    def write_name(self, model_name: str) -> None:
+        self._triton._write_name(model_name)
+
+    def request_load(self, model_name: str) -> None:
+        self._triton._request_load(model_name)
+
+    def apply_trace_settings(self, model_names: Sequence[str]) -> None:
+        self._triton._traces.apply(model_names)
+
+    def wake(self) -> None:
+        self._triton._wakeup.set()
+
+
+REMOTE_LIFECYCLE_POLICY = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=False)
+
+
+class RemoteTriton(Triton):
+    """A ``Triton`` that serves bound callables through a Triton server running elsewhere (docs/remote.md).
+
+    It is a ``Triton`` constructed with the remote backend (pytriton/_remote_backend.py): the same
+    ``bind``, worker threads in this process and proxy model in the server's stubs, but no server is
+    started: :meth:`run` connects and loads the bound models through the server's model-repository API
+    (with the access token when that API is restricted); :meth:`stop` unloads them again, leaving the
+    server running. :func:`pytriton._remote.server_command` builds a suitable server command line.
+
+    Args:
+        url: the server, ``[http://|grpc://]host[:port]`` (HTTP and port 8000 by default); the
+            model-repository calls go over this protocol.
+        workspace: staging directory for the model files (a temporary one when ``None``), or,
+            with ``local_model_store=True`` and no ``TritonConfig.model_repository``, the
+            server's model repository itself.
+        access_token: the token of the server's restricted model-repository endpoints
+            (``triton-access-token``), if it restricts them.
+        triton_lifecycle_policy: ``launch_triton_on_startup`` must be False (the server runs
+            already); ``local_model_store`` picks where the model files go (True: a repository the
+            server shares; False: sent with each load request).
+            Default: ``TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=False)``.
+        config: ``model_repository`` (with ``local_model_store=True``), ``max_request_bytes`` and
+            ``exit_timeout_secs`` (how long ``stop`` waits for batches in flight) are used; server
+            flags are not (the server is not started here).
+        transport: ``"unix"`` (same host and user) or ``"tcp"`` (ZeroMQ; tensors in the messages).
+        tcp_address: the address the TCP transport listens on (``"127.0.0.1"``; ``"0.0.0.0"`` for
+            every interface).
+        tcp_port: its port (0: a free one, see :attr:`tcp_endpoint`).
+        tcp_advertised_address: the name the server's stubs connect to, when it differs from
+            ``tcp_address`` (e.g. a Kubernetes Service name).
+        tcp_encryption: encrypt the TCP transport with ZeroMQ's CURVE (the default; pyzmq's wheels
+            include it). False sends tensors in clear, for a network you trust.
+
+    Resource contract: worker threads, the Unix socket directory or the TCP hub (one thread, one
+    listening port), staging files in the workspace; all released by :meth:`stop` (also ``__exit__``,
+    ``serve()`` on SIGINT/SIGTERM and interpreter exit), which first unloads the models.
     """
-    env = dict(os.environ)
-    _allocator.preload(env, _allocator.resolve(allocator))
-    arenas = SERVER_MALLOC_ARENA_MAX if malloc_arena_max is None else malloc_arena_max
-    if arenas > 0:
-        # With one malloc arena, the heap the server grew for large tensors is trimmed back when they
-        # are freed; with glibc's per-thread arenas it stayed 38 MiB up after 1 KiB-8 MiB traffic
-        # (docs/architecture.md, "Memory after large requests").
-        env.setdefault("MALLOC_ARENA_MAX", str(arenas))
-    # The stub's embedded interpreter must see its own environment only.
-    for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV"):
-        env.pop(name, None)
-    env["PATH"] = os.pathsep.join([str(stub_bin), env.get("PATH", "")])
-    existing = env.get("LD_LIBRARY_PATH")
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([str(path) for path in library_dirs] + ([existing] if existing else []))
-    if sys.platform != "linux":
-        raise PyTritonServerError("pytriton runs tritonserver on Linux only.")
-    return env
 
+    def __init__(
+        self,
+        url: str,
+        workspace: Union[Workspace, str, pathlib.Path, None] = None,
+        access_token: Optional[str] = None,
+        *,
+        triton_lifecycle_policy: Optional[TritonLifecyclePolicy] = None,
+        config: Optional[TritonConfig] = None,
+        transport: str = "unix",
+        tcp_address: str = "127.0.0.1",
+        tcp_port: int = 0,
+        tcp_advertised_address: Optional[str] = None,
+        tcp_encryption: bool = True,
+    ):
+        check_python_supported()
+        policy = REMOTE_LIFECYCLE_POLICY if triton_lifecycle_policy is None else triton_lifecycle_policy
+        if not isinstance(policy, TritonLifecyclePolicy):
+            raise PyTritonBadParameterError(
+                f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(policy).__name__}."
+            )
+        if policy.launch_triton_on_startup:
+            raise PyTritonBadParameterError(
+                "RemoteTriton binds into a server that already runs: give it a TritonLifecyclePolicy with "
+                "launch_triton_on_startup=False."
+            )
+        settings = resolve_settings(config)
+        remote = RemoteBackend(
+            url,
+            access_token,
+            settings,
+            policy.local_model_store,
+            transport,
+            TcpOptions(tcp_address, tcp_port, tcp_advertised_address, tcp_encryption),
+        )
+        self._remote = remote
+        # Nothing of this object's own security config reaches a server, and it restarts none.
+        self._setup(settings, workspace, policy, lambda site: remote, RestartPolicy(0, 60.0))
 
-def __getattr__(name: str) -> Any:
-    """``RemoteTriton`` is defined on top of ``Triton`` (pytriton/_remote.py) and importable from here,
-    as in NVIDIA PyTriton; imported on first use, since that module imports this one."""
-    if name == "RemoteTriton":
-        from pytriton._remote import RemoteTriton
+    @property
+    def tcp_endpoint(self) -> Optional[str]:
+        """``tcp://host:port`` the server's stubs connect to (``None`` with the Unix transport)."""
+        return self._remote.hub.endpoint if self._remote.hub is not None else None
 
-        return RemoteTriton
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def connect(self, timeout_s: float = 30.0) -> None:
+        """Wait (up to ``timeout_s``) until the server at ``url`` is live; raises ``PyTritonServerError``."""
+        if self._state is State.STOPPED:
+            raise PyTritonInvalidOperationError("This RemoteTriton is stopped; create a new one.")
+        self._remote.connect(timeout_s)
+
+    def is_connected(self) -> bool:
+        """True once :meth:`connect` (or :meth:`run`) reached the server, until :meth:`stop`."""
+        return self._remote.connected and self._state is not State.STOPPED

@@ -94,6 +94,19 @@ def shm_entries(prefix: str) -> List[str]:
     return sorted(name for name in os.listdir("/dev/shm") if name.startswith(prefix))
 
 
+def owned_resources(triton) -> tuple:
+    """What a running launched ``Triton`` owns, for a clean-up check after it stopped:
+    (server pid, shared-memory prefix, socket directory, workspace path, scratch directory or None)."""
+    backend = triton._backend
+    return (
+        backend.server.pid,
+        triton._shm_prefix,
+        triton._socket_dir,
+        triton._workspace.path,
+        backend.scratch.path,
+    )
+
+
 def process_group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

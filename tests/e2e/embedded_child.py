@@ -53,8 +53,8 @@ def main() -> None:
         "shm_prefix": triton._shm_prefix,
         "socket_dir": str(triton._socket_dir),
         "workspace": str(triton._workspace.path),
-        "watchdog_pid": triton._watchdog.pid if triton._watchdog is not None else None,
-        "scratch": triton._scratch.path,  # the Python backend's /tmp/python_env_* directory
+        "watchdog_pid": triton._backend.watchdog.pid if triton._backend.watchdog is not None else None,
+        "scratch": triton._backend.scratch.path,  # the Python backend's /tmp/python_env_* directory
     }
     print(json.dumps(info), flush=True)
 

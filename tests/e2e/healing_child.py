@@ -17,11 +17,11 @@ from pytriton.triton import Triton, TritonConfig
 
 def _report(triton: Triton) -> None:
     info = {
-        "server_pid": triton._server.pid,
+        "server_pid": triton._backend.server.pid,
         "shm_prefix": triton._shm_prefix,
         "socket_dir": str(triton._socket_dir),
         "workspace": str(triton._workspace.path),
-        "scratch": triton._scratch.path,
+        "scratch": triton._backend.scratch.path,
         "restarts": triton.server_restarts,
         "repository": str(triton._repository),
     }

@@ -39,12 +39,12 @@ def main() -> None:
         )
     triton.run()
     info = {
-        "server_pid": triton._server.pid,
+        "server_pid": triton._backend.server.pid,
         "shm_prefix": triton._shm_prefix,
         "socket_dir": str(triton._socket_dir),
         "workspace": str(triton._workspace.path),
-        "watchdog_pid": triton._watchdog.pid,
-        "scratch": triton._scratch.path,
+        "watchdog_pid": triton._backend.watchdog.pid,
+        "scratch": triton._backend.scratch.path,
     }
     print(json.dumps(info), flush=True)
     triton.serve(monitoring_period_sec=0.2)

@@ -90,7 +90,7 @@ def test_is_alive_needs_every_model_to_serve():
         assert not triton.is_alive()  # not running yet
         triton.run()
         assert triton.is_alive()
-        (stub,) = _stubs(triton._server.pid, "Echo")
+        (stub,) = _stubs(triton._backend.server.pid, "Echo")
         os.kill(stub, signal.SIGKILL)
         assert wait_for(lambda: not triton.is_alive(), 10), "a model without its stub counted as serving"
         assert wait_for(triton.is_alive, 60), "not alive again after the stub was replaced"

@@ -99,7 +99,7 @@ def test_stop_leaves_no_stub_segment_socket_or_directory():
     assert client.infer_sample(np.arange(3, dtype=F32))["y"].tolist() == [0.0, 1.0, 2.0]
     assert child_stubs(prefix), "the model's stub runs as a child of this process"
     assert shm_entries(prefix), "the Python backend's region and the arenas exist while serving"
-    scratch = triton._scratch.path
+    scratch = triton._backend.scratch.path
     assert triton.stop() is True
     assert triton.stop() is False  # twice is harmless
     assert not child_stubs(prefix), "stub processes left behind"
@@ -342,5 +342,5 @@ def test_a_load_that_fails_is_reported_and_the_server_keeps_serving(triton):
     # (Not a failing warmup: Triton 2.51 crashes on one of those about once in ten loads, and an
     # embedded server shares this process; see docs/inprocess.md.)
     with pytest.raises(PyTritonModelConfigError, match="could not load model 'NotInTheRepository'"):
-        triton._repository_request("load", "NotInTheRepository")
+        triton._backend.repository_request("load", "NotInTheRepository")
     assert triton.client("Identity").infer_sample(np.ones(1, F32))["y"].tolist() == [1.0]

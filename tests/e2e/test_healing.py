@@ -33,7 +33,7 @@ from tritonclient.utils import InferenceServerException
 from pytriton.exceptions import PyTritonServerError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
-from tests.conftest import process_group_alive, shm_entries, triton_ports, wait_for
+from tests.conftest import owned_resources, process_group_alive, shm_entries, triton_ports, wait_for
 
 CHILD = pathlib.Path(__file__).with_name("healing_child.py")
 REPO = pathlib.Path(__file__).parents[2]
@@ -112,7 +112,7 @@ def server():
     _bind_all(triton)
     triton.run()
     yield triton, ports
-    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path, triton._scratch.path)
+    info = owned_resources(triton)
     triton.stop()  # with calls still hung (HANG not set yet): stop must not wait for them
     HANG.set()
     # After killed stubs, replaced generations and abandoned calls: nothing may be left.
@@ -286,7 +286,7 @@ def test_stop_does_not_wait_for_a_hung_callable(ports, caplog):
         triton.bind("Hung", hang, K, Y, config=ModelConfig(execution_timeout_s=0.5))
         triton.run()
         assert _k(ports, "Hung", 1)[0] == "error"
-        info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+        info = (triton._backend.server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
         started = time.monotonic()
         triton.stop()
         took = time.monotonic() - started
@@ -304,14 +304,16 @@ def test_killed_stub_is_replaced(server):
     triton, ports = server
     assert _echo(ports) is None
     for round_ in range(2):  # twice: the replacement generation heals too
-        stubs = _stubs(triton._server.pid, "Echo2")
+        stubs = _stubs(triton._backend.server.pid, "Echo2")
         assert len(stubs) == 2, stubs
         os.kill(stubs[0], signal.SIGKILL)
         started = time.monotonic()
         assert _wait_serving(ports, timeout_s=60), f"round {round_}: Echo2 did not recover"
         print(f"round {round_}: serving again after {time.monotonic() - started:.2f} s")
-        assert wait_for(lambda: len(_stubs(triton._server.pid, "Echo2")) == 2, 20), _stubs(triton._server.pid, "Echo2")
-        assert stubs[0] not in _stubs(triton._server.pid, "Echo2")
+        assert wait_for(lambda: len(_stubs(triton._backend.server.pid, "Echo2")) == 2, 20), _stubs(
+            triton._backend.server.pid, "Echo2"
+        )
+        assert stubs[0] not in _stubs(triton._backend.server.pid, "Echo2")
         assert triton.is_alive()
     assert all(_echo(ports) is None for _ in range(20))
 
@@ -329,7 +331,7 @@ def test_a_stopped_stub_fails_requests_fast_and_is_replaced_without_a_server_abo
     """
     triton, ports = server
     assert _wait_serving(ports)
-    server_pid = triton._server.pid
+    server_pid = triton._backend.server.pid
     stubs = _stubs(server_pid, "Echo2")
     assert len(stubs) == 2, stubs
     stop = threading.Event()
@@ -361,7 +363,7 @@ def test_a_stopped_stub_fails_requests_fast_and_is_replaced_without_a_server_abo
     while not results.empty():
         outcomes.append(results.get())
     errors = [error for error, _ in outcomes if error is not None]
-    assert triton._server.pid == server_pid, "tritonserver was restarted: it aborted"
+    assert triton._backend.server.pid == server_pid, "tritonserver was restarted: it aborted"
     assert all(seconds < 10.0 for _, seconds in outcomes), "a request waited for the stopped stub"
     assert all("not healthy" in error for error in errors), errors  # Triton's own clear error, nothing else
     assert stubs[0] not in _stubs(server_pid, "Echo2")
@@ -386,7 +388,7 @@ def test_killed_server_is_restarted_with_its_models(ports):
         triton.bind("Echo", echo, X, X)
         triton.run()
         triton.bind("Late", echo, X, X)  # bound after run(): must be loaded again after a restart
-        first_pid, first_scratch = triton._server.pid, triton._scratch.path
+        first_pid, first_scratch = triton._backend.server.pid, triton._backend.scratch.path
         assert _echo(ports, "Echo") is None and _echo(ports, "Late") is None
         os.kill(first_pid, signal.SIGKILL)
         started = time.monotonic()
@@ -397,17 +399,11 @@ def test_killed_server_is_restarted_with_its_models(ports):
         # a moment after requests already succeed.
         assert wait_for(lambda: triton.server_restarts == 1, 10), triton.server_restarts
         assert triton.is_alive()
-        assert triton._server.pid != first_pid
+        assert triton._backend.server.pid != first_pid
         assert wait_for(lambda: not process_group_alive(first_pid), 10), "the old server's stubs were left"
         if first_scratch:
             assert not pathlib.Path(first_scratch).exists(), "the dead server's scratch directory was left"
-        info = (
-            triton._server.pid,
-            triton._shm_prefix,
-            triton._socket_dir,
-            triton._workspace.path,
-            triton._scratch.path,
-        )
+        info = owned_resources(triton)
     finally:
         triton.stop()
     _assert_clean(*info)
@@ -418,7 +414,7 @@ def test_stop_during_a_restart_leaves_nothing(ports, delay_s):
     triton = Triton(config=TritonConfig(**ports))
     triton.bind("Echo", echo, X, X)
     triton.run()
-    first = triton._server.pid
+    first = triton._backend.server.pid
     info = (triton._shm_prefix, triton._socket_dir, triton._workspace.path)
     os.kill(first, signal.SIGKILL)
     time.sleep(delay_s)  # stop() lands before, during or after the restart
@@ -428,7 +424,7 @@ def test_stop_during_a_restart_leaves_nothing(ports, delay_s):
     # stop() during a restart must not wait for the server it raced with (a stop stuck on it would take
     # the 30 s exit timeout); half of that is a generous margin for a loaded host.
     assert took < 15, f"stop() took {took:.1f} s during a restart"
-    last = triton._server.pid
+    last = triton._backend.server.pid
     assert not triton.is_alive()
     for pid in {first, last}:
         _assert_clean(pid, *info)
@@ -460,7 +456,7 @@ def test_a_request_that_crashes_the_server_is_survived(ports, caplog, kind):
     try:
         triton.bind("Echo", echo, X, X)
         triton.run()
-        first = triton._server.pid
+        first = triton._backend.server.pid
         connection = http.client.HTTPConnection("127.0.0.1", ports["http_port"], timeout=30)
         try:
             connection.request("POST", "/v2/models/Echo/infer", body=body)
@@ -472,7 +468,7 @@ def test_a_request_that_crashes_the_server_is_survived(ports, caplog, kind):
         assert _wait_serving(ports, "Echo", timeout_s=60), "Echo not served again after the crash"
         # Counted once the supervisor has seen the new server ready: possibly just after requests succeed.
         assert wait_for(lambda: triton.server_restarts == 1, 10), triton.server_restarts
-        assert triton._server.pid != first
+        assert triton._backend.server.pid != first
         died = [record.getMessage() for record in caplog.records if "tritonserver died" in record.getMessage()]
         assert died and all(word in died[0] for word in evidence), died
     finally:
@@ -546,7 +542,7 @@ def test_give_up_raises_from_serve(ports):
     triton = Triton(config=TritonConfig(**ports), max_server_restarts=0)
     triton.bind("Echo", echo, X, X)
     triton.run()
-    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+    info = (triton._backend.server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
     errors: queue.Queue = queue.Queue()
 
     def serve():
@@ -558,7 +554,7 @@ def test_give_up_raises_from_serve(ports):
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    os.kill(triton._server.pid, signal.SIGKILL)
+    os.kill(triton._backend.server.pid, signal.SIGKILL)
     error = errors.get(timeout=30)
     thread.join(10)
     assert isinstance(error, PyTritonServerError) and "giving up" in str(error), error

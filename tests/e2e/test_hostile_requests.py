@@ -141,7 +141,7 @@ class PeakWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            server = self._triton._server
+            server = self._triton._backend.server
             if server is not None and server.pid is not None:
                 for pid, peak in _peak_rss(group_members(server.pid)).items():
                     self.peaks[pid] = max(peak, self.peaks.get(pid, 0))
@@ -166,7 +166,7 @@ def _attack(served: Served, body: bytes, until: float) -> Optional[str]:
     """
     triton = served.triton
     while time.monotonic() < until:
-        server = triton._server
+        server = triton._backend.server
         connection = http.client.HTTPConnection("127.0.0.1", served.ports["http_port"], timeout=30.0)
         try:
             connection.connect()
@@ -217,7 +217,7 @@ def test_a_flood_of_crash_bodies_never_ends_the_service(served):
     assert crashes >= 6, (
         f"only {crashes} of {FLOOD_BODIES} bodies crashed the server ({outcomes}); the test lost its point"
     )
-    assert served.thread.is_alive() and triton._failure is None  # serve() still blocks
+    assert served.thread.is_alive() and triton._supervisor.failure is None  # serve() still blocks
     with ModelClient(served.url, "Identity", init_timeout_s=RECOVERY_BOUND_S) as client:
         x = np.arange(5, dtype=np.uint8)
         np.testing.assert_array_equal(client.infer_sample(x=x)["y"], x)
@@ -245,4 +245,4 @@ def test_memory_bombs_stay_under_the_servers_memory_cap(served):
     assert len(statuses) == 4 and 200 not in statuses
     assert watcher.peaks, "the watcher saw no server process"
     assert peak < PEAK_RSS_LIMIT, f"the server's processes reached {peak / (1 << 20):.0f} MiB resident"
-    assert served.thread.is_alive() and triton._failure is None
+    assert served.thread.is_alive() and triton._supervisor.failure is None

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 import tensorrtserver.shared_memory as shm
+from pytriton._launched import server_environment as _server_environment
 from pytriton.decorators import batch, current_requests
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy._binding import copy_stub_package
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 from pytriton.server.process import TritonServerProcess, http_ready_probe
-from pytriton.triton import Triton, TritonConfig, _server_environment
+from pytriton.triton import Triton, TritonConfig
 from tensorrtserver.api import (
     DataType,
     InferContext,

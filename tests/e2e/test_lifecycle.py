@@ -23,7 +23,7 @@ from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledE
 from pytriton.model_config import Tensor
 from pytriton.server import distribution
 from pytriton.triton import Triton, TritonConfig
-from tests.conftest import process_group_alive, shm_entries, triton_ports, wait_for
+from tests.conftest import owned_resources, process_group_alive, shm_entries, triton_ports, wait_for
 
 CHILD = pathlib.Path(__file__).with_name("serve_child.py")
 REPO = pathlib.Path(__file__).parents[2]
@@ -82,9 +82,11 @@ def test_start_serve_stop_leaves_nothing(ports, stop_at_teardown):
     # A client holding a keep-alive connection must not delay the stop.
     client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
     assert client.is_server_live()
-    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path, triton._scratch.path)
+    info = owned_resources(triton)
     assert shm_entries(triton._shm_prefix), "the python backend and the arenas should have segments while running"
-    assert triton._scratch.path and pathlib.Path(triton._scratch.path).is_dir(), "backend scratch directory not found"
+    assert triton._backend.scratch.path and pathlib.Path(triton._backend.scratch.path).is_dir(), (
+        "backend scratch directory not found"
+    )
     stopping = time.monotonic()
     triton.stop()
     stop_s = time.monotonic() - stopping
@@ -111,7 +113,7 @@ def test_polling_worker_serves_and_stops_promptly(ports, monkeypatch, stop_at_te
         tensor.set_data_from_numpy(x)
         np.testing.assert_array_equal(client.infer("Echo", [tensor]).as_numpy("x"), x)
     client.close()
-    info = (triton._server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
+    info = (triton._backend.server.pid, triton._shm_prefix, triton._socket_dir, triton._workspace.path)
     stopping = time.monotonic()
     triton.stop()
     # stop() promises not to wait for the workers' polling; a worker stuck in its poll would keep
@@ -127,13 +129,13 @@ def test_live_binding_claims_the_backend_scratch_directory(ports, stop_at_teardo
     triton = Triton(config=TritonConfig(**ports))
     stop_at_teardown(triton)
     triton.run()
-    assert triton._scratch.path is None
+    assert triton._backend.scratch.path is None
     _bind_echo(triton)
-    scratch = triton._scratch.path
+    scratch = triton._backend.scratch.path
     assert scratch and pathlib.Path(scratch).is_dir()
     _call(ports["http_port"])
     _bind_echo(triton, "Second")  # a later bind claims nothing new
-    assert triton._scratch.path == scratch
+    assert triton._backend.scratch.path == scratch
     triton.stop()
     assert not pathlib.Path(scratch).exists()
 

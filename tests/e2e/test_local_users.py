@@ -145,13 +145,13 @@ def attack() -> Iterator[Dict[str, Any]]:
         assert wait_for(lambda: len(_backend_regions(prefix) - before) >= 1, 30, 0.1), "no recycle happened"
         seen["recycled"] = _backend_regions(prefix) - before
         # Crash restart: the supervisor starts a new server with new regions.
-        assert triton._server is not None and triton._server.pid is not None
-        first = triton._server.pid
+        assert triton._backend.server is not None and triton._backend.server.pid is not None
+        first = triton._backend.server.pid
         os.kill(first, signal.SIGKILL)
         assert wait_for(lambda: triton.server_restarts == 1, 60, 0.1), "the server was not restarted"
         assert wait_for(lambda: _infer(ports["grpc_port"], "Identity", np.ones((1, 8), np.uint8)), 30, 0.2)
         seen["restarted"] = _backend_regions(prefix)
-        seen["server_pids"] = {first, triton._server.pid}
+        seen["server_pids"] = {first, triton._backend.server.pid}
     finally:
         stop.touch()
         out, err = watcher.communicate(timeout=60)

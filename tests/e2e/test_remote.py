@@ -296,7 +296,7 @@ def test_hostile_frames_leave_the_tcp_hub_serving(remote, encrypt):
     with RemoteTriton(_url(remote), access_token=TOKEN, transport="tcp", tcp_encryption=encrypt) as triton:
         _bind(triton, name)
         triton.run()
-        hub = triton._hub
+        hub = triton._remote.hub
         assert hub is not None and triton.tcp_endpoint is not None
         context = zmq.Context()
         try:

@@ -28,6 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from pytriton._healing import wait_detached
 from pytriton.client import (
     AsyncioDecoupledModelClient,
     AsyncioModelClient,
@@ -265,13 +266,13 @@ def test_bind_after_run_with_restriction_on(secured):
 def test_repository_helper_unloads_and_reloads_with_the_token(secured):
     # The one path for pytriton's repository calls (model reloads use it too).
     _bind_identity(secured.triton, "Reloaded")
-    secured.triton._repository_request("unload", "Reloaded")
+    secured.triton._backend.repository_request("unload", "Reloaded")
     assert wait_for(lambda: secured.request("GET", "/v2/models/Reloaded/ready")[0] != 200, timeout_s=30.0)
     # Triton's unload answers before the stubs exit; a load racing their teardown once crashed the
     # server in CI (SIGSEGV), so the reload starts after they have detached, as unbind() does.
     models = secured.triton._versions("Reloaded")
-    assert secured.triton._wait_detached(models, time.monotonic() + 30.0)
-    secured.triton._repository_request("load", "Reloaded")
+    assert wait_detached(models, time.monotonic() + 30.0)
+    secured.triton._backend.repository_request("load", "Reloaded")
     with ModelClient(secured.http_url, "Reloaded") as client:
         np.testing.assert_array_equal(client.infer_sample(x=X)["y"], X)
 
@@ -304,7 +305,7 @@ def test_a_reload_through_the_repository_api_is_prompt_and_leaves_no_extra_stub(
         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
         config=ModelConfig(batching=False),
     )
-    server_pid = triton._server.pid
+    server_pid = triton._backend.server.pid
     before = sorted(_model_stubs(server_pid, "ApiReloaded"))
     assert len(before) == 2
     started = time.monotonic()
@@ -347,9 +348,9 @@ def test_grpc_only_server_loads_through_the_restriction():
         _bind_identity(triton)
         triton.run()
         _bind_identity(triton, "Late")  # gRPC load with the token; the probe with the user's header
-        triton._repository_request("unload", "Late")
-        assert triton._wait_detached(triton._versions("Late"), time.monotonic() + 30.0)
-        triton._repository_request("load", "Late")
+        triton._backend.repository_request("unload", "Late")
+        assert wait_detached(triton._versions("Late"), time.monotonic() + 30.0)
+        triton._backend.repository_request("load", "Late")
         token = triton.get_access_token()
         with ModelClient(f"grpc://127.0.0.1:{ports['grpc_port']}", "Late", access_token=token) as client:
             with pytest.raises(PyTritonClientError):
@@ -498,9 +499,9 @@ def test_shared_memory_has_no_group_or_other_bits(secured):
     backend = {name: mode for name, mode in named.items() if name.startswith(f"{triton._shm_prefix}-pb")}
     assert len(backend) >= 2, named  # one region per model instance
     assert all(mode & 0o077 == 0 for mode in named.values()), {name: oct(mode) for name, mode in named.items()}
-    assert triton._server is not None and triton._server.pid is not None
+    assert triton._backend.server is not None and triton._backend.server.pid is not None
     mapped: Dict[str, int] = {}
-    for pid in [os.getpid(), *_children(triton._server.pid)]:
+    for pid in [os.getpid(), *_children(triton._backend.server.pid)]:
         mapped.update(_mapped_segments(pid, triton._shm_prefix))
     if os.geteuid() == 0:  # map_files is readable to root: check the arenas (unlinked once mapped) as well
         assert any("-m" in name for name in mapped), mapped

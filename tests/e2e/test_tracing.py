@@ -173,7 +173,7 @@ def test_tritons_own_trace_id_reaches_the_user_and_untraced_models_stay_untraced
 
 def test_a_restarted_server_gets_the_model_trace_settings_again(server):
     port, exporter, triton = server
-    os.kill(triton._server.pid, signal.SIGKILL)
+    os.kill(triton._backend.server.pid, signal.SIGKILL)
     # The restart counts once the new server is ready, its models loaded and their settings sent.
     assert wait_for(lambda: triton.server_restarts == 1, 60), "the server was not restarted"
     exporter.clear()

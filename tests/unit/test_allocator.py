@@ -7,10 +7,10 @@ import pathlib
 
 import pytest
 
+from pytriton._launched import server_environment as _server_environment
 from pytriton.exceptions import PyTritonValidationError
 from pytriton.server import _allocator
 from pytriton.server.triton_config import TritonConfig
-from pytriton.triton import _server_environment
 
 
 @pytest.fixture()

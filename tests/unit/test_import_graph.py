@@ -121,15 +121,10 @@ def _closed_path(graph: Dict[str, Set[str]], component: Set[str]) -> List[str]:
     raise AssertionError(f"no cycle in component {sorted(component)}")
 
 
-# The one cycle still open, with what breaks it. Each entry must still exist (the last test below), so the entry
-# goes when the cycle does; any other cycle fails at once.
-KNOWN_CYCLES: Dict[FrozenSet[str], str] = {
-    frozenset({"pytriton._remote", "pytriton.triton"}): (
-        "RemoteTriton subclasses Triton and is public as pytriton.triton.RemoteTriton (a module __getattr__); "
-        "issue 26 item 1 breaks it: a remote ServerBackend below triton.py, RemoteTriton a way to construct a Triton"
-    ),
-}
-KNOWN_UPWARD = {"pytriton.triton -> pytriton._remote": "the same cycle as in KNOWN_CYCLES"}
+# Cycles and upward arrows still open, with what breaks each. Each entry must still exist (the last test below), so
+# the entry goes when the cycle does; any other cycle fails at once. None is left.
+KNOWN_CYCLES: Dict[FrozenSet[str], str] = {}
+KNOWN_UPWARD: Dict[str, str] = {}
 
 
 def test_the_package_imports_have_no_cycles() -> None:

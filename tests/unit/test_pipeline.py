@@ -27,7 +27,7 @@ class FakeTriton:
 
     def __init__(self, names, embedded=False, client=None):
         self._names = names
-        self._embedded = embedded
+        self.embedded = embedded
         self._client = client
         self.grpc_url = "grpc://127.0.0.1:1"
 

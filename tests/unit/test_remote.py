@@ -75,9 +75,9 @@ def test_tcp_transport_writes_the_endpoint_and_token_into_the_private_file(tmp_p
         endpoint = triton.tcp_endpoint
         assert endpoint is not None and endpoint.startswith("tcp://127.0.0.1:")
         _bind(triton)
-        triton._repository = triton._store()
+        triton._repository = triton._remote.model_store(triton._workspace)
         triton._write_name("Remote")
-        config, files = triton._model_files("Remote")
+        config, files = triton._remote.model_files("Remote")
         assert json.loads(config)["name"] == "Remote"
         assert {
             "file:1/model.py",
@@ -87,7 +87,7 @@ def test_tcp_transport_writes_the_endpoint_and_token_into_the_private_file(tmp_p
         private = json.loads(files["file:1/pytriton_private.json"])
         assert private["tcp"]["endpoint"] == endpoint and private["tcp"]["route"] == "m1"
         assert len(private["tcp"]["token"]) >= 32
-        assert private["tcp"]["server_key"] == triton._hub.public_key  # CURVE by default
+        assert private["tcp"]["server_key"] == triton._remote.hub.public_key  # CURVE by default
         assert "token" not in config  # the secret is not in the public model config
 
 
@@ -95,9 +95,9 @@ def test_local_model_store_writes_into_the_given_repository(tmp_path):
     policy = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
     shared = tmp_path / "shared"
     with RemoteTriton("localhost", config=TritonConfig(model_repository=shared), triton_lifecycle_policy=policy) as t:
-        assert t._store() == shared
+        assert t._remote.model_store(t._workspace) == shared
     with RemoteTriton("localhost", workspace=tmp_path / "ws", triton_lifecycle_policy=policy) as t:
-        assert t._store() == (tmp_path / "ws").resolve()
+        assert t._remote.model_store(t._workspace) == (tmp_path / "ws").resolve()
 
 
 def test_server_command(monkeypatch, tmp_path):

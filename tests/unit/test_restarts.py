@@ -1,7 +1,7 @@
 """The restart policy and the supervisor's restart loop, with a fake clock and a fake server.
 
-``pytriton/server/_restarts.py`` decides the delay before each restart; ``SelfHealing._restart_server``
-(pytriton/_healing.py) applies it. A server that had been serving is restarted however often it dies
+``pytriton/server/_restarts.py`` decides the delay before each restart; ``Supervisor._restart_server``
+(pytriton/_healing.py) applies it through the launched backend (pytriton/_launched.py). A server that had been serving is restarted however often it dies
 (requests can crash Triton 2.51); only starts that keep failing end ``serve()``.
 """
 
@@ -12,8 +12,8 @@ from typing import Any, Callable, List
 
 import pytest
 
-from pytriton import _healing
-from pytriton._healing import _State
+from pytriton import _healing, _launched
+from pytriton._backend import State
 from pytriton._plan import LaunchPlan, PythonBackendOptions
 from pytriton.exceptions import PyTritonServerError
 from pytriton.server._restarts import BACKOFF_CAP_S, MAX_FAILED_STARTS, RestartPolicy
@@ -109,17 +109,19 @@ def supervised(monkeypatch):
     FakeServer.started = []
     FakeServer.outcomes = []
     sleeps: List[float] = []
-    monkeypatch.setattr(_healing, "TritonServerProcess", FakeServer)
-    monkeypatch.setattr(_healing._segments, "sweep_segments", lambda prefix: None)
+    monkeypatch.setattr(_launched, "TritonServerProcess", FakeServer)
+    monkeypatch.setattr(_launched._segments, "sweep_segments", lambda prefix: None)
     triton = Triton(max_server_restarts=2, restart_window_s=60)
-    monkeypatch.setattr(triton, "_ready_probe", lambda: lambda: True)
-    monkeypatch.setattr(triton, "_apply_trace_settings", lambda names: None)
+    backend = triton._backend
+    monkeypatch.setattr(backend, "_probe", lambda: lambda: True)
+    monkeypatch.setattr(triton._traces, "apply", lambda names: None)
     # Backoff waits end when (fake) time passes; the fake sleep advances the clock it reads.
     clock = FakeClock()
     monkeypatch.setattr(_healing.time, "monotonic", clock)
     monkeypatch.setattr(_healing.time, "sleep", lambda s: (sleeps.append(s), setattr(clock, "now", clock.now + s)))
-    triton._restart_policy = RestartPolicy(2, 60.0, clock=clock)
-    triton._launch = (
+    supervisor = triton._supervisor
+    supervisor.policy = RestartPolicy(2, 60.0, clock=clock)
+    backend._launch = (
         LaunchPlan(
             binary=pathlib.Path("tritonserver"),
             model_repository=pathlib.Path("/nowhere"),
@@ -128,57 +130,58 @@ def supervised(monkeypatch):
         ),
         {},
     )
-    triton._server = FakeServer([], {})  # the server that "died": never started, so not alive
-    triton._state = _State.RUNNING
+    backend._server = FakeServer([], {})  # the server that "died": never started, so not alive
+    triton._state = State.RUNNING
     try:
-        yield triton, sleeps
+        yield triton, supervisor, sleeps
     finally:
-        triton._state = _State.STOPPED
+        triton._state = State.STOPPED
+        backend._server = None
 
 
 def test_twenty_crashes_in_a_row_are_all_restarted_with_bounded_delays(supervised):
-    triton, sleeps = supervised
+    triton, supervisor, sleeps = supervised
     FakeServer.outcomes = ["ready"] * 20
     for _ in range(20):
-        triton._server.alive = False  # it crashed
-        triton._restart_server(-6)
-        assert triton._failure is None and triton._server.alive
+        triton._backend.server.alive = False  # it crashed
+        supervisor._restart_server(-6)
+        assert supervisor.failure is None and triton._backend.server.alive
     assert triton.server_restarts == 20 and len(FakeServer.started) == 20
     assert sum(sleeps) > 0 and max(sleeps) <= BACKOFF_CAP_S  # later restarts waited, none long
 
 
 def test_a_server_that_cannot_start_ends_serve_after_the_failed_start_limit(supervised):
-    triton, _ = supervised
+    triton, supervisor, _ = supervised
     FakeServer.outcomes = ["fails"] * MAX_FAILED_STARTS
-    triton._restart_server(-6)
+    supervisor._restart_server(-6)
     assert len(FakeServer.started) == MAX_FAILED_STARTS
-    assert isinstance(triton._failure, PyTritonServerError)
-    assert "could not be started again (3 failed starts in a row)" in str(triton._failure)
-    assert "--bad-flag" in str(triton._failure)
+    assert isinstance(supervisor.failure, PyTritonServerError)
+    assert "could not be started again (3 failed starts in a row)" in str(supervisor.failure)
+    assert "--bad-flag" in str(supervisor.failure)
     assert triton._wakeup.is_set()  # serve() wakes up to raise it
 
 
 def test_servers_killed_right_after_they_listen_are_crashes_not_failed_starts(supervised):
     # An attacker polling readiness faster than pytriton's probe kills each new server before the
     # probe sees it ready: that must never count towards giving up.
-    triton, sleeps = supervised
+    triton, supervisor, sleeps = supervised
     FakeServer.outcomes = ["killed"] * (MAX_FAILED_STARTS * 3) + ["ready"]
-    triton._restart_server(-6)
-    assert triton._failure is None and triton.server_restarts == 1
+    supervisor._restart_server(-6)
+    assert supervisor.failure is None and triton.server_restarts == 1
     assert len(FakeServer.started) == MAX_FAILED_STARTS * 3 + 1
     assert max(sleeps) <= BACKOFF_CAP_S
 
 
 def test_one_failed_start_is_retried(supervised):
-    triton, _ = supervised
+    triton, supervisor, _ = supervised
     FakeServer.outcomes = ["fails", "ready"]
-    triton._restart_server(-6)
-    assert triton._failure is None and triton.server_restarts == 1 and len(FakeServer.started) == 2
+    supervisor._restart_server(-6)
+    assert supervisor.failure is None and triton.server_restarts == 1 and len(FakeServer.started) == 2
 
 
 def test_without_restarts_the_first_crash_is_final(supervised):
-    triton, _ = supervised
-    triton._restart_policy = RestartPolicy(0, 60.0)
-    triton._restart_server(-6)
+    triton, supervisor, _ = supervised
+    supervisor.policy = RestartPolicy(0, 60.0)
+    supervisor._restart_server(-6)
     assert FakeServer.started == []
-    assert "restarts are off (max_server_restarts=0): giving up" in str(triton._failure)
+    assert "restarts are off (max_server_restarts=0): giving up" in str(supervisor.failure)

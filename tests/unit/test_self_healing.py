@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pytriton._backend import State
 from pytriton._exit import describe_exit
-from pytriton._healing import _State
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.server import _watchdog
@@ -118,19 +118,20 @@ def test_a_lost_stub_is_reported_once_and_only_while_running_on_the_current_serv
     x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
     triton.bind("Model", lambda requests: [], x, x)
     try:
-        assert triton._state is _State.CREATED
-        triton._on_stub_lost("Model", 0, 42)
-        assert triton._events.empty()  # not running: nothing to replace
-        triton._state = _State.RUNNING
-        triton._server = SimpleNamespace(pid=42, is_alive=lambda: True)
-        triton._on_stub_lost("Model", 0, 41)  # a stub of an earlier server: the restart handles it
-        triton._on_stub_lost("Unbound", 0, 42)  # a model unbound meanwhile: its stubs go away
-        assert triton._events.empty()
-        triton._on_stub_lost("Model", 3, 42)
-        triton._on_stub_lost("Model", 3, 42)  # already being replaced
-        assert triton._events.get_nowait() == ("stub", ("Model", 3)) and triton._events.empty()
-        assert triton._healing == {"Model"} and not triton.is_alive()
+        assert triton._state is State.CREATED
+        supervisor = triton._supervisor
+        supervisor.on_stub_lost("Model", 0, 42)
+        assert supervisor._events.empty()  # not running: nothing to replace
+        triton._state = State.RUNNING
+        triton._backend._server = SimpleNamespace(pid=42, is_alive=lambda: True)
+        supervisor.on_stub_lost("Model", 0, 41)  # a stub of an earlier server: the restart handles it
+        supervisor.on_stub_lost("Unbound", 0, 42)  # a model unbound meanwhile: its stubs go away
+        assert supervisor._events.empty()
+        supervisor.on_stub_lost("Model", 3, 42)
+        supervisor.on_stub_lost("Model", 3, 42)  # already being replaced
+        assert supervisor._events.get_nowait() == ("stub", ("Model", 3)) and supervisor._events.empty()
+        assert supervisor.healing == {"Model"} and not triton.is_alive()
     finally:
-        triton._server = None
+        triton._backend._server = None
         assert triton.stop() is True
-    assert triton._state is _State.STOPPED and triton.stop() is False
+    assert triton._state is State.STOPPED and triton.stop() is False

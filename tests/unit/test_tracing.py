@@ -488,7 +488,7 @@ def test_bind_trace_config_needs_a_server_in_opentelemetry_mode(tmp_path):
         triton.bind("plain", _identity, inputs, outputs)
         with pytest.raises(PyTritonValidationError, match="same trace_config"):
             triton.bind("m", _identity, inputs, outputs, model_version=2, trace_config=["rate=2"])
-        assert triton._trace_settings == {"m": {"trace_rate": "1"}}
+        assert triton._traces.by_name == {"m": {"trace_rate": "1"}}
         # The stubs of a tracing server forward trace contexts.
         assert all(model._private["trace"] for model in triton._models.values())
     with Triton(workspace=tmp_path / "c") as triton:

@@ -1,0 +1,151 @@
+"""Sequential p50 and server CPU per request of the proxy and the plain Python-backend model, for two source trees.
+
+Usage::
+
+    python -m bench.core_ab BEFORE_TREE AFTER_TREE [COUNT] [BLOCK]
+
+``BEFORE_TREE``/``AFTER_TREE`` are checkouts of pytriton (e.g. ``git archive main | tar -x -C /tmp/before``
+and this worktree). One child process per tree starts a ``Triton`` from that tree, at the same time,
+with the proxied identity model and the plain Python-backend identity model (bench/models.py) in one
+server. This process then sends sequential HTTP ``[1,16]`` float32 requests in blocks of ``BLOCK``
+(100), cycling through (tree, model) in an order reversed every round, until each pair had ``COUNT``
+(3000): a shared machine's drift hits all four alike, which separate runs one after the other did not
+achieve on the 2-core development machine (the proxy's p50 moved 4x between runs). Per pair it
+reports the p50 and the CPU time (user + system, from ``/proc``) that the tree's server process group
+(``tritonserver`` and its stubs) spent during that pair's blocks, per request; only one pair's
+requests are in flight at any time, so the group's CPU in a block is that model's. The proxied model's
+callable runs in the child and is not counted: this is the server side of the cost.
+
+Prints per tree: p50 and CPU per request of each model and the proxy/plain ratios, as one JSON line.
+Written for issue 26 (the serving core refactor), which had to leave both ratios unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+CHILD = r"""
+import json, pathlib, shutil, sys, tempfile
+from bench.__main__ import free_ports, load_plain_models
+from bench.models import BatchCounter, bind_project_models, write_plain_models
+from pytriton.triton import Triton, TritonConfig
+
+http_port, grpc_port, metrics_port = free_ports(3)
+repository = pathlib.Path(tempfile.mkdtemp(prefix="pytriton-core-ab-"))
+names = write_plain_models(repository)
+config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, model_repository=repository)
+try:
+    with Triton(config=config) as triton:
+        bind_project_models(triton, BatchCounter())
+        triton.run()
+        load_plain_models(http_port, names, triton.get_access_token())
+        backend = getattr(triton, "_backend", None)  # this tree's layout, or the one before issue 26
+        server = backend.server if backend is not None else triton._server
+        print(json.dumps({"http_port": http_port, "pgid": server.pid}), flush=True)
+        sys.stdin.read()  # until the parent closes it
+finally:
+    shutil.rmtree(repository, ignore_errors=True)
+"""
+MODELS = ("proxy_identity", "plain_identity")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of the live members of process group ``pgid``."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def start(tree: str) -> Tuple[subprocess.Popen[str], Dict[str, int]]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        cwd=tree,
+        env=dict(os.environ, PYTHONPATH=tree),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line:
+        child.kill()
+        raise RuntimeError(f"{tree}: the server child failed to start (see its stderr above)")
+    info: Dict[str, int] = json.loads(line)
+    return child, info
+
+
+def measure(servers: Dict[str, Dict[str, int]], count: int, block: int) -> Dict[str, Any]:
+    from bench.load import _sequential_call
+
+    pairs = [(label, model) for label in servers for model in MODELS]
+    calls = {pair: _sequential_call("http", servers[pair[0]]["http_port"], pair[1]) for pair in pairs}
+    for call in calls.values():
+        for _ in range(200):  # warm-up, not counted
+            call()
+    samples: Dict[Tuple[str, str], List[float]] = {pair: [] for pair in pairs}
+    cpu: Dict[Tuple[str, str], float] = dict.fromkeys(pairs, 0.0)
+    order = list(pairs)
+    while min(len(s) for s in samples.values()) < count:
+        for pair in order:
+            call, sink, pgid = calls[pair], samples[pair], servers[pair[0]]["pgid"]
+            before = group_cpu_s(pgid)
+            for _ in range(block):
+                started = time.perf_counter()
+                call()
+                sink.append(time.perf_counter() - started)
+            cpu[pair] += group_cpu_s(pgid) - before
+        order.reverse()
+    result: Dict[str, Any] = {}
+    for label in servers:
+        row: Dict[str, float] = {}
+        for model in MODELS:
+            ordered = sorted(samples[(label, model)])
+            row[f"{model}_p50_ms"] = ordered[len(ordered) // 2] * 1e3
+            row[f"{model}_cpu_us"] = cpu[(label, model)] / len(ordered) * 1e6
+        row["p50_ratio"] = row["proxy_identity_p50_ms"] / row["plain_identity_p50_ms"]
+        row["cpu_ratio"] = row["proxy_identity_cpu_us"] / row["plain_identity_cpu_us"]
+        result[label] = row
+    return result
+
+
+def main(argv: List[str]) -> int:
+    before, after = argv[0], argv[1]
+    count = int(argv[2]) if len(argv) > 2 else 3000
+    block = int(argv[3]) if len(argv) > 3 else 100
+    children = []
+    try:
+        servers: Dict[str, Dict[str, int]] = {}
+        for label, tree in (("before", before), ("after", after)):
+            child, info = start(tree)
+            children.append(child)
+            servers[label] = info
+        print(json.dumps(measure(servers, count, block)), flush=True)
+    finally:
+        for child in children:
+            if child.stdin is not None:
+                child.stdin.close()
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,217 @@
+"""The seams of ``Triton``: what a server backend does, and what the backends and the supervisor see of a ``Triton``.
+
+:class:`pytriton.triton.Triton` is the model registry and the public methods; where the server runs is a
+:class:`ServerBackend`, one of three:
+
+- :class:`pytriton._launched.LaunchedBackend`: the ``tritonserver`` binary, a process of its own (the default);
+- :class:`pytriton._embedded.EmbeddedBackend`: Triton's server library in this process (``Triton(embedded=True)``);
+- :class:`pytriton._remote_backend.RemoteBackend`: a server started elsewhere (``RemoteTriton``).
+
+Self-healing and the drain are one :class:`pytriton._healing.Supervisor`, which works on the backend and
+on the registry through :class:`Registry`. Nothing here owns a resource; the protocols state who does.
+Unit test: tests/unit/test_backends.py.
+"""
+
+from __future__ import annotations
+
+import enum
+import pathlib
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from pytriton import inprocess
+    from pytriton.proxy._binding import BindingContext, BoundModel
+    from pytriton.server.process import TritonServerProcess
+    from pytriton.server.workspace import Workspace
+
+
+class State(enum.Enum):
+    """Where a ``Triton`` instance is in its life: ``run()`` makes it RUNNING, ``stop()`` STOPPED (for good)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class Registry(Protocol):
+    """What the supervisor and the backends see of a ``Triton``: its bound models and its lifecycle state.
+
+    ``Triton`` implements it (a view over its own state, in ``triton.py``). Every method may be called from
+    any thread; ``lock`` is the ``Triton``'s own lock (reentrant), held while the models change.
+    """
+
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    def running(self) -> bool:
+        """True between ``run()`` and ``stop()``."""
+
+    def models(self) -> List[BoundModel]:
+        """Every bound model (each version counts), in binding order."""
+
+    def versions(self, model_name: str) -> List[BoundModel]:
+        """The bound versions of ``model_name``, lowest first."""
+
+    def model_names(self) -> List[str]:
+        """Each bound model name once, in binding order."""
+
+    def repository(self) -> Optional[pathlib.Path]:
+        """The model repository the files are written to (``None`` before ``run()``)."""
+
+    def startup_models(self) -> List[str]:
+        """The names the server loaded when it started (``--load-model``); the others were loaded later."""
+
+    def write_name(self, model_name: str) -> None:
+        """Write the repository files of every bound version of ``model_name``."""
+
+    def request_load(self, model_name: str) -> None:
+        """Load (or reload) ``model_name`` into the running server, with its warmups and trace settings."""
+
+    def apply_trace_settings(self, model_names: Sequence[str]) -> None:
+        """Send the per-model trace settings of ``model_names`` to the server (a new server knows none)."""
+
+    def wake(self) -> None:
+        """Wake ``serve()`` (it then looks at the supervisor's failure)."""
+
+
+class StopHooks(Protocol):
+    """What a backend's :meth:`ServerBackend.stop` may call on the supervisor (pytriton/_healing.py)."""
+
+    def drain(self, deadline: float) -> bool:
+        """The drain: the delay, then refusing new batches while those in flight finish (until ``deadline``)."""
+
+    def wait_detached(self, deadline: float) -> bool:
+        """Wait (until ``deadline``) until no batch can still be in flight; True if none is."""
+
+    def join(self, timeout_s: float = 10.0) -> None:
+        """Wait for the supervisor thread to end (a stub replacement it is loading ends first)."""
+
+
+class ServerBackend(Protocol):
+    """Where the server runs: start, stop, liveness, URLs, token, scratch space and the hooks self-healing needs.
+
+    Lifecycle: ``Triton.run()`` calls :meth:`prepare`, then :meth:`model_store`, writes the model files,
+    starts the workers and calls :meth:`start`; ``Triton.stop()`` calls :meth:`stop` once (the drain), then,
+    after the workers stopped, :meth:`release`, which frees everything the backend holds. A backend is used
+    by one ``Triton`` and never restarted after :meth:`release`.
+    """
+
+    #: True if the server loads the models bound before ``run()`` by itself when it starts (``--load-model``);
+    #: False: ``run()`` loads every one of them through :meth:`repository_request`.
+    loads_at_startup: bool
+    #: True if the server can die on its own and be started again by the supervisor (:meth:`replace_server`).
+    restartable: bool
+    #: The Python backend's shared-memory prefix the stubs use; ``None`` where this process cannot see the
+    #: stubs' regions (remote): no permission fix-up and no memory recycling then.
+    region_prefix: Optional[str]
+    #: False where per-model trace settings cannot reach the server (``bind(trace_config=...)`` is refused).
+    can_trace: bool
+    #: True for the in-process server (``Triton.embedded``).
+    embedded: bool
+    #: True if the models are offered to this process's callables through ``pytriton.pipeline.model`` by name
+    #: (a remote server's are not: a callable passes ``url=``).
+    offers_pipelines: bool
+
+    @property
+    def server(self) -> Optional[TritonServerProcess]:
+        """The server process object while it runs (its ``pid`` is the stubs' parent), else ``None``."""
+
+    # -- starting -------------------------------------------------------------------------------
+    def attach(self, registry: Registry) -> None:
+        """Called once by the ``Triton`` that owns this backend, before anything else."""
+
+    def prepare(self) -> bool:
+        """Check the environment before anything is started (install, ports, reachability).
+
+        Returns whether the stubs run with numpy 2 (BYTES tensors need a check then). Raises with what to fix.
+        """
+
+    def model_store(self, workspace: Workspace) -> pathlib.Path:
+        """The directory the model files are written to (created by the caller)."""
+
+    def binding_context(self, context: BindingContext) -> BindingContext:
+        """The binding context of a new model, with what this backend adds (the TCP hub of a remote server)."""
+
+    def start(
+        self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
+    ) -> None:
+        """Start (or connect to) the server with ``startup_models`` loaded and wait until it is ready.
+
+        ``socket_dir`` is the ``Triton``'s private socket directory (a watchdog removes it if this process dies).
+
+        On failure it raises; ``Triton`` then calls ``stop()``, which releases what was started.
+        """
+
+    def started(self) -> None:
+        """``run()`` finished loading every model: the first-load window of the scratch directory ends."""
+
+    # -- models on the running server ------------------------------------------------------------
+    def repository_request(self, action: str, model_name: str) -> None:
+        """Load (``"load"``) or unload (``"unload"``) ``model_name``; raises ``PyTritonModelConfigError``."""
+
+    def send_trace_settings(self, model_name: str, settings: Dict[str, Any]) -> None:
+        """Set a model's trace settings on the server (a no-op where nothing can trace)."""
+
+    def before_load(self) -> None:
+        """A model is about to load: the Python backend may create its scratch directory now."""
+
+    def after_load(self, loaded: bool) -> None:
+        """The load of :meth:`before_load` ended; claim the scratch directory it created."""
+
+    def loaded(self) -> None:
+        """A model was loaded: re-apply the stubs' region permissions and the server's memory cap."""
+
+    # -- liveness and the supervisor's hooks --------------------------------------------------------
+    def is_serving(self) -> bool:
+        """True while the server the models are loaded into runs (a remote one: answers that it is live)."""
+
+    def stub_loss_is_ours(self, server_pid: int) -> bool:
+        """True if a stub whose parent was ``server_pid`` died under the running server (the supervisor replaces it)."""
+
+    def on_exit(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(returncode)`` when the server dies on its own (never for embedded or remote servers)."""
+
+    def replace_server(self, model_names: List[str]) -> TritonServerProcess:
+        """End the dead server's leftovers and start a new server loading ``model_names`` (``restartable`` only)."""
+
+    def wait_ready(self, server: TritonServerProcess, what: str) -> None:
+        """Wait until ``server`` is ready; raises ``PyTritonServerError`` with ``what``."""
+
+    def pending_requests(self) -> Dict[Tuple[str, str], int]:
+        """The requests the server has queued per (model, version) (empty when it cannot tell), for the drain."""
+
+    # -- stopping ---------------------------------------------------------------------------------
+    def stop(self, hooks: StopHooks, running: bool) -> None:
+        """Stop serving: the drain (through ``hooks``), then end (or leave) the server. Called once.
+
+        ``running``: ``run()`` had been called.
+        """
+
+    def release(self, models: List[BoundModel], repository: Optional[pathlib.Path]) -> None:
+        """Last, after the workers stopped and the workspace was cleaned: free what the backend still holds."""
+
+    # -- what users see ---------------------------------------------------------------------------
+    def http_url(self) -> str:
+        """``Triton.http_url``."""
+
+    def grpc_url(self) -> str:
+        """``Triton.grpc_url``."""
+
+    def access_token(self) -> Optional[str]:
+        """``Triton.get_access_token()``."""
+
+    def server_log(self) -> List[str]:
+        """``Triton.server_log``."""
+
+    def endpoints_line(self) -> str:
+        """One line for the log: where the server is reached and which endpoints need the token."""
+
+    def trace_problem(self) -> str:
+        """Why ``bind(trace_config=...)`` is refused, appended to the message (empty: the usual advice)."""
+
+    def inprocess_server(self, not_running: Optional[str]) -> inprocess.Server:
+        """``Triton.inprocess_server``; raises ``PyTritonInvalidOperationError`` where the server is elsewhere.
+
+        ``not_running``: why the ``Triton`` is not running (``"stopped"``, ...), ``None`` while it runs.
+        """
