@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from pytriton import _unresponsive
 from pytriton._exit import describe_exit
 from pytriton._plan import LaunchPlan
 from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
@@ -134,6 +135,7 @@ class SelfHealing:
         """
         # Between events the supervisor looks for grown shared-memory regions of idle models.
         poll_s = self._settings.recycle_idle_s / 4 if self._settings.recycle_byte_size else None
+        _unresponsive.watch_for(self)  # readiness while a callable hangs (ends once this instance stops running)
         while True:
             try:
                 kind, payload = self._events.get(timeout=poll_s)
@@ -150,6 +152,8 @@ class SelfHealing:
             try:
                 if kind == "server":
                     self._restart_server(int(payload))
+                elif kind in _unresponsive.EVENTS:
+                    _unresponsive.handle(self, kind, payload)
                 else:
                     self._replace_stubs(*payload)
             except Exception:  # noqa: BLE001 - keep supervising

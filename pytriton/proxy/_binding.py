@@ -10,7 +10,7 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -375,6 +375,10 @@ class BoundModel:
     def busy(self) -> bool:
         """True while a batch is being processed."""
         return any(worker.busy for worker in self._workers)
+
+    def instance_states(self) -> List[Tuple[bool, float]]:
+        """Per instance: (a batch is in the callable now, when its last batch ended); for pytriton/_unresponsive.py."""
+        return [(worker.busy, worker.last_active) for worker in self._workers]
 
     @property
     def last_active(self) -> float:
