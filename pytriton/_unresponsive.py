@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from pytriton.exceptions import PyTritonValidationError
+
 LOGGER = logging.getLogger("pytriton.triton")
 
 ENV = "PYTRITON_UNRESPONSIVE_AFTER_S"
@@ -57,8 +59,6 @@ def limit_from_env(environ: Optional[Dict[str, str]] = None) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        from pytriton.exceptions import PyTritonValidationError
-
         raise PyTritonValidationError(
             f"{ENV}={raw!r}: give the seconds after which a model whose every instance is stuck in one call "
             "is reported not ready (0: never)."
@@ -184,7 +184,12 @@ def watch_for(triton: Any) -> UnresponsiveWatch:
     def running() -> bool:
         return bool(triton._state.value == "running")  # _healing._State.RUNNING
 
-    watch = UnresponsiveWatch(models, triton._events.put, limit_from_env(), running=running)
+    try:
+        limit_s = limit_from_env()
+    except PyTritonValidationError as exc:  # this runs on the supervisor thread, which must not end
+        LOGGER.error("%s Using the default, %.0f s.", exc, UNRESPONSIVE_AFTER_S)
+        limit_s = UNRESPONSIVE_AFTER_S
+    watch = UnresponsiveWatch(models, triton._events.put, limit_s, running=running)
     watch.start()
     return watch
 

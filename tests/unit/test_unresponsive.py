@@ -145,3 +145,12 @@ def test_the_supervisor_unloads_then_loads_a_new_generation(caplog, monkeypatch)
     _unresponsive.handle(triton, "unresponsive", ("m", 61.0))  # a restart reloads everything anyway
     _unresponsive.handle(triton, "unresponsive", ("gone", 61.0))
     assert len(triton.calls) == 2
+
+
+def test_a_bad_limit_in_the_environment_is_logged_and_the_default_applies(caplog, monkeypatch):
+    monkeypatch.setenv(_unresponsive.ENV, "soon")
+    triton = _FakeTriton()
+    watch = _unresponsive.watch_for(triton)
+    watch.stop()  # ends the thread before its first poll
+    assert watch.calls.limit_s == _unresponsive.UNRESPONSIVE_AFTER_S
+    assert any(_unresponsive.ENV in record.getMessage() for record in caplog.records if record.levelname == "ERROR")
