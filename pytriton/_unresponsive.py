@@ -1,4 +1,4 @@
-"""Readiness that tells the truth while a model's callable hangs: unload it from Triton, load it back when it returns.
+"""Readiness that tells the truth while a model cannot answer: unload it from Triton, load it back once it can.
 
 Why: a model whose callable hangs, on every instance, with no execution timeout serves nothing: the
 stub waits for its worker, Triton queues every further request behind it, and nothing ever fails.
@@ -10,20 +10,24 @@ not ready"), strict server readiness 400, and a new request fails at once (404, 
 available versions"); the batch in the callable and the requests Triton had already queued for it
 are still served when the callable returns; then the instances are finalized and the stubs leave.
 
-So :class:`UnresponsiveWatch` polls every bound model without an execution timeout. When every
-instance of a model has been in one and the same call for :data:`UNRESPONSIVE_AFTER_S`, it asks
-the supervisor to unload the model from Triton (its binding, workers and files stay); when one of
-those calls has returned, to load it again as a new generation (``_healing``'s replacement path:
-new stubs next to any that are still leaving). Models with an execution timeout are bounded by it
-and left alone; so is a model whose stubs are stopped (``proxy/_stub_watch.py`` handles those:
-Triton fails their requests within about a second, and the stub is replaced).
+So :class:`UnresponsiveWatch` polls every bound model. When every instance of a model is stuck,
+it asks the supervisor to unload the model from Triton (its binding, workers and files stay); once
+one of them answers again, to load it back as a new generation (``_healing``'s replacement path:
+new stubs next to any that are still leaving). An instance is stuck when it has been in one and the
+same call for :data:`UNRESPONSIVE_AFTER_S` (only where the model has no execution timeout, which
+bounds its calls otherwise), or when its stub has been stopped by a signal for
+:data:`STOPPED_AFTER_S`. A stopped stub is also killed after 2 s by ``proxy/_stub_watch.py`` and the
+model replaced by ``_healing``: the unload only makes readiness say so meanwhile (measured: 400 at
+once, new requests 404 at once, ready again when the replacement is loaded, about 2.8 s after the
+stop), and no second load follows when the replacement already loaded a new generation.
 
 The decision is :class:`HungCalls` (pure, a fake clock in tests); the actions run on the supervisor
 thread of :mod:`pytriton._healing` (one event at a time, never during a restart). Hook: the
 supervisor starts the watch when it starts (``_healing._supervise``; the watch ends within a poll of
 ``stop()``) and hands it the events named in :data:`EVENTS`.
 
-Settings: ``PYTRITON_UNRESPONSIVE_AFTER_S`` (read when ``run()`` starts; default 60 s; 0: off).
+Settings: ``PYTRITON_UNRESPONSIVE_AFTER_S`` (read when ``run()`` starts; default 60 s; 0: the watch
+is off, for stopped stubs too).
 Unit tests: tests/unit/test_unresponsive.py.
 """
 
@@ -33,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from pytriton.exceptions import PyTritonValidationError
@@ -45,8 +50,11 @@ POLL_S = 0.25
 EVENTS = ("unresponsive", "responsive")
 _RELOAD_WAIT_S = 10.0  # how long a reload waits for the batches Triton had queued before the unload
 
-Instance = Tuple[bool, float]
-"""What the watch reads of one instance: (busy in a call now, time its last call ended)."""
+Instance = Tuple[bool, float, bool]
+"""What the watch reads of one instance: (busy in a call now, time its last call ended, its stub is stopped)."""
+
+STOPPED_AFTER_S = 0.5
+"""How long a stub must stay stopped (state ``T``) before it counts as unresponsive: a moment's stop passes."""
 
 
 def limit_from_env(environ: Optional[Dict[str, str]] = None) -> float:
@@ -66,43 +74,55 @@ def limit_from_env(environ: Optional[Dict[str, str]] = None) -> float:
     return value
 
 
+_Entry = Tuple[float, float, bool]  # (first seen stuck, last call's end then, stopped rather than busy)
+
+
 class HungCalls:
-    """Which models have had every instance in one unbroken call for ``limit_s`` (or longer).
+    """Which models have every instance stuck: in one unbroken call for ``limit_s``, or its stub stopped.
 
     An instance is in an unbroken call while it is busy and the end time of its last call has not
     changed since it was first seen busy (a call that ended and a new one that began between two
-    polls change that time, so they never add up).
+    polls change that time, so they never add up). A stopped stub counts after
+    ``min(limit_s, STOPPED_AFTER_S)``.
     """
 
     def __init__(self, limit_s: float):
         self.limit_s = limit_s
-        self._since: Dict[str, List[Optional[Tuple[float, float]]]] = {}  # per instance: (first seen, last end)
+        self._since: Dict[str, List[Optional[_Entry]]] = {}
 
-    def update(self, name: str, instances: List[Instance], now: float) -> Optional[float]:
-        """Record one poll of model ``name``; the seconds its instances have all been stuck, or None."""
+    def update(self, name: str, instances: List[Instance], now: float) -> Optional[Tuple[float, str]]:
+        """Record one poll of model ``name``; ``(seconds, why)`` if every instance is stuck, else None."""
         previous = self._since.get(name, [])
-        current: List[Optional[Tuple[float, float]]] = []
-        for index, (busy, last_end) in enumerate(instances):
+        current: List[Optional[_Entry]] = []
+        for index, (busy, last_end, stopped) in enumerate(instances):
             seen = previous[index] if index < len(previous) else None
-            if not busy:
+            if stopped:
+                current.append(seen if seen is not None and seen[2] else (now, last_end, True))
+            elif not busy:
                 current.append(None)
-            elif seen is None or seen[1] != last_end:
-                current.append((now, last_end))  # a new call
+            elif seen is None or seen[2] or seen[1] != last_end:
+                current.append((now, last_end, False))  # a new call
             else:
                 current.append(seen)
         self._since[name] = current
-        if not current or any(entry is None for entry in current):
+        entries = [entry for entry in current if entry is not None]
+        if not current or len(entries) < len(current):
             return None
-        stuck = now - max(entry[0] for entry in current if entry is not None)
-        return stuck if stuck >= self.limit_s else None
+        limits = [min(self.limit_s, STOPPED_AFTER_S) if entry[2] else self.limit_s for entry in entries]
+        if any(now - entry[0] < limit for entry, limit in zip(entries, limits)):
+            return None
+        why = "its stub is stopped" if any(entry[2] for entry in entries) else "in one call of the callable"
+        return now - max(entry[0] for entry in entries), why
 
     def still_stuck(self, name: str, instances: List[Instance]) -> bool:
-        """True while at least one call recorded as stuck for ``name`` has not returned."""
-        recorded = self._since.get(name, [])
-        return any(
-            entry is not None and index < len(instances) and instances[index] == (True, entry[1])
-            for index, entry in enumerate(recorded)
-        )
+        """True while at least one instance recorded as stuck for ``name`` still is (same call, or still stopped)."""
+        for index, entry in enumerate(self._since.get(name, [])):
+            if entry is None or index >= len(instances):
+                continue
+            busy, last_end, stopped = instances[index]
+            if stopped if entry[2] else (busy and last_end == entry[1] and not stopped):
+                return True
+        return False
 
     def forget(self, name: str) -> None:
         self._since.pop(name, None)
@@ -177,8 +197,11 @@ def watch_for(triton: Any) -> UnresponsiveWatch:
         found: Dict[str, List[Instance]] = {}
         for name in triton._model_names():
             versions = triton._versions(name)
-            if versions and not any(model.execution_timeout_s for model in versions):
-                found[name] = [state for model in versions for state in model.instance_states()]
+            for model in versions:
+                # A call bounded by an execution timeout is not stuck; a stopped stub is, whatever the timeout.
+                bounded = bool(model.execution_timeout_s)
+                states = model.instance_states()
+                found.setdefault(name, []).extend((busy and not bounded, end, stop) for busy, end, stop in states)
         return found
 
     def running() -> bool:
@@ -194,26 +217,37 @@ def watch_for(triton: Any) -> UnresponsiveWatch:
     return watch
 
 
+# Per running Triton: the models this module unloaded, with their generation at the unload.
+_UNLOADED: weakref.WeakKeyDictionary[Any, Dict[str, int]] = weakref.WeakKeyDictionary()
+
+
 def handle(triton: Any, kind: str, payload: Any) -> None:
     """Act on one event of :data:`EVENTS` on the supervisor thread of ``triton``."""
+    unloaded = _UNLOADED.setdefault(triton, {})
     if kind == "unresponsive":
-        name, stuck = payload
-        if not triton._versions(name) or triton._restarting:
-            return
+        name, (stuck, why) = payload
+        models = triton._versions(name)
+        if not models or triton._restarting:
+            return  # unbound meanwhile, or the restart in progress loads every model again anyway
         LOGGER.warning(
-            "Model %s: every instance has been in one call of the callable for %.1f s and it has no execution "
-            "timeout; unloading it from Triton so that its readiness says not ready and new requests fail at once. "
-            "It is loaded again when the call returns (set ModelConfig execution_timeout_s to bound its calls, or "
-            "%s=0 to keep it loaded).",
+            "Model %s: every instance has been stuck for %.1f s (%s); unloading it from Triton so that its readiness "
+            "says not ready and new requests fail at once. It is loaded again once it answers (an execution_timeout_s "
+            "bounds a callable's calls; %s=0 keeps models loaded).",
             name,
             stuck,
+            why,
             ENV,
         )
+        unloaded[name] = models[0].generation
         triton._repository_request("unload", name)
         return
     name = payload
     models = triton._versions(name)
-    if not models:
+    generation = unloaded.pop(name, None)
+    if not models or generation is None:
+        return  # unbound, or never unloaded
+    if models[0].generation != generation:
+        LOGGER.warning("Model %s: loaded again by its stub replacement (generation %d).", name, models[0].generation)
         return
     deadline = time.monotonic() + _RELOAD_WAIT_S  # the requests Triton queued before the unload are served first
     while any(model.busy for model in models) and time.monotonic() < deadline and triton._server_serving():
@@ -221,10 +255,10 @@ def handle(triton: Any, kind: str, payload: Any) -> None:
     started = time.monotonic()
     failure = triton._load_next_generation(name)
     if failure is not None:
-        LOGGER.error("Model %s: loading it again after its callable returned failed: %s", name, failure)
+        LOGGER.error("Model %s: loading it again after it answered failed: %s", name, failure)
         return
     LOGGER.warning(
-        "Model %s: its callable returned; loaded it again (generation %d) in %.2f s.",
+        "Model %s: it answers again; loaded it again (generation %d) in %.2f s.",
         name,
         models[0].generation,
         time.monotonic() - started,

@@ -376,9 +376,12 @@ class BoundModel:
         """True while a batch is being processed."""
         return any(worker.busy for worker in self._workers)
 
-    def instance_states(self) -> List[Tuple[bool, float]]:
-        """Per instance: (a batch is in the callable now, when its last batch ended); for pytriton/_unresponsive.py."""
-        return [(worker.busy, worker.last_active) for worker in self._workers]
+    def instance_states(self) -> List[Tuple[bool, float, bool]]:
+        """Per instance: (a batch is in the callable now, when its last batch ended, its stub is stopped).
+
+        For pytriton/_unresponsive.py.
+        """
+        return [(worker.busy, worker.last_active, worker.stub_stopped) for worker in self._workers]
 
     @property
     def last_active(self) -> float:

@@ -1,7 +1,8 @@
 """Issue 25, item 5: readiness while a callable hangs with no execution timeout (pytriton/_unresponsive.py).
 
 Before: the model's readiness and strict server readiness answered 200 for as long as the callable
-hung, and every new request queued behind it without an answer. Now, once every instance has been
+hung, and every new request queued behind it without an answer; while a stub was stopped (SIGSTOP)
+readiness answered 200 until its replacement. Now, once every instance has been
 in one call for ``PYTRITON_UNRESPONSIVE_AFTER_S`` (1 s here), the model is unloaded from Triton:
 readiness says not ready and new requests fail at once; the hung call and the requests already
 queued are still answered when it returns; then the model is loaded again and serves, with no
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import threading
 import time
 from typing import Any, Dict, Iterator, Tuple
@@ -22,6 +25,7 @@ import pytest
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
+from tests.e2e.test_healing import _stubs
 
 RELEASE = threading.Event()
 
@@ -44,6 +48,7 @@ def server(request) -> Iterator[Tuple[Triton, Dict[str, int]]]:
     )
     triton.bind("Hangs", _hangs_on_one, config=ModelConfig(max_batch_size=4), **spec)
     triton.bind("Bounded", _hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
+    triton.bind("Pausable", _hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
     try:
         triton.run()
         yield triton, ports
@@ -114,3 +119,25 @@ def test_a_model_with_an_execution_timeout_stays_loaded_while_busy(server):
         RELEASE.set()
     call.join(60)
     assert result["value"][0] == 200
+
+
+def test_a_stopped_stub_makes_the_model_not_ready_until_it_is_replaced(server):
+    """A stub stopped for 0.5 s: not ready at once, whatever the execution timeout; ready once replaced (2 s kill)."""
+    triton, ports = server
+    (stub,) = _stubs(triton._server.pid, "Pausable")
+    os.kill(stub, signal.SIGSTOP)
+    try:
+        assert wait_for(lambda: _http(ports, "/v2/models/Pausable/ready")[0] != 200, 5, 0.05), "readiness stayed 200"
+        started = time.monotonic()
+        status, body = _infer(ports, "Pausable", 3.0)
+        assert status != 200 and time.monotonic() - started < 1.0, (status, body)  # not Triton's 1 s health check
+    finally:
+        try:
+            os.kill(stub, signal.SIGCONT)  # killed by then, normally (proxy/_stub_watch.py)
+        except ProcessLookupError:
+            pass
+    assert wait_for(lambda: _http(ports, "/v2/models/Pausable/ready")[0] == 200, 30, 0.1), "not loaded again"
+    status, body = _infer(ports, "Pausable", 6.0)
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == [6.0]
+    assert _infer(ports, "Bounded", 7.0)[0] == 200
+    assert triton.server_restarts == 0

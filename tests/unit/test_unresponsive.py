@@ -12,41 +12,67 @@ from pytriton import _unresponsive
 from pytriton._unresponsive import HungCalls, UnresponsiveWatch
 from pytriton.exceptions import PyTritonValidationError
 
+IN_ONE_CALL = "in one call of the callable"
+STOPPED = "its stub is stopped"
+
 
 def test_every_instance_must_be_stuck_in_one_call_for_the_limit():
     calls = HungCalls(limit_s=2.0)
-    assert calls.update("m", [(True, 5.0), (True, 7.0)], now=10.0) is None
-    assert calls.update("m", [(True, 5.0), (True, 7.0)], now=11.9) is None
-    assert calls.update("m", [(True, 5.0), (True, 7.0)], now=12.0) == pytest.approx(2.0)
-    assert calls.update("m", [(True, 5.0), (False, 7.0)], now=13.0) is None  # one instance is free
+    assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=10.0) is None
+    assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=11.9) is None
+    assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=12.0) == (pytest.approx(2.0), IN_ONE_CALL)
+    assert calls.update("m", [(True, 5.0, False), (False, 7.0, False)], now=13.0) is None  # one instance is free
 
 
 def test_calls_that_end_between_polls_do_not_add_up():
     calls = HungCalls(limit_s=2.0)
-    calls.update("m", [(True, 5.0)], now=10.0)
+    calls.update("m", [(True, 5.0, False)], now=10.0)
     # busy again at the next poll, but its last call ended meanwhile (last end 11.0): a new call
-    assert calls.update("m", [(True, 11.0)], now=12.5) is None
-    assert calls.update("m", [(True, 11.0)], now=14.4) is None
-    assert calls.update("m", [(True, 11.0)], now=14.5) == pytest.approx(2.0)
+    assert calls.update("m", [(True, 11.0, False)], now=12.5) is None
+    assert calls.update("m", [(True, 11.0, False)], now=14.4) is None
+    assert calls.update("m", [(True, 11.0, False)], now=14.5) == (pytest.approx(2.0), IN_ONE_CALL)
+
+
+def test_a_stopped_stub_counts_after_half_a_second_whatever_the_limit():
+    calls = HungCalls(limit_s=60.0)
+    assert calls.update("m", [(False, 5.0, True)], now=10.0) is None
+    assert calls.update("m", [(False, 5.0, True)], now=10.4) is None
+    assert calls.update("m", [(True, 5.0, True)], now=10.5) == (pytest.approx(0.5), STOPPED)
+    # one stopped, one in a call: both must be stuck, each by its own measure
+    assert calls.update("n", [(False, 1.0, True), (True, 2.0, False)], now=0.0) is None
+    assert calls.update("n", [(False, 1.0, True), (True, 2.0, False)], now=59.0) is None
+    assert calls.update("n", [(False, 1.0, True), (True, 2.0, False)], now=60.0) == (pytest.approx(60.0), STOPPED)
 
 
 def test_a_model_without_instances_or_idle_is_never_stuck():
     calls = HungCalls(limit_s=0.5)
     assert calls.update("m", [], now=10.0) is None
-    assert calls.update("m", [(False, 0.0)], now=10.0) is None
-    assert calls.update("m", [(False, 0.0)], now=20.0) is None
+    assert calls.update("m", [(False, 0.0, False)], now=10.0) is None
+    assert calls.update("m", [(False, 0.0, False)], now=20.0) is None
+
+
+def test_still_stuck_follows_the_recorded_call_or_stop():
+    calls = HungCalls(limit_s=1.0)
+    calls.update("m", [(True, 5.0, False), (False, 1.0, True)], now=0.0)
+    assert calls.still_stuck("m", [(True, 5.0, False), (False, 1.0, False)])  # the call goes on
+    assert calls.still_stuck("m", [(False, 6.0, False), (False, 1.0, True)])  # the stub is still stopped
+    assert not calls.still_stuck("m", [(True, 6.0, False), (False, 1.0, False)])  # a new call, resumed
+    assert not calls.still_stuck("m", [])  # instances gone
 
 
 def test_the_watch_reports_unresponsive_once_then_responsive_when_the_call_returns():
-    states: Dict[str, List[Tuple[bool, float]]] = {"m": [(True, 1.0)], "busy": [(True, 1.0), (False, 3.0)]}
+    states: Dict[str, List[Tuple[bool, float, bool]]] = {
+        "m": [(True, 1.0, False)],
+        "busy": [(True, 1.0, False), (False, 3.0, False)],
+    }
     events: List[Tuple[str, Any]] = []
     watch = UnresponsiveWatch(lambda: dict(states), events.append, limit_s=1.0)
     watch.check(10.0)
     watch.check(11.0)
-    assert events == [("unresponsive", ("m", 1.0))] and watch.unloaded == {"m"}
+    assert events == [("unresponsive", ("m", (1.0, IN_ONE_CALL)))] and watch.unloaded == {"m"}
     watch.check(30.0)  # still in the same call: reported once
     assert len(events) == 1
-    states["m"] = [(True, 31.0)]  # the call returned and a queued request began: it answered
+    states["m"] = [(True, 31.0, False)]  # the call returned and a queued request began: it answered
     watch.check(31.5)
     assert events[-1] == ("responsive", "m") and not watch.unloaded
     watch.check(31.6)
@@ -54,7 +80,7 @@ def test_the_watch_reports_unresponsive_once_then_responsive_when_the_call_retur
 
 
 def test_a_model_unbound_while_unloaded_is_forgotten_silently():
-    states: Dict[str, List[Tuple[bool, float]]] = {"m": [(True, 1.0)]}
+    states: Dict[str, List[Tuple[bool, float, bool]]] = {"m": [(True, 1.0, False)]}
     events: List[Tuple[str, Any]] = []
     watch = UnresponsiveWatch(lambda: dict(states), events.append, limit_s=1.0)
     watch.check(0.0)
@@ -68,7 +94,7 @@ def test_the_thread_ends_when_the_instance_stops_running():
     running = [True]
     posted: queue.SimpleQueue = queue.SimpleQueue()
     watch = UnresponsiveWatch(
-        lambda: {"m": [(True, 0.0)]}, posted.put, limit_s=0.05, poll_s=0.01, running=lambda: running[0]
+        lambda: {"m": [(True, 0.0, False)]}, posted.put, limit_s=0.05, poll_s=0.01, running=lambda: running[0]
     )
     watch.start()
     assert posted.get(timeout=5)[0] == "unresponsive"
@@ -98,13 +124,14 @@ class _State(enum.Enum):
 
 
 class _Model:
-    def __init__(self, timeout=None):
+    def __init__(self, timeout=None, stopped=False):
         self.execution_timeout_s = timeout
         self.busy = False
         self.generation = 3
+        self.stopped = stopped
 
     def instance_states(self):
-        return [(True, 1.0)]
+        return [(True, 1.0, self.stopped)]
 
 
 class _FakeTriton:
@@ -113,7 +140,7 @@ class _FakeTriton:
         self._restarting = False
         self._state = _State.RUNNING
         self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self.models = {"m": [_Model()], "bounded": [_Model(timeout=5.0)]}
+        self.models = {"m": [_Model()], "bounded": [_Model(timeout=5.0)], "paused": [_Model(timeout=5.0, stopped=True)]}
 
     def _versions(self, name):
         return self.models.get(name, [])
@@ -126,25 +153,39 @@ class _FakeTriton:
 
     def _load_next_generation(self, name):
         self.calls.append(("next-generation", name))
+        for model in self.models[name]:
+            model.generation += 1
         return None
 
     def _server_serving(self):
         return True
 
 
-def test_the_supervisor_unloads_then_loads_a_new_generation(caplog, monkeypatch):
-    triton = _FakeTriton()
+def test_the_view_hides_calls_bounded_by_a_timeout_but_not_stopped_stubs(monkeypatch):
     monkeypatch.setenv(_unresponsive.ENV, "0")  # no thread: the models() view is checked directly
-    watch = _unresponsive.watch_for(triton)
-    assert set(watch._models()) == {"m"}  # a model with an execution timeout is never watched
-    _unresponsive.handle(triton, "unresponsive", ("m", 61.0))
+    view = _unresponsive.watch_for(_FakeTriton())._models()
+    assert view == {"m": [(True, 1.0, False)], "bounded": [(False, 1.0, False)], "paused": [(False, 1.0, True)]}
+
+
+def test_the_supervisor_unloads_then_loads_a_new_generation(caplog):
+    triton = _FakeTriton()
+    _unresponsive.handle(triton, "responsive", "m")  # never unloaded: nothing to load
+    _unresponsive.handle(triton, "unresponsive", ("m", (61.0, IN_ONE_CALL)))
     _unresponsive.handle(triton, "responsive", "m")
     assert triton.calls == [("unload", "m"), ("next-generation", "m")]
-    assert any("no execution timeout" in record.getMessage() for record in caplog.records)
+    assert any(IN_ONE_CALL in record.getMessage() for record in caplog.records)
     triton._restarting = True
-    _unresponsive.handle(triton, "unresponsive", ("m", 61.0))  # a restart reloads everything anyway
-    _unresponsive.handle(triton, "unresponsive", ("gone", 61.0))
+    _unresponsive.handle(triton, "unresponsive", ("m", (61.0, IN_ONE_CALL)))  # a restart reloads everything anyway
+    _unresponsive.handle(triton, "unresponsive", ("gone", (61.0, IN_ONE_CALL)))
     assert len(triton.calls) == 2
+
+
+def test_no_second_load_when_the_stub_replacement_loaded_the_model_already():
+    triton = _FakeTriton()
+    _unresponsive.handle(triton, "unresponsive", ("paused", (0.5, STOPPED)))
+    triton._load_next_generation("paused")  # _healing replaced the killed stub meanwhile
+    _unresponsive.handle(triton, "responsive", "paused")
+    assert triton.calls == [("unload", "paused"), ("next-generation", "paused")]
 
 
 def test_a_bad_limit_in_the_environment_is_logged_and_the_default_applies(caplog, monkeypatch):
