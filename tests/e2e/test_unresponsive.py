@@ -141,3 +141,43 @@ def test_a_stopped_stub_makes_the_model_not_ready_until_it_is_replaced(server):
     assert status == 200 and json.loads(body)["outputs"][0]["data"] == [6.0]
     assert _infer(ports, "Bounded", 7.0)[0] == 200
     assert triton.server_restarts == 0
+
+
+def test_the_embedded_server_reports_a_hung_model_not_ready_too(monkeypatch):
+    """``Triton(embedded=True)``: the same watch, the in-process server's unload and load."""
+    monkeypatch.setenv("PYTRITON_UNRESPONSIVE_AFTER_S", "1")
+    release = threading.Event()
+
+    def hangs(requests):
+        if float(requests[0]["x"].flat[0]) == 1.0:
+            release.wait(60)
+        return [{"y": request["x"]} for request in requests]
+
+    triton = Triton(embedded=True)
+    spec = dict(
+        inputs=[Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        outputs=[Tensor(name="y", shape=(-1,), dtype=np.float32)],
+    )
+    triton.bind("Embedded", hangs, config=ModelConfig(max_batch_size=4), **spec)
+    try:
+        triton.run()
+        model = triton.model("Embedded")
+        assert model.ready()
+        hung, hung_result = _in_background(
+            lambda: triton.client("Embedded").infer_sample(x=np.array([1.0], np.float32))
+        )
+        try:
+            assert wait_for(lambda: not model.ready(), 10, 0.1), "readiness stayed true"
+            started = time.monotonic()
+            with pytest.raises(Exception, match="Embedded"):
+                triton.client("Embedded").infer_sample(x=np.array([3.0], np.float32))
+            assert time.monotonic() - started < 5
+        finally:
+            release.set()
+        hung.join(60)
+        assert float(hung_result["value"]["y"][0]) == 1.0
+        assert wait_for(lambda: triton.model("Embedded").ready(), 30, 0.1), "not loaded again"
+        assert float(triton.client("Embedded").infer_sample(x=np.array([4.0], np.float32))["y"][0]) == 4.0
+    finally:
+        release.set()
+        triton.stop()
