@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Dict, Optional, Sequence, Set, Tuple
 
+from pytriton import _unresponsive
 from pytriton._backend import Registry, ServerBackend
 from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonServerError
@@ -83,6 +84,8 @@ class Supervisor:
         self.failure: Optional[PyTritonServerError] = None  # why serve() must end
         # Giving grown Python-backend regions back (server/_recycle.py): model -> when it was recycled.
         self._recycled_at: Dict[str, float] = {}
+        # Models unloaded because they stopped answering (pytriton/_unresponsive.py), with their generation then.
+        self._unresponsive_unloaded: Dict[str, int] = {}
         backend.on_exit(self.on_server_exit)
 
     # -- the thread -----------------------------------------------------------------------------
@@ -134,6 +137,9 @@ class Supervisor:
         """
         # Between events the supervisor looks for grown shared-memory regions of idle models.
         poll_s = self._settings.recycle_idle_s / 4 if self._settings.recycle_byte_size else None
+        # Readiness while a callable hangs or a stub is stopped (pytriton/_unresponsive.py); the watch ends
+        # within a poll once the registry stops running.
+        _unresponsive.watch_for(self._registry, self._events.put)
         while True:
             try:
                 kind, payload = self._events.get(timeout=poll_s)
@@ -150,6 +156,15 @@ class Supervisor:
             try:
                 if kind == "server":
                     self._restart_server(int(payload))
+                elif kind in _unresponsive.EVENTS:
+                    _unresponsive.handle(
+                        kind,
+                        payload,
+                        registry=self._registry,
+                        server=self._backend,
+                        supervisor=self,
+                        unloaded=self._unresponsive_unloaded,
+                    )
                 else:
                     self._replace_stubs(*payload)
             except Exception:  # noqa: BLE001 - keep supervising

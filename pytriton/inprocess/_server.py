@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
 
-from pytriton.inprocess import _lib, _pool, _request
+from pytriton.inprocess import _lib, _pool, _private_modes, _request
 from pytriton.inprocess._enums import (
     InstanceGroupKind,
     LogFormat,
@@ -425,6 +425,8 @@ class Server:
             _segments.sweep_dead_owners()
             if lib.path is not None:
                 _lib.preload_backends(pathlib.Path(self.options.backend_directory), lib.path.parent)
+                # Before the server exists: its regions are created 0600 (docs/security.md).
+                _private_modes.protect_python_backend(pathlib.Path(self.options.backend_directory))
             options_handle = ctypes.c_void_p()
             lib.check(lib.TRITONSERVER_ServerOptionsNew(ctypes.byref(options_handle)))
             try:

@@ -10,7 +10,7 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -375,6 +375,13 @@ class BoundModel:
     def busy(self) -> bool:
         """True while a batch is being processed."""
         return any(worker.busy for worker in self._workers)
+
+    def instance_states(self) -> List[Tuple[bool, float, bool]]:
+        """Per instance: (a batch is in the callable now, when its last batch ended, its stub is stopped).
+
+        For pytriton/_unresponsive.py.
+        """
+        return [(worker.busy, worker.last_active, worker.stub_stopped) for worker in self._workers]
 
     @property
     def last_active(self) -> float:

@@ -63,6 +63,7 @@ import wrapt
 from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
+from pytriton.proxy import _stub_watch
 from pytriton.proxy._context import TritonContext
 from pytriton.proxy._worker import _process_running
 from pytriton.proxy.stubside import _arena
@@ -436,6 +437,14 @@ class ProcessInstance:
     @property
     def last_active(self) -> float:
         return self._status.read()[4] if self._status is not None else 0.0
+
+    @property
+    def stub_stopped(self) -> bool:
+        """True while the attached stub is stopped by a signal (``proxy/_stub_watch.py``)."""
+        if self._status is None:
+            return False
+        _, connected, _, stub_pid, _ = self._status.read()
+        return bool(connected and stub_pid) and _stub_watch.stopped(stub_pid)
 
     @property
     def pid(self) -> Optional[int]:

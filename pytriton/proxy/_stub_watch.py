@@ -61,6 +61,12 @@ def is_stub(pid: int) -> bool:
     return program.endswith(b"triton_python_backend_stub")
 
 
+def stopped(pid: int) -> bool:
+    """True if ``pid`` is a Python-backend stub stopped by a signal (state ``T``; a debugger's ``t`` is not)."""
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] == b"T" and is_stub(pid)
+
+
 class StubWatch:
     """The watched stubs and the thread that polls them (one per process: :data:`WATCH`)."""
 

@@ -246,6 +246,18 @@ class InstanceWorker:
         """True while a batch is being processed for a stub that still waits for it."""
         return any(session.busy and not session.abandoned for session in self._sessions)
 
+    @property
+    def stub_stopped(self) -> bool:
+        """True while the stub attached on this host is stopped by a signal (``proxy/_stub_watch.py``)."""
+        return any(
+            session.connected
+            and not (session.abandoned or session.retired)
+            and session.stub_pid
+            and not getattr(session.sock, "inline_only", False)  # the TCP transport: a pid of another host
+            and _stub_watch.stopped(session.stub_pid)
+            for session in list(self._sessions)
+        )
+
     def start(self, listener: Optional[Any] = None) -> None:
         """Listen on the slot's socket (or its route of the TCP transport) and start serving.
 

@@ -392,10 +392,12 @@ def test_model_client_shaped_bytes(server):
 
 
 def test_backend_regions_are_private(server):
-    """The Python backend creates them 0644 in this process; the shared-memory guard narrows them (docs/security.md)."""
+    """The Python backend creates them in this process, 0600 from the start (inprocess/_private_modes.py).
+
+    tests/e2e/test_local_users.py shows that another user never opens one.
+    """
     prefix = server.shm_region_prefix
     names = shm_entries(prefix)
     assert names
-    assert wait_for(
-        lambda: all(os.stat(os.path.join("/dev/shm", name)).st_mode & 0o077 == 0 for name in shm_entries(prefix)), 5
-    ), {name: oct(os.stat(os.path.join("/dev/shm", name)).st_mode) for name in shm_entries(prefix)}
+    modes = {name: os.stat(os.path.join("/dev/shm", name)).st_mode & 0o777 for name in names}
+    assert set(modes.values()) == {0o600}, {name: oct(mode) for name, mode in modes.items()}

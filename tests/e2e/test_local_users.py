@@ -13,6 +13,7 @@ runs ``pytriton run-server`` (the launcher for a RemoteTriton server) and reads 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -86,9 +87,12 @@ def _backend_regions(prefix: str) -> Set[str]:
     return {name for name in os.listdir(_arena.SHM_DIR) if name.startswith(prefix)}
 
 
-@pytest.fixture(scope="module")
-def attack() -> Iterator[Dict[str, Any]]:
-    """Run the whole sequence under the watcher; yields its report plus what the test saw happen."""
+@contextlib.contextmanager
+def watching(prefixes: List[str], secrets_: List[str]) -> Iterator[Dict[str, Any]]:
+    """Run tests/e2e/local_attacker.py as ``nobody`` for the ``with`` block; the dict gets its JSON report.
+
+    ``secrets_`` go to it on stdin; it opens every new ``/dev/shm`` entry named ``prefixes*`` on sight.
+    """
     work = pathlib.Path(tempfile.mkdtemp(prefix="pytriton-attack-"))
     work.chmod(0o755)  # the watcher (nobody) reads its script and the stop file here
     script = work / "local_attacker.py"
@@ -96,72 +100,72 @@ def attack() -> Iterator[Dict[str, Any]]:
     script.chmod(0o644)
     stop = work / "stop"
     nobody = pwd.getpwnam("nobody")
-    ports = triton_ports()
-    triton = Triton(config=TritonConfig(python_backend_shm_recycle_idle_secs=1, **ports))  # default security
-    token, control = triton.get_access_token(), "control-" + secrets.token_hex(16)
-    assert token
-    prefix = f"{triton._shm_prefix}-pb"
     watcher = subprocess.Popen(  # noqa: S603
-        [
-            "setpriv",
-            f"--reuid={nobody.pw_uid}",
-            f"--regid={nobody.pw_gid}",
-            "--clear-groups",
-            SYSTEM_PYTHON,
-            str(script),
-            str(stop),
-            "50",
-            triton._shm_prefix,
-            CONTROL_PREFIX,
-        ],  # fmt: skip
+        ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", SYSTEM_PYTHON,
+         str(script), str(stop), "50", *prefixes],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=work,
-    )
-    seen: Dict[str, Any] = {}
-    decoy = None
+    )  # fmt: skip
+    report: Dict[str, Any] = {}
     try:
         assert watcher.stdin is not None and watcher.stdout is not None
-        watcher.stdin.write(f"{token}\n{control}\n")
+        watcher.stdin.write("".join(f"{secret}\n" for secret in secrets_))
         watcher.stdin.close()
         watcher.stdin = None  # communicate() below must not flush it
         assert watcher.stdout.readline().strip() == "ready"
-        # Controls: what a root process shows in its command line, and a region that is 0644 from the start.
-        decoy = subprocess.Popen(["/bin/sh", "-c", "sleep 30", control])  # noqa: S603
-        region = pathlib.Path(_arena.SHM_DIR) / f"{CONTROL_PREFIX}{os.getpid()}"
-        region.write_bytes(b"x")
-        region.chmod(0o644)
-        _bind(triton, "Identity")
-        triton.run()  # start
-        seen["start"] = _backend_regions(prefix)
-        region.unlink()
-        _bind(triton, "Late")  # bind after run(): a repository-API load with the token
-        assert _infer(ports["grpc_port"], "Late", np.arange(16, dtype=np.uint8).reshape(1, -1))
-        # Recycle: a request larger than the 4 MiB region grows it; once idle the model gets new stubs and regions.
-        before = _backend_regions(prefix)
-        assert _infer(ports["grpc_port"], "Identity", np.ones((1, 12 << 20), dtype=np.uint8))
-        assert wait_for(lambda: len(_backend_regions(prefix) - before) >= 1, 30, 0.1), "no recycle happened"
-        seen["recycled"] = _backend_regions(prefix) - before
-        # Crash restart: the supervisor starts a new server with new regions.
-        assert triton._backend.server is not None and triton._backend.server.pid is not None
-        first = triton._backend.server.pid
-        os.kill(first, signal.SIGKILL)
-        assert wait_for(lambda: triton.server_restarts == 1, 60, 0.1), "the server was not restarted"
-        assert wait_for(lambda: _infer(ports["grpc_port"], "Identity", np.ones((1, 8), np.uint8)), 30, 0.2)
-        seen["restarted"] = _backend_regions(prefix)
-        seen["server_pids"] = {first, triton._backend.server.pid}
+        yield report
     finally:
         stop.touch()
         out, err = watcher.communicate(timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+    assert watcher.returncode == 0, err
+    report.update(json.loads(out.strip().splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def attack() -> Iterator[Dict[str, Any]]:
+    """Run the whole sequence under the watcher; yields its report plus what the test saw happen."""
+    ports = triton_ports()
+    triton = Triton(config=TritonConfig(python_backend_shm_recycle_idle_secs=1, **ports))  # default security
+    token, control = triton.get_access_token(), "control-" + secrets.token_hex(16)
+    assert token
+    prefix = f"{triton._shm_prefix}-pb"
+    seen: Dict[str, Any] = {}
+    decoy = None
+    try:
+        with watching([triton._shm_prefix, CONTROL_PREFIX], [token, control]) as report:
+            # Controls: what a root process shows in its command line, and a region that is 0644 from the start.
+            decoy = subprocess.Popen(["/bin/sh", "-c", "sleep 30", control])  # noqa: S603
+            region = pathlib.Path(_arena.SHM_DIR) / f"{CONTROL_PREFIX}{os.getpid()}"
+            region.write_bytes(b"x")
+            region.chmod(0o644)
+            _bind(triton, "Identity")
+            triton.run()  # start
+            seen["start"] = _backend_regions(prefix)
+            region.unlink()
+            _bind(triton, "Late")  # bind after run(): a repository-API load with the token
+            assert _infer(ports["grpc_port"], "Late", np.arange(16, dtype=np.uint8).reshape(1, -1))
+            # Recycle: a request larger than the 4 MiB region grows it; once idle the model gets new stubs and regions.
+            before = _backend_regions(prefix)
+            assert _infer(ports["grpc_port"], "Identity", np.ones((1, 12 << 20), dtype=np.uint8))
+            assert wait_for(lambda: len(_backend_regions(prefix) - before) >= 1, 30, 0.1), "no recycle happened"
+            seen["recycled"] = _backend_regions(prefix) - before
+            # Crash restart: the supervisor starts a new server with new regions.
+            assert triton._backend.server is not None and triton._backend.server.pid is not None
+            first = triton._backend.server.pid
+            os.kill(first, signal.SIGKILL)
+            assert wait_for(lambda: triton.server_restarts == 1, 60, 0.1), "the server was not restarted"
+            assert wait_for(lambda: _infer(ports["grpc_port"], "Identity", np.ones((1, 8), np.uint8)), 30, 0.2)
+            seen["restarted"] = _backend_regions(prefix)
+            seen["server_pids"] = {first, triton._backend.server.pid}
+    finally:
         if decoy is not None:
             decoy.kill()
             decoy.wait()
         triton.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    assert watcher.returncode == 0, err
-    report = json.loads(out.strip().splitlines()[-1])
     report.update(events=seen)
     print(json.dumps({key: value for key, value in report.items() if key != "events"})[:2000], file=sys.stderr)
     yield report
@@ -245,3 +249,45 @@ def test_run_server_keeps_the_token_out_of_every_command_line(tmp_path):
     finally:
         launcher.kill()
         launcher.wait()
+
+
+@another_user
+def test_no_in_process_region_is_opened_by_another_user(tmp_path):
+    """The in-process server (issue 25, item 2): its backend runs in this process, yet every region is 0600 at birth.
+
+    Each load of a model starts a stub with a new region; the watcher opens every one it can the moment
+    inotify reports it. Before the backend's modes were clamped (inprocess/_private_modes.py) each region
+    was created 0644 and narrowed by the shared-memory guard a moment later, which the watcher won.
+    """
+    import pytriton.inprocess as tritonserver
+    from tests.e2e.inprocess_models import write_repository
+
+    options = tritonserver.Options()
+    options.model_control_mode = tritonserver.ModelControlMode.EXPLICIT
+    options.model_repository = str(write_repository(tmp_path / "repo", ("identity", "add_sub")))
+    options.startup_models = ["identity", "add_sub"]
+    server = tritonserver.Server(options)
+    prefix = server.shm_region_prefix
+    control = pathlib.Path(_arena.SHM_DIR) / f"{CONTROL_PREFIX}inproc-{os.getpid()}"
+    created: Set[str] = set()
+    with watching([prefix, CONTROL_PREFIX], []) as report:
+        control.write_bytes(b"x")
+        control.chmod(0o644)
+        try:
+            server.start(wait_until_ready=True, timeout=120)
+            assert server.shm_region_prefix == prefix  # no other in-process server chose the backend's prefix
+            created |= _backend_regions(prefix)
+            for _ in range(4):  # each reload: a new stub, a new region
+                server.unload("identity", wait_until_unloaded=True, timeout=60)
+                server.load("identity")
+                created |= _backend_regions(prefix)
+            (response,) = server.model("identity").infer(inputs={"INPUT0": np.array([[3]], np.float32)})
+            assert float(np.from_dlpack(response.outputs["OUTPUT0"]).flat[0]) == 3
+        finally:
+            server.stop()
+            control.unlink()
+    assert any(name.startswith(CONTROL_PREFIX) for name in report["opened"]), report  # the watcher could win
+    watched = {name for name in report["seen"] if name.startswith(prefix)}
+    assert len(watched) >= 6 and created <= watched, (sorted(watched), sorted(created))
+    opened = [name for name in report["opened"] if name.startswith(prefix)]
+    assert not opened, f"another user opened {opened} of {len(watched)} in-process regions"

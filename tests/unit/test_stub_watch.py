@@ -80,3 +80,27 @@ def test_the_thread_ends_when_nothing_is_watched(child, monkeypatch):
     watch.forget("a")
     thread.join(5.0)
     assert not thread.is_alive() and watch._thread is None
+
+
+def test_stopped_is_true_only_for_a_stub_in_a_signal_stop(child):
+    """``stopped()`` (read by pytriton/_unresponsive.py): a process named like the stub, stopped; not any process."""
+    stub = subprocess.Popen(["/bin/bash", "-c", "exec -a /opt/x/triton_python_backend_stub sleep 60"])
+    try:
+        deadline = time.monotonic() + 5.0
+        while not _stub_watch.is_stub(stub.pid):  # until bash has exec'd
+            assert time.monotonic() < deadline, "the fake stub never started"
+            time.sleep(0.01)
+        assert not _stub_watch.stopped(stub.pid)
+        os.kill(stub.pid, signal.SIGSTOP)
+        os.kill(child.pid, signal.SIGSTOP)
+        _wait_state(stub.pid, b"T")
+        _wait_state(child.pid, b"T")
+        assert _stub_watch.stopped(stub.pid) and not _stub_watch.stopped(child.pid)  # the child is no stub
+        os.kill(stub.pid, signal.SIGCONT)
+        _wait_state(stub.pid, b"S")
+        assert not _stub_watch.stopped(stub.pid)
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        stub.kill()
+        stub.wait()
+    assert not _stub_watch.stopped(stub.pid)  # gone

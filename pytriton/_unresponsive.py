@@ -1,0 +1,289 @@
+"""Readiness that tells the truth while a model cannot answer: unload it from Triton, load it back once it can.
+
+Why: a model whose callable hangs, on every instance, with no execution timeout serves nothing: the
+stub waits for its worker, Triton queues every further request behind it, and nothing ever fails.
+Yet Triton 2.51 answers ``/v2/models/<m>/ready`` (and ``/v2/health/ready``) 200, because readiness
+is the model's load state and a backend has no way to change it. The one lever is the load state
+itself. Measured with tritonserver 2.51 (tests/e2e/test_unresponsive.py): an unload through the
+repository API returns at once; from that moment the model's readiness answers 400 ("Model version
+not ready"), strict server readiness 400, and a new request fails at once (404, "... has no
+available versions"); the batch in the callable and the requests Triton had already queued for it
+are still served when the callable returns; then the instances are finalized and the stubs leave.
+
+So :class:`UnresponsiveWatch` polls every bound model. When every instance of a model is stuck,
+it asks the supervisor to unload the model from Triton (its binding, workers and files stay); once
+one of them answers again, to load it back as a new generation (``_healing``'s replacement path:
+new stubs next to any that are still leaving). An instance is stuck when it has been in one and the
+same call for :data:`UNRESPONSIVE_AFTER_S` (only where the model has no execution timeout, which
+bounds its calls otherwise), or when its stub has been stopped by a signal for
+:data:`STOPPED_AFTER_S`. A stopped stub is also killed after 2 s by ``proxy/_stub_watch.py`` and the
+model replaced by ``_healing``: the unload only makes readiness say so meanwhile (measured: 400 at
+once, new requests 404 at once, ready again when the replacement is loaded, about 2.8 s after the
+stop), and no second load follows when the replacement already loaded a new generation.
+
+The decision is :class:`HungCalls` (pure, a fake clock in tests); the actions run on the supervisor
+thread of :mod:`pytriton._healing` (one event at a time, never during a restart). Hook: the
+supervisor starts the watch when it starts (``_healing._supervise``; the watch ends within a poll of
+``stop()``) and hands it the events named in :data:`EVENTS`.
+
+Settings: ``PYTRITON_UNRESPONSIVE_AFTER_S`` (read when ``run()`` starts; default 60 s; 0: the watch
+is off, for stopped stubs too).
+Unit tests: tests/unit/test_unresponsive.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple
+
+from pytriton.exceptions import PyTritonValidationError
+
+LOGGER = logging.getLogger("pytriton.triton")
+
+ENV = "PYTRITON_UNRESPONSIVE_AFTER_S"
+UNRESPONSIVE_AFTER_S = 60.0
+POLL_S = 0.25
+EVENTS = ("unresponsive", "responsive")
+_RELOAD_WAIT_S = 10.0  # how long a reload waits for the batches Triton had queued before the unload
+
+Instance = Tuple[bool, float, bool]
+"""What the watch reads of one instance: (busy in a call now, time its last call ended, its stub is stopped)."""
+
+STOPPED_AFTER_S = 0.5
+"""How long a stub must stay stopped (state ``T``) before it counts as unresponsive: a moment's stop passes."""
+
+
+def limit_from_env(environ: Optional[Dict[str, str]] = None) -> float:
+    """``PYTRITON_UNRESPONSIVE_AFTER_S`` in seconds (0: off); a clear error for anything else."""
+    raw = (os.environ if environ is None else environ).get(ENV, "").strip()
+    if not raw:
+        return UNRESPONSIVE_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise PyTritonValidationError(
+            f"{ENV}={raw!r}: give the seconds after which a model whose every instance is stuck in one call "
+            "is reported not ready (0: never)."
+        )
+    return value
+
+
+_Entry = Tuple[float, float, bool]  # (first seen stuck, last call's end then, stopped rather than busy)
+
+
+class HungCalls:
+    """Which models have every instance stuck: in one unbroken call for ``limit_s``, or its stub stopped.
+
+    An instance is in an unbroken call while it is busy and the end time of its last call has not
+    changed since it was first seen busy (a call that ended and a new one that began between two
+    polls change that time, so they never add up). A stopped stub counts after
+    ``min(limit_s, STOPPED_AFTER_S)``.
+    """
+
+    def __init__(self, limit_s: float):
+        self.limit_s = limit_s
+        self._since: Dict[str, List[Optional[_Entry]]] = {}
+
+    def update(self, name: str, instances: List[Instance], now: float) -> Optional[Tuple[float, str]]:
+        """Record one poll of model ``name``; ``(seconds, why)`` if every instance is stuck, else None."""
+        previous = self._since.get(name, [])
+        current: List[Optional[_Entry]] = []
+        for index, (busy, last_end, stopped) in enumerate(instances):
+            seen = previous[index] if index < len(previous) else None
+            if stopped:
+                current.append(seen if seen is not None and seen[2] else (now, last_end, True))
+            elif not busy:
+                current.append(None)
+            elif seen is None or seen[2] or seen[1] != last_end:
+                current.append((now, last_end, False))  # a new call
+            else:
+                current.append(seen)
+        self._since[name] = current
+        entries = [entry for entry in current if entry is not None]
+        if not current or len(entries) < len(current):
+            return None
+        limits = [min(self.limit_s, STOPPED_AFTER_S) if entry[2] else self.limit_s for entry in entries]
+        if any(now - entry[0] < limit for entry, limit in zip(entries, limits)):
+            return None
+        why = "its stub is stopped" if any(entry[2] for entry in entries) else "in one call of the callable"
+        return now - max(entry[0] for entry in entries), why
+
+    def still_stuck(self, name: str, instances: List[Instance]) -> bool:
+        """True while at least one instance recorded as stuck for ``name`` still is (same call, or still stopped)."""
+        for index, entry in enumerate(self._since.get(name, [])):
+            if entry is None or index >= len(instances):
+                continue
+            busy, last_end, stopped = instances[index]
+            if stopped if entry[2] else (busy and last_end == entry[1] and not stopped):
+                return True
+        return False
+
+    def forget(self, name: str) -> None:
+        self._since.pop(name, None)
+
+
+class UnresponsiveWatch:
+    """A thread that posts ``("unresponsive"|"responsive", model name)`` to the supervisor's queue.
+
+    ``models()`` returns ``{name: [instance states]}`` for every bound model without an execution
+    timeout; ``post`` puts an event on the supervisor's queue. Lifetime: :meth:`start` starts a daemon
+    thread (nothing if the limit is 0), which ends at :meth:`stop` or once ``running()`` is False (within
+    one poll); both are idempotent.
+    """
+
+    def __init__(
+        self,
+        models: Callable[[], Dict[str, List[Instance]]],
+        post: Callable[[Tuple[str, Any]], None],
+        limit_s: float,
+        poll_s: float = POLL_S,
+        running: Callable[[], bool] = lambda: True,
+    ):
+        self._models = models
+        self._post = post
+        self._running = running
+        self.calls = HungCalls(limit_s)
+        self.poll_s = poll_s
+        self.unloaded: Set[str] = set()  # reported unresponsive, not yet reported back
+        self._stopped = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        if self._thread is None and self.calls.limit_s > 0:
+            self._thread = threading.Thread(target=self._run, name="pytriton-unresponsive-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+    def check(self, now: float) -> None:
+        """One poll of every model (the thread's body; called directly by the unit tests)."""
+        models = self._models()
+        for name in list(self.unloaded):
+            if name not in models or not self.calls.still_stuck(name, models[name]):
+                self.unloaded.discard(name)
+                self.calls.forget(name)
+                if name in models:
+                    self._post(("responsive", name))
+        for name, instances in models.items():
+            if name in self.unloaded:
+                continue
+            stuck = self.calls.update(name, instances, now)
+            if stuck is not None:
+                self.unloaded.add(name)
+                self._post(("unresponsive", (name, stuck)))
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.poll_s) and self._running():
+            try:
+                self.check(time.monotonic())
+            except Exception:  # noqa: BLE001 - the watch must outlive a surprise (a model unbound meanwhile)
+                LOGGER.exception("pytriton's unresponsive-model watch failed one round")
+
+
+class Supervised(Protocol):
+    """What the watch needs of the supervisor (``_healing.Supervisor``) whose thread runs its actions."""
+
+    restarting: bool
+
+    def load_next_generation(self, model_name: str) -> Optional[Exception]:
+        """Load ``model_name`` again as a new generation of stubs; the failure, if any."""
+
+
+class Models(Protocol):
+    """What the watch reads of the ``Triton``'s models (``_backend.Registry``)."""
+
+    def running(self) -> bool: ...
+
+    def versions(self, model_name: str) -> List[Any]: ...
+
+    def model_names(self) -> List[str]: ...
+
+
+class Server(Protocol):
+    """What the watch asks of the server (``_backend.ServerBackend``)."""
+
+    def repository_request(self, action: str, model_name: str) -> None: ...
+
+    def is_serving(self) -> bool: ...
+
+
+def watch_for(registry: Models, post: Callable[[Tuple[str, Any]], None]) -> UnresponsiveWatch:
+    """The watch for a running ``Triton``'s models; its events go to the supervisor's queue through ``post``."""
+
+    def models() -> Dict[str, List[Instance]]:
+        found: Dict[str, List[Instance]] = {}
+        for name in registry.model_names():
+            for model in registry.versions(name):
+                # A call bounded by an execution timeout is not stuck, nor is a streaming call (a decoupled
+                # model's generator may rightly run for minutes, and its timeout bounds each response, not
+                # the call); a stopped stub is, whatever the kind of model.
+                bounded = bool(model.execution_timeout_s) or bool(getattr(model.config, "decoupled", False))
+                states = model.instance_states()
+                found.setdefault(name, []).extend((busy and not bounded, end, stop) for busy, end, stop in states)
+        return found
+
+    try:
+        limit_s = limit_from_env()
+    except PyTritonValidationError as exc:  # this runs on the supervisor thread, which must not end
+        LOGGER.error("%s Using the default, %.0f s.", exc, UNRESPONSIVE_AFTER_S)
+        limit_s = UNRESPONSIVE_AFTER_S
+    watch = UnresponsiveWatch(models, post, limit_s, running=registry.running)
+    watch.start()
+    return watch
+
+
+def handle(
+    kind: str, payload: Any, *, registry: Models, server: Server, supervisor: Supervised, unloaded: Dict[str, int]
+) -> None:
+    """Act on one event of :data:`EVENTS` on the supervisor's thread.
+
+    ``unloaded``: the supervisor's record of the models this module unloaded, with their generation then.
+    """
+    if kind == "unresponsive":
+        name, (stuck, why) = payload
+        models = registry.versions(name)
+        if not models or supervisor.restarting:
+            return  # unbound meanwhile, or the restart in progress loads every model again anyway
+        LOGGER.warning(
+            "Model %s: every instance has been stuck for %.1f s (%s); unloading it from Triton so that its readiness "
+            "says not ready and new requests fail at once. It is loaded again once it answers (an execution_timeout_s "
+            "bounds a callable's calls; %s=0 keeps models loaded).",
+            name,
+            stuck,
+            why,
+            ENV,
+        )
+        unloaded[name] = models[0].generation
+        server.repository_request("unload", name)
+        return
+    name = payload
+    models = registry.versions(name)
+    generation = unloaded.pop(name, None)
+    if not models or generation is None:
+        return  # unbound, or never unloaded
+    if models[0].generation != generation:
+        LOGGER.warning("Model %s: loaded again by its stub replacement (generation %d).", name, models[0].generation)
+        return
+    deadline = time.monotonic() + _RELOAD_WAIT_S  # the requests Triton queued before the unload are served first
+    while any(model.busy for model in models) and time.monotonic() < deadline and server.is_serving():
+        time.sleep(0.05)
+    started = time.monotonic()
+    failure = supervisor.load_next_generation(name)
+    if failure is not None:
+        LOGGER.error("Model %s: loading it again after it answered failed: %s", name, failure)
+        return
+    LOGGER.warning(
+        "Model %s: it answers again; loaded it again (generation %d) in %.2f s.",
+        name,
+        models[0].generation,
+        time.monotonic() - started,
+    )
