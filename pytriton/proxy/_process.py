@@ -69,7 +69,7 @@ from pytriton.proxy.stubside import _arena
 
 LOGGER = logging.getLogger(__name__)
 
-INSTANCE_KINDS = ("thread", "process")
+INSTANCE_KINDS = ("thread", "process", "backend")
 READY_TIMEOUT_S = 120.0  # a worker process imports the user's modules (torch can take a while)
 STOP_TIMEOUT_S = 2.0
 MAX_START_FAILURES = 5  # consecutive worker processes that died before being ready: give up
@@ -82,11 +82,11 @@ IN_WORKER_PROCESS = False
 
 
 def check_instance_kind(value: Any, model: str) -> str:
-    """``"thread"`` or ``"process"``; raises ``PyTritonBadParameterError`` for anything else."""
+    """``"thread"``, ``"process"`` or ``"backend"``; raises ``PyTritonBadParameterError`` for anything else."""
     if value not in INSTANCE_KINDS:
         raise PyTritonBadParameterError(
-            f"Model {model!r}: instance_kind must be 'thread' (worker threads in this process, the default) or "
-            f"'process' (a worker process per instance), got {value!r}."
+            f"Model {model!r}: instance_kind must be 'thread' (worker threads in this process, the default), "
+            f"'backend' (inside the server's stub) or 'process' (a worker process per instance), got {value!r}."
         )
     return str(value)
 
@@ -180,14 +180,18 @@ def _main_importable() -> bool:
     return getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None
 
 
-def dump_callable(func: Any, model: str, slot: int) -> bytes:
-    """The pickled callable of one instance; raises ``PyTritonBadParameterError`` saying how to fix it."""
+def dump_callable(func: Any, model: str, slot: int, kind: str = "process") -> bytes:
+    """The pickled callable of one instance; raises ``PyTritonBadParameterError`` saying how to fix it.
+
+    ``kind``: the instance kind it is pickled for (``"process"``, or ``"backend"``: the server's stub).
+    """
+    where = "its worker process" if kind == "process" else "the server's stub process"
     buffer = io.BytesIO()
     try:
         _CallablePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(func)
     except Exception as exc:  # noqa: BLE001 - whatever pickle raises, the fix is the same
         raise PyTritonBadParameterError(
-            f"Model {model!r}: instance_kind='process' sends each instance's callable to its worker process by "
+            f"Model {model!r}: instance_kind={kind!r} sends each instance's callable to {where} by "
             f"pickling it, and the callable of instance {slot} ({func!r}) cannot be pickled: "
             f"{type(exc).__name__}: {exc}. Define the function, or the class of the callable object, at module "
             "level (lambdas, nested functions and objects holding locks, sockets or open files cannot travel), "

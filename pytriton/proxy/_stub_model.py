@@ -22,6 +22,10 @@ from typing import Any
 PACKAGE = "_pytriton_stubside"
 
 
+# Its presence in the version directory means the callable runs in the stub (instance_kind="backend").
+BACKEND_PAYLOAD = "pytriton_backend.pkl"
+
+
 def load(directory: str) -> Any:
     """The proxy model module (``_stub``) of the stub-side package copied into ``directory``."""
     if PACKAGE not in sys.modules:
@@ -37,4 +41,7 @@ def load(directory: str) -> Any:
 
 
 if os.path.basename(__file__) == "model.py":  # the copy Triton loads (pytriton imports this module too)
-    TritonPythonModel = load(os.path.dirname(os.path.abspath(__file__))).TritonPythonModel
+    _here = os.path.dirname(os.path.abspath(__file__))
+    TritonPythonModel = load(_here).TritonPythonModel
+    if os.path.isfile(os.path.join(_here, BACKEND_PAYLOAD)):  # the callable runs here (stubside/_inline.py)
+        TritonPythonModel = importlib.import_module(f"{PACKAGE}._inline").InlineModel
