@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import logging
 import os
 import pickle
@@ -85,7 +86,16 @@ def pack(callables: Sequence[bytes], config: TritonModelConfig, strict: bool) ->
         "strict": strict,
         "preparation": _process.preparation_data(),
     }
-    return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    buffer = io.BytesIO()
+    _PayloadPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(payload)
+    return buffer.getvalue()
+
+
+class _PayloadPickler(pickle.Pickler):
+    """Numpy scalar types (the config's dtypes) by dtype code: the stub may run another numpy major version."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        return _process.reduce_numpy_type(obj)
 
 
 def not_here(requests: List[Request]) -> List[Dict[str, Any]]:

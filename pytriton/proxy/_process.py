@@ -58,6 +58,7 @@ import threading
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import wrapt
 
 from pytriton._exit import describe_exit
@@ -109,6 +110,25 @@ def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
     return target
 
 
+def _numpy_type(code: str) -> Any:
+    """The numpy scalar type of dtype ``code`` (used when unpickling, see :func:`reduce_numpy_type`)."""
+    return np.dtype(code).type
+
+
+def reduce_numpy_type(obj: Any) -> Any:
+    """A numpy scalar type (``np.float32``, ``np.bool``) by its dtype code, else ``NotImplemented``.
+
+    By name it would not travel between numpy versions: numpy 2 calls ``np.bool_`` ``numpy.bool``,
+    which numpy 1.x (the stub's environment, for backend instances) does not have.
+    """
+    if isinstance(obj, type) and issubclass(obj, np.generic):
+        try:
+            return _numpy_type, (np.dtype(obj).str,)
+        except TypeError:  # an abstract type (np.floating): by name, as before
+            return NotImplemented
+    return NotImplemented
+
+
 def _rewrap(wrapped: Any, wrapper: Any, enabled: Any) -> Any:
     """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
     return _wrapt.FunctionWrapper(wrapped, wrapper, enabled)
@@ -146,6 +166,8 @@ class _CallablePickler(pickle.Pickler):
         return _CONTEXT_ID if type(obj) is TritonContext else None
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and issubclass(obj, np.generic):
+            return reduce_numpy_type(obj)
         kind = type(obj)  # not isinstance: a wrapt proxy reports the class of what it wraps
         wrapper = issubclass(kind, _WRAPPERS)
         if not (wrapper or issubclass(kind, (types.FunctionType, type))):

@@ -82,6 +82,23 @@ class Unpicklable:
 # -- helpers --------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_main_module(monkeypatch):
+    """The stub side imports the user's main module (as ``__mp_main__``) and marks the process as a
+    worker; in this test process neither may happen: the payloads carry no main module here, and the
+    flag is restored."""
+    real = _process.preparation_data
+
+    def without_main():
+        return {key: value for key, value in real().items() if not key.startswith("init_main_from_")}
+
+    monkeypatch.setattr(_process, "preparation_data", without_main)
+    monkeypatch.setattr(_process, "IN_WORKER_PROCESS", False)
+    cwd = os.getcwd()
+    yield
+    os.chdir(cwd)
+
+
 def _config(decoupled=False, outputs=("y",), batching=True):
     specs = [TensorSpec(name=name, shape=(-1,), dtype=np.int64 if name == "pid" else np.float32) for name in outputs]
     return TritonModelConfig(
@@ -324,3 +341,18 @@ def test_requests_over_the_size_limit_fail_alone(setup, inline):  # noqa: F811
     small, large = model.execute([FakeRequest(_x(1)), FakeRequest({"x": np.zeros((1, 64), np.float32)})])
     np.testing.assert_array_equal(small.outputs()["y"], [[1]])
     assert "limit" in large.error.message()
+
+
+def test_numpy_scalar_types_travel_by_dtype_code_not_by_name():
+    """numpy 2 pickles ``np.bool_`` as ``numpy.bool``, which the stub's numpy 1.x lacks."""
+    import pickle
+    import pickletools
+
+    config = _config()
+    config.outputs.append(TensorSpec(name="flag", shape=(1,), dtype=np.bool_))
+    data = _backend_kind.pack([_process.dump_callable(np.bool_, "Unit", 0, "backend")], config, strict=False)
+    names = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
+    assert "bool" not in names and "float32" not in names
+    payload = pickle.loads(data)
+    assert payload["config"].outputs[-1].dtype is np.bool_ and payload["config"].inputs[0].dtype is np.float32
+    assert pickle.loads(payload["callables"][0]) is np.bool_
