@@ -26,6 +26,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e import process_models
+from tests.e2e.test_healing import _stubs
 from tests.unit.test_backend_kind import Unpicklable
 
 KIND = {"instance_kind": "backend"}
@@ -57,22 +58,12 @@ def served():
         yield triton, ports
 
 
+MODELS = ("Pid", "Doubled", "Scaler", "Async", "Tokens", "Faulty")
+
+
 def _stub_pids(server_pid):
-    """Pids of the server's ``triton_python_backend_stub`` children."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                program = os.path.basename(cmdline.read().split(b"\0")[0])
-        except OSError:
-            continue
-        if int(fields[1]) == server_pid and program == b"triton_python_backend_stub" and fields[0] != b"Z":
-            pids.append(int(entry))
-    return pids
+    """Pids of the server's ``triton_python_backend_stub`` children, for every model of this module."""
+    return [pid for model in MODELS for pid in _stubs(server_pid, model)]
 
 
 def _raw_identity(lib, url):
