@@ -39,16 +39,18 @@ import os
 import pickle
 import site
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _process
+from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy._worker import error_text
+from pytriton.proxy._worker import InstanceWorker, error_text
+from pytriton.proxy.stubside._backend_page import Page
 from pytriton.proxy.types import Request
 
 LOGGER = logging.getLogger(__name__)
@@ -98,6 +100,46 @@ class _PayloadPickler(pickle.Pickler):
         return _process.reduce_numpy_type(obj)
 
 
+class BackendInstance(InstanceWorker):
+    """The user-process side of one backend instance slot.
+
+    An ``InstanceWorker`` whose callable is :func:`not_here`: its stub connects and says hello, so
+    a stub's death is noticed (self-healing), and sends no batch. ``busy`` and ``last_active`` come
+    from the model's status page, which the stub writes at each batch (``stubside/_backend_page.py``);
+    a stub that died mid-batch leaves its flag set, so ``busy`` also needs a stub attached. Setting
+    ``admission`` (the drain) starts the page's refusal with the admission's budget.
+    """
+
+    def __init__(self, *, page: Page, slot: int, **kwargs: Any):
+        self._page = page
+        self._slot = slot
+        self._own_last_active = 0.0
+        self._admission: Optional[Admission] = None
+        super().__init__(infer_func=not_here, **kwargs)
+
+    @property
+    def busy(self) -> bool:
+        return self._page.busy(self._slot) and self.connected
+
+    @property  # type: ignore[override]
+    def last_active(self) -> float:
+        return max(self._own_last_active, self._page.last_active(self._slot))
+
+    @last_active.setter
+    def last_active(self, value: float) -> None:
+        self._own_last_active = value
+
+    @property  # type: ignore[override]
+    def admission(self) -> Optional[Admission]:
+        return self._admission
+
+    @admission.setter
+    def admission(self, value: Optional[Admission]) -> None:
+        self._admission = value
+        if value is not None:
+            self._page.refuse(value.remaining())
+
+
 def not_here(requests: List[Request]) -> List[Dict[str, Any]]:
     """The user-process worker's callable of a backend instance: batches run in the stub, never here."""
     raise PyTritonRuntimeError("pytriton: this model's instances run in the server's stub (instance_kind='backend')")
@@ -135,16 +177,16 @@ def prepare_imports(preparation: Dict[str, Any]) -> None:
 
 
 class _CancelProbe:
-    """``Request.is_cancelled`` for a batch in the stub: asks Triton's request object directly."""
+    """``Request.is_cancelled`` for a batch in the stub: asks Triton's request object (``is_cancelled()``) directly."""
 
-    def __init__(self, asks: Sequence[Callable[[], bool]]):
-        self._asks = asks
-        self._known = [False] * len(asks)
+    def __init__(self, triton_requests: Sequence[Any]):
+        self._requests = triton_requests
+        self._known = [False] * len(triton_requests)
 
     def __call__(self, index: int) -> bool:
         if not self._known[index]:
             try:
-                self._known[index] = bool(self._asks[index]())
+                self._known[index] = bool(self._requests[index].is_cancelled())
             except Exception:  # noqa: BLE001 - a request Triton already released: nobody waits for it
                 self._known[index] = True
         return self._known[index]
@@ -203,9 +245,9 @@ class InlineRunner:
         )
 
     @staticmethod
-    def attach_cancellation(requests: List[Request], asks: Sequence[Callable[[], bool]]) -> None:
-        """Make ``Request.is_cancelled()`` ask Triton (each ``asks[i]``) about request ``i``."""
-        probe = _CancelProbe(asks)
+    def attach_cancellation(requests: List[Request], triton_requests: Sequence[Any]) -> None:
+        """Make ``Request.is_cancelled()`` of ``requests[i]`` ask Triton's ``triton_requests[i]``."""
+        probe = _CancelProbe(triton_requests)
         for index, request in enumerate(requests):
             request._probe = probe
             request._index = index

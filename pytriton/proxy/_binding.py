@@ -24,7 +24,7 @@ from pytriton.model_config.triton_model_config import TensorSpec, TritonModelCon
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
 from pytriton.proxy import _backend_kind, _process, _stub_model, stubside
 from pytriton.proxy._worker import InstanceWorker
-from pytriton.proxy.stubside import _segments, _stub_exit, _wire, _zmq_channel
+from pytriton.proxy.stubside import _backend_page, _segments, _stub_exit, _wire, _zmq_channel
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
 _MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
@@ -252,6 +252,7 @@ class BoundModel:
         self.direct_warmup = warmup.direct if warmup is not None else []  # model_config/warmup.py
         self._worker_poll_s = context.polling.worker_us / 1e6
         self._workers: List[Union[InstanceWorker, _process.ProcessInstance]] = []
+        self._page: Optional[_backend_page.Page] = None  # backend instances' status page (stubside/_backend_page.py)
 
     def incompatibility(self, other: BoundModel) -> Optional[str]:
         """Why this model cannot be another version of ``other`` (a different Triton config), or None."""
@@ -339,9 +340,13 @@ class BoundModel:
                     metrics=self._context.metrics,
                 )
                 if self.instance_kind == "backend":  # batches run in the stub; the worker sees it come and go
-                    worker = InstanceWorker(infer_func=_backend_kind.not_here, **common)
-                    worker.start()
-                    self._workers.append(worker)
+                    if self._page is None:
+                        self._page = _backend_page.Page.create(
+                            str(self.endpoint_dir / _backend_page.PAGE_NAME), len(self.infer_funcs)
+                        )
+                    backend = _backend_kind.BackendInstance(page=self._page, slot=slot, **common)
+                    backend.start()
+                    self._workers.append(backend)
                 elif self._payloads:
                     instance = _process.ProcessInstance(payload=self._payloads[slot], **common)
                     self._workers.append(instance)
@@ -417,6 +422,9 @@ class BoundModel:
         for worker in self._workers:
             worker.stop()
         self._workers = []
+        if self._page is not None:
+            self._page.close()
+            self._page = None
         shutil.rmtree(self.endpoint_dir, ignore_errors=True)
         _segments.sweep_segments(self.shm_prefix)
 

@@ -66,3 +66,11 @@ def slow_echo(requests):
 
     time.sleep(0.3)
     return [{"y": r["x"]} for r in requests]
+
+
+def slow_echo(requests):
+    """``x`` back after 0.8 s (a batch still running when stop() drains)."""
+    import time
+
+    time.sleep(0.8)
+    return [{"y": r["x"]} for r in requests]

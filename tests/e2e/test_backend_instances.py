@@ -155,3 +155,31 @@ def test_a_dead_stub_is_replaced(served):
     assert _serves(url, "Faulty", 2.0) is None
     assert wait_for(lambda: _serves(url, "Faulty", 5.0) is not None, 60)
     assert triton.is_alive() and len(_stub_pids(triton._server.pid)) == len(before)
+
+
+def test_stop_waits_for_a_batch_running_in_a_stub():
+    """The stub marks its batches in the model's status page, so the drain waits for them."""
+    import threading
+
+    ports = triton_ports()
+    url = f"http://127.0.0.1:{ports['http_port']}"
+    triton = Triton(config=TritonConfig(**ports))
+    try:
+        triton.bind("Slow", process_models.slow_echo, [_t("x")], [_t("y")], **KIND)
+        triton.run()
+        results = []
+
+        def call():
+            with ModelClient(url, "Slow", inference_timeout_s=30) as client:
+                results.append(client.infer_sample(x=np.array([7.0], np.float32)))
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        assert wait_for(lambda: any(model.busy for model in triton._models.values()), 10)
+        started = time.monotonic()
+        triton.stop()
+        thread.join(30)
+        assert results and results[0]["y"][0] == 7.0, "the batch in the stub was cut off by stop()"
+        assert time.monotonic() - started < 10
+    finally:
+        triton.stop()

@@ -356,3 +356,84 @@ def test_numpy_scalar_types_travel_by_dtype_code_not_by_name():
     payload = pickle.loads(data)
     assert payload["config"].outputs[-1].dtype is np.bool_ and payload["config"].inputs[0].dtype is np.float32
     assert pickle.loads(payload["callables"][0]) is np.bool_
+
+
+# -- the status page (stubside/_backend_page.py) ---------------------------------------------------
+
+PAGE_VIEW: list = []  # (page, slot) the busy_probe callable reads
+
+
+def busy_probe(requests):
+    page, slot = PAGE_VIEW[0]
+    return [{"y": np.array([[float(page.busy(slot))]], np.float32)} for _ in requests]
+
+
+def test_the_page_carries_busy_last_active_and_the_drain_budget(tmp_path):
+    from pytriton.proxy.stubside._backend_page import Page
+
+    owner = Page.create(str(tmp_path / "backend.page"), 2)
+    stub = Page.open(str(tmp_path / "backend.page"), 2)
+    assert Page.open(str(tmp_path / "missing"), 2) is None and Page.open(str(tmp_path / "backend.page"), 9) is None
+    try:
+        assert not owner.busy(1) and owner.last_active(1) == 0.0
+        stub.enter(1)
+        assert owner.busy(1) and not owner.busy(0)
+        stub.leave(1)
+        assert not owner.busy(1) and owner.last_active(1) > 0.0
+        assert not stub.draining()
+        owner.refuse(2)
+        owner.refuse(50)  # the first call decides
+        assert stub.draining()
+        assert stub.admit(1) and stub.admit(4)  # a batch that straddles the end runs whole
+        assert not stub.admit(1)
+    finally:
+        stub.close()
+        owner.close()
+
+
+def test_the_stub_marks_its_batches_and_refuses_once_the_drain_budget_is_spent(setup, inline):  # noqa: F811
+    from pytriton.proxy.stubside._backend_page import PAGE_NAME, Page
+
+    setup.worker()
+    owner = Page.create(os.path.join(setup.endpoint_dir, PAGE_NAME), 1)
+    PAGE_VIEW[:] = [(owner, 0)]
+    try:
+        model = _model(setup, inline, busy_probe)
+        (response,) = model.execute([FakeRequest(_x(1))])
+        assert response.outputs()["y"][0, 0] == 1.0  # busy while the callable ran
+        assert not owner.busy(0) and owner.last_active(0) > 0.0
+        owner.refuse(1)  # Triton had one request queued when the drain began
+        assert model.execute([FakeRequest(_x(1))])[0].error is None
+        refused = model.execute([FakeRequest(_x(1)), FakeRequest(_x(2))])
+        assert [r.error.message() for r in refused] == [_wire.UNAVAILABLE_TEXT] * 2
+        setup.finalize(model)
+    finally:
+        PAGE_VIEW.clear()
+        owner.close()
+
+
+def test_a_backend_instance_reads_busy_and_last_active_from_the_page_and_drains_through_it(tmp_path):
+    from pytriton.proxy._admission import Admission
+    from pytriton.proxy.stubside._backend_page import Page
+
+    owner = Page.create(str(tmp_path / "backend.page"), 1)
+    stub = Page.open(str(tmp_path / "backend.page"), 1)
+    worker = _backend_kind.BackendInstance(
+        page=owner,
+        slot=0,
+        path=str(tmp_path / "slot-0.sock"),
+        config=_config(),
+        strict=False,
+        shm_prefix="pytriton-unit-backend",
+        on_unrecoverable=lambda exc: None,
+        name="Unit-0",
+    )
+    try:
+        stub.enter(0)
+        assert not worker.busy  # no stub attached: a flag left by a dead stub does not count
+        assert worker.last_active > 0.0
+        worker.admission = Admission(3)
+        assert stub.draining() and worker.admission is not None
+    finally:
+        stub.close()
+        owner.close()

@@ -35,18 +35,16 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from . import _stub, _stub_bytes, _stub_trace, _tensors, _wire
+from . import _backend_page, _stub, _stub_bytes, _stub_metrics, _stub_trace, _tensors, _wire
 
 PAYLOAD_FILE = "pytriton_backend.pkl"  # pytriton.proxy._backend_kind.PAYLOAD_FILE
 _RUNNER_MODULE = "pytriton.proxy._backend_kind"  # imported by name: it lives in the user's environment
 _CHECK_EVERY = _wire.STREAM_WINDOW  # a stream asks Triton whether its clients cancelled every this many chunks
 
 
-def _user_path(repository: str, version: str) -> None:
+def _user_path(params: Dict[str, Any]) -> None:
     """Append the user's ``sys.path`` (from the private file) so that ``pytriton`` can be imported."""
-    with open(os.path.join(repository, version, _wire.PRIVATE_FILE)) as file:
-        entries = json.load(file).get("backend_path", [])
-    for entry in entries:
+    for entry in params.get("backend_path", []):
         if not entry or entry in sys.path:
             continue
         if os.path.basename(entry.rstrip(os.sep)) in ("site-packages", "dist-packages"):
@@ -82,7 +80,13 @@ class InlineModel(_stub.TritonPythonModel):
         """
         super().initialize(args)
         repository, version = args["model_repository"], args["model_version"]
-        _user_path(repository, version)
+        with open(os.path.join(repository, version, _wire.PRIVATE_FILE)) as file:
+            params = json.load(file)
+        _user_path(params)
+        # Busy/idle for stop() and the drain's admission budget (_backend_page); None: not provided.
+        self._page = _backend_page.Page.open(
+            os.path.join(self._endpoint_dir, _backend_page.PAGE_NAME), int(params["slots"])
+        )
         with open(os.path.join(repository, version, PAYLOAD_FILE), "rb") as file:
             data = file.read()
         try:
@@ -100,7 +104,34 @@ class InlineModel(_stub.TritonPythonModel):
         runner = getattr(self, "_runner", None)
         if runner is not None:
             runner.close()
+        page = getattr(self, "_page", None)
+        if page is not None:
+            page.close()
+            self._page = None
         super().finalize()
+
+    def execute(self, requests: List[Any]) -> Optional[List[Any]]:
+        """Run one batch through the callable here; refused with UNAVAILABLE once a drain has spent its budget."""
+        page = self._page
+        if page is None:
+            return self._counted(requests)
+        if page.draining() and not page.admit(len(requests)):
+            return self._fail(requests, _wire.UNAVAILABLE_TEXT)
+        page.enter(self._slot)
+        try:
+            return self._counted(requests)
+        finally:
+            page.leave(self._slot)
+
+    def _counted(self, requests: List[Any]) -> Optional[List[Any]]:
+        metrics = self._metrics
+        if metrics is _stub_metrics.NULL:
+            return self._execute(requests)
+        metrics.enter(len(requests))
+        try:
+            return self._execute(requests)
+        finally:
+            metrics.leave()
 
     def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
         runner = self._runner
@@ -122,9 +153,10 @@ class InlineModel(_stub.TritonPythonModel):
                 batch.append(built)
         if rejected:
             return self._reject(requests, rejected)
-        runner.attach_cancellation(batch, [request.is_cancelled for request in requests])
+        runner.attach_cancellation(batch, requests)
         spans = self._start_spans(requests, batch)
-        started = time.perf_counter()
+        observed = spans is not None or self._metrics is not _stub_metrics.NULL
+        started = time.perf_counter() if observed else 0.0
         text: Optional[str] = None
         try:
             result = runner.call(batch)
@@ -144,11 +176,11 @@ class InlineModel(_stub.TritonPythonModel):
             text = self._run_stream(requests, requested, result if runner.is_stream(result) else iter([result]))
             return None
         finally:
-            duration = time.perf_counter() - started
-            final = _wire.error(text) if text is not None else _wire.end()
-            self._metrics.settled(_wire.with_duration(final, duration))
-            if spans is not None and self._tracing is not None:
-                self._tracing.end_spans(spans, final)
+            if observed:
+                final = _wire.error(text) if text is not None else _wire.end()
+                self._metrics.settled(_wire.with_duration(final, time.perf_counter() - started))
+                if spans is not None and self._tracing is not None:
+                    self._tracing.end_spans(spans, final)
 
     def _request(self, request: Any, names: Optional[List[str]]) -> Any:
         """The ``Request`` of one Triton request, or the error text that answers it instead."""
