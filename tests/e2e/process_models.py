@@ -68,7 +68,7 @@ def slow_echo(requests):
     return [{"y": r["x"]} for r in requests]
 
 
-def slow_echo(requests):
+def slower_echo(requests):
     """``x`` back after 0.8 s (a batch still running when stop() drains)."""
     import time
 

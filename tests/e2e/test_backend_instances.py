@@ -165,7 +165,7 @@ def test_stop_waits_for_a_batch_running_in_a_stub():
     url = f"http://127.0.0.1:{ports['http_port']}"
     triton = Triton(config=TritonConfig(**ports))
     try:
-        triton.bind("Slow", process_models.slow_echo, [_t("x")], [_t("y")], **KIND)
+        triton.bind("Slow", process_models.slower_echo, [_t("x")], [_t("y")], **KIND)
         triton.run()
         results = []
 

@@ -372,22 +372,22 @@ def test_the_page_carries_busy_last_active_and_the_drain_budget(tmp_path):
     from pytriton.proxy.stubside._backend_page import Page
 
     owner = Page.create(str(tmp_path / "backend.page"), 2)
-    stub = Page.open(str(tmp_path / "backend.page"), 2)
+    peer = Page.open(str(tmp_path / "backend.page"), 2)
     assert Page.open(str(tmp_path / "missing"), 2) is None and Page.open(str(tmp_path / "backend.page"), 9) is None
     try:
         assert not owner.busy(1) and owner.last_active(1) == 0.0
-        stub.enter(1)
+        peer.enter(1)
         assert owner.busy(1) and not owner.busy(0)
-        stub.leave(1)
+        peer.leave(1)
         assert not owner.busy(1) and owner.last_active(1) > 0.0
-        assert not stub.draining()
+        assert not peer.draining()
         owner.refuse(2)
         owner.refuse(50)  # the first call decides
-        assert stub.draining()
-        assert stub.admit(1) and stub.admit(4)  # a batch that straddles the end runs whole
-        assert not stub.admit(1)
+        assert peer.draining()
+        assert peer.admit(1) and peer.admit(4)  # a batch that straddles the end runs whole
+        assert not peer.admit(1)
     finally:
-        stub.close()
+        peer.close()
         owner.close()
 
 
@@ -417,7 +417,7 @@ def test_a_backend_instance_reads_busy_and_last_active_from_the_page_and_drains_
     from pytriton.proxy.stubside._backend_page import Page
 
     owner = Page.create(str(tmp_path / "backend.page"), 1)
-    stub = Page.open(str(tmp_path / "backend.page"), 1)
+    peer = Page.open(str(tmp_path / "backend.page"), 1)
     worker = _backend_kind.BackendInstance(
         page=owner,
         slot=0,
@@ -429,11 +429,11 @@ def test_a_backend_instance_reads_busy_and_last_active_from_the_page_and_drains_
         name="Unit-0",
     )
     try:
-        stub.enter(0)
-        assert not worker.busy  # no stub attached: a flag left by a dead stub does not count
+        peer.enter(0)
+        assert not worker.busy  # no peer attached: a flag left by a dead peer does not count
         assert worker.last_active > 0.0
         worker.admission = Admission(3)
-        assert stub.draining() and worker.admission is not None
+        assert peer.draining() and worker.admission is not None
     finally:
-        stub.close()
+        peer.close()
         owner.close()
