@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import queue
 import socket
@@ -20,21 +19,20 @@ from pytriton.exceptions import PyTritonUnrecoverableError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import DTYPES, triton_ports, wait_for
+from tests.e2e.data_path_models import (
+    Scaler,
+    add_sub,
+    async_double,
+    echo_parameters,
+    failing,
+    identity,
+    identity_renamed,
+    streamer,
+    strict_bad_dtype,
+)
 
 BIG_BYTES = 256 * 1024 * 1024
 RETAINED: list = []
-
-
-def identity(requests):
-    return [dict(request.items()) for request in requests]
-
-
-def identity_renamed(requests):
-    return [{"out_" + name[3:]: value for name, value in request.items()} for request in requests]
-
-
-def add_sub(requests):
-    return [{"add": r["a"] + r["b"], "sub": r["a"] - r["b"]} for r in requests]
 
 
 def optional_probe(requests):
@@ -44,26 +42,6 @@ def optional_probe(requests):
         total = r["a"] + (b if b is not None else 0)
         results.append({"out": total, "has_b": np.array([[b is not None]] * len(r["a"]))})
     return results
-
-
-def echo_parameters(requests):
-    return [
-        {"params": np.array([[json.dumps(r.parameters or {}, sort_keys=True).encode()]] * len(r["x"]), dtype=object)}
-        for r in requests
-    ]
-
-
-class Scaler:
-    def __init__(self, factor):
-        self.factor = factor
-
-    def __call__(self, requests):
-        return [{"y": r["x"] * self.factor} for r in requests]
-
-
-async def async_double(requests):
-    await asyncio.sleep(0)
-    return [{"y": r["x"] * 2} for r in requests]
 
 
 INTERVALS: list = []
@@ -77,14 +55,6 @@ def make_instance(index):
         return [{"who": np.full((len(r["x"]), 1), index, dtype=np.int32), "y": r["x"]} for r in requests]
 
     return infer
-
-
-def streamer(requests):
-    count = int(requests[0]["n"].flat[0])
-    for step in range(count):
-        yield [{"step": np.array([[step]], dtype=np.int32)} for _ in requests]
-    if int(requests[0]["fail"].flat[0]):
-        raise RuntimeError("stream broke at the end")
 
 
 def big_streamer(requests):
@@ -120,10 +90,6 @@ def cancellable_stream(requests):
             yield [{"step": np.array([[step]], dtype=np.int32)} for _ in requests]
     finally:
         CANCELLABLE["closed"] = True
-
-
-def failing(requests):
-    raise ValueError("bad thing happened")
 
 
 def wrong_type(requests):
@@ -166,10 +132,6 @@ def slow(requests):
     return [{"y": r["x"]} for r in requests]
 
 
-def strict_bad_dtype(requests):
-    return [{"y": r["x"].astype(np.float64)} for r in requests]
-
-
 def unrecoverable(requests):
     raise PyTritonUnrecoverableError("the GPU caught fire")
 
@@ -183,10 +145,7 @@ def _t(name, shape=(-1,), dtype=F32, optional=False):
 
 # Models bound a second time as ``<name>_backend`` with instance_kind="backend"; the tests taking
 # the ``kind`` fixture run on both (tests/e2e/test_backend_instances.py covers that kind on its own).
-BACKEND_TWINS = {
-    "AllTypes", "AddSub", "NoBatch", "Dynamic", "Optional", "Params", "Object", "Async", "Stream", "Fails",
-    "WrongType", "WrongCount", "Strict",
-}  # fmt: skip
+BACKEND_TWINS = {"AllTypes", "AddSub", "NoBatch", "Dynamic", "Params", "Object", "Async", "Stream", "Fails", "Strict"}
 
 
 @pytest.fixture(params=["thread", "backend"])
@@ -361,12 +320,12 @@ def test_zero_size_tensor(client, kind):
     assert infer(client, _m("Dynamic", kind), {"x": x}).as_numpy("x").shape == (1, 0, 4)
 
 
-def test_optional_input_absent_and_present(client, kind):
+def test_optional_input_absent_and_present(client):
     a = np.ones((1, 2), F32)
-    absent = infer(client, _m("Optional", kind), {"a": a})
+    absent = infer(client, "Optional", {"a": a})
     assert not absent.as_numpy("has_b").any()
     np.testing.assert_array_equal(absent.as_numpy("out"), a)
-    present = infer(client, _m("Optional", kind), {"a": a, "b": a * 5})
+    present = infer(client, "Optional", {"a": a, "b": a * 5})
     assert present.as_numpy("has_b").all()
     np.testing.assert_array_equal(present.as_numpy("out"), a * 6)
 
@@ -395,9 +354,9 @@ def test_user_error_reaches_client_without_traceback(client, kind):
 
 
 @pytest.mark.parametrize("model, fragment", [("WrongType", "must return a list"), ("WrongCount", "2 results for 1")])
-def test_bad_callable_results_are_explained(client, kind, model, fragment):
+def test_bad_callable_results_are_explained(client, model, fragment):
     with pytest.raises(InferenceServerException, match=fragment):
-        infer(client, _m(model, kind), {"x": np.ones((1, 1), F32)})
+        infer(client, model, {"x": np.ones((1, 1), F32)})
 
 
 def test_strict_mode_checks_output_dtype(client, kind):
