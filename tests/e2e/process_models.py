@@ -74,3 +74,17 @@ def slower_echo(requests):
 
     time.sleep(0.8)
     return [{"y": r["x"]} for r in requests]
+
+
+def scaled(factor, requests):
+    """``x * factor``; bound as ``functools.partial(scaled, factor)`` (one per model version)."""
+    return [{"y": r["x"] * factor} for r in requests]
+
+
+CALLS = [0]
+
+
+def call_count(requests):
+    """``x`` back with how many batches this process has run (Triton's warmup included)."""
+    CALLS[0] += 1
+    return [{"y": r["x"], "calls": np.full((len(r["x"]), 1), CALLS[0], np.int64)} for r in requests]

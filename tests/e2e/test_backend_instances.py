@@ -10,9 +10,11 @@ client without a traceback, a callable that cannot be pickled fails ``bind``, an
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -23,10 +25,12 @@ from tritonclient.utils import InferenceServerException
 from pytriton.client import DecoupledModelClient, ModelClient
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e import process_models
 from tests.e2e.test_healing import _stubs
+from tests.e2e.test_metrics import parse
 from tests.unit.test_backend_kind import Unpicklable
 
 KIND = {"instance_kind": "backend"}
@@ -54,11 +58,23 @@ def served():
             **KIND,
         )
         bind("Faulty", process_models.fails_or_crashes, [_t("x")], [_t("y")], **KIND)
+        for version in (1, 2):
+            scaled = functools.partial(process_models.scaled, float(version * 10))
+            bind("Versioned", scaled, [_t("x")], [_t("y")], model_version=version, **KIND)
+        warmup = [ModelWarmup(name="zeros", batch_size=2, inputs={"x": WarmupInput(np.float32, (3,), zero_data=True)})]
+        bind(
+            "Warm",
+            process_models.call_count,
+            [_t("x")],
+            [_t("y"), _t("calls", (1,), np.int64)],
+            config=ModelConfig(max_batch_size=4, model_warmup=warmup),
+            **KIND,
+        )
         triton.run()
         yield triton, ports
 
 
-MODELS = ("Pid", "Doubled", "Scaler", "Async", "Tokens", "Faulty")
+MODELS = ("Pid", "Doubled", "Scaler", "Async", "Tokens", "Faulty", "Versioned", "Warm")
 
 
 def _stub_pids(server_pid):
@@ -119,6 +135,31 @@ def test_an_error_of_the_callable_reaches_the_client_without_a_traceback(served)
         client.close()
     assert "ValueError: bad value 1" in str(caught.value)
     assert "Traceback" not in str(caught.value) and ".py" not in str(caught.value)
+
+
+def test_versions_warmup_and_metrics(served):
+    _, ports = served
+    url = f"http://127.0.0.1:{ports['http_port']}"
+    x = np.ones((1, 3), np.float32)
+    for version in (1, 2):
+        with ModelClient(url, "Versioned", model_version=str(version)) as client:
+            np.testing.assert_array_equal(client.infer_batch(x=x)["y"], x * version * 10)
+    with ModelClient(url, "Warm") as client:
+        calls = int(client.infer_batch(x=x)["calls"][0, 0])
+    assert calls >= 2, "Triton's warmup batch should have run in the stub before the first request"
+    # The callables' metrics come from the stub as for the other kinds (docs/metrics.md).
+    labels = (("generation", "0"), ("instance", "0"), ("model", "Doubled"), ("version", "1"))
+
+    def batches():
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics_port']}/metrics", timeout=10) as response:
+            return parse(response.read().decode()).get(("pytriton_batch_size_count", labels), -1.0)
+
+    time.sleep(1.5)  # the stub pushes its counts once per second: let earlier tests' batches show first
+    before = batches()
+    with ModelClient(url, "Doubled") as client:
+        for _ in range(3):
+            client.infer_batch(x=x)
+    assert wait_for(lambda: batches() == before + 3, 10), (before, batches())
 
 
 def test_a_callable_that_cannot_be_pickled_fails_bind(served):
