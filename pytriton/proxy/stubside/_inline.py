@@ -168,7 +168,7 @@ class InlineModel(_stub.TritonPythonModel):
                 return self._fail(requests, text)
             if not self._decoupled:
                 try:
-                    groups = runner.outputs(result, len(batch), [r.requested_output_names for r in batch])
+                    groups = runner.outputs(result, len(batch), None if self._single_output else requested)
                     return [self._response(group, names) for group, names in zip(groups, requested)]
                 except BaseException as exc:  # noqa: BLE001
                     text = runner.failure(exc)
@@ -184,6 +184,14 @@ class InlineModel(_stub.TritonPythonModel):
 
     def _request(self, request: Any, names: Optional[List[str]]) -> Any:
         """The ``Request`` of one Triton request, or the error text that answers it instead."""
+        if self._sequence is None and not self._max_request_bytes:  # the common case, on every request
+            data = {}
+            for tensor in request.inputs():
+                value = _stub._read_input(tensor)
+                data[tensor.name()] = value if type(value) is not _tensors.SerializedBytes else _input_array(value)
+            raw_parameters = request.parameters()
+            parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
+            return self._runner.request(data, parameters, names, None, request.timeout() / 1e6)
         tensors = [(tensor.name(), _stub._read_input(tensor)) for tensor in request.inputs()]
         sequence = None
         if self._sequence is not None:
