@@ -70,11 +70,12 @@ def served():
             config=ModelConfig(max_batch_size=4, model_warmup=warmup),
             **KIND,
         )
+        bind("Keep", process_models.keep_inputs, [_t("x")], [_t("sums", (3,))], **KIND)
         triton.run()
         yield triton, ports
 
 
-MODELS = ("Pid", "Doubled", "Scaler", "Async", "Tokens", "Faulty", "Versioned", "Warm")
+MODELS = ("Pid", "Doubled", "Scaler", "Async", "Tokens", "Faulty", "Versioned", "Warm", "Keep")
 
 
 def _stub_pids(server_pid):
@@ -160,6 +161,15 @@ def test_versions_warmup_and_metrics(served):
         for _ in range(3):
             client.infer_batch(x=x)
     assert wait_for(lambda: batches() == before + 3, 10), (before, batches())
+
+
+def test_inputs_the_callable_keeps_stay_valid(served):
+    """Large inputs (Triton's own tensors in the stub) kept past the call are not overwritten by later requests."""
+    _, ports = served
+    with ModelClient(f"http://127.0.0.1:{ports['http_port']}", "Keep") as client:
+        for step in range(6):
+            sums = client.infer_sample(x=np.full(1 << 18, step + 1, np.float32))["sums"]  # 1 MiB each
+    np.testing.assert_array_equal(sums, [1 << 18, 2 << 18, 3 << 18])
 
 
 def test_a_callable_that_cannot_be_pickled_fails_bind(served):
