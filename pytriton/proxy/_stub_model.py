@@ -8,6 +8,9 @@ other copy of a module with the same name (another pytriton installed in the stu
 can be picked up instead. Each stub process hosts one model instance, so the one name in
 ``sys.modules`` is never shared by two models.
 
+When the version directory also holds ``pytriton_backend.pkl`` (``bind(..., instance_kind="backend")``,
+``proxy/_backend_kind.py``), the model is ``_inline.InlineModel`` instead: the callable runs here.
+
 Runs inside the stub: standard library only. Unit tests: tests/unit/test_stub_package.py.
 """
 
