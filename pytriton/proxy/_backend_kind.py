@@ -39,11 +39,12 @@ import os
 import pickle
 import site
 import sys
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _process
 from pytriton.proxy._admission import Admission
@@ -58,6 +59,8 @@ LOGGER = logging.getLogger(__name__)
 # Written next to pytriton_private.json in each model version directory (mode 0600); its presence
 # makes the stub's model.py load the inline model (proxy/_stub_model.py).
 PAYLOAD_FILE = "pytriton_backend.pkl"
+# How often the user's process reads a backend model's page for a PyTritonUnrecoverableError (BackendInstance).
+UNRECOVERABLE_POLL_S = 0.1
 _FORMAT = 1  # the payload layout; a stub refuses one it does not know
 
 
@@ -115,7 +118,30 @@ class BackendInstance(InstanceWorker):
         self._slot = slot
         self._own_last_active = 0.0
         self._admission: Optional[Admission] = None
+        self._watch_stop = threading.Event()
+        self._watcher: Optional[threading.Thread] = None
         super().__init__(infer_func=not_here, **kwargs)
+
+    def start(self, listener: Optional[Any] = None) -> None:
+        """Serve the stub's connection, and (slot 0 only: the page is the model's) watch for an unrecoverable error."""
+        super().start(listener)
+        if self._slot == 0 and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name=f"pytriton-{self._name}-page", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        """Poll the page (every ``UNRECOVERABLE_POLL_S``) until a stub reports PyTritonUnrecoverableError or stop()."""
+        while not self._watch_stop.wait(UNRECOVERABLE_POLL_S):
+            text = self._page.unrecoverable()
+            if text is not None:
+                self._on_unrecoverable(PyTritonUnrecoverableError(text))
+                return
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout_s)
+        super().stop(timeout_s)
 
     @property
     def busy(self) -> bool:
@@ -208,6 +234,8 @@ class InlineRunner:
         self.decoupled = bool(config.decoupled)
         self._checker = OutputChecker(config, strict)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        # The text of a PyTritonUnrecoverableError the callable raised, until the stub reports it.
+        self.unrecoverable: Optional[str] = None
 
     @classmethod
     def load(cls, data: bytes, slot: int) -> InlineRunner:
@@ -310,7 +338,10 @@ class InlineRunner:
             LOGGER.error("Model %s: inference callable failed", self.config.model_name, exc_info=exc)
         except Exception:  # noqa: BLE001 - e.g. a handler that cannot format the exception
             pass
-        return error_text(exc)
+        text = error_text(exc)
+        if isinstance(exc, PyTritonUnrecoverableError):
+            self.unrecoverable = text
+        return text
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None or self._loop.is_closed():

@@ -101,3 +101,9 @@ def keep_inputs(requests):
         sums = [float(kept.sum()) for kept in KEPT[:3]] + [0.0] * (3 - len(KEPT[:3]))
         results.append({"sums": np.array([sums] * len(r["x"]), np.float32)})
     return results
+
+
+def doomed(requests):
+    from pytriton.exceptions import PyTritonUnrecoverableError
+
+    raise PyTritonUnrecoverableError("the GPU caught fire")

@@ -234,3 +234,25 @@ def test_stop_waits_for_a_batch_running_in_a_stub():
         assert time.monotonic() - started < 10
     finally:
         triton.stop()
+
+
+def test_an_unrecoverable_error_in_a_stub_stops_the_server():
+    import threading
+
+    ports = triton_ports()
+    triton = Triton(config=TritonConfig(**ports))
+    try:
+        triton.bind("Doomed", process_models.doomed, [_t("x")], [_t("y")], **KIND)
+        triton.run()
+        done = threading.Event()
+        threading.Thread(target=lambda: (triton.serve(monitoring_period_sec=0.1), done.set()), daemon=True).start()
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
+        tensor = httpclient.InferInput("x", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
+        with pytest.raises(InferenceServerException, match="the GPU caught fire"):
+            client.infer("Doomed", [tensor])
+        client.close()
+        assert done.wait(20), "serve() should return after an unrecoverable error in a backend instance"
+        assert not triton.is_alive()
+    finally:
+        triton.stop()

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -436,4 +437,44 @@ def test_a_backend_instance_reads_busy_and_last_active_from_the_page_and_drains_
         assert peer.draining() and worker.admission is not None
     finally:
         peer.close()
+        owner.close()
+
+
+def doomed(requests):
+    from pytriton.exceptions import PyTritonUnrecoverableError
+
+    raise PyTritonUnrecoverableError("the GPU caught fire")
+
+
+def test_an_unrecoverable_error_reaches_the_page_and_the_instance_calls_back(setup, inline, tmp_path):  # noqa: F811
+    from pytriton.exceptions import PyTritonUnrecoverableError
+    from pytriton.proxy.stubside._backend_page import PAGE_NAME, Page
+
+    setup.worker()
+    owner = Page.create(os.path.join(setup.endpoint_dir, PAGE_NAME), 1)
+    reported = []
+    worker = _backend_kind.BackendInstance(
+        page=owner,
+        slot=0,
+        path=str(tmp_path / "slot-0.sock"),
+        config=_config(),
+        strict=False,
+        shm_prefix="pytriton-unit-backend",
+        on_unrecoverable=reported.append,
+        name="Unit-0",
+    )
+    worker.start()
+    try:
+        assert owner.unrecoverable() is None
+        model = _model(setup, inline, doomed)
+        (response,) = model.execute([FakeRequest(_x(1))])
+        assert response.error.message() == "PyTritonUnrecoverableError: the GPU caught fire"
+        assert owner.unrecoverable() == "PyTritonUnrecoverableError: the GPU caught fire"
+        deadline = time.monotonic() + 10
+        while not reported and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(reported) == 1 and isinstance(reported[0], PyTritonUnrecoverableError)
+        setup.finalize(model)
+    finally:
+        worker.stop()
         owner.close()

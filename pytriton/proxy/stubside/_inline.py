@@ -122,6 +122,9 @@ class InlineModel(_stub.TritonPythonModel):
             return self._counted(requests)
         finally:
             page.leave(self._slot)
+            if self._runner.unrecoverable is not None:  # the user's process stops the server (BackendInstance)
+                page.report_unrecoverable(self._runner.unrecoverable)
+                self._runner.unrecoverable = None
 
     def _counted(self, requests: List[Any]) -> Optional[List[Any]]:
         metrics = self._metrics
