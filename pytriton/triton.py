@@ -293,6 +293,8 @@ class Triton:
         parallel. The callable must then be picklable (a module-level function, an object of a
         module-level class, ``functools.partial`` of those; decorators included), which is checked
         here; see docs/architecture.md, "Instances: threads or processes".
+        ``instance_kind="backend"`` runs it inside the server's stub process itself (no hop; same
+        pickling rules); docs/binding.md says when to pick which kind.
 
         Raises:
             PyTritonModelAlreadyBoundError: this name and version are already bound.

@@ -22,9 +22,9 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
-from pytriton.proxy import _process, _stub_model, stubside
+from pytriton.proxy import _backend_kind, _process, _stub_model, stubside
 from pytriton.proxy._worker import InstanceWorker
-from pytriton.proxy.stubside import _segments, _stub_exit, _wire, _zmq_channel
+from pytriton.proxy.stubside import _backend_page, _segments, _stub_exit, _wire, _zmq_channel
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
 _MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
@@ -182,10 +182,14 @@ class BoundModel:
                 f"Model {model_name!r}: instance_kind='process' works with the Unix transport only; "
                 "use RemoteTriton(transport='unix') or thread instances with transport='tcp'."
             )
-        # Process instances: each callable is pickled now, so one that cannot travel fails bind().
+        if self.instance_kind == "backend":  # proxy/_backend_kind.py
+            _backend_kind.check_backend_binding(
+                model_name, tcp=context.tcp is not None, execution_timeout_s=self.execution_timeout_s
+            )
+        # Process and backend instances: each callable is pickled now, so one that cannot travel fails bind().
         self._payloads = (
-            [_process.dump_callable(func, model_name, slot) for slot, func in enumerate(funcs)]
-            if self.instance_kind == "process"
+            [_process.dump_callable(func, model_name, slot, self.instance_kind) for slot, func in enumerate(funcs)]
+            if self.instance_kind != "thread"
             else []
         )
         self.strict = strict
@@ -230,6 +234,8 @@ class BoundModel:
             # The stub forwards Triton's trace contexts only then (proxy/stubside/_stub_trace.py).
             "trace": context.tracing,
         }
+        if self.instance_kind == "backend":  # the stub imports pytriton and the callable from these
+            self._private["backend_path"] = _process.preparation_data()["sys_path"]
         if sequence is not None:  # the stub reads these control inputs into each request's sequence fields
             self._private["sequence"] = dict(SEQUENCE_CONTROLS)
         self._route = f"m{index}"
@@ -246,6 +252,7 @@ class BoundModel:
         self.direct_warmup = warmup.direct if warmup is not None else []  # model_config/warmup.py
         self._worker_poll_s = context.polling.worker_us / 1e6
         self._workers: List[Union[InstanceWorker, _process.ProcessInstance]] = []
+        self._page: Optional[_backend_page.Page] = None  # backend instances' status page (stubside/_backend_page.py)
 
     def incompatibility(self, other: BoundModel) -> Optional[str]:
         """Why this model cannot be another version of ``other`` (a different Triton config), or None."""
@@ -278,6 +285,11 @@ class BoundModel:
             for file_name, content in self._warmup_files.items():
                 _write_private(warmup_dir / file_name, content)
         _write_private(version_dir / _wire.PRIVATE_FILE, json.dumps(self._private).encode())
+        payload = version_dir / _backend_kind.PAYLOAD_FILE
+        if self.instance_kind == "backend":  # its presence makes model.py run the callable in the stub
+            _write_private(payload, _backend_kind.pack(self._payloads, self.config, self.strict))
+        elif payload.exists():
+            payload.unlink()
         write_stub_package(version_dir)
 
     def run_direct_warmup(self) -> None:
@@ -327,7 +339,15 @@ class BoundModel:
                     on_stub_lost=self._stub_lost,
                     metrics=self._context.metrics,
                 )
-                if self._payloads:
+                if self.instance_kind == "backend":  # batches run in the stub; the worker sees it come and go
+                    if self._page is None:
+                        self._page = _backend_page.Page.create(
+                            str(self.endpoint_dir / _backend_page.PAGE_NAME), len(self.infer_funcs)
+                        )
+                    backend = _backend_kind.BackendInstance(page=self._page, slot=slot, **common)
+                    backend.start()
+                    self._workers.append(backend)
+                elif self._payloads:
                     instance = _process.ProcessInstance(payload=self._payloads[slot], **common)
                     self._workers.append(instance)
                     instance.launch()
@@ -409,6 +429,9 @@ class BoundModel:
         for worker in self._workers:
             worker.stop()
         self._workers = []
+        if self._page is not None:
+            self._page.close()
+            self._page = None
         shutil.rmtree(self.endpoint_dir, ignore_errors=True)
         _segments.sweep_segments(self.shm_prefix)
 

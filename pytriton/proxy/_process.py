@@ -58,6 +58,7 @@ import threading
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import wrapt
 
 from pytriton._exit import describe_exit
@@ -70,7 +71,7 @@ from pytriton.proxy.stubside import _arena
 
 LOGGER = logging.getLogger(__name__)
 
-INSTANCE_KINDS = ("thread", "process")
+INSTANCE_KINDS = ("thread", "process", "backend")
 READY_TIMEOUT_S = 120.0  # a worker process imports the user's modules (torch can take a while)
 STOP_TIMEOUT_S = 2.0
 MAX_START_FAILURES = 5  # consecutive worker processes that died before being ready: give up
@@ -83,11 +84,11 @@ IN_WORKER_PROCESS = False
 
 
 def check_instance_kind(value: Any, model: str) -> str:
-    """``"thread"`` or ``"process"``; raises ``PyTritonBadParameterError`` for anything else."""
+    """``"thread"``, ``"process"`` or ``"backend"``; raises ``PyTritonBadParameterError`` for anything else."""
     if value not in INSTANCE_KINDS:
         raise PyTritonBadParameterError(
-            f"Model {model!r}: instance_kind must be 'thread' (worker threads in this process, the default) or "
-            f"'process' (a worker process per instance), got {value!r}."
+            f"Model {model!r}: instance_kind must be 'thread' (worker threads in this process, the default), "
+            f"'backend' (inside the server's stub) or 'process' (a worker process per instance), got {value!r}."
         )
     return str(value)
 
@@ -108,6 +109,25 @@ def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
     for _ in range(depth):
         target = target.__wrapped__
     return target
+
+
+def _numpy_type(code: str) -> Any:
+    """The numpy scalar type of dtype ``code`` (used when unpickling, see :func:`reduce_numpy_type`)."""
+    return np.dtype(code).type
+
+
+def reduce_numpy_type(obj: Any) -> Any:
+    """A numpy scalar type (``np.float32``, ``np.bool``) by its dtype code, else ``NotImplemented``.
+
+    By name it would not travel between numpy versions: numpy 2 calls ``np.bool_`` ``numpy.bool``,
+    which numpy 1.x (the stub's environment, for backend instances) does not have.
+    """
+    if isinstance(obj, type) and issubclass(obj, np.generic):
+        try:
+            return _numpy_type, (np.dtype(obj).str,)
+        except TypeError:  # an abstract type (np.floating): by name, as before
+            return NotImplemented
+    return NotImplemented
 
 
 def _rewrap(wrapped: Any, wrapper: Any, enabled: Any) -> Any:
@@ -147,6 +167,8 @@ class _CallablePickler(pickle.Pickler):
         return _CONTEXT_ID if type(obj) is TritonContext else None
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and issubclass(obj, np.generic):
+            return reduce_numpy_type(obj)
         kind = type(obj)  # not isinstance: a wrapt proxy reports the class of what it wraps
         wrapper = issubclass(kind, _WRAPPERS)
         if not (wrapper or issubclass(kind, (types.FunctionType, type))):
@@ -181,14 +203,18 @@ def _main_importable() -> bool:
     return getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None
 
 
-def dump_callable(func: Any, model: str, slot: int) -> bytes:
-    """The pickled callable of one instance; raises ``PyTritonBadParameterError`` saying how to fix it."""
+def dump_callable(func: Any, model: str, slot: int, kind: str = "process") -> bytes:
+    """The pickled callable of one instance; raises ``PyTritonBadParameterError`` saying how to fix it.
+
+    ``kind``: the instance kind it is pickled for (``"process"``, or ``"backend"``: the server's stub).
+    """
+    where = "its worker process" if kind == "process" else "the server's stub process"
     buffer = io.BytesIO()
     try:
         _CallablePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(func)
     except Exception as exc:  # noqa: BLE001 - whatever pickle raises, the fix is the same
         raise PyTritonBadParameterError(
-            f"Model {model!r}: instance_kind='process' sends each instance's callable to its worker process by "
+            f"Model {model!r}: instance_kind={kind!r} sends each instance's callable to {where} by "
             f"pickling it, and the callable of instance {slot} ({func!r}) cannot be pickled: "
             f"{type(exc).__name__}: {exc}. Define the function, or the class of the callable object, at module "
             "level (lambdas, nested functions and objects holding locks, sockets or open files cannot travel), "

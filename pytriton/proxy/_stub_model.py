@@ -8,6 +8,9 @@ other copy of a module with the same name (another pytriton installed in the stu
 can be picked up instead. Each stub process hosts one model instance, so the one name in
 ``sys.modules`` is never shared by two models.
 
+When the version directory also holds ``pytriton_backend.pkl`` (``bind(..., instance_kind="backend")``,
+``proxy/_backend_kind.py``), the model is ``_inline.InlineModel`` instead: the callable runs here.
+
 Runs inside the stub: standard library only. Unit tests: tests/unit/test_stub_package.py.
 """
 
@@ -20,6 +23,10 @@ import sys
 from typing import Any
 
 PACKAGE = "_pytriton_stubside"
+
+
+# Its presence in the version directory means the callable runs in the stub (instance_kind="backend").
+BACKEND_PAYLOAD = "pytriton_backend.pkl"
 
 
 def load(directory: str) -> Any:
@@ -37,4 +44,7 @@ def load(directory: str) -> Any:
 
 
 if os.path.basename(__file__) == "model.py":  # the copy Triton loads (pytriton imports this module too)
-    TritonPythonModel = load(os.path.dirname(os.path.abspath(__file__))).TritonPythonModel
+    _here = os.path.dirname(os.path.abspath(__file__))
+    TritonPythonModel = load(_here).TritonPythonModel
+    if os.path.isfile(os.path.join(_here, BACKEND_PAYLOAD)):  # the callable runs here (stubside/_inline.py)
+        TritonPythonModel = importlib.import_module(f"{PACKAGE}._inline").InlineModel

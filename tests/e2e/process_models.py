@@ -66,3 +66,44 @@ def slow_echo(requests):
 
     time.sleep(0.3)
     return [{"y": r["x"]} for r in requests]
+
+
+def slower_echo(requests):
+    """``x`` back after 0.8 s (a batch still running when stop() drains)."""
+    import time
+
+    time.sleep(0.8)
+    return [{"y": r["x"]} for r in requests]
+
+
+def scaled(factor, requests):
+    """``x * factor``; bound as ``functools.partial(scaled, factor)`` (one per model version)."""
+    return [{"y": r["x"] * factor} for r in requests]
+
+
+CALLS = [0]
+
+
+def call_count(requests):
+    """``x`` back with how many batches this process has run (Triton's warmup included)."""
+    CALLS[0] += 1
+    return [{"y": r["x"], "calls": np.full((len(r["x"]), 1), CALLS[0], np.int64)} for r in requests]
+
+
+KEPT: list = []
+
+
+def keep_inputs(requests):
+    """Keeps every ``x`` it gets; answers the sums of the first three kept (0 for those not yet kept)."""
+    results = []
+    for r in requests:
+        KEPT.append(r["x"])
+        sums = [float(kept.sum()) for kept in KEPT[:3]] + [0.0] * (3 - len(KEPT[:3]))
+        results.append({"sums": np.array([sums] * len(r["x"]), np.float32)})
+    return results
+
+
+def doomed(requests):
+    from pytriton.exceptions import PyTritonUnrecoverableError
+
+    raise PyTritonUnrecoverableError("the GPU caught fire")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import queue
 import socket
@@ -20,21 +19,20 @@ from pytriton.exceptions import PyTritonUnrecoverableError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import DTYPES, triton_ports, wait_for
+from tests.e2e.data_path_models import (
+    Scaler,
+    add_sub,
+    async_double,
+    echo_parameters,
+    failing,
+    identity,
+    identity_renamed,
+    streamer,
+    strict_bad_dtype,
+)
 
 BIG_BYTES = 256 * 1024 * 1024
 RETAINED: list = []
-
-
-def identity(requests):
-    return [dict(request.items()) for request in requests]
-
-
-def identity_renamed(requests):
-    return [{"out_" + name[3:]: value for name, value in request.items()} for request in requests]
-
-
-def add_sub(requests):
-    return [{"add": r["a"] + r["b"], "sub": r["a"] - r["b"]} for r in requests]
 
 
 def optional_probe(requests):
@@ -44,26 +42,6 @@ def optional_probe(requests):
         total = r["a"] + (b if b is not None else 0)
         results.append({"out": total, "has_b": np.array([[b is not None]] * len(r["a"]))})
     return results
-
-
-def echo_parameters(requests):
-    return [
-        {"params": np.array([[json.dumps(r.parameters or {}, sort_keys=True).encode()]] * len(r["x"]), dtype=object)}
-        for r in requests
-    ]
-
-
-class Scaler:
-    def __init__(self, factor):
-        self.factor = factor
-
-    def __call__(self, requests):
-        return [{"y": r["x"] * self.factor} for r in requests]
-
-
-async def async_double(requests):
-    await asyncio.sleep(0)
-    return [{"y": r["x"] * 2} for r in requests]
 
 
 INTERVALS: list = []
@@ -77,14 +55,6 @@ def make_instance(index):
         return [{"who": np.full((len(r["x"]), 1), index, dtype=np.int32), "y": r["x"]} for r in requests]
 
     return infer
-
-
-def streamer(requests):
-    count = int(requests[0]["n"].flat[0])
-    for step in range(count):
-        yield [{"step": np.array([[step]], dtype=np.int32)} for _ in requests]
-    if int(requests[0]["fail"].flat[0]):
-        raise RuntimeError("stream broke at the end")
 
 
 def big_streamer(requests):
@@ -120,10 +90,6 @@ def cancellable_stream(requests):
             yield [{"step": np.array([[step]], dtype=np.int32)} for _ in requests]
     finally:
         CANCELLABLE["closed"] = True
-
-
-def failing(requests):
-    raise ValueError("bad thing happened")
 
 
 def wrong_type(requests):
@@ -166,10 +132,6 @@ def slow(requests):
     return [{"y": r["x"]} for r in requests]
 
 
-def strict_bad_dtype(requests):
-    return [{"y": r["x"].astype(np.float64)} for r in requests]
-
-
 def unrecoverable(requests):
     raise PyTritonUnrecoverableError("the GPU caught fire")
 
@@ -181,77 +143,96 @@ def _t(name, shape=(-1,), dtype=F32, optional=False):
     return Tensor(name=name, shape=shape, dtype=dtype, optional=optional)
 
 
+# Models bound a second time as ``<name>_backend`` with instance_kind="backend"; the tests taking
+# the ``kind`` fixture run on both (tests/e2e/test_backend_instances.py covers that kind on its own).
+BACKEND_TWINS = {"AllTypes", "AddSub", "NoBatch", "Dynamic", "Params", "Object", "Async", "Stream", "Fails", "Strict"}
+
+
+@pytest.fixture(params=["thread", "backend"])
+def kind(request):
+    return request.param
+
+
+def _m(name, kind):
+    """The model ``name`` as bound with instance ``kind``."""
+    return f"{name}_backend" if kind == "backend" else name
+
+
 @pytest.fixture(scope="module")
 def server():
     ports = triton_ports()
     triton = Triton(config=TritonConfig(**ports))
+
+    def bind(name, *args, **kwargs):
+        triton.bind(name, *args, **kwargs)
+        if name in BACKEND_TWINS:  # the same model again, run inside its stub (see _m)
+            triton.bind(f"{name}_backend", *args, instance_kind="backend", **kwargs)
+
     type_inputs = [_t(f"in_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("in_bytes", (-1,), bytes)]
-    triton.bind(
+    bind(
         "AllTypes",
         identity_renamed,
         type_inputs,
         [_t(f"out_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("out_bytes", (-1,), bytes)],
     )
-    triton.bind("AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")])
-    triton.bind(
+    bind("AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")])
+    bind(
         "NoBatch",
         add_sub,
         [_t("a", (2, 3)), _t("b", (2, 3))],
         [_t("add", (2, 3)), _t("sub", (2, 3))],
         config=ModelConfig(batching=False),
     )
-    triton.bind("Dynamic", identity, [_t("x", (-1, -1))], [_t("x", (-1, -1))])
-    triton.bind("Optional", optional_probe, [_t("a"), _t("b", optional=True)], [_t("out"), _t("has_b", (1,), bool)])
-    triton.bind("Params", echo_parameters, [_t("x")], [_t("params", (1,), bytes)])
-    triton.bind(
-        "Big", identity, [_t("x", (-1,), np.uint8)], [_t("x", (-1,), np.uint8)], config=ModelConfig(max_batch_size=1)
-    )
-    triton.bind(
+    bind("Dynamic", identity, [_t("x", (-1, -1))], [_t("x", (-1, -1))])
+    bind("Optional", optional_probe, [_t("a"), _t("b", optional=True)], [_t("out"), _t("has_b", (1,), bool)])
+    bind("Params", echo_parameters, [_t("x")], [_t("params", (1,), bytes)])
+    bind("Big", identity, [_t("x", (-1,), np.uint8)], [_t("x", (-1,), np.uint8)], config=ModelConfig(max_batch_size=1))
+    bind(
         "Instances",
         [make_instance(i) for i in range(3)],
         [_t("x")],
         [_t("who", (1,), np.int32), _t("y")],
         config=ModelConfig(max_batch_size=8),
     )
-    triton.bind("Object", Scaler(3.0), [_t("x")], [_t("y")])
-    triton.bind("Async", async_double, [_t("x")], [_t("y")])
-    triton.bind(
+    bind("Object", Scaler(3.0), [_t("x")], [_t("y")])
+    bind("Async", async_double, [_t("x")], [_t("y")])
+    bind(
         "Stream",
         streamer,
         [_t("n", (1,), np.int32), _t("fail", (1,), np.int32)],
         [_t("step", (1,), np.int32)],
         config=ModelConfig(decoupled=True),
     )
-    triton.bind(
+    bind(
         "BigStream",
         big_streamer,
         [_t("n", (1,), np.int32)],
         [_t("chunk", (-1,), np.float32)],
         config=ModelConfig(decoupled=True),
     )
-    triton.bind(
+    bind(
         "Cancellable",
         cancellable_stream,
         [_t("n", (1,), np.int32)],
         [_t("step", (1,), np.int32)],
         config=ModelConfig(max_batch_size=1, decoupled=True),
     )
-    triton.bind(
+    bind(
         "Layouts",
         large_layouts,
         [_t("x")],
         [_t("same"), _t("tail"), _t("fortran"), _t("strided"), _t("text", (-1,), bytes)],
         config=ModelConfig(max_batch_size=1),
     )
-    triton.bind("Fails", failing, [_t("x")], [_t("y")])
-    triton.bind("WrongType", wrong_type, [_t("x")], [_t("y")])
-    triton.bind("WrongCount", wrong_count, [_t("x")], [_t("y")])
-    triton.bind("Retain", retaining, [_t("x")], [_t("y")])
-    triton.bind("RetainLarge", retaining_large, [_t("x")], [_t("y")])
-    triton.bind("InPlace", in_place, [_t("x")], [_t("y")])
-    triton.bind("Slow", [slow, slow], [_t("x")], [_t("y")], config=ModelConfig(max_batch_size=1))
-    triton.bind("Strict", strict_bad_dtype, [_t("x")], [_t("y")], strict=True)
-    triton.bind(
+    bind("Fails", failing, [_t("x")], [_t("y")])
+    bind("WrongType", wrong_type, [_t("x")], [_t("y")])
+    bind("WrongCount", wrong_count, [_t("x")], [_t("y")])
+    bind("Retain", retaining, [_t("x")], [_t("y")])
+    bind("RetainLarge", retaining_large, [_t("x")], [_t("y")])
+    bind("InPlace", in_place, [_t("x")], [_t("y")])
+    bind("Slow", [slow, slow], [_t("x")], [_t("y")], config=ModelConfig(max_batch_size=1))
+    bind("Strict", strict_bad_dtype, [_t("x")], [_t("y")], strict=True)
+    bind(
         "Batched",
         identity,
         [_t("x", (4,))],
@@ -289,14 +270,14 @@ def infer(client, model, arrays, outputs=None, **kwargs):
     return client.infer(model, inputs, outputs=requested, **kwargs)
 
 
-def test_every_dtype_round_trips_exactly(client):
+def test_every_dtype_round_trips_exactly(client, kind):
     rng = np.random.default_rng(1)
     arrays = {f"in_{np.dtype(d).name}": (rng.random((2, 5)) * 120).astype(d) for d in DTYPES}
     arrays["in_int64"][0, 0] = np.iinfo(np.int64).max
     arrays["in_uint64"][0, 0] = np.iinfo(np.uint64).max
     arrays["in_float64"][0, 0] = np.pi
     arrays["in_bytes"] = np.array([[b"a", b"", b"\x00\xff", "z\u00e9".encode(), b"x" * 1000]] * 2, dtype=object)
-    result = infer(client, "AllTypes", arrays)
+    result = infer(client, _m("AllTypes", kind), arrays)
     for name, sent in arrays.items():
         received = result.as_numpy("out_" + name[3:])
         assert received.shape == sent.shape, name
@@ -307,36 +288,36 @@ def test_every_dtype_round_trips_exactly(client):
             np.testing.assert_array_equal(received, sent, err_msg=name)
 
 
-def test_add_sub_two_inputs(client):
+def test_add_sub_two_inputs(client, kind):
     a = np.array([[1, 2, 3]], dtype=F32)
     b = np.array([[10, 20, 30]], dtype=F32)
-    result = infer(client, "AddSub", {"a": a, "b": b})
+    result = infer(client, _m("AddSub", kind), {"a": a, "b": b})
     np.testing.assert_array_equal(result.as_numpy("add"), a + b)
     np.testing.assert_array_equal(result.as_numpy("sub"), a - b)
 
 
-def test_requested_output_subset(client):
+def test_requested_output_subset(client, kind):
     a = np.ones((1, 2), F32)
-    result = infer(client, "AddSub", {"a": a, "b": a}, outputs=["sub"])
+    result = infer(client, _m("AddSub", kind), {"a": a, "b": a}, outputs=["sub"])
     assert result.as_numpy("add") is None
     np.testing.assert_array_equal(result.as_numpy("sub"), a * 0)
 
 
-def test_non_batching_model(client):
+def test_non_batching_model(client, kind):
     a = np.arange(6, dtype=F32).reshape(2, 3)
-    result = infer(client, "NoBatch", {"a": a, "b": a})
+    result = infer(client, _m("NoBatch", kind), {"a": a, "b": a})
     np.testing.assert_array_equal(result.as_numpy("add"), a * 2)
 
 
-def test_dynamic_dims(client):
+def test_dynamic_dims(client, kind):
     for shape in [(1, 1, 1), (2, 7, 3), (1, 100, 2)]:
         x = np.random.default_rng(0).random(shape).astype(F32)
-        np.testing.assert_array_equal(infer(client, "Dynamic", {"x": x}).as_numpy("x"), x)
+        np.testing.assert_array_equal(infer(client, _m("Dynamic", kind), {"x": x}).as_numpy("x"), x)
 
 
-def test_zero_size_tensor(client):
+def test_zero_size_tensor(client, kind):
     x = np.zeros((1, 0, 4), dtype=F32)
-    assert infer(client, "Dynamic", {"x": x}).as_numpy("x").shape == (1, 0, 4)
+    assert infer(client, _m("Dynamic", kind), {"x": x}).as_numpy("x").shape == (1, 0, 4)
 
 
 def test_optional_input_absent_and_present(client):
@@ -349,27 +330,27 @@ def test_optional_input_absent_and_present(client):
     np.testing.assert_array_equal(present.as_numpy("out"), a * 6)
 
 
-def test_parameters_reach_the_callable(client):
+def test_parameters_reach_the_callable(client, kind):
     x = np.ones((1, 1), F32)
-    result = infer(client, "Params", {"x": x}, parameters={"temperature": "0.5", "top_k": 3, "flag": True})
+    result = infer(client, _m("Params", kind), {"x": x}, parameters={"temperature": "0.5", "top_k": 3, "flag": True})
     received = json.loads(result.as_numpy("params")[0, 0])
     assert received == {"flag": True, "temperature": "0.5", "top_k": 3}
 
 
-def test_callable_object_and_async_callable(client):
+def test_callable_object_and_async_callable(client, kind):
     x = np.array([[1.5, 2.0]], F32)
-    np.testing.assert_array_equal(infer(client, "Object", {"x": x}).as_numpy("y"), x * 3)
-    np.testing.assert_array_equal(infer(client, "Async", {"x": x}).as_numpy("y"), x * 2)
+    np.testing.assert_array_equal(infer(client, _m("Object", kind), {"x": x}).as_numpy("y"), x * 3)
+    np.testing.assert_array_equal(infer(client, _m("Async", kind), {"x": x}).as_numpy("y"), x * 2)
 
 
-def test_user_error_reaches_client_without_traceback(client):
+def test_user_error_reaches_client_without_traceback(client, kind):
     with pytest.raises(InferenceServerException) as info:
-        infer(client, "Fails", {"x": np.ones((1, 1), F32)})
+        infer(client, _m("Fails", kind), {"x": np.ones((1, 1), F32)})
     message = info.value.message()
     assert "ValueError: bad thing happened" in message
     assert "Traceback" not in message and ".py" not in message
     # The server keeps serving.
-    np.testing.assert_array_equal(infer(client, "Object", {"x": np.ones((1, 1), F32)}).as_numpy("y"), [[3.0]])
+    np.testing.assert_array_equal(infer(client, _m("Object", kind), {"x": np.ones((1, 1), F32)}).as_numpy("y"), [[3.0]])
 
 
 @pytest.mark.parametrize("model, fragment", [("WrongType", "must return a list"), ("WrongCount", "2 results for 1")])
@@ -378,9 +359,9 @@ def test_bad_callable_results_are_explained(client, model, fragment):
         infer(client, model, {"x": np.ones((1, 1), F32)})
 
 
-def test_strict_mode_checks_output_dtype(client):
+def test_strict_mode_checks_output_dtype(client, kind):
     with pytest.raises(InferenceServerException, match="dtype float64"):
-        infer(client, "Strict", {"x": np.ones((1, 1), F32)})
+        infer(client, _m("Strict", kind), {"x": np.ones((1, 1), F32)})
 
 
 def test_single_output_model_rejects_an_unknown_requested_output(client):
@@ -521,8 +502,8 @@ def test_1_gib_tensor_over_http(server):
     c.close()
 
 
-def _stream(ports, n, fail):
-    return _stream_model(ports, "Stream", {"n": n, "fail": fail})
+def _stream(ports, n, fail, kind="thread"):
+    return _stream_model(ports, _m("Stream", kind), {"n": n, "fail": fail})
 
 
 def _open_stream(ports, model, values, **kwargs):
@@ -559,9 +540,9 @@ def _stream_model(ports, model, values):
     return steps, errors
 
 
-def test_decoupled_streaming(server):
+def test_decoupled_streaming(server, kind):
     _, ports = server
-    steps, errors = _stream(ports, 5, 0)
+    steps, errors = _stream(ports, 5, 0, kind)
     assert steps == [0, 1, 2, 3, 4] and errors == []
 
 
@@ -604,9 +585,9 @@ def test_leaving_a_decoupled_client_loop_stops_the_generator(server):
 
 
 @pytest.mark.parametrize("count", [2, 40])
-def test_decoupled_error_mid_stream(server, count):
+def test_decoupled_error_mid_stream(server, count, kind):
     _, ports = server
-    steps, errors = _stream(ports, count, 1)
+    steps, errors = _stream(ports, count, 1, kind)
     assert steps == list(range(count))
     assert len(errors) == 1 and "RuntimeError: stream broke at the end" in errors[0]
 

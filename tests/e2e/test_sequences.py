@@ -54,7 +54,8 @@ _PROCESS_TOTALS = {}  # in the worker process
 
 
 def process_running_sum(requests):
-    """A process instance's state lives in its worker process; the sequence fields reach it the same way."""
+    """A process (or backend) instance's state lives in its worker process (or stub); the sequence fields reach it
+    the same way."""
     responses = []
     for request in requests:
         start = 0.0 if request.sequence_start else _PROCESS_TOTALS[request.sequence_id]
@@ -96,6 +97,13 @@ def urls():
             process_running_sum,
             config=ModelConfig(max_batch_size=4, sequence_batcher=SequenceBatcher()),
             instance_kind="process",
+            **tensors,
+        )
+        triton.bind(
+            "SumBackend",
+            process_running_sum,
+            config=ModelConfig(max_batch_size=4, sequence_batcher=SequenceBatcher()),
+            instance_kind="backend",
             **tensors,
         )
         triton.run()
@@ -186,8 +194,9 @@ def test_a_sequence_idle_too_long_is_ended_by_triton(urls, protocol):
         assert _steps(client, sid, [5.0, 1.0]) == 6.0
 
 
-def test_a_process_instance_gets_the_sequence_fields(urls):
-    with ModelClient(urls["grpc"], "SumProcess") as client:
+@pytest.mark.parametrize("model", ["SumProcess", "SumBackend"])
+def test_a_process_or_backend_instance_gets_the_sequence_fields(urls, model):
+    with ModelClient(urls["grpc"], model) as client:
         assert _steps(client, 5000, [1.0, 2.0, 4.0]) == 7.0
 
 

@@ -262,3 +262,24 @@ def test_openai_bench_against_another_checkout_compares_it_to_its_own_direct_grp
     assert abs(summary["comparisons"]["openai_grpc"]["p50_ratio"] - 1.1) < 1e-9
     text = openai_bench.table({"summary": summary, "count_per_round": 10, "quick": False})
     assert "| against_openai_grpc | 1.50x NOT met | 1.50x | 1.000 ms | +0.500 ms met |" in text
+
+
+def test_kinds_summary_takes_medians_ratios_to_plain_and_checks_the_targets():
+    from bench import kinds
+
+    def round_(scale):
+        figures = {"http_p50_ms": 1.0, "grpc_p50_ms": 1.0, "cpu_us_per_request": 100.0, "grpc32_req_s": 1000.0,
+                   "http_1MiB_mb_s": 100.0, "http_16MiB_mb_s": 100.0}  # fmt: skip
+        result = {model: dict(figures) for model in kinds.SMALL}
+        result["id_backend"] = {name: value * scale for name, value in figures.items()}
+        result["id_thread"] = {name: value * 2 for name, value in figures.items()}
+        return result
+
+    summary = kinds.summarize([round_(1.0), round_(1.04), round_(3.0)])  # median 1.04: the outlier is ignored
+    assert abs(summary["ratios"]["id_backend"]["http_p50_ms"] - 1.04) < 1e-9
+    met = {(c["kind"], c["figure"]): c["met"] for c in summary["targets"]}
+    assert met[("backend", "http_p50_ms")]  # <= 1.05
+    assert met[("backend", "cpu_us_per_request")] and not met[("thread", "http_p50_ms")]  # 2.0 > 1.2
+    assert met[("backend", "grpc32_req_s")] and met[("backend", "http_16MiB_mb_s")]  # higher is better
+    text = kinds.table({"summary": summary, "rounds": 3, "host": {"cpus": 2, "load_average": [(1.0, 2.0)] * 3}})
+    assert "| id_backend |" in text and "1.04x" in text and "1.00/2.00" in text

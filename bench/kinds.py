@@ -1,0 +1,285 @@
+"""The three instance kinds against the plain Python-backend model, in one server and one run.
+
+Usage: ``python -m bench.kinds [--rounds N] [--quick] [--out DIR]``. Results: ``DIR/kinds.json`` and
+``DIR/kinds.md`` (default ``bench/results/``).
+
+One ``Triton`` serves the plain Python-backend identity models (``plain_dynamic``, ``plain_large``:
+``execute`` returns its input, no second process; the physical limit) next to the same identity
+callable bound with ``instance_kind="thread"``, ``"process"`` and ``"backend"`` (``id_<kind>``
+for ``[1,16]`` float32, ``large_<kind>`` for uint8 of any length). Per round, each figure for every
+model:
+
+* sequential p50 over HTTP and over gRPC, ``[1,16]`` fp32, one client measuring every model in
+  alternating blocks of 50 requests (``bench.load.latency_interleaved``);
+* server CPU per sequential request: the CPU time (user + system) of this process and of every
+  process under it except the load generator (the server, its stubs, worker processes) over a
+  block of sequential HTTP requests to one model, divided by the requests;
+* throughput with 32 requests in flight from one raw gRPC asyncio client (``bench.load.throughput``);
+* 1 MiB and 16 MiB identity over HTTP, MB/s at p50 (``bench.load.large_http``).
+
+Each figure is the median over the rounds (3 by default), rounds alternate the model order, and
+every figure is also given as a ratio to the plain model's in the same run. The host's load average
+is recorded before and after each round: the machine is shared, so compare ratios, not absolute
+figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from bench.__main__ import ROOT, free_ports, load, load_plain_models
+from bench.models import _PLAIN_IDENTITY, _config, identity, write_plain_models
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+KINDS = ("thread", "process", "backend")
+SMALL = ["plain_dynamic", *(f"id_{kind}" for kind in KINDS)]
+LARGE = ["plain_large", *(f"large_{kind}" for kind in KINDS)]
+SIZES = {"1MiB": 1 << 20, "16MiB": 16 << 20}
+# Lower is better for these figures; higher for the others (throughputs).
+LOWER_IS_BETTER = ("http_p50_ms", "grpc_p50_ms", "cpu_us_per_request")
+# The issue's targets (issue 30) for instance_kind="backend" and for thread instances: ratio to plain.
+TARGETS = {
+    "backend": {
+        "http_p50_ms": 1.05,
+        "grpc_p50_ms": 1.05,
+        "cpu_us_per_request": 1.1,
+        "grpc32_req_s": 1.0,
+        "http_1MiB_mb_s": 0.95,
+        "http_16MiB_mb_s": 0.95,
+    },
+    "thread": {"http_p50_ms": 1.2, "grpc_p50_ms": 1.2, "cpu_us_per_request": 1.5},
+}
+
+
+def write_plain_dynamic(repository: pathlib.Path) -> None:
+    """``plain_dynamic``: the plain identity model with the dynamic batcher every ``id_<kind>`` model has.
+
+    ``bench.models``' ``plain_identity`` has no dynamic batcher, which with 32 requests in flight
+    measures the batcher rather than the kinds.
+    """
+    model_dir = repository / "plain_dynamic"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.py").write_text(_PLAIN_IDENTITY)
+    (model_dir / "config.pbtxt").write_text(_config("plain_dynamic", "16", "TYPE_FP32", 32, "dynamic_batching { }\n"))
+
+
+def bind_models(triton: Any) -> None:
+    """The identity callable under every kind, small and large."""
+    for kind in KINDS:
+        triton.bind(
+            f"id_{kind}",
+            identity,
+            [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
+            [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
+            config=ModelConfig(max_batch_size=32),
+            instance_kind=kind,
+        )
+        triton.bind(
+            f"large_{kind}",
+            identity,
+            [Tensor(name="INPUT", shape=(-1,), dtype=np.uint8)],
+            [Tensor(name="OUTPUT", shape=(-1,), dtype=np.uint8)],
+            config=ModelConfig(max_batch_size=1),
+            instance_kind=kind,
+        )
+
+
+def _descendants(root: int) -> List[int]:
+    """Pids of every live process under ``root`` (``root`` included), from /proc."""
+    parents: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return found
+
+
+def _cpu_seconds(pids: List[int]) -> float:
+    """User + system CPU seconds of ``pids`` (processes that are gone count 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
+def _server_side_pids() -> List[int]:
+    """This process and everything under it except load generators (``bench.load``)."""
+    pids = []
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"bench.load" in cmdline.read():
+                    continue
+        except OSError:
+            continue
+        pids.append(pid)
+    return pids
+
+
+def _cpu_per_request(http_port: int, model: str, count: int) -> float:
+    """Microseconds of server-side CPU per sequential HTTP request to ``model``."""
+    load({"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "models": [model],
+          "count": 50, "warmup": 50, "max_s": 30.0})  # fmt: skip
+    pids = _server_side_pids()
+    before = _cpu_seconds(pids)
+    load({"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "models": [model],
+          "count": count, "warmup": 0, "max_s": 120.0}, timeout_s=200.0)  # fmt: skip
+    return (_cpu_seconds(pids) - before) / count * 1e6
+
+
+def _round(ports: Dict[str, int], quick: bool, reverse: bool) -> Dict[str, Dict[str, float]]:
+    small = SMALL[::-1] if reverse else SMALL
+    large = LARGE[::-1] if reverse else LARGE
+    count = 300 if quick else 2000
+    figures: Dict[str, Dict[str, float]] = {model: {} for model in SMALL}
+    for protocol in ("http", "grpc"):
+        measured = load(
+            {"scenario": "latency_interleaved", "protocol": protocol, "port": ports[protocol], "models": small,
+             "count": count, "warmup": 100, "max_s": 200.0},
+            timeout_s=300.0,
+        )  # fmt: skip
+        for model in small:
+            figures[model][f"{protocol}_p50_ms"] = measured[model]["p50_ms"]
+    for model in small:
+        figures[model]["cpu_us_per_request"] = _cpu_per_request(ports["http"], model, count)
+    for model in small:
+        measured = load(
+            {"scenario": "throughput", "protocol": "grpc", "port": ports["grpc"], "model": model, "concurrency": 32,
+             "duration_s": 1.0 if quick else 3.0, "warmup_s": 0.5},
+            timeout_s=120.0,
+        )  # fmt: skip
+        figures[model]["grpc32_req_s"] = measured["requests_per_s"]
+    for size_name, size in SIZES.items():
+        for model in large:
+            measured = load(
+                {"scenario": "large_http", "port": ports["http"], "model": model, "bytes": size,
+                 "count": 5 if quick else 20, "max_s": 30.0},
+                timeout_s=120.0,
+            )  # fmt: skip
+            small_name = SMALL[LARGE.index(model)]
+            figures[small_name][f"http_{size_name}_mb_s"] = measured["mb_per_s"]
+    return figures
+
+
+def summarize(rounds: List[Dict[str, Dict[str, float]]]) -> Dict[str, Any]:
+    """Medians over the rounds, ratios to the plain model, and the targets each kind meets."""
+    medians: Dict[str, Dict[str, float]] = {}
+    for model in SMALL:
+        medians[model] = {figure: statistics.median(r[model][figure] for r in rounds) for figure in rounds[0][model]}
+    plain = medians["plain_dynamic"]
+    ratios = {
+        model: {figure: value / plain[figure] if plain[figure] else float("nan") for figure, value in figures.items()}
+        for model, figures in medians.items()
+    }
+    checks = []
+    for kind, targets in TARGETS.items():
+        for figure, bound in targets.items():
+            ratio = ratios[f"id_{kind}"][figure]
+            met = ratio <= bound if figure in LOWER_IS_BETTER else ratio >= bound
+            relation = "<=" if figure in LOWER_IS_BETTER else ">="
+            checks.append({"kind": kind, "figure": figure, "ratio": ratio, "target": f"{relation} {bound}", "met": met})
+    return {"medians": medians, "ratios": ratios, "targets": checks}
+
+
+def table(results: Dict[str, Any]) -> str:
+    """Markdown: absolute medians, ratios to the plain model, and the targets."""
+    figures = list(results["summary"]["medians"]["plain_dynamic"])
+    lines = [
+        f"Host: {results['host']['cpus']} CPUs, load average before/after each round "
+        + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in results["host"]["load_average"])
+        + f"; {results['rounds']} rounds, median.",
+        "",
+        "| model | " + " | ".join(figures) + " |",
+        "| --- | " + " | ".join("---:" for _ in figures) + " |",
+    ]
+    for model, values in results["summary"]["medians"].items():
+        lines.append(f"| {model} | " + " | ".join(f"{values[f]:.3f}" for f in figures) + " |")
+    lines += ["", "Ratio to the plain backend model (same run):", ""]
+    lines += ["| model | " + " | ".join(figures) + " |", "| --- | " + " | ".join("---:" for _ in figures) + " |"]
+    for model, values in results["summary"]["ratios"].items():
+        lines.append(f"| {model} | " + " | ".join(f"{values[f]:.2f}x" for f in figures) + " |")
+    lines += ["", "| kind | figure | ratio | target | met |", "| --- | --- | ---: | --- | --- |"]
+    for check in results["summary"]["targets"]:
+        lines.append(
+            f"| {check['kind']} | {check['figure']} | {check['ratio']:.2f}x | {check['target']} | "
+            f"{'yes' if check['met'] else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run(rounds: int, quick: bool) -> Dict[str, Any]:
+    """Serve the plain models and every kind, measure ``rounds`` rounds; returns the results."""
+    http_port, grpc_port, metrics_port = free_ports(3)
+    ports = {"http": http_port, "grpc": grpc_port}
+    measured: List[Dict[str, Dict[str, float]]] = []
+    load_average = []
+    with tempfile.TemporaryDirectory(prefix="pytriton-bench-kinds-") as directory:
+        repository = pathlib.Path(directory)
+        write_plain_models(repository)
+        write_plain_dynamic(repository)
+        config = TritonConfig(
+            http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, model_repository=repository
+        )
+        with Triton(config=config) as triton:
+            bind_models(triton)
+            started = time.monotonic()
+            triton.run()
+            load_plain_models(http_port, ["plain_dynamic", "plain_large"], triton.get_access_token())
+            print(f"serving after {time.monotonic() - started:.1f} s", flush=True)
+            for number in range(rounds):
+                before = os.getloadavg()[0]
+                measured.append(_round(ports, quick, reverse=bool(number % 2)))
+                load_average.append((before, os.getloadavg()[0]))
+                print(f"round {number + 1}/{rounds} done (load average {load_average[-1][1]:.2f})", flush=True)
+    return {
+        "command": "python -m bench.kinds" + (" --quick" if quick else "") + f" --rounds {rounds}",
+        "rounds": rounds,
+        "host": {"cpus": os.cpu_count(), "load_average": load_average},
+        "per_round": measured,
+        "summary": summarize(measured),
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kinds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer requests per figure (a smoke run)")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    results = run(max(1, args.rounds), args.quick)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kinds.json").write_text(json.dumps(results, indent=2))
+    text = table(results)
+    (args.out / "kinds.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""The status page of a backend model (``instance_kind="backend"``): shared by the user's process and the stubs.
+
+A backend instance runs its batches inside the stub, so the user's process cannot see them on its
+worker's connection. Instead each model has one small file in its private endpoint directory,
+mapped by both sides:
+
+- per slot, written by the slot's stub at each batch start and end: ``busy`` and ``last_active``
+  (``time.monotonic()``, a system-wide clock on Linux, so the two processes agree): ``stop()``,
+  ``unbind()`` and the recycling read them as they read a thread worker's state;
+- model-wide, written by the user's process when ``stop()`` drains: the ``draining`` flag and the
+  admission budget (how many requests Triton had queued), which each stub takes from under an
+  exclusive ``flock`` of the file before it runs a batch; once spent, batches are answered
+  UNAVAILABLE as the other kinds' workers answer them;
+- model-wide, written by a stub whose callable raised ``PyTritonUnrecoverableError``: the error's
+  text (at most 1 KiB), which the user's process polls (``BackendInstance``) to stop the server as
+  it does for the other kinds.
+
+A batch costs two writes into the mapping and one read of the flag; the lock is taken only while
+draining. The file is created 0600 by the user's process (``create``) before Triton loads the model
+and removed with the endpoint directory.
+
+Runs in the stub too: standard library only. Unit tests: tests/unit/test_backend_kind.py.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+import time
+from typing import Optional
+
+PAGE_NAME = "backend.page"
+_HEADER = struct.Struct("<qqq")  # draining (0/1), budget left, length of the unrecoverable error's text
+_MESSAGE = 1024  # bytes for that text, after the header
+_SLOT = struct.Struct("<qd")  # busy (0/1), last_active
+_SLOTS_AT = _HEADER.size + _MESSAGE
+
+
+class Page:
+    """One model's page (see the module docstring). Lifetime: :meth:`close` unmaps it and closes the file."""
+
+    def __init__(self, fd: int, slots: int):
+        self._fd = fd
+        self.slots = slots
+        self._map = mmap.mmap(fd, _SLOTS_AT + _SLOT.size * slots)
+
+    @classmethod
+    def create(cls, path: str, slots: int) -> Page:
+        """Create (or reset) the page at ``path`` for ``slots`` instances, mode 0600."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, _SLOTS_AT + _SLOT.size * slots)
+        return cls(fd, slots)
+
+    @classmethod
+    def open(cls, path: str, slots: int) -> Optional[Page]:
+        """The page a stub maps, or None if there is none (a model bound by an older pytriton)."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            return None
+        if os.fstat(fd).st_size < _SLOTS_AT + _SLOT.size * slots:
+            os.close(fd)
+            return None
+        return cls(fd, slots)
+
+    # -- the stub -------------------------------------------------------------------------------
+    def enter(self, slot: int) -> None:
+        """A batch starts on ``slot``."""
+        _SLOT.pack_into(self._map, _SLOTS_AT + _SLOT.size * slot, 1, time.monotonic())
+
+    def leave(self, slot: int) -> None:
+        """The batch of ``slot`` is answered."""
+        _SLOT.pack_into(self._map, _SLOTS_AT + _SLOT.size * slot, 0, time.monotonic())
+
+    def draining(self) -> bool:
+        return bool(_HEADER.unpack_from(self._map, 0)[0])
+
+    def admit(self, requests: int) -> bool:
+        """While draining: take ``requests`` from the budget; False once it is spent (a batch that
+        straddles the end runs whole, as ``pytriton.proxy._admission.Admission`` decides)."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            draining, budget, length = _HEADER.unpack_from(self._map, 0)
+            if budget <= 0:
+                return False
+            _HEADER.pack_into(self._map, 0, draining, budget - requests, length)
+            return True
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def report_unrecoverable(self, text: str) -> None:
+        """The callable raised ``PyTritonUnrecoverableError`` with ``text``: the user's process stops the server."""
+        data = text.encode("utf-8", "replace")[:_MESSAGE] or b"PyTritonUnrecoverableError"
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            draining, budget, _ = _HEADER.unpack_from(self._map, 0)
+            self._map[_HEADER.size : _HEADER.size + len(data)] = data
+            _HEADER.pack_into(self._map, 0, draining, budget, len(data))
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    # -- the user's process ---------------------------------------------------------------------
+    def unrecoverable(self) -> Optional[str]:
+        """The text a stub reported with :meth:`report_unrecoverable`, or None."""
+        length = _HEADER.unpack_from(self._map, 0)[2]
+        if not length:
+            return None
+        return bytes(self._map[_HEADER.size : _HEADER.size + length]).decode("utf-8", "replace")
+
+    def busy(self, slot: int) -> bool:
+        return bool(_SLOT.unpack_from(self._map, _SLOTS_AT + _SLOT.size * slot)[0])
+
+    def last_active(self, slot: int) -> float:
+        """``time.monotonic()`` when ``slot`` last started or finished a batch (0.0: never)."""
+        return float(_SLOT.unpack_from(self._map, _SLOTS_AT + _SLOT.size * slot)[1])
+
+    def refuse(self, budget: int) -> None:
+        """Start draining with ``budget`` more requests admitted; later calls change nothing."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            draining, _, length = _HEADER.unpack_from(self._map, 0)
+            if not draining:
+                _HEADER.pack_into(self._map, 0, 1, budget, length)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)

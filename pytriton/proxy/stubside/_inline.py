@@ -1,0 +1,270 @@
+"""The model of a backend instance (``bind(..., instance_kind="backend")``): the callable runs here, in the stub.
+
+``model.py`` (``proxy/_stub_model.py``) loads this model instead of ``_stub``'s proxy when the
+version directory holds the payload that ``bind`` wrote (``pytriton_backend.pkl``, mode 0600).
+Each batch is handled in this process, as a plain Python-backend model handles it: inputs are read
+from Triton's tensors (``_stub._read_input``: numpy 1.x conversions, or DLPack under numpy 2),
+wrapped in ``Request`` objects, given to the callable, and its checked outputs become Triton's
+tensors. No socket message, no shared-memory arena.
+
+What is shared with the proxy model (``_stub.TritonPythonModel``, subclassed here): the slot claim,
+the region privacy, the metrics, the sequence controls, the request size limit and the connection
+to the slot's worker in the user's process. The connection carries the hello and, at unload, the
+goodbye; no batch. A stub that dies closes it without a goodbye, which is how the user's process
+notices the death and loads a new generation (self-healing, docs/architecture.md).
+
+Imports: at load time only what any stub module may import. ``pytriton`` itself (``Request``, the
+output checks, the decorators the callable uses) and the callable's modules come from the user's
+environment, whose ``sys.path`` entries ``initialize`` appends behind the stub's own before it
+imports ``pytriton.proxy._backend_kind`` by name. The stub's numpy (pytriton's private numpy 1.x
+environment, or the user's numpy 2 on Python 3.13) is the one the callable sees.
+
+Unit tests: tests/unit/test_backend_kind.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import site
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from . import _backend_page, _stub, _stub_bytes, _stub_metrics, _stub_trace, _tensors, _wire
+
+PAYLOAD_FILE = "pytriton_backend.pkl"  # pytriton.proxy._backend_kind.PAYLOAD_FILE
+_RUNNER_MODULE = "pytriton.proxy._backend_kind"  # imported by name: it lives in the user's environment
+_CHECK_EVERY = _wire.STREAM_WINDOW  # a stream asks Triton whether its clients cancelled every this many chunks
+
+
+def _user_path(params: Dict[str, Any]) -> None:
+    """Append the user's ``sys.path`` (from the private file) so that ``pytriton`` can be imported."""
+    for entry in params.get("backend_path", []):
+        if not entry or entry in sys.path:
+            continue
+        if os.path.basename(entry.rstrip(os.sep)) in ("site-packages", "dist-packages"):
+            site.addsitedir(entry)  # its .pth files too: an editable install of pytriton is found through one
+        else:
+            sys.path.append(entry)
+
+
+def _input_array(value: Any) -> Any:
+    """A numpy array from ``_stub._read_input``'s result (BYTES arrive serialized)."""
+    if isinstance(value, _tensors.SerializedBytes):
+        data = memoryview(value.data).cast("B")
+        return _tensors.deserialize_bytes(data, 0, data.nbytes, tuple(value.shape))
+    return value
+
+
+def _output_tensor(name: str, array: Any) -> Any:
+    if array.dtype.kind in "OSU":  # BYTES: handed to the stub serialized (_stub_bytes)
+        return _stub_bytes.output_tensor(pb_utils, name, _tensors.serialize_bytes(array), tuple(array.shape))
+    if _stub._NUMPY2:
+        return _stub._dlpack_output(name, array)
+    return pb_utils.Tensor(name, np.ascontiguousarray(array))
+
+
+class InlineModel(_stub.TritonPythonModel):
+    """Runs the bound callable in this stub process (see the module docstring)."""
+
+    def initialize(self, args: Dict[str, Any]) -> None:
+        """Claim a slot and connect as the proxy does, then import and load this slot's callable.
+
+        A callable that cannot be loaded here (a module the stub cannot import, an object that does
+        not unpickle) fails the model's load with that error, which ``bind``/``run()`` report.
+        """
+        super().initialize(args)
+        repository, version = args["model_repository"], args["model_version"]
+        with open(os.path.join(repository, version, _wire.PRIVATE_FILE)) as file:
+            params = json.load(file)
+        _user_path(params)
+        # Busy/idle for stop() and the drain's admission budget (_backend_page); None: not provided.
+        self._page = _backend_page.Page.open(
+            os.path.join(self._endpoint_dir, _backend_page.PAGE_NAME), int(params["slots"])
+        )
+        with open(os.path.join(repository, version, PAYLOAD_FILE), "rb") as file:
+            data = file.read()
+        try:
+            runner_type = importlib.import_module(_RUNNER_MODULE).InlineRunner
+            self._runner = runner_type.load(data, self._slot)
+        except BaseException as exc:
+            self.finalize()
+            raise pb_utils.TritonModelException(
+                f"pytriton: the stub of model {self._model_name!r} could not load its callable "
+                f"(instance_kind='backend'): {type(exc).__name__}: {exc}"
+            ) from None
+        self._tracing = importlib.import_module("pytriton.proxy._tracing") if self._trace else None
+
+    def finalize(self) -> None:
+        runner = getattr(self, "_runner", None)
+        if runner is not None:
+            runner.close()
+        page = getattr(self, "_page", None)
+        if page is not None:
+            page.close()
+            self._page = None
+        super().finalize()
+
+    def execute(self, requests: List[Any]) -> Optional[List[Any]]:
+        """Run one batch through the callable here; refused with UNAVAILABLE once a drain has spent its budget."""
+        page = self._page
+        if page is None:
+            return self._counted(requests)
+        if page.draining() and not page.admit(len(requests)):
+            return self._fail(requests, _wire.UNAVAILABLE_TEXT)
+        page.enter(self._slot)
+        try:
+            return self._counted(requests)
+        finally:
+            page.leave(self._slot)
+            if self._runner.unrecoverable is not None:  # the user's process stops the server (BackendInstance)
+                page.report_unrecoverable(self._runner.unrecoverable)
+                self._runner.unrecoverable = None
+
+    def _counted(self, requests: List[Any]) -> Optional[List[Any]]:
+        metrics = self._metrics
+        if metrics is _stub_metrics.NULL:
+            return self._execute(requests)
+        metrics.enter(len(requests))
+        try:
+            return self._execute(requests)
+        finally:
+            metrics.leave()
+
+    def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
+        runner = self._runner
+        if self._single_output:
+            requested: List[Any] = [None] * len(requests)
+        else:
+            requested = [request.requested_output_names() or None for request in requests]
+        rejected: Dict[int, str] = {}
+        batch = []
+        for index, request in enumerate(requests):
+            try:
+                built = self._request(request, requested[index])
+            except Exception as exc:  # noqa: BLE001 - malformed input: this request only
+                rejected[index] = f"pytriton proxy could not read the request: {exc}"
+                continue
+            if isinstance(built, str):
+                rejected[index] = built
+            else:
+                batch.append(built)
+        if rejected:
+            return self._reject(requests, rejected)
+        runner.attach_cancellation(batch, requests)
+        spans = self._start_spans(requests, batch)
+        observed = spans is not None or self._metrics is not _stub_metrics.NULL
+        started = time.perf_counter() if observed else 0.0
+        text: Optional[str] = None
+        try:
+            result = runner.call(batch)
+        except BaseException as exc:  # noqa: BLE001 - every exception fails this batch only
+            text = runner.failure(exc)
+            result = None
+        try:
+            if text is not None:
+                return self._fail(requests, text)
+            if not self._decoupled:
+                try:
+                    groups = runner.outputs(result, len(batch), None if self._single_output else requested)
+                    return [self._response(group, names) for group, names in zip(groups, requested)]
+                except BaseException as exc:  # noqa: BLE001
+                    text = runner.failure(exc)
+                    return self._fail(requests, text)
+            text = self._run_stream(requests, requested, result if runner.is_stream(result) else iter([result]))
+            return None
+        finally:
+            if observed:
+                final = _wire.error(text) if text is not None else _wire.end()
+                self._metrics.settled(_wire.with_duration(final, time.perf_counter() - started))
+                if spans is not None and self._tracing is not None:
+                    self._tracing.end_spans(spans, final)
+
+    def _request(self, request: Any, names: Optional[List[str]]) -> Any:
+        """The ``Request`` of one Triton request, or the error text that answers it instead."""
+        if self._sequence is None and not self._max_request_bytes:  # the common case, on every request
+            data = {}
+            for tensor in request.inputs():
+                value = _stub._read_input(tensor)
+                data[tensor.name()] = value if type(value) is not _tensors.SerializedBytes else _input_array(value)
+            raw_parameters = request.parameters()
+            parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
+            return self._runner.request(data, parameters, names, None, request.timeout() / 1e6)
+        tensors = [(tensor.name(), _stub._read_input(tensor)) for tensor in request.inputs()]
+        sequence = None
+        if self._sequence is not None:
+            tensors, sequence = self._sequence_fields(request, tensors)
+            if sequence is None:
+                return _stub._NULL_REQUEST
+        if self._max_request_bytes:
+            nbytes = _stub._input_bytes(tensors)
+            if nbytes > self._max_request_bytes:
+                return self._too_large(nbytes)
+        raw_parameters = request.parameters()
+        parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
+        data = {name: _input_array(value) for name, value in tensors}
+        return self._runner.request(data, parameters, names, sequence, request.timeout() / 1e6)
+
+    def _start_spans(self, requests: List[Any], batch: List[Any]) -> Optional[List[Any]]:
+        if self._tracing is None:
+            return None
+        trace = _stub_trace.collect(requests)
+        if trace is None:
+            return None
+        spans: Optional[List[Any]] = self._tracing.start_spans(
+            trace, batch, self._model_name, int(self._runner.config.model_version)
+        )
+        return spans
+
+    @staticmethod
+    def _response(group: List[Any], names: Optional[List[str]]) -> Any:
+        tensors = [_output_tensor(name, array) for name, array in group if names is None or name in names]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _run_stream(self, requests: List[Any], requested: List[Any], stream: Any) -> Optional[str]:
+        """Send each result of the generator to its clients as it comes; returns the error text, if any.
+
+        Every ``_CHECK_EVERY`` results the clients are asked whether they cancelled; once none is
+        left (or Triton refused their responses) the generator is closed. The final flag is sent
+        to every client whatever happened.
+        """
+        runner = self._runner
+        senders = [request.get_response_sender() for request in requests]
+        live = [True] * len(senders)
+        text: Optional[str] = None
+        count = 0
+        try:
+            while any(live):
+                try:
+                    chunk = next(stream)
+                except StopIteration:
+                    break
+                except BaseException as exc:  # noqa: BLE001 - fails this stream only
+                    text = runner.failure(exc)
+                    break
+                try:
+                    groups = runner.outputs(chunk, len(requests))
+                    responses = [self._response(group, names) for group, names in zip(groups, requested)]
+                except BaseException as exc:  # noqa: BLE001
+                    text = runner.failure(exc)
+                    break
+                self._send(senders, live, responses)
+                count += 1
+                if count % _CHECK_EVERY == 0:
+                    for index, sender in enumerate(senders):
+                        live[index] = live[index] and not sender.is_cancelled()
+        finally:
+            runner.close_stream(stream)
+        if text is not None:
+            self._send(senders, live, _stub._errors(text, senders))
+        for sender in senders:
+            try:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # noqa: BLE001 - already closed by Triton (e.g. cancelled)
+                pass
+        return text

@@ -1,0 +1,60 @@
+"""Callables of tests/e2e/test_data_path.py that are also bound with ``instance_kind="backend"``.
+
+Kept apart from the test module so that each backend stub, which imports a callable's module to
+unpickle it, imports numpy and pytriton only (not pytest, tritonclient and the test's fixtures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+
+
+def identity(requests):
+    return [dict(request.items()) for request in requests]
+
+
+def identity_renamed(requests):
+    return [{"out_" + name[3:]: value for name, value in request.items()} for request in requests]
+
+
+def add_sub(requests):
+    return [{"add": r["a"] + r["b"], "sub": r["a"] - r["b"]} for r in requests]
+
+
+def echo_parameters(requests):
+    return [
+        {"params": np.array([[json.dumps(r.parameters or {}, sort_keys=True).encode()]] * len(r["x"]), dtype=object)}
+        for r in requests
+    ]
+
+
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+
+    def __call__(self, requests):
+        return [{"y": r["x"] * self.factor} for r in requests]
+
+
+async def async_double(requests):
+    await asyncio.sleep(0)
+    return [{"y": r["x"] * 2} for r in requests]
+
+
+def streamer(requests):
+    count = int(requests[0]["n"].flat[0])
+    for step in range(count):
+        yield [{"step": np.array([[step]], dtype=np.int32)} for _ in requests]
+    if int(requests[0]["fail"].flat[0]):
+        raise RuntimeError("stream broke at the end")
+
+
+def failing(requests):
+    raise ValueError("bad thing happened")
+
+
+def strict_bad_dtype(requests):
+    return [{"y": r["x"].astype(np.float64)} for r in requests]

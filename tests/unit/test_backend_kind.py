@@ -1,0 +1,480 @@
+"""Backend instances (``instance_kind="backend"``): bind-time packing and the stub-side model, no server.
+
+``pytriton/proxy/_backend_kind.py`` is driven directly (packing, the checks at ``bind``, the runner);
+``pytriton/proxy/stubside/_inline.py`` is imported against the fake ``triton_python_backend_utils``
+of tests/unit/test_stub.py and run through ``initialize``/``execute``/``finalize`` with a payload
+written as ``bind`` writes it, and a fake worker that only answers the hello: every batch must be
+answered without a single message to the worker. Both numpy paths of the stub run (the ``setup``
+fixture of test_stub.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pytriton.decorators import batch
+from pytriton.exceptions import PyTritonBadParameterError
+from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
+from pytriton.proxy import _backend_kind, _binding, _process, _stub_model
+from pytriton.proxy.stubside import _wire
+from tests.unit.test_stub import FINAL, FakeRequest, FakeSender, setup, stub  # noqa: F401 - fixtures
+
+# -- callables (module level: they travel by pickle, by name) ------------------------------------
+
+
+def identity(requests):
+    return [{"y": request["x"]} for request in requests]
+
+
+def with_pid(requests):
+    return [{"y": request["x"], "pid": np.full((len(request["x"]), 1), os.getpid(), np.int64)} for request in requests]
+
+
+@batch
+def doubled(x):
+    return {"y": x * 2}
+
+
+def failing(requests):
+    raise ValueError("bad value")
+
+
+def wrong_dtype(requests):
+    return [{"y": np.array([["text"]], dtype=object)} for _ in requests]
+
+
+def counting(requests):
+    (request,) = requests
+    for step in range(int(request["x"].ravel()[0])):
+        yield [{"y": np.array([[step]], np.float32)}]
+
+
+def generator_then_error(requests):
+    yield [{"y": np.array([[1]], np.float32)}]
+    raise RuntimeError("stream broke")
+
+
+async def async_plus_one(requests):
+    await asyncio.sleep(0)
+    return [{"y": request["x"] + 1} for request in requests]
+
+
+def asks_cancelled(requests):
+    return [{"y": np.array([[float(request.is_cancelled())]], np.float32)} for request in requests]
+
+
+class Unpicklable:
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def __call__(self, requests):
+        return identity(requests)
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_main_module(monkeypatch):
+    """The stub side imports the user's main module (as ``__mp_main__``) and marks the process as a
+    worker; in this test process neither may happen: the payloads carry no main module here, and the
+    flag is restored."""
+    real = _process.preparation_data
+
+    def without_main():
+        return {key: value for key, value in real().items() if not key.startswith("init_main_from_")}
+
+    monkeypatch.setattr(_process, "preparation_data", without_main)
+    monkeypatch.setattr(_process, "IN_WORKER_PROCESS", False)
+    cwd = os.getcwd()
+    yield
+    os.chdir(cwd)
+
+
+def _config(decoupled=False, outputs=("y",), batching=True):
+    specs = [TensorSpec(name=name, shape=(-1,), dtype=np.int64 if name == "pid" else np.float32) for name in outputs]
+    return TritonModelConfig(
+        model_name="Unit",
+        max_batch_size=8 if batching else 0,
+        batching=batching,
+        decoupled=decoupled,
+        inputs=[TensorSpec(name="x", shape=(-1,), dtype=np.float32)],
+        outputs=specs,
+    )
+
+
+@pytest.fixture()
+def inline(stub):  # noqa: F811 - the fixture of test_stub.py
+    """``stubside._inline`` imported against the fake utils (after ``_stub``), removed again after the test."""
+    sys.modules.pop("pytriton.proxy.stubside._inline", None)
+    module = importlib.import_module("pytriton.proxy.stubside._inline")
+    try:
+        yield module
+    finally:
+        sys.modules.pop("pytriton.proxy.stubside._inline", None)
+        import pytriton.proxy.stubside
+
+        if hasattr(pytriton.proxy.stubside, "_inline"):
+            delattr(pytriton.proxy.stubside, "_inline")
+
+
+def _model(setup, inline, func, *, decoupled=False, outputs=("y",), payload=None, **private):  # noqa: F811
+    """An initialized inline model of slot 0 with ``func``, as ``bind`` and Triton would set it up."""
+    version_dir = os.path.join(setup.root, "repo", "1")
+    os.makedirs(version_dir, exist_ok=True)
+    if payload is None:
+        config = _config(decoupled, outputs)
+        payload = _backend_kind.pack([_process.dump_callable(func, "Unit", 0, "backend")], config, strict=False)
+    with open(os.path.join(version_dir, _backend_kind.PAYLOAD_FILE), "wb") as file:
+        file.write(payload)
+    params = {
+        "user_pid": os.getpid(),
+        "endpoint_dir": setup.endpoint_dir,
+        "slots": 1,
+        "shm_prefix": setup.shm_prefix,
+        "backend_shm_prefix": f"{setup.shm_prefix}-pb",
+        "spin_us": 0,
+        "max_request_bytes": 0,
+        "execution_timeout_s": 0.0,
+        "backend_path": list(sys.path),
+    }
+    params.update(private)
+    with open(os.path.join(version_dir, _wire.PRIVATE_FILE), "w") as file:
+        json.dump(params, file)
+    model = inline.InlineModel()
+    model.initialize(
+        {
+            "model_config": json.dumps(
+                {
+                    "name": "Unit",
+                    "output": [{"name": name} for name in outputs],
+                    "model_transaction_policy": {"decoupled": decoupled},
+                }
+            ),
+            "model_repository": os.path.join(setup.root, "repo"),
+            "model_version": "1",
+            "model_name": "Unit",
+        }
+    )
+    setup.models.append(model)
+    return model
+
+
+def _x(*values):
+    """One request's ``x``: a batch of one row."""
+    return {"x": np.array([values], np.float32)}
+
+
+def _no_batch_reached(worker):
+    """The worker got its hello and nothing else: the batch never left the stub."""
+    (channel,) = [worker.channel()]
+    channel.sock.settimeout(0.05)
+    with pytest.raises(OSError):  # socket.timeout: nothing was sent after the hello
+        channel.recv()
+    assert len(worker.hellos) == 1
+
+
+# -- bind side ------------------------------------------------------------------------------------
+
+
+def test_backend_is_an_instance_kind():
+    assert _process.check_instance_kind("backend", "Unit") == "backend"
+
+
+def test_an_unpicklable_callable_fails_at_bind_naming_the_stub_and_the_fix():
+    with pytest.raises(PyTritonBadParameterError, match="instance_kind='backend'.*server's stub process.*module level"):
+        _process.dump_callable(Unpicklable(), "Unit", 0, "backend")
+    with pytest.raises(PyTritonBadParameterError, match="instance_kind='backend'"):
+        _process.dump_callable(lambda requests: requests, "Unit", 0, "backend")
+
+
+def test_what_a_backend_model_cannot_do_is_refused_with_the_alternative():
+    with pytest.raises(PyTritonBadParameterError, match="execution_timeout_s.*instance_kind='thread' or 'process'"):
+        _backend_kind.check_backend_binding("Unit", tcp=False, execution_timeout_s=1.0)
+    with pytest.raises(PyTritonBadParameterError, match="transport='tcp'"):
+        _backend_kind.check_backend_binding("Unit", tcp=True, execution_timeout_s=None)
+    _backend_kind.check_backend_binding("Unit", tcp=False, execution_timeout_s=None)
+
+
+def test_bind_writes_the_payload_and_the_users_path_and_the_shim_picks_the_inline_model(tmp_path):
+    context = _binding.BindingContext(
+        user_pid=os.getpid(), shm_prefix="pytriton-unit", socket_dir=tmp_path / "s", on_unrecoverable=lambda exc: None
+    )
+    from pytriton.model_config import ModelConfig, Tensor
+
+    bound = _binding.BoundModel(
+        index=0,
+        model_name="Unit",
+        model_version=1,
+        infer_funcs=[identity, doubled],
+        inputs=[Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        outputs=[Tensor(name="y", shape=(-1,), dtype=np.float32)],
+        config=ModelConfig(max_batch_size=8),
+        strict=True,
+        context=context,
+        instance_kind="backend",
+    )
+    bound.write_repository(tmp_path / "repo")
+    version_dir = tmp_path / "repo" / "Unit" / "1"
+    payload = version_dir / _backend_kind.PAYLOAD_FILE
+    assert payload.stat().st_mode & 0o777 == 0o600
+    private = json.loads((version_dir / _wire.PRIVATE_FILE).read_text())
+    assert os.getcwd() in private["backend_path"]
+    runner = _backend_kind.InlineRunner.load(payload.read_bytes(), 1)
+    assert runner.func is doubled and runner.config.instance_count == 2 and runner._checker._strict
+    assert "BACKEND_PAYLOAD" in dir(_stub_model) and _stub_model.BACKEND_PAYLOAD == _backend_kind.PAYLOAD_FILE
+    # Bound again as a thread model under the same directory: the payload goes, model.py proxies again.
+    bound.instance_kind = "thread"
+    bound.write_repository(tmp_path / "repo")
+    assert not payload.exists()
+
+
+def test_the_runner_attaches_the_model_config_for_decorators():
+    config = _config()
+    data = _backend_kind.pack([_process.dump_callable(doubled, "Unit", 0, "backend")], config, strict=False)
+    runner = _backend_kind.InlineRunner.load(data, 0)
+    requests = [runner.request(_x(1, 2), None, None), runner.request(_x(3, 4), None, None)]
+    result = runner.call(requests)
+    groups = runner.outputs(result, 2)
+    np.testing.assert_array_equal(groups[1][0][1], np.array([[6, 8]], np.float32))
+
+
+# -- stub side ------------------------------------------------------------------------------------
+
+
+def test_a_batch_runs_in_the_stub_with_no_message_to_the_worker(setup, inline):  # noqa: F811
+    worker = setup.worker()
+    model = _model(setup, inline, with_pid, outputs=("y", "pid"))
+    requests = [FakeRequest(_x(1, 2)), FakeRequest(_x(3), requested=["y"])]
+    responses = model.execute(requests)
+    np.testing.assert_array_equal(responses[0].outputs()["y"], [[1, 2]])
+    assert responses[0].outputs()["pid"][0, 0] == os.getpid()  # ran in this (the stub's) process
+    assert set(responses[1].outputs()) == {"y"}  # only the requested output
+    _no_batch_reached(worker)
+
+
+def test_decorators_async_and_cancellation_reach_the_callable(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, doubled)
+    np.testing.assert_array_equal(model.execute([FakeRequest(_x(1, 2))])[0].outputs()["y"], [[2, 4]])
+    setup.finalize(model)
+    model = _model(setup, inline, async_plus_one)
+    np.testing.assert_array_equal(model.execute([FakeRequest(_x(1))])[0].outputs()["y"], [[2]])
+    setup.finalize(model)
+    model = _model(setup, inline, asks_cancelled)
+    cancelled = FakeRequest(_x(1))
+    cancelled.cancelled = True
+    responses = model.execute([FakeRequest(_x(1)), cancelled])
+    assert [response.outputs()["y"][0, 0] for response in responses] == [0.0, 1.0]
+
+
+def test_an_error_of_the_callable_fails_the_batch_with_its_type_and_message(setup, inline, caplog):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, failing)
+    responses = model.execute([FakeRequest(_x(1)), FakeRequest(_x(2))])
+    assert [response.error.message() for response in responses] == ["ValueError: bad value"] * 2
+    assert "Traceback" in caplog.text  # logged with the traceback; the client gets none
+    # The instance keeps serving.
+    assert model.execute([FakeRequest(_x(1))])[0].error is not None
+
+
+def test_outputs_are_checked_as_for_the_other_kinds(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, wrong_dtype)
+    (response,) = model.execute([FakeRequest(_x(1))])
+    assert "PyTritonRuntimeError" in response.error.message() and "'y'" in response.error.message()
+
+
+def test_a_generator_streams_each_result_then_the_final_flag(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, counting, decoupled=True)
+    sender = FakeSender()
+    assert model.execute([FakeRequest(_x(3), sender=sender)]) is None
+    assert [response.outputs()["y"][0, 0] for response in sender.responses] == [0, 1, 2]
+    assert sender.sent[-1] == (None, FINAL)
+
+
+def test_a_stream_that_fails_ends_with_the_error_and_the_final_flag(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, generator_then_error, decoupled=True)
+    sender = FakeSender()
+    model.execute([FakeRequest(_x(1), sender=sender)])
+    assert sender.responses[-1].error.message() == "RuntimeError: stream broke"
+    assert sender.sent[-1] == (None, FINAL)
+
+
+def test_a_stream_whose_client_cancelled_is_closed(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, counting, decoupled=True)
+    sender = FakeSender(cancelled=True)
+    model.execute([FakeRequest(_x(1000), sender=sender)])
+    assert len(sender.responses) == _wire.STREAM_WINDOW  # stopped at the first check
+    assert sender.sent[-1] == (None, FINAL)
+
+
+def test_a_generator_of_a_model_that_is_not_decoupled_fails(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, counting)
+    (response,) = model.execute([FakeRequest(_x(2))])
+    assert "not decoupled" in response.error.message()
+
+
+def test_a_callable_the_stub_cannot_load_fails_initialize_with_the_reason(setup, inline):  # noqa: F811
+    setup.worker()
+    config = _config()
+    payload = _backend_kind.pack([b"not a pickle"], config, strict=False)
+    with pytest.raises(Exception, match="could not load its callable.*instance_kind='backend'"):
+        _model(setup, inline, None, payload=payload)
+
+
+def test_requests_over_the_size_limit_fail_alone(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, identity, max_request_bytes=16)
+    small, large = model.execute([FakeRequest(_x(1)), FakeRequest({"x": np.zeros((1, 64), np.float32)})])
+    np.testing.assert_array_equal(small.outputs()["y"], [[1]])
+    assert "limit" in large.error.message()
+
+
+def test_numpy_scalar_types_travel_by_dtype_code_not_by_name():
+    """numpy 2 pickles ``np.bool_`` as ``numpy.bool``, which the stub's numpy 1.x lacks."""
+    import pickle
+    import pickletools
+
+    config = _config()
+    config.outputs.append(TensorSpec(name="flag", shape=(1,), dtype=np.bool_))
+    data = _backend_kind.pack([_process.dump_callable(np.bool_, "Unit", 0, "backend")], config, strict=False)
+    names = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
+    assert "bool" not in names and "float32" not in names
+    payload = pickle.loads(data)
+    assert payload["config"].outputs[-1].dtype is np.bool_ and payload["config"].inputs[0].dtype is np.float32
+    assert pickle.loads(payload["callables"][0]) is np.bool_
+
+
+# -- the status page (stubside/_backend_page.py) ---------------------------------------------------
+
+PAGE_VIEW: list = []  # (page, slot) the busy_probe callable reads
+
+
+def busy_probe(requests):
+    page, slot = PAGE_VIEW[0]
+    return [{"y": np.array([[float(page.busy(slot))]], np.float32)} for _ in requests]
+
+
+def test_the_page_carries_busy_last_active_and_the_drain_budget(tmp_path):
+    from pytriton.proxy.stubside._backend_page import Page
+
+    owner = Page.create(str(tmp_path / "backend.page"), 2)
+    peer = Page.open(str(tmp_path / "backend.page"), 2)
+    assert Page.open(str(tmp_path / "missing"), 2) is None and Page.open(str(tmp_path / "backend.page"), 9) is None
+    try:
+        assert not owner.busy(1) and owner.last_active(1) == 0.0
+        peer.enter(1)
+        assert owner.busy(1) and not owner.busy(0)
+        peer.leave(1)
+        assert not owner.busy(1) and owner.last_active(1) > 0.0
+        assert not peer.draining()
+        owner.refuse(2)
+        owner.refuse(50)  # the first call decides
+        assert peer.draining()
+        assert peer.admit(1) and peer.admit(4)  # a batch that straddles the end runs whole
+        assert not peer.admit(1)
+    finally:
+        peer.close()
+        owner.close()
+
+
+def test_the_stub_marks_its_batches_and_refuses_once_the_drain_budget_is_spent(setup, inline):  # noqa: F811
+    from pytriton.proxy.stubside._backend_page import PAGE_NAME, Page
+
+    setup.worker()
+    owner = Page.create(os.path.join(setup.endpoint_dir, PAGE_NAME), 1)
+    PAGE_VIEW[:] = [(owner, 0)]
+    try:
+        model = _model(setup, inline, busy_probe)
+        (response,) = model.execute([FakeRequest(_x(1))])
+        assert response.outputs()["y"][0, 0] == 1.0  # busy while the callable ran
+        assert not owner.busy(0) and owner.last_active(0) > 0.0
+        owner.refuse(1)  # Triton had one request queued when the drain began
+        assert model.execute([FakeRequest(_x(1))])[0].error is None
+        refused = model.execute([FakeRequest(_x(1)), FakeRequest(_x(2))])
+        assert [r.error.message() for r in refused] == [_wire.UNAVAILABLE_TEXT] * 2
+        setup.finalize(model)
+    finally:
+        PAGE_VIEW.clear()
+        owner.close()
+
+
+def test_a_backend_instance_reads_busy_and_last_active_from_the_page_and_drains_through_it(tmp_path):
+    from pytriton.proxy._admission import Admission
+    from pytriton.proxy.stubside._backend_page import Page
+
+    owner = Page.create(str(tmp_path / "backend.page"), 1)
+    peer = Page.open(str(tmp_path / "backend.page"), 1)
+    worker = _backend_kind.BackendInstance(
+        page=owner,
+        slot=0,
+        path=str(tmp_path / "slot-0.sock"),
+        config=_config(),
+        strict=False,
+        shm_prefix="pytriton-unit-backend",
+        on_unrecoverable=lambda exc: None,
+        name="Unit-0",
+    )
+    try:
+        peer.enter(0)
+        assert not worker.busy  # no peer attached: a flag left by a dead peer does not count
+        assert worker.last_active > 0.0
+        worker.admission = Admission(3)
+        assert peer.draining() and worker.admission is not None
+    finally:
+        peer.close()
+        owner.close()
+
+
+def doomed(requests):
+    from pytriton.exceptions import PyTritonUnrecoverableError
+
+    raise PyTritonUnrecoverableError("the GPU caught fire")
+
+
+def test_an_unrecoverable_error_reaches_the_page_and_the_instance_calls_back(setup, inline, tmp_path):  # noqa: F811
+    from pytriton.exceptions import PyTritonUnrecoverableError
+    from pytriton.proxy.stubside._backend_page import PAGE_NAME, Page
+
+    setup.worker()
+    owner = Page.create(os.path.join(setup.endpoint_dir, PAGE_NAME), 1)
+    reported = []
+    worker = _backend_kind.BackendInstance(
+        page=owner,
+        slot=0,
+        path=str(tmp_path / "slot-0.sock"),
+        config=_config(),
+        strict=False,
+        shm_prefix="pytriton-unit-backend",
+        on_unrecoverable=reported.append,
+        name="Unit-0",
+    )
+    worker.start()
+    try:
+        assert owner.unrecoverable() is None
+        model = _model(setup, inline, doomed)
+        (response,) = model.execute([FakeRequest(_x(1))])
+        assert response.error.message() == "PyTritonUnrecoverableError: the GPU caught fire"
+        assert owner.unrecoverable() == "PyTritonUnrecoverableError: the GPU caught fire"
+        deadline = time.monotonic() + 10
+        while not reported and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(reported) == 1 and isinstance(reported[0], PyTritonUnrecoverableError)
+        setup.finalize(model)
+    finally:
+        worker.stop()
+        owner.close()
