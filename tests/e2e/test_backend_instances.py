@@ -98,7 +98,7 @@ def _raw_identity(lib, url):
 
 def test_the_callable_runs_in_a_stub_of_the_server_over_http_and_grpc(served):
     triton, ports = served
-    stubs = _stub_pids(triton._server.pid)
+    stubs = _stub_pids(triton._backend.server.pid)
     pids = {_raw_identity(httpclient, f"127.0.0.1:{ports['http_port']}") for _ in range(4)}
     pids |= {_raw_identity(grpcclient, f"127.0.0.1:{ports['grpc_port']}") for _ in range(4)}
     assert os.getpid() not in pids
@@ -195,17 +195,17 @@ def test_a_dead_stub_is_replaced(served):
     triton, ports = served
     url = f"http://127.0.0.1:{ports['http_port']}"
     # Killed from outside: the Pid model's stub.
-    before = _stub_pids(triton._server.pid)
+    before = _stub_pids(triton._backend.server.pid)
     victim = int(_serves(url, "Pid")["pid"][0])
     os.kill(victim, signal.SIGKILL)
     started = time.monotonic()
     assert wait_for(lambda: all(_serves(url, "Pid") is not None for _ in range(5)), 60)
-    assert wait_for(lambda: victim not in _stub_pids(triton._server.pid), 20)
+    assert wait_for(lambda: victim not in _stub_pids(triton._backend.server.pid), 20)
     print(f"Pid serving again {time.monotonic() - started:.2f} s after the kill")
     # Ended from inside, by the callable (x == 2: os._exit in the stub): that batch fails, then it heals.
     assert _serves(url, "Faulty", 2.0) is None
     assert wait_for(lambda: _serves(url, "Faulty", 5.0) is not None, 60)
-    assert triton.is_alive() and len(_stub_pids(triton._server.pid)) == len(before)
+    assert triton.is_alive() and len(_stub_pids(triton._backend.server.pid)) == len(before)
 
 
 def test_stop_waits_for_a_batch_running_in_a_stub():
