@@ -133,7 +133,8 @@ def supervised(monkeypatch):
     try:
         yield triton, sleeps
     finally:
-        triton._state = _State.STOPPED
+        triton._state = _State.STOPPED  # no real server to stop: only the files stop() would remove
+        triton._workspace.clean()
 
 
 def test_twenty_crashes_in_a_row_are_all_restarted_with_bounded_delays(supervised):
