@@ -12,7 +12,9 @@ or ``Triton.client`` (an :class:`~pytriton.inprocess.InProcessModelClient`).
 :class:`EmbeddedBackend` is the :class:`~pytriton._backend.ServerBackend` of this mode.
 
 Processes and lifetimes: the Python backend still runs one stub process per model instance; in this
-mode the stubs are children of this process (they exit on their own within about 0.3 s if it dies).
+mode the stubs are children of this process; if it dies, the watchdog kills them as soon as the kernel
+has torn the dead process down (about 2 s on a loaded 2-core machine; server/_watchdog.py says why
+the stubs' own detection is not relied on).
 :class:`EmbeddedServer` stands in for :class:`~pytriton.server.process.TritonServerProcess`, so
 ``Triton``'s start-up, live binding, unbinding, stub replacement, memory recycling and ``stop()``
 run unchanged; only a server restart has no meaning here (the server cannot die without this

@@ -387,8 +387,8 @@ class Supervisor:
         they close (or after ``exit_timeout_secs``), then polls once per second. Waiting for that
         would make every stop take seconds, so pytriton watches its own workers instead: when
         every instance has said goodbye, or none has worked for a quiet period longer than any
-        batcher queue delay (plus ``RESPONSE_SETTLE_S`` when batches ran during the stop, so that
-        their responses are written), no request is left to finish. Batches refused while draining do not count as
+        batcher queue delay (plus ``RESPONSE_SETTLE_S`` when batches ran during the stop or ended
+        less than ``RESPONSE_SETTLE_S`` before it, so that their responses are written), no request is left to finish. Batches refused while draining do not count as
         work (their answer needs no callable).
         """
         quiet_s = 0.1 + max((model.max_queue_delay_s for model in self._registry.models()), default=0.0)
@@ -409,7 +409,10 @@ class Supervisor:
                 if not any(model.connected for model in models):
                     return True
                 worked = max((model.last_active for model in models), default=0.0)
-                settle = quiet_s + (RESPONSE_SETTLE_S if busy_at_start or worked > signalled else 0.0)
+                # A batch that ended just before the stop (the one that raised an unrecoverable error,
+                # which is what started it) may not have its response written yet either.
+                recent = busy_at_start or worked > signalled - RESPONSE_SETTLE_S
+                settle = quiet_s + (RESPONSE_SETTLE_S if recent else 0.0)
                 if time.monotonic() - max(signalled, worked) >= settle:
                     return True
             time.sleep(0.005)

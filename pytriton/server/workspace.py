@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import tempfile
+import weakref
 from typing import List, Optional, Union
 
 from pytriton.server.distribution import pytriton_home
@@ -16,6 +18,13 @@ class Workspace:
     With no path, a fresh ``workspace_*`` directory is created under ``$PYTRITON_HOME`` and
     removed entirely on clean. With a path, the directory is created if needed; on clean pytriton
     removes what it created there, and the directory itself only if pytriton created it.
+
+    Lifetime of a fresh directory: :meth:`clean` removes it; if nobody calls it (a ``Workspace``
+    dropped by its user, or an owner that never cleaned it), it is removed when this object
+    is garbage-collected or, at the latest, when the interpreter exits normally (``weakref.finalize``,
+    which runs after the ``atexit`` handlers registered later, ``Triton.stop`` among them). Only the
+    process that created it removes it that way: a forked child that exits leaves it alone. A
+    killed process leaves it to the crash guard (``server/_watchdog.py``, see :func:`cleanup_paths`).
     """
 
     def __init__(self, path: Union[str, pathlib.Path, None] = None):
@@ -25,7 +34,11 @@ class Workspace:
             home.mkdir(parents=True, exist_ok=True)
             self._path = pathlib.Path(tempfile.mkdtemp(prefix="workspace_", dir=home))
             self._owned = True
+            self._remover: Optional[weakref.finalize[[pathlib.Path, int], Workspace]] = weakref.finalize(
+                self, _remove, self._path, os.getpid()
+            )
         else:
+            self._remover = None
             self._path = pathlib.Path(path).expanduser().resolve()
             self._owned = not self._path.exists()
             self._path.mkdir(parents=True, exist_ok=True)
@@ -45,7 +58,9 @@ class Workspace:
 
     def clean(self) -> None:
         """Remove what this workspace created. Idempotent."""
-        if self._owned:
+        if self._remover is not None:
+            self._remover()  # removes the directory once, then never again
+        elif self._owned:
             shutil.rmtree(self._path, ignore_errors=True)
         else:
             for target in self._created:
@@ -58,6 +73,12 @@ class Workspace:
 
     def __repr__(self) -> str:
         return f"Workspace({str(self._path)!r})"
+
+
+def _remove(path: pathlib.Path, creator_pid: int) -> None:
+    """Remove a workspace directory nobody cleaned, in the process that created it only."""
+    if os.getpid() == creator_pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def cleanup_paths(workspace: Workspace) -> Optional[pathlib.Path]:

@@ -1,11 +1,13 @@
 """Helper process for lifecycle tests: serve one model and report what it created, as JSON.
 
 Arguments: http, grpc and metrics ports; an optional fourth, S seconds, also serves ``Slow``
-(8 instances, each request takes S seconds) for the drain tests (tests/e2e/test_drain.py).
+(8 instances, each request takes S seconds) for the drain tests (tests/e2e/test_drain.py). Each
+request that enters ``Slow`` prints an ``entered`` line, so the test signals once all are in flight.
 """
 
 import json
 import sys
+import threading
 import time
 
 import numpy as np
@@ -26,7 +28,12 @@ def main() -> None:
     if len(sys.argv) > 4:
         slow_s = float(sys.argv[4])
 
+        printing = threading.Lock()
+
         def slow(requests):
+            with printing:  # one write per line: the instances run in parallel threads
+                sys.stdout.write("entered\n")
+                sys.stdout.flush()
             time.sleep(slow_s)
             return [dict(r.items()) for r in requests]
 

@@ -664,6 +664,6 @@ def test_unrecoverable_error_stops_the_server():
     with pytest.raises(InferenceServerException, match="the GPU caught fire"):
         infer(c, "Doomed", {"x": np.ones((1, 1), F32)})
     c.close()
-    assert done.wait(20), "serve() should return after an unrecoverable error"
+    assert done.wait(60), "serve() should return after an unrecoverable error"  # generous: a loaded machine
     assert not triton.is_alive()
     triton.stop()

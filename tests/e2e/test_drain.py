@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import pathlib
+import queue
 import signal
 import subprocess
 import sys
@@ -243,7 +244,7 @@ def test_sigterm_to_serve_drains_requests_in_flight(signum):
             str(ports["http_port"]),
             str(ports["grpc_port"]),
             str(ports["metrics_port"]),
-            "0.5",
+            "2",
         ],
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -273,12 +274,20 @@ def test_sigterm_to_serve_drains_requests_in_flight(signum):
         senders = [threading.Thread(target=send, args=(index,)) for index in range(8)]
         for sender in senders:
             sender.start()
-        time.sleep(0.25)  # the requests are in the callable (0.5 s each, 8 instances)
+        # The signal goes once every request is in the callable (each prints a line as it enters,
+        # then takes 2 s: 8 instances), whatever the machine's load; each wait is bounded.
+        lines: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)
+        reader.start()
+        for _ in range(8):
+            assert lines.get(timeout=60).strip() == "entered", "a request did not reach the callable"
         signalled[0] = time.monotonic()
         process.send_signal(signum)
         for sender in senders:
             sender.join(TIMEOUT_S)
-        out, _ = process.communicate(timeout=TIMEOUT_S)
+        process.wait(TIMEOUT_S)
+        reader.join(TIMEOUT_S)
+        out = "".join(lines.queue)
     finally:
         if process.poll() is None:
             process.kill()

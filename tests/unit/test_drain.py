@@ -5,7 +5,9 @@ from __future__ import annotations
 import http.server
 import threading
 import time
+import types
 
+from pytriton import _healing
 from pytriton.proxy.stubside import _wire
 from pytriton.server import _drain
 
@@ -93,3 +95,56 @@ def test_refusal_text_is_not_a_callable_error_text():
     assert _wire.error(_wire.UNAVAILABLE_TEXT) == _wire.UNAVAILABLE_MESSAGE
     # A callable's error reads "Type: message"; no exception type is named "pytriton".
     assert _wire.UNAVAILABLE_TEXT.startswith("pytriton: ")
+
+
+class _Clock:
+    """A fake ``time`` for pytriton._healing: ``sleep`` advances ``monotonic``."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class _IdleModel:
+    busy, connected, max_queue_delay_s, execution_timeout_s = False, True, 0.0, None
+
+    def __init__(self, last_active):
+        self.last_active = last_active
+
+
+class _Registry:
+    def __init__(self, models):
+        self._models = models
+
+    def models(self):
+        return list(self._models)
+
+
+class _ServingBackend:
+    def is_serving(self):
+        return True
+
+
+def _detached_after(monkeypatch, ended_s_before_stop):
+    """How long the stop waits for an idle instance whose last batch ended that long before it began."""
+    clock = _Clock()
+    monkeypatch.setattr(_healing, "time", clock)
+    supervisor = types.SimpleNamespace(
+        _registry=_Registry([_IdleModel(clock.now - ended_s_before_stop)]), _backend=_ServingBackend()
+    )
+    started = clock.now
+    assert _healing.Supervisor.wait_detached(supervisor, started + 30)
+    return clock.now - started
+
+
+def test_a_batch_that_ended_just_before_the_stop_gets_time_for_its_response(monkeypatch):
+    # The batch whose unrecoverable error starts the stop ends right before it: its response is still
+    # on its way through the stub and Triton (test_data_path.py lost it under load before).
+    assert _detached_after(monkeypatch, 0.05) >= _healing.RESPONSE_SETTLE_S
+    # An instance that has been idle for long does not make the stop wait.
+    assert _detached_after(monkeypatch, 5.0) < _healing.RESPONSE_SETTLE_S

@@ -135,8 +135,9 @@ def supervised(monkeypatch):
     try:
         yield triton, supervisor, sleeps
     finally:
-        triton._state = State.STOPPED
+        triton._state = State.STOPPED  # no real server to stop: only the files stop() would remove
         backend._server = None
+        triton._workspace.clean()
 
 
 def test_twenty_crashes_in_a_row_are_all_restarted_with_bounded_delays(supervised):

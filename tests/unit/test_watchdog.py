@@ -52,6 +52,15 @@ class Scene:
         self.watchdog = None
         self.write_fd = None
 
+    def stub(self, region):
+        """A process whose command line looks like a Python-backend stub's (argv[0] and the region name)."""
+        stub = subprocess.Popen(
+            ["/backends/python/triton_python_backend_stub", "-c", "import time; time.sleep(60)", region],
+            executable=sys.executable,
+        )
+        self.servers.append(stub)
+        return stub
+
     def server(self):
         server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
         self.servers.append(server)
@@ -144,6 +153,11 @@ def test_a_ctrl_c_reaching_the_watchdog_does_not_stop_it(scene):
     assert not scene.segment.exists()
 
 
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return cmdline.read()
+
+
 def _sigint_ignored(pid):
     """True once ``pid`` ignores SIGINT (the SigIgn mask in /proc)."""
     with open(f"/proc/{pid}/status") as status:
@@ -167,13 +181,18 @@ def test_main_in_process_with_done(tmp_path):
     assert tmp_path.exists()
 
 
-def test_an_embedded_triton_has_no_server_group_to_kill(scene):
-    # Triton(embedded=True) passes 0: its stubs are children of the user's process and exit on their
-    # own; os.killpg(0) would be the watchdog's own group. Everything else is removed as usual.
+def test_an_embedded_triton_has_no_server_group_to_kill_but_its_stubs_are_killed(scene):
+    # Triton(embedded=True) passes 0: its stubs are children of the user's process, in no group of
+    # their own (os.killpg(0) would be the watchdog's own group). The watchdog finds them by their
+    # command line and kills them; another instance's stub and other processes are left alone.
     bystander = scene.server()
+    ours = [scene.stub(f"{scene.prefix}-pb{index}") for index in range(2)]
+    theirs = scene.stub(f"{scene.prefix}x-pb0")  # a longer prefix that merely starts with ours
+    assert wait_for(lambda: all(scene.prefix.encode() in _cmdline(stub.pid) for stub in [*ours, theirs]), 10)
     scene.start(0)
     scene.tell(f"scratch {scene.scratch}")
     assert scene.user_dies() == 0
-    assert _running(bystander.pid)
+    assert [stub.wait(timeout=10) for stub in ours] == [-signal.SIGKILL] * 2
+    assert _running(bystander.pid) and _running(theirs.pid)
     assert not scene.segment.exists() and not scene.socket_dir.exists() and not scene.workspace.exists()
     assert not scene.scratch.exists()

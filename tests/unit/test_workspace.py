@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import os
+import pathlib
+import subprocess
+import sys
+import weakref
+
 import pytest
 
 from pytriton.server.workspace import Workspace, cleanup_paths
@@ -62,3 +69,38 @@ def test_a_new_directory_given_by_path_is_created_and_removed(tmp_path, monkeypa
     assert cleanup_paths(workspace) == workspace.path
     workspace.clean()
     assert not workspace.exists() and (tmp_path / "deep").exists()
+
+
+def test_a_workspace_nobody_cleans_is_removed_when_it_is_collected(home):
+    workspace = Workspace()
+    path = workspace.path
+    del workspace
+    gc.collect()
+    assert not path.exists()
+
+
+def test_a_workspace_nobody_cleans_is_removed_at_interpreter_exit(home):
+    # What every test-suite run did with a Triton its fixture marked stopped without stop(): the
+    # directory outlived the process. A normal exit now removes it.
+    code = "from pytriton.server.workspace import Workspace; import sys; KEEP = Workspace(); print(KEEP.path)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    path = pathlib.Path(done.stdout.strip())
+    assert path.parent == home and not path.exists()
+
+
+def test_a_forked_child_leaves_its_parents_workspace_alone(home):
+    workspace = Workspace()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child drops its copy and runs the exit-time finalizers, as any exit would
+            try:
+                del workspace
+                gc.collect()
+                weakref.finalize._exitfunc()  # type: ignore[attr-defined]
+            finally:
+                os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert workspace.exists()
+    finally:
+        workspace.clean()
+    assert not workspace.exists()
