@@ -171,6 +171,27 @@ class SelfHealing:
             time.sleep(min(left, 0.05))
         return False
 
+    def _wait_ready_or_crashed(self) -> bool:
+        """Wait for the first server to be ready: True; False if it listened, then died before the probe saw it ready.
+
+        Its startup models had loaded (Triton listens only after that), so such a death is a crash,
+        typically a request that killed it (a client polling readiness faster than the probe), never
+        a failed start: ``run()`` returns and the supervisor restarts the server as after any crash
+        (the server reports no exit itself before it was seen ready, so this queues the report).
+        """
+        server = self._server
+        assert server is not None
+        try:
+            server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to start")
+            return True
+        except PyTritonServerError as exc:
+            returncode = getattr(server, "returncode", None)  # the embedded server has none
+            if not getattr(server, "listening", False) or returncode is None:
+                raise
+            LOGGER.error("tritonserver died right after it came up (%s); restarting it.", exc)
+            self._on_server_exit(returncode)
+            return False
+
     def _restart_server(self, returncode: int) -> None:
         """Start a new server with the same command line after the old one died; wait until it is ready.
 

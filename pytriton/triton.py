@@ -575,15 +575,16 @@ class Triton(_endpoints.ServerEndpoints, _healing.SelfHealing, _embedded.Embedde
                 self._shm_guard.start()
                 self._server.start()
                 self._start_watchdog()
-                self._server.wait_until(self._ready_probe(), STARTUP_TIMEOUT_S, "Triton failed to start")
-                for name in warm:
-                    self._request_load(name)
-                self._apply_trace_settings(startup)
+                came_up = self._wait_ready_or_crashed()
+                if came_up:
+                    for name in warm:
+                        self._request_load(name)
+                    self._apply_trace_settings(startup)
             except BaseException:
                 self._claim_scratch(False)
                 self.stop()
                 raise
-            self._claim_scratch(True)
+            self._claim_scratch(came_up)
             _segments.make_private(backend_region_prefix(self._shm_prefix))  # the stubs did; a second line
             self._supervisor = threading.Thread(
                 target=self._supervise, name=f"pytriton-supervisor-{self._token}", daemon=True
