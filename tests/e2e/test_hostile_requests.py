@@ -79,10 +79,9 @@ class Served:
         return time.monotonic() - started
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    ports = triton_ports()
-    triton = Triton(config=TritonConfig(**ports))  # the defaults: max_server_restarts=5 within 60 s
+def _identity_server(ports: Dict[str, int]) -> Triton:
+    """A default ``Triton`` (max_server_restarts=5 within 60 s) with model Identity bound, not yet run."""
+    triton = Triton(config=TritonConfig(**ports))
     triton.bind(
         "Identity",
         identity,
@@ -90,6 +89,13 @@ def served() -> Iterator[Served]:
         [Tensor(name="y", shape=(-1,), dtype=np.uint8)],
         config=ModelConfig(batching=False),
     )
+    return triton
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    ports = triton_ports()
+    triton = _identity_server(ports)
     failure: List[BaseException] = []
 
     def serve() -> None:
@@ -256,14 +262,7 @@ def test_a_crash_body_that_beats_the_first_readiness_probe_is_a_crash_not_a_fail
     # "Triton failed to start" and ended serve() (CI, Python 3.9: the flood test's first body
     # arrived in that window); it is a crash like any later one: run() returns, the server restarts.
     ports = triton_ports()
-    triton = Triton(config=TritonConfig(**ports))
-    triton.bind(
-        "Identity",
-        identity,
-        [Tensor(name="x", shape=(-1,), dtype=np.uint8)],
-        [Tensor(name="y", shape=(-1,), dtype=np.uint8)],
-        config=ModelConfig(batching=False),
-    )
+    triton = _identity_server(ports)
     served = Served(triton, ports, threading.current_thread())
     real_probe = triton._ready_probe
     attacks: List[Optional[int]] = []
