@@ -135,12 +135,16 @@ class ServerBackend(Protocol):
 
     def start(
         self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
-    ) -> None:
+    ) -> bool:
         """Start (or connect to) the server with ``startup_models`` loaded and wait until it is ready.
 
         ``socket_dir`` is the ``Triton``'s private socket directory (a watchdog removes it if this process dies).
 
-        On failure it raises; ``Triton`` then calls ``stop()``, which releases what was started.
+        Returns True once it is ready; False if it came up (it listened: its start-up models had loaded) and
+        died before the readiness probe saw it ready. That is a crash, not a failed start (a request can kill
+        Triton 2.51 as soon as it listens): the backend has reported the exit through :meth:`on_exit`, so the
+        supervisor restarts it, and ``run()`` returns. On any other failure it raises; ``Triton`` then calls
+        ``stop()``, which releases what was started.
         """
 
     def started(self) -> None:

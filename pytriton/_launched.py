@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import pathlib
 import subprocess
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from pytriton import inprocess
 
 # glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
+LOGGER = logging.getLogger("pytriton.triton")
 SERVER_MALLOC_ARENA_MAX = 1
 _WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
 
@@ -166,7 +168,7 @@ class LocalBackend:
 
     def start(
         self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
-    ) -> None:
+    ) -> bool:
         distribution = self._distribution
         assert distribution is not None and self._stub_bin is not None, "prepare() first"
         plan = LaunchPlan.build(
@@ -197,7 +199,19 @@ class LocalBackend:
         self._shm_guard.start()
         server.start()
         self._start_watchdog(server, socket_dir)
-        self.wait_ready(server, "Triton failed to start")
+        try:
+            self.wait_ready(server, "Triton failed to start")
+            return True
+        except PyTritonServerError as exc:
+            # Its start-up models had loaded (Triton listens only after that), so a death now is a crash,
+            # typically a request that killed it while a client polled readiness faster than the probe:
+            # report it like any crash (the server reports no exit before it was seen ready).
+            returncode = getattr(server, "returncode", None)  # the in-process server has none
+            if not getattr(server, "listening", False) or returncode is None:
+                raise
+            LOGGER.error("tritonserver died right after it came up (%s); restarting it.", exc)
+            self._server_exited(returncode)
+            return False
 
     def started(self) -> None:
         self.after_load(True)

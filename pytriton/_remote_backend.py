@@ -179,8 +179,9 @@ class RemoteBackend:
 
     def start(
         self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
-    ) -> None:
+    ) -> bool:
         self._running = True  # nothing to start: run() loads the models next
+        return True
 
     def started(self) -> None:
         LOGGER.info("%d model(s) loaded into Triton at %s", len(self._names()), self.url)

@@ -526,15 +526,19 @@ class Triton:
             if self._backend.offers_pipelines:
                 _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
             try:
-                self._backend.start(self._repository, startup, bool(self._models), self._socket_dir)
-                for name in later:
-                    self._request_load(name)
-                self._traces.apply(startup)
+                came_up = self._backend.start(self._repository, startup, bool(self._models), self._socket_dir)
+                if came_up:  # else it died right after it came up: the supervisor restarts it (_launched.py)
+                    for name in later:
+                        self._request_load(name)
+                    self._traces.apply(startup)
             except BaseException:
                 self._backend.after_load(False)
                 self.stop()
                 raise
-            self._backend.started()
+            if came_up:
+                self._backend.started()
+            else:
+                self._backend.after_load(False)
             self._supervisor.start()
             LOGGER.info("Triton ready with %d model(s) in %.2f s", len(self._models), time.monotonic() - started)
             LOGGER.info("%s", self._endpoints_line())

@@ -119,7 +119,11 @@ class CallAbandoned(BaseException):
 
 
 def _raise_in_thread(ident: int, exc_type: Type[BaseException]) -> bool:
-    """Ask Python to raise ``exc_type`` in the thread ``ident`` at its next bytecode; False if it is gone."""
+    """Ask Python to raise ``exc_type`` in the thread ``ident``; False if that thread is gone.
+
+    Python raises it at the thread's next eval-breaker check (a loop's backward jump, a function's
+    start), which in pure-Python code comes within a few bytecodes.
+    """
     return bool(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type)))
 
 
@@ -162,6 +166,9 @@ class _Session:
         self.spans: Optional[List[Any]] = None  # of the batch in flight, when Triton traces it (_tracing)
         self.probe: Optional[CancelProbe] = None  # of the batch in flight (Request.is_cancelled)
         self.in_callable = False  # the serving thread is inside the callable (see _end_hung_calls)
+        # Orders interrupt() against leave_callable(), so CallAbandoned is only ever raised while the
+        # serving thread has yet to pass leave_callable()'s start (a check point), never later.
+        self.interrupt_lock = threading.Lock()
         self.batch_token: Optional[contextvars.Token[Optional[List[Request]]]] = None  # CURRENT_BATCH's
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
@@ -173,6 +180,19 @@ class _Session:
         """Forget the event loop (after a BaseException escaped it, its state is not to be trusted)."""
         _arena.close_quietly(self.loop, Exception)
         self.loop = None
+
+    def interrupt(self) -> bool:
+        """From another thread: raise :class:`CallAbandoned` in the serving thread if it is in the callable."""
+        with self.interrupt_lock:
+            if not self.in_callable or self.thread is None or self.thread.ident is None:
+                return False
+            return _raise_in_thread(self.thread.ident, CallAbandoned)
+
+    def leave_callable(self) -> None:
+        """On the serving thread, once the callable returned or raised (call it inside the ``try``
+        that catches the callable's exceptions: a CallAbandoned asked for just before arrives here)."""
+        with self.interrupt_lock:
+            self.in_callable = False
 
     def close(self) -> None:
         self.arena.close()
@@ -494,9 +514,11 @@ class InstanceWorker:
 
         Their requests read as cancelled (``Request.is_cancelled()``), so a cooperative callable
         stops. A worker process (``on_hung_call``) is then replaced as a whole. In a thread instance
-        :class:`CallAbandoned` is raised inside each hung call: Python delivers it at the call's next
-        bytecode, so pure-Python code ends at once, while a call blocked in native code (a sleep, a
+        :class:`CallAbandoned` is raised inside each hung call: Python delivers it within a few
+        bytecodes, so pure-Python code ends at once, while a call blocked in native code (a sleep, a
         lock, I/O, a long numpy or GPU operation) ends when that returns; its thread lives until then.
+        On CPython 3.13 it can skip the ``except``/``finally`` around a loop in the same function
+        (docs/cancellation.md); the call ends all the same.
         """
         for session in sessions:
             if session.probe is not None:
@@ -510,10 +532,7 @@ class InstanceWorker:
             )
             self._on_hung_call()
             return
-        interrupted = [s for s in sessions if s.in_callable and s.thread is not None and s.thread.ident is not None]
-        for session in interrupted:
-            assert session.thread is not None and session.thread.ident is not None
-            _raise_in_thread(session.thread.ident, CallAbandoned)
+        interrupted = [session for session in sessions if session.interrupt()]
         LOGGER.warning(
             "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout) and "
             "reconnected; its requests read as cancelled and CallAbandoned was raised in %d running call(s); a call "
@@ -671,12 +690,14 @@ class InstanceWorker:
             session.batch_token = CURRENT_BATCH.set(requests)  # for pipeline handles (pytriton.pipeline)
             session.call_started = time.perf_counter()
             session.in_callable = True
-            result = self._infer_func(requests)
-            # A plain list is by far the common answer: skip the inspect calls for it (each costs a
-            # few microseconds right after the thread wakes up, see docs/performance.md).
-            if type(result) is not list and inspect.iscoroutine(result):
-                result = self._run_async(session, result)
-            session.in_callable = False
+            try:
+                result = self._infer_func(requests)
+                # A plain list is by far the common answer: skip the inspect calls for it (each costs a
+                # few microseconds right after the thread wakes up, see docs/performance.md).
+                if type(result) is not list and inspect.iscoroutine(result):
+                    result = self._run_async(session, result)
+            finally:
+                session.leave_callable()
         except BaseException as exc:  # noqa: BLE001
             session.in_callable = False
             session.call_ended = time.perf_counter()
@@ -751,7 +772,7 @@ class InstanceWorker:
                 try:
                     chunk = self._next_chunk(session, stream)
                 finally:
-                    session.in_callable = False
+                    session.leave_callable()
                 reply = _wire.chunk(*self._encode_on(session, chunk, n_requests))
             except done:
                 return _wire.end()

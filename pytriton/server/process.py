@@ -189,6 +189,11 @@ class TritonServerProcess:
         return self._process.pid if self._process else None
 
     @property
+    def returncode(self) -> Optional[int]:
+        """The server process's exit status once it ended (negative: the signal that ended it), else None."""
+        return self._process.poll() if self._process is not None else None
+
+    @property
     def listening(self) -> bool:
         """True once the server said that its HTTP or gRPC endpoint accepts connections.
 

@@ -8,7 +8,9 @@ Against a default server run by ``serve()`` (on a thread, as a user's program wo
   recovery time is printed (``-s``), not asserted: the bound here is a liveness bound;
 * memory bombs (an 80-byte JSON request declaring ``[1, 2**33]`` UINT8, 8 GiB) never make the
   server's processes resident beyond 2 GiB: tritonserver's private memory is capped
-  (``TritonServerProcess.cap_memory``), the allocation fails and the server restarts cleanly.
+  (``TritonServerProcess.cap_memory``), the allocation fails and the server restarts cleanly;
+* a crash body that reaches the first server before pytriton's readiness probe has seen it ready
+  is a crash like any other: ``run()`` returns and the server is restarted.
 """
 
 from __future__ import annotations
@@ -77,10 +79,9 @@ class Served:
         return time.monotonic() - started
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    ports = triton_ports()
-    triton = Triton(config=TritonConfig(**ports))  # the defaults: max_server_restarts=5 within 60 s
+def _identity_server(ports: Dict[str, int]) -> Triton:
+    """A default ``Triton`` (max_server_restarts=5 within 60 s) with model Identity bound, not yet run."""
+    triton = Triton(config=TritonConfig(**ports))
     triton.bind(
         "Identity",
         identity,
@@ -88,6 +89,13 @@ def served() -> Iterator[Served]:
         [Tensor(name="y", shape=(-1,), dtype=np.uint8)],
         config=ModelConfig(batching=False),
     )
+    return triton
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    ports = triton_ports()
+    triton = _identity_server(ports)
     failure: List[BaseException] = []
 
     def serve() -> None:
@@ -246,3 +254,36 @@ def test_memory_bombs_stay_under_the_servers_memory_cap(served):
     assert watcher.peaks, "the watcher saw no server process"
     assert peak < PEAK_RSS_LIMIT, f"the server's processes reached {peak / (1 << 20):.0f} MiB resident"
     assert served.thread.is_alive() and triton._supervisor.failure is None
+
+
+def test_a_crash_body_that_beats_the_first_readiness_probe_is_a_crash_not_a_failed_start(monkeypatch):
+    # The server listens once its startup models are loaded; a client polling faster than
+    # pytriton's readiness probe can crash it before run() has seen it ready. That was reported as
+    # "Triton failed to start" and ended serve() (CI, Python 3.9: the flood test's first body
+    # arrived in that window); it is a crash like any later one: run() returns, the server restarts.
+    ports = triton_ports()
+    triton = _identity_server(ports)
+    served = Served(triton, ports, threading.current_thread())
+    real_probe = triton._backend._probe
+    attacks: List[Optional[int]] = []
+
+    def probe_that_loses_the_race():
+        probe = real_probe()
+
+        def racing() -> bool:
+            if not attacks and probe():  # up, but before pytriton sees it: the attacker's body lands
+                attacks.append(served.post(DEEP_BODY))
+                return False
+            return probe()
+
+        return racing
+
+    monkeypatch.setattr(triton._backend, "_probe", probe_that_loses_the_race)
+    with triton:
+        triton.run()
+        served.wait_serving(RECOVERY_BOUND_S)
+        assert attacks == [None], "the body did not crash the server"
+        # The restart is counted once the supervisor is done with it, which can be a moment after
+        # the new server serves.
+        assert wait_for(lambda: triton.server_restarts == 1, RECOVERY_BOUND_S), triton.server_restarts
+        assert triton._supervisor.failure is None
