@@ -294,7 +294,7 @@ class LaunchPlan:
         return options
 
 
-def _flag_value(value: Any) -> str:
+def _flag_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, pathlib.Path):

@@ -15,14 +15,14 @@ _lock = threading.Lock()
 on_unregister: List[Callable[[Any], None]] = []
 
 
-def register(triton: Any) -> None:
+def register(triton: object) -> None:
     """Called by ``Triton.run()``: its models become reachable through ``pytriton.pipeline.model``."""
     with _lock:
         if triton not in _running:
             _running.append(triton)
 
 
-def unregister(triton: Any) -> None:
+def unregister(triton: object) -> None:
     """Called by ``Triton.stop()``."""
     with _lock:
         if triton in _running:

@@ -76,7 +76,7 @@ _CURRENT_REQUESTS: contextvars.ContextVar[Optional[List[Request]]] = contextvars
 
 
 # -- the context Triton.bind attaches to callables (defined in pytriton/proxy/_context.py) -------------
-def get_triton_context(wrapped: Any, instance: Any) -> TritonContext:
+def get_triton_context(wrapped: object, instance: object) -> TritonContext:
     """The ``TritonContext`` attached by ``Triton.bind`` to ``instance`` (methods) or ``wrapped``."""
     context = None
     for owner in (instance, wrapped, getattr(wrapped, "__self__", None)):
@@ -135,7 +135,7 @@ def batch_cancelled() -> bool:
 
 
 # -- result post-processing shared by every decorator ---------------------------------------------
-def _after(result: Any, finish: Callable[[Any], Any], requests: Optional[List[Request]] = None) -> Any:
+def _after(result: object, finish: Callable[[Any], Any], requests: Optional[List[Request]] = None) -> Any:
     """Apply ``finish`` to a result, an awaited result, or every item a (async) generator yields.
 
     ``requests``, when given, is what :func:`current_requests` returns while the wrapped code runs
@@ -200,8 +200,8 @@ def _gather(results: List[Any], finish: Callable[[List[Any]], Any], what: str) -
 
 def convert_output(
     outputs: Union[Dict[str, Any], List[Any], Tuple[Any, ...]],
-    wrapped: Any = None,
-    instance: Any = None,
+    wrapped: object = None,
+    instance: object = None,
     model_config: Optional[TritonModelConfig] = None,
 ) -> Dict[str, Any]:
     """Turn a list/tuple of outputs into a dict keyed by the config's output names (in order)."""
@@ -222,7 +222,7 @@ def convert_output(
 
 
 # -- @batch and @sample ---------------------------------------------------------------------------
-def _stack_inputs(requests: Sequence[Request]) -> Dict[str, npt.NDArray[Any]]:
+def _stack_inputs(requests: Sequence[Request]) -> Dict[str, npt.NDArray[np.generic]]:
     names = requests[0].keys()
     for index, request in enumerate(requests[1:], start=1):
         if request.keys() != names:
@@ -337,7 +337,7 @@ def group_by_keys(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return _gather(results, merge, "@group_by_keys")
 
 
-def _sample_key(value: npt.NDArray[Any]) -> Any:
+def _sample_key(value: npt.NDArray[np.generic]) -> Any:
     if value.dtype.kind == "O":
         return tuple(item if isinstance(item, bytes) else str(item).encode() for item in value.reshape(-1).tolist())
     return (value.dtype.str, value.shape, value.tobytes())
@@ -351,12 +351,12 @@ class ConstantPadder:
     Arrays of one output with different dtype kinds raise ``PyTritonRuntimeError``.
     """
 
-    def __init__(self, pad_value: Any = 0):
+    def __init__(self, pad_value: Union[int, float, bool] = 0):
         self.pad_value = pad_value
 
     def __call__(self, batches_list: InferenceResults) -> InferenceResults:
         names = list(dict.fromkeys(name for batch_ in batches_list for name in batch_))
-        padded: List[Dict[str, npt.NDArray[Any]]] = [dict() for _ in batches_list]
+        padded: List[Dict[str, npt.NDArray[np.generic]]] = [dict() for _ in batches_list]
         for name in names:
             arrays = [(index, batch_[name]) for index, batch_ in enumerate(batches_list) if name in batch_]
             dtype = self._common_dtype(name, [array.dtype for _, array in arrays])
@@ -375,7 +375,7 @@ class ConstantPadder:
         return padded
 
     @staticmethod
-    def _common_dtype(name: str, dtypes: List[np.dtype[Any]]) -> np.dtype[Any]:
+    def _common_dtype(name: str, dtypes: List[np.dtype[np.generic]]) -> np.dtype[np.generic]:
         kinds = {dtype.kind for dtype in dtypes}
         if len(kinds) != 1:
             raise PyTritonRuntimeError(
@@ -427,11 +427,11 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
             wrapped(*args, **{name: value[indices] for name, value in inputs.items()}, **extra) for indices in order
         ]
 
-        def merge(group_outputs: List[Any]) -> Dict[str, npt.NDArray[Any]]:
+        def merge(group_outputs: List[Any]) -> Dict[str, npt.NDArray[np.generic]]:
             converted = [convert_output(outputs, wrapped, instance) for outputs in group_outputs]
             if pad_fn is not None:
                 converted = list(pad_fn(converted))
-            merged: Dict[str, npt.NDArray[Any]] = {}
+            merged: Dict[str, npt.NDArray[np.generic]] = {}
             for name in converted[0]:
                 parts = [outputs[name] for outputs in converted]
                 tails = {part.shape[1:] for part in parts}
@@ -458,7 +458,7 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
 
 
 # -- inputs ------------------------------------------------------------------------------------------
-def fill_optionals(**defaults: npt.NDArray[Any]) -> Any:
+def fill_optionals(**defaults: npt.NDArray[np.generic]) -> Any:
     """Fill inputs a request omitted with default values (arrays *without* the batch axis).
 
     Put it at the top of the stack, so that ``@group_by_keys`` and ``@batch`` below see complete

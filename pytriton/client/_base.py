@@ -32,7 +32,7 @@ class ClosesOnExit:
     def __enter__(self: _Closing) -> _Closing:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -160,7 +160,7 @@ def map_error(exc: BaseException, what: str) -> PyTritonClientError:
     return PyTritonClientInferenceServerError(f"{what} failed: {message}")
 
 
-def check_parameters(values: Any, what: str) -> None:
+def check_parameters(values: object, what: str) -> None:
     """``PyTritonClientValueError`` unless ``values`` is None or a dict of str to a carried scalar type.
 
     Request parameters may be ``str``, ``int``, ``float`` or ``bool``; headers ``str``, ``int`` or
@@ -181,7 +181,7 @@ def check_parameters(values: Any, what: str) -> None:
             )
 
 
-def control_call(method: str, grpc: bool, remaining_s: float, *args: Any, **kwargs: Any) -> Call:
+def control_call(method: str, grpc: bool, remaining_s: float, *args: object, **kwargs: object) -> Call:
     """A control-plane call bounded by ``remaining_s`` (gRPC per call, asyncio drivers by ``timeout_s``)."""
     bound = max(0.05, remaining_s)
     if grpc:
@@ -457,7 +457,7 @@ class ClientCore:
     # -- pure helpers ------------------------------------------------------------------------------
     def prepare_inputs(
         self, inputs: Sequence[Any], named_inputs: Dict[str, Any], batch: bool, config: TritonModelConfig
-    ) -> Tuple[Dict[str, npt.NDArray[Any]], bool]:
+    ) -> Tuple[Dict[str, npt.NDArray[np.generic]], bool]:
         """Input arrays ready to send, and whether a batch axis was added (``infer_sample``)."""
         arrays = self.collect_inputs(inputs, named_inputs, config)
         if batch and not config.batching:
@@ -472,7 +472,7 @@ class ClientCore:
     @staticmethod
     def collect_inputs(
         inputs: Sequence[Any], named_inputs: Dict[str, Any], config: TritonModelConfig
-    ) -> Dict[str, npt.NDArray[Any]]:
+    ) -> Dict[str, npt.NDArray[np.generic]]:
         """Positional inputs map onto the config's inputs in order; named ones by name; never both."""
         if inputs and named_inputs:
             raise PyTritonClientValueError("Pass inputs either positionally or by name, not both.")
@@ -495,7 +495,7 @@ class ClientCore:
 
     def build_request(
         self,
-        arrays: Dict[str, npt.NDArray[Any]],
+        arrays: Dict[str, npt.NDArray[np.generic]],
         config: TritonModelConfig,
         parameters: Optional[Dict[str, Any]],
         headers: Optional[Dict[str, Any]],
@@ -531,7 +531,7 @@ class ClientCore:
         return request
 
     @staticmethod
-    def decode(result: Any, config: TritonModelConfig, remove_axis: bool) -> Dict[str, npt.NDArray[Any]]:
+    def decode(result: Any, config: TritonModelConfig, remove_axis: bool) -> Dict[str, npt.NDArray[np.generic]]:
         """Output arrays by name (without the batch axis for ``infer_sample`` on batching models)."""
         outputs = {}
         for spec in config.outputs:

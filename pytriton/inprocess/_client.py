@@ -35,7 +35,7 @@ class InProcessModelClient:
     def __enter__(self) -> InProcessModelClient:
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -61,11 +61,15 @@ class InProcessModelClient:
                 raise UnavailableError(f"Model {self._model.name!r} was not ready within {timeout_s} s")
             time.sleep(0.05)
 
-    def infer_sample(self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, **named: Any) -> Dict[str, Any]:
+    def infer_sample(
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, **named: object
+    ) -> Dict[str, Any]:
         """Infer one sample (the batch axis is added and removed for batching models)."""
         return self._infer(inputs, named, parameters, batch=False)
 
-    def infer_batch(self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, **named: Any) -> Dict[str, Any]:
+    def infer_batch(
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, **named: object
+    ) -> Dict[str, Any]:
         """Infer a batch (inputs carry the batch axis); only for batching models."""
         return self._infer(inputs, named, parameters, batch=True)
 

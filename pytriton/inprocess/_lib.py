@@ -213,7 +213,7 @@ class Library:
     ``gil_cdll`` (a ``ctypes.PyDLL`` of the same library) provides the :data:`HOLD_GIL` functions.
     """
 
-    def __init__(self, cdll: Any, path: Optional[pathlib.Path] = None, gil_cdll: Any = None) -> None:
+    def __init__(self, cdll: object, path: Optional[pathlib.Path] = None, gil_cdll: object = None) -> None:
         self.path = path
         self._cdll = cdll
         for name, (restype, argtypes) in _PROTOTYPES.items():

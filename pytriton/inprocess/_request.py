@@ -285,14 +285,19 @@ def _alloc(
 
 
 def _release(
-    allocator: Any, buffer: Any, buffer_userp: Optional[int], byte_size: int, memory_type: int, memory_type_id: int
+    allocator: object,
+    buffer: object,
+    buffer_userp: Optional[int],
+    byte_size: int,
+    memory_type: int,
+    memory_type_id: int,
 ) -> Optional[int]:
     _lib.keep_thread_state()
     _BUFFERS.pop(buffer_userp or 0, None)
     return None
 
 
-def _start(allocator: Any, userp: Any) -> Optional[int]:
+def _start(allocator: object, userp: object) -> Optional[int]:
     return None
 
 
@@ -447,7 +452,7 @@ _NAMES: Dict[Any, bytes] = {}
 _SHAPES: Dict[Tuple[int, ...], Any] = {}
 
 
-def _encoded(name: Any) -> bytes:
+def _encoded(name: object) -> bytes:
     """``str(name)`` as UTF-8, cached (model and input names repeat on every call)."""
     encoded = _NAMES.get(name)
     if encoded is None:
@@ -640,7 +645,11 @@ class ResponseIterator(_Responses):
     """Blocking iterator over a request's responses, in arrival order; stops after the final one."""
 
     def __init__(
-        self, model: Model, request: InferenceRequest, user_queue: Optional[Any] = None, raise_on_error: bool = False
+        self,
+        model: Model,
+        request: InferenceRequest,
+        user_queue: Optional[queue.Queue[InferenceResponse]] = None,
+        raise_on_error: bool = False,
     ):
         self._model = model
         self._queue: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()

@@ -355,7 +355,7 @@ def _changes_models(method: _Method) -> _Method:
     """
 
     @functools.wraps(method)
-    def wrapper(self: Server, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Server, *args: object, **kwargs: object) -> Any:
         self._requests.invalidate(self._lib)
         try:
             return method(self, *args, **kwargs)
@@ -510,11 +510,11 @@ class Server:
             self.start(wait_until_ready=True)
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     # -- server queries ------------------------------------------------------------------------------
-    def _flag(self, function_name: str, *args: Any) -> bool:
+    def _flag(self, function_name: str, *args: object) -> bool:
         lib = self._library()
         value = ctypes.c_bool()
         lib.check(getattr(lib, function_name)(self._handle_or_raise(), *args, ctypes.byref(value)))
@@ -528,7 +528,7 @@ class Server:
         """True if the server is ready (False once stopped)."""
         return self._running() and self._flag("TRITONSERVER_ServerIsReady")
 
-    def _message(self, function_name: str, *args: Any) -> Any:
+    def _message(self, function_name: str, *args: object) -> Any:
         lib = self._library()
         message = ctypes.c_void_p()
         lib.check(getattr(lib, function_name)(self._handle_or_raise(), *args, ctypes.byref(message)))
@@ -737,14 +737,20 @@ class Model:
         return inference_request
 
     def infer(
-        self, inference_request: Optional[_request.InferenceRequest] = None, raise_on_error: bool = True, **kwargs: Any
+        self,
+        inference_request: Optional[_request.InferenceRequest] = None,
+        raise_on_error: bool = True,
+        **kwargs: object,
     ) -> _request.ResponseIterator:
         """Send a request; iterate the result for its responses (one, or several for decoupled models)."""
         request = self._make_request(inference_request, kwargs)
         return _request.ResponseIterator(self, request, request.response_queue, raise_on_error)
 
     def async_infer(
-        self, inference_request: Optional[_request.InferenceRequest] = None, raise_on_error: bool = True, **kwargs: Any
+        self,
+        inference_request: Optional[_request.InferenceRequest] = None,
+        raise_on_error: bool = True,
+        **kwargs: object,
     ) -> _request.AsyncResponseIterator:
         """Like :meth:`infer`, from a coroutine: responses arrive in the running event loop."""
         request = self._make_request(inference_request, kwargs)

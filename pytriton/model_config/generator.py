@@ -111,7 +111,7 @@ def _parse_sequence_batcher(raw: Mapping[str, Any]) -> SequenceBatcher:
     )
 
 
-def _config_type(dtype: Any) -> str:
+def _config_type(dtype: object) -> str:
     # The model-config protobuf calls BYTES "TYPE_STRING"; every other name matches.
     name = triton_type(dtype)
     return "TYPE_STRING" if name == "BYTES" else "TYPE_" + name
@@ -161,7 +161,7 @@ def to_dict(config: TritonModelConfig) -> Dict[str, Any]:
     return result
 
 
-def _pbtxt_scalar(key: str, value: Any) -> str:
+def _pbtxt_scalar(key: str, value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

@@ -27,7 +27,7 @@ class TensorSpec:
     dtype: type
     optional: bool = False
 
-    def mismatch(self, array: npt.NDArray[Any], batch_axis: bool) -> Optional[str]:
+    def mismatch(self, array: npt.NDArray[np.generic], batch_axis: bool) -> Optional[str]:
         """Why ``array`` does not fit this declaration (dtype, then shape), or None if it does.
 
         ``batch_axis``: the array carries a leading batch axis that the declaration does not.

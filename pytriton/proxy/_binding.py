@@ -35,7 +35,7 @@ def backend_region_prefix(shm_prefix: str) -> str:
     return f"{shm_prefix}-pb"
 
 
-def validate_model_name(name: Any) -> str:
+def validate_model_name(name: object) -> str:
     """Check a model name; Triton uses it as a directory name and in URLs."""
     if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
         raise PyTritonValidationError(
@@ -387,7 +387,7 @@ class BoundModel:
         batcher = self.config.batcher
         return batcher.max_queue_delay_microseconds / 1e6 if batcher is not None else 0.0
 
-    def refuse_new(self, admission: Any) -> None:
+    def refuse_new(self, admission: object) -> None:
         """Draining: a batch reaching an instance from now on runs only if ``admission`` admits it.
 
         ``admission`` (``pytriton.proxy._admission.Admission``, shared by the instances) admits the
@@ -473,7 +473,7 @@ def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatch
     return sequence
 
 
-def _execution_timeout(value: Any, model: str) -> Optional[float]:
+def _execution_timeout(value: object, model: str) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

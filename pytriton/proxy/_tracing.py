@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
-from pytriton.proxy.stubside import _wire
+from pytriton.proxy.stubside._messages import Error, FinalReply, TraceFields
 
 LOGGER = logging.getLogger(__name__)
 
@@ -147,11 +147,11 @@ def _ensure_export(trace_api: Any) -> None:
 
 
 def start_spans(
-    trace: Any, requests: Sequence[Any], model_name: str, model_version: int
+    trace: TraceFields, requests: Sequence[Any], model_name: str, model_version: int
 ) -> Optional[List[Optional[Any]]]:
     """Open the span of every traced request and set it as ``request.span``.
 
-    ``trace`` is the INFER message's ``TRACE`` field. Returns the spans, one per request (None for
+    ``trace`` is the INFER message's ``trace`` field. Returns the spans, one per request (None for
     an untraced one), for :func:`end_spans`, or None when nothing was opened.
     """
     State.seen = True
@@ -193,13 +193,13 @@ def start_spans(
     return spans
 
 
-def end_spans(spans: Optional[List[Optional[Any]]], reply: Any) -> None:
+def end_spans(spans: Optional[List[Optional[Any]]], reply: Optional[FinalReply]) -> None:
     """End the spans of :func:`start_spans` once the batch's final reply is built (ERROR: failed)."""
     if not spans:
         return
     error = None
-    if reply is not None and reply[_wire.KIND] == _wire.ERROR:
-        error = _wire.parse_error(reply).text
+    if type(reply) is Error:
+        error = reply.text
     status = None
     if error is not None:
         from opentelemetry.trace import Status, StatusCode  # type: ignore[import-not-found]
@@ -213,7 +213,7 @@ def end_spans(spans: Optional[List[Optional[Any]]], reply: Any) -> None:
 
 
 # -- @batch ---------------------------------------------------------------------------------------
-def open_batch_spans(requests: Sequence[Any]) -> Optional[List[Any]]:
+def open_batch_spans(requests: Sequence[object]) -> Optional[List[Any]]:
     """A ``batch`` child span for every traced request (None if there is none, the common case)."""
     if not State.seen:
         return None
@@ -313,7 +313,7 @@ _LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 _MODEL_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count"}
 
 
-def model_settings(trace_config: Any, model_name: str) -> Dict[str, Any]:
+def model_settings(trace_config: object, model_name: str) -> Dict[str, Any]:
     """The body of ``POST /v2/models/<model>/trace/setting`` for ``bind(..., trace_config=...)``.
 
     ``trace_config`` is a list of ``setting=value`` strings, as in ``TritonConfig.trace_config``,

@@ -241,7 +241,7 @@ def _field_kind(name: str) -> str:
     return "str"
 
 
-def parse_bool(value: Any) -> bool:
+def parse_bool(value: object) -> bool:
     """Parse a boolean written as bool, 0/1 or a word (true/false, yes/no, on/off)."""
     if isinstance(value, bool):
         return value

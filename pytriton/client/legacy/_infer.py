@@ -77,7 +77,7 @@ class InferContext(ClosesOnExit):
     def __init__(
         self,
         url: str,
-        protocol: Any,
+        protocol: object,
         model_name: str,
         model_version: Optional[int] = None,
         verbose: bool = False,
@@ -236,8 +236,8 @@ class InferContext(ClosesOnExit):
 
     def _start(
         self,
-        inputs: Any,
-        outputs: Any,
+        inputs: object,
+        outputs: object,
         batch_size: int,
         flags: int,
         corr_id: int,
@@ -281,7 +281,7 @@ class InferContext(ClosesOnExit):
             if self._streaming:
                 self._stream_pending[request_id] = pending
 
-        def done(result: Any, error: Optional[BaseException]) -> None:
+        def done(result: object, error: Optional[BaseException]) -> None:
             self._complete(pending, result, error)
 
         try:
@@ -388,7 +388,7 @@ class InferContext(ClosesOnExit):
 def _on_error(done: Callable[[Any, Optional[BaseException]], None]) -> Callable[[Any, Optional[BaseException]], None]:
     """For gRPC, the submitted work only starts the call: report only a failure to start it."""
 
-    def on_submitted(_: Any, error: Optional[BaseException]) -> None:
+    def on_submitted(_: object, error: Optional[BaseException]) -> None:
         if error is not None:
             done(None, error)
 

@@ -180,7 +180,7 @@ class Connection:
     ``triton-grpc-protocol-triton-access-token``, the only key Triton reads there.
     """
 
-    def __init__(self, url: str, protocol: Any, verbose: bool = False, http_headers: Optional[Iterable[str]] = None):
+    def __init__(self, url: str, protocol: object, verbose: bool = False, http_headers: Optional[Iterable[str]] = None):
         self.protocol = as_protocol(protocol)
         self.url = normalize_url(url)
         self.verbose = bool(verbose)
@@ -236,7 +236,7 @@ class Connection:
             except BaseException as error:
                 done(None, error)
 
-    def call(self, method: str, *args: Any, request_id: int = 0, what: str = "", **kwargs: Any) -> Any:
+    def call(self, method: str, *args: object, request_id: int = 0, what: str = "", **kwargs: object) -> Any:
         """Call ``client.<method>(*args, headers=..., **kwargs)`` and wait; failures are translated."""
         self.check_open()
         if self.headers:
@@ -251,7 +251,7 @@ class Connection:
         finished = threading.Event()
         outcome: List[Any] = [None, None]
 
-        def done(result: Any, error: Optional[BaseException]) -> None:
+        def done(result: object, error: Optional[BaseException]) -> None:
             outcome[0], outcome[1] = result, error
             finished.set()
 

@@ -83,7 +83,7 @@ def _fixed_strides_new_from_descr(real: Any) -> Any:
     return new_from_descr
 
 
-def patched_api_table(capsule: Any) -> Tuple[Any, Any]:
+def patched_api_table(capsule: object) -> Tuple[Any, Any]:
     """A copy of the numpy C-API table in ``capsule`` with the stride fix, and a capsule for it.
 
     Both returned objects (and the callback inside) must stay alive as long as anything may use
@@ -159,7 +159,7 @@ def install(pb_utils: Any) -> None:
             )
     original_serialize = pb_utils.serialize_byte_tensor
 
-    def serialize_byte_tensor(array: Any) -> Any:
+    def serialize_byte_tensor(array: object) -> Any:
         payload = _pending.get(id(array))
         if payload is None:
             return original_serialize(array)
@@ -174,7 +174,7 @@ def install(pb_utils: Any) -> None:
     pb_utils.deserialize_bytes_tensor = deserialize_bytes_tensor
 
 
-def input_payload(value: Any) -> Any:
+def input_payload(value: object) -> Any:
     """The :class:`_tensors.SerializedBytes` behind ``Tensor.as_numpy()`` of a BYTES input."""
     carrier = value[()] if isinstance(value, np.ndarray) else value
     if not isinstance(carrier, _tensors.SerializedBytes):
