@@ -466,7 +466,8 @@ def test_only_the_requested_outputs_are_returned(setup, pool):
     worker = setup.worker()
     model = setup.model(outputs=("a", "b"))
     channel = worker.channel()
-    requests = [FakeRequest({"x": np.ones((1, 1), np.int8)}, requested=["b"]), FakeRequest({"x": np.ones((1, 1))})]
+    # Triton's requested_output_names() is a set; the wire carries a list (Entry.requested).
+    requests = [FakeRequest({"x": np.ones((1, 1), np.int8)}, requested={"b"}), FakeRequest({"x": np.ones((1, 1))})]
     future = pool.submit(model.execute, requests)
     received = _inputs(channel.recv())
     assert [names for _, _, names in received] == [["b"], None]  # None: every output

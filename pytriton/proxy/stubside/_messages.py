@@ -204,8 +204,12 @@ class Entry(_Record):
     @staticmethod
     def decode(raw: Sequence[object]) -> Entry:
         tensors, parameters, requested, sequence, timeout_s = raw
-        if not (parameters is None or type(parameters) is dict) or not (requested is None or type(requested) is list):
+        if not (parameters is None or type(parameters) is dict):
             raise TypeError("malformed request entry")
+        if requested is not None:
+            if type(requested) is not list and type(requested) is not tuple:
+                raise TypeError("malformed request entry")
+            requested = [str(name) for name in requested]
         if not (sequence is None or (type(sequence) is tuple and len(sequence) == 3)):
             raise TypeError("malformed request entry")
         if type(tensors) is not list or not (type(timeout_s) is float or type(timeout_s) is int):

@@ -521,7 +521,8 @@ class TritonPythonModel:
         if self._single_output:
             requested: List[Optional[List[str]]] = [None] * len(requests)
         else:
-            requested = [request.requested_output_names() or None for request in requests]
+            # Triton gives a set of names (or an empty one): a list on the wire, None for "all of them".
+            requested = [list(request.requested_output_names() or ()) or None for request in requests]
         for attempt in (1, 2):
             if self._broken and not self._reconnect():  # before _encode: reconnecting replaces the arena
                 return self._fail(requests, f"the pytriton process (pid {self._user_pid}) is not accepting connections")
