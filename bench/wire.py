@@ -31,23 +31,20 @@ from pytriton.triton import Triton, TritonConfig
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def _children() -> Dict[int, List[int]]:
-    tree: Dict[int, List[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def _children(pid: int) -> List[int]:
+    """The kernel's list of ``pid``'s children, from every thread of it (CONFIG_PROC_CHILDREN)."""
+    found: List[int] = []
+    for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
         try:
-            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+            found.extend(int(child) for child in (task / "children").read_text().split())
         except OSError:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(parent, []).append(int(entry))
-    return tree
+    return found
 
 
 def serving_cpu_s() -> float:
     """CPU seconds of this process and its descendants, the load generator excepted."""
-    tree, total, pending = _children(), 0.0, [os.getpid()]
+    total, pending = 0.0, [os.getpid()]
     while pending:
         pid = pending.pop()
         try:
@@ -57,7 +54,7 @@ def serving_cpu_s() -> float:
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime
-        pending.extend(tree.get(pid, []))
+        pending.extend(_children(pid))
     return total
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, List
 _running: List[Any] = []
 _lock = threading.Lock()
 # Called with a Triton that stops (pytriton.pipeline drops its handles to that Triton's models).
-on_unregister: List[Callable[[Any], None]] = []
+on_unregister: List[Callable[[object], None]] = []
 
 
 def register(triton: object) -> None:

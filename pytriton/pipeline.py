@@ -24,7 +24,7 @@ import asyncio
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -192,7 +192,9 @@ class ModelHandle:
                 pass
 
     # -- internals ---------------------------------------------------------------------------
-    def _infer(self, inputs: Sequence[Any], named: Dict[str, Any], batch: bool) -> Dict[str, npt.NDArray[np.generic]]:
+    def _infer(
+        self, inputs: Sequence[object], named: Mapping[str, object], batch: bool
+    ) -> Dict[str, npt.NDArray[np.generic]]:
         outer = _Outer(CURRENT_BATCH.get())
         if self._embedded is not None:
             # In-process calls cannot be cancelled midway by pytriton; a cancelled outer batch skips them.
@@ -232,7 +234,7 @@ class ModelHandle:
         return self._decode(box[0], add_axis)
 
     async def _async_infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], batch: bool
+        self, inputs: Sequence[object], named: Dict[str, object], batch: bool
     ) -> Dict[str, npt.NDArray[np.generic]]:
         if self._embedded is not None:
             outer = _Outer(CURRENT_BATCH.get())
@@ -280,7 +282,7 @@ class ModelHandle:
         return self._config
 
     def _arrays(
-        self, inputs: Sequence[Any], named: Dict[str, Any], batch: bool, client: Any
+        self, inputs: Sequence[object], named: Mapping[str, object], batch: bool, client: Any
     ) -> Tuple[Dict[str, npt.NDArray[np.generic]], bool]:
         config = self._model_config(client)
         if inputs and named:
@@ -303,7 +305,7 @@ class ModelHandle:
             self._outputs = [spec.name for spec in config.outputs]
         return arrays, add_axis
 
-    def _request(self, lib: Any, arrays: Dict[str, npt.NDArray[np.generic]], outer: _Outer) -> Dict[str, Any]:
+    def _request(self, lib: Any, arrays: Dict[str, npt.NDArray[np.generic]], outer: _Outer) -> Dict[str, object]:
         from tritonclient.utils import np_to_triton_dtype
 
         tensors = []
@@ -312,7 +314,7 @@ class ModelHandle:
             tensor = lib.InferInput(key, list(array.shape), datatype)
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        request: Dict[str, Any] = {"inputs": tensors}
+        request: Dict[str, object] = {"inputs": tensors}
         if self._version is not None:
             request["model_version"] = str(self._version)
         remaining = outer.remaining_s()

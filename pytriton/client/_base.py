@@ -100,7 +100,7 @@ class BaseModelClient:
     def _clone_kwargs(self) -> Dict[str, Any]:
         """Constructor keyword arguments that recreate this client (used by ``from_existing_client``)."""
         core = self._core
-        kwargs: Dict[str, Any] = dict(
+        kwargs: Dict[str, object] = dict(
             init_timeout_s=core.init_timeout_s, inference_timeout_s=core.inference_timeout_s,
             **self._security.as_kwargs(),
         )  # fmt: skip

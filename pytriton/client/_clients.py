@@ -112,7 +112,7 @@ class ModelClient(BaseModelClient, ClosesOnExit):
         return self.model_config.max_batch_size > 0
 
     def _infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool,
+        self, inputs: Sequence[object], named: Dict[str, object], parameters: _Parameters, headers: _Parameters, batch: bool,
         sequence: _Sequence = None,
     ) -> _Outputs:  # fmt: skip
         self._check_open()
@@ -189,7 +189,7 @@ class FuturesModelClient(BaseModelClient, ClosesOnExit):
         self._slots = threading.BoundedSemaphore(max_queue_size) if max_queue_size else None
         self._non_blocking = non_blocking
 
-    def _clone_kwargs(self) -> Dict[str, Any]:
+    def _clone_kwargs(self) -> Dict[str, object]:
         kwargs = super()._clone_kwargs()
         kwargs.update(
             max_workers=self._max_workers, max_queue_size=self._max_queue_size, non_blocking=self._non_blocking
@@ -211,7 +211,7 @@ class FuturesModelClient(BaseModelClient, ClosesOnExit):
                 self._clients.append(client)
         return client
 
-    def _submit(self, method: str, *args: object, **kwargs: object) -> Future[Any]:
+    def _submit(self, method: str, *args: object, **kwargs: object) -> Future[object]:
         with self._lock:
             self._check_open()
         if self._slots is not None:
@@ -333,7 +333,7 @@ class AsyncioModelClient(BaseModelClient):
         return await run_async(self._core.ensure_config(), self._client)  # type: ignore[no-any-return]
 
     async def _infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool,
+        self, inputs: Sequence[object], named: Dict[str, object], parameters: _Parameters, headers: _Parameters, batch: bool,
         sequence: _Sequence = None,
     ) -> _Outputs:  # fmt: skip
         self._check_open()

@@ -133,10 +133,10 @@ def check_decoupled(config: TritonModelConfig) -> None:
 class _StreamArgs(NamedTuple):
     """What one ``infer_sample``/``infer_batch`` call of a streaming client asked for."""
 
-    inputs: Tuple[Any, ...]
-    named_inputs: Dict[str, Any]
-    parameters: Optional[Dict[str, Any]]
-    headers: Optional[Dict[str, Any]]
+    inputs: Tuple[object, ...]
+    named_inputs: Dict[str, object]
+    parameters: Optional[Dict[str, object]]
+    headers: Optional[Dict[str, object]]
     batch: bool
 
 
@@ -268,7 +268,7 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
     def _sse_responses(
         self,
         arrays: Dict[str, npt.NDArray[np.generic]],
-        parameters: Optional[Dict[str, Any]],
+        parameters: Optional[Dict[str, object]],
         config: TritonModelConfig,
         add_axis: bool,
         headers: Optional[Dict[str, str]],
@@ -359,7 +359,7 @@ class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], Asyn
         return await self._run(lambda: self._sync.model_config)  # type: ignore[no-any-return]
 
     async def _next(self, iterator: Iterator[_Outputs], done: object) -> Any:
-        step: Awaitable[Any] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)
+        step: Awaitable[object] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)
         timeout_s = self._core.inference_timeout_s
         try:
             return await asyncio.wait_for(asyncio.shield(step), timeout_s)

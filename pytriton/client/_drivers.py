@@ -58,9 +58,9 @@ class _Steps:
 
     def __init__(self, operation: Operation) -> None:
         self._operation = operation
-        self.value: Any = None
+        self.value: object = None
         self.error: Optional[Exception] = None
-        self.result: Any = None
+        self.result: object = None
 
     def __iter__(self) -> Iterator[Call]:
         operation = self._operation
@@ -74,7 +74,7 @@ class _Steps:
             self.result = done.value
 
 
-def _call_sync(call: Call, control: object, infer: object) -> Any:
+def _call_sync(call: Call, control: object, infer: object) -> object:
     if call.method == "sleep":
         time.sleep(call.args[0])
         return None
@@ -82,7 +82,7 @@ def _call_sync(call: Call, control: object, infer: object) -> Any:
     return getattr(client, call.method)(*call.args, **call.kwargs)
 
 
-async def _call_async(call: Call, client: object) -> Any:
+async def _call_async(call: Call, client: object) -> object:
     if call.method == "sleep":
         await asyncio.sleep(call.args[0])
         return None

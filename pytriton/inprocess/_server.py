@@ -25,7 +25,7 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
 
 from pytriton.inprocess import _lib, _pool, _request
 from pytriton.inprocess._enums import (
@@ -334,7 +334,7 @@ def _remove_orphan_regions(prefix: str) -> None:
             LOGGER.warning("could not remove the shared-memory region %s", entry)
 
 
-def _message_json(lib: _lib.Library, message: int) -> Any:
+def _message_json(lib: _lib.Library, message: int) -> object:
     """Parse and delete a ``TRITONSERVER_Message``."""
     try:
         base = ctypes.c_char_p()
@@ -536,7 +536,7 @@ class Server:
 
     def metadata(self) -> Dict[str, Any]:
         """Server name, version and extensions."""
-        result: Dict[str, Any] = self._message("TRITONSERVER_ServerMetadata")
+        result: Dict[str, object] = self._message("TRITONSERVER_ServerMetadata")
         return result
 
     def metrics(self, metric_format: MetricFormat = MetricFormat.PROMETHEUS) -> str:
@@ -584,7 +584,7 @@ class Server:
             lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
             return Model(self, model_name)
         created: List[int] = []
-        keep: List[Any] = []
+        keep: List[object] = []
         try:
             for key, value in parameters.items():
                 name = str(key).encode()
@@ -728,7 +728,7 @@ class Model:
         return _request.InferenceRequest(model=self, **kwargs)
 
     def _make_request(
-        self, inference_request: Optional[_request.InferenceRequest], kwargs: Dict[str, Any]
+        self, inference_request: Optional[_request.InferenceRequest], kwargs: Mapping[str, object]
     ) -> _request.InferenceRequest:
         if inference_request is None:
             return self.create_request(**kwargs)
@@ -768,19 +768,19 @@ class Model:
 
     def metadata(self) -> Dict[str, Any]:
         """Name, versions, platform, inputs and outputs."""
-        result: Dict[str, Any] = self._server._message("TRITONSERVER_ServerModelMetadata", *self._key()[1:])
+        result: Dict[str, object] = self._server._message("TRITONSERVER_ServerModelMetadata", *self._key()[1:])
         return result
 
     def config(self, config_version: int = 1) -> Dict[str, Any]:
         """The model configuration as a dictionary."""
-        result: Dict[str, Any] = self._server._message(
+        result: Dict[str, object] = self._server._message(
             "TRITONSERVER_ServerModelConfig", *self._key()[1:], config_version
         )
         return result
 
     def statistics(self) -> Dict[str, Any]:
         """Inference and batch statistics."""
-        result: Dict[str, Any] = self._server._message("TRITONSERVER_ServerModelStatistics", *self._key()[1:])
+        result: Dict[str, object] = self._server._message("TRITONSERVER_ServerModelStatistics", *self._key()[1:])
         return result
 
     def _properties(self, function_name: str) -> int:

@@ -127,7 +127,7 @@ class MemoryBuffer:
     memory_type: MemoryType
     memory_type_id: int
     size: int
-    owner: Any
+    owner: object
 
     @staticmethod
     def from_dlpack(owner: object) -> MemoryBuffer:
@@ -233,7 +233,7 @@ class Tensor:
         count = math.prod(shape)  # (1 for shape (); np.prod of a tuple costs microseconds)
         return self.memory_buffer._bytes_view()[: count * dtype.itemsize].view(dtype).reshape(shape)
 
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+    def __dlpack__(self, *args: object, **kwargs: Any) -> Any:
         numeric = cast("npt.NDArray[np.number[Any]]", self._numpy_view())  # BYTES tensors have no DLPack form
         return numeric.__dlpack__(*args, **kwargs)
 

@@ -10,7 +10,7 @@ Unit test: tests/unit/test_model_config.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -67,7 +67,7 @@ class TritonModelConfig:
     # The versions Triton serves (``version_policy { specific ... }``); None: Triton's default, the latest.
     versions: Optional[List[int]] = None
     # The ``model_warmup`` section in protobuf JSON form (pytriton.model_config.warmup); None: no warmup.
-    model_warmup: Optional[List[Dict[str, Any]]] = None
+    model_warmup: Optional[List[Dict[str, object]]] = None
     # Triton's sequence batcher in place of the dynamic one (docs/sequences.md); None: not a sequence model.
     sequence_batcher: Optional[SequenceBatcher] = None
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,7 @@ class ResolvedWarmup:
     ``(warmup name, {input name: batch})`` per request, ``count`` times each, in order.
     """
 
-    entries: List[Dict[str, Any]]
+    entries: List[Dict[str, object]]
     files: Dict[str, bytes]  # file name under <model>/warmup/ -> content
     direct: List[Tuple[str, Dict[str, npt.NDArray[np.generic]]]] = dataclasses.field(default_factory=list)
 
@@ -161,10 +161,10 @@ def _check_input(warmup_input: object, spec: TensorSpec, batch_size: int, what: 
     return checked
 
 
-def _triton_entry(checked: _CheckedInput, file_name: str, files: Dict[str, bytes]) -> Dict[str, Any]:
+def _triton_entry(checked: _CheckedInput, file_name: str, files: Dict[str, bytes]) -> Mapping[str, object]:
     """The input's entry of Triton's ``model_warmup`` section (its data file added to ``files``)."""
     data_type = "TYPE_STRING" if checked.dtype is np.bytes_ else "TYPE_" + triton_type(checked.dtype)
-    entry: Dict[str, Any] = {"data_type": data_type, "dims": list(checked.shape)}
+    entry: Dict[str, object] = {"data_type": data_type, "dims": list(checked.shape)}
     if checked.source.zero_data:
         entry["zero_data"] = True
     elif checked.source.random_data:
@@ -234,7 +234,7 @@ def resolve_warmup(
             raise PyTritonBadParameterError(f"{label}: inputs is empty; give data for at least one input.")
         parsed.append((warmup.name, batch_size, count, checked, bool(missing)))
     if not any(partial or any(c.whole_batch for c in warmup_inputs.values()) for *_, warmup_inputs, partial in parsed):
-        entries: List[Dict[str, Any]] = []
+        entries: List[Dict[str, object]] = []
         files: Dict[str, bytes] = {}
         for index, (name, batch_size, count, warmup_inputs, _) in enumerate(parsed):
             input_entries = {

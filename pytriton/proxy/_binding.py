@@ -147,7 +147,7 @@ class BoundModel:
         index: int,
         model_name: str,
         model_version: int,
-        infer_funcs: Union[Callable[..., Any], Sequence[Callable[..., Any]]],
+        infer_funcs: Union[Callable[..., object], Sequence[Callable[..., object]]],
         inputs: Sequence[Tensor],
         outputs: Sequence[Tensor],
         config: ModelConfig,
@@ -159,7 +159,7 @@ class BoundModel:
         if not isinstance(model_version, int) or isinstance(model_version, bool) or model_version < 1:
             raise PyTritonValidationError(f"Model {model_name!r}: model_version must be a positive int.")
         self.version = model_version
-        funcs: List[Callable[..., Any]] = (
+        funcs: List[Callable[..., object]] = (
             list(infer_funcs) if isinstance(infer_funcs, (list, tuple)) else [infer_funcs]  # type: ignore[list-item]
         )
         if not funcs or not all(callable(func) for func in funcs):

@@ -22,7 +22,7 @@ LOGGER = logging.getLogger(__name__)
 CONTEXT_ATTRIBUTE = "__triton_context__"  # where a bound callable (or its instance) carries the context
 
 
-def _config_key(infer_callable: object) -> Any:
+def _config_key(infer_callable: object) -> object:
     """Identity of a callable that is the same through every decorator layer and method binding."""
     target = infer_callable
     for _ in range(100):  # bounded: decorator stacks are shallow
@@ -45,8 +45,8 @@ class ModelConfigDict(MutableMapping[Any, TritonModelConfig]):
     """
 
     def __init__(self) -> None:
-        self._data: Dict[Any, TritonModelConfig] = {}
-        self._callables: Dict[Any, Callable[..., Any]] = {}
+        self._data: Dict[object, TritonModelConfig] = {}
+        self._callables: Dict[object, Callable[..., object]] = {}
 
     def __getitem__(self, infer_callable: Callable[..., object]) -> TritonModelConfig:
         return self._data[_config_key(infer_callable)]

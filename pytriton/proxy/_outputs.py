@@ -26,7 +26,7 @@ output and the problem (the client receives that message).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -131,7 +131,7 @@ class OutputChecker:
             groups.append(group)
         return groups
 
-    def _check_present(self, index: int, outputs: Dict[str, Any], requested: Optional[List[str]]) -> None:
+    def _check_present(self, index: int, outputs: Mapping[str, object], requested: Optional[List[str]]) -> None:
         wanted = self._declared if requested is None else requested
         missing = [name for name in wanted if name not in outputs]
         if missing:

@@ -100,7 +100,7 @@ _wrapt: Any = wrapt
 _WRAPPERS = (_wrapt.FunctionWrapper, _wrapt.BoundFunctionWrapper)
 
 
-def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
+def _resolve(module: str, qualname: str, depth: int = 0) -> object:
     """The object named ``module.qualname``, then ``depth`` times its ``__wrapped__`` (used when unpickling)."""
     target: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -110,7 +110,7 @@ def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
     return target
 
 
-def _rewrap(wrapped: object, wrapper: object, enabled: object) -> Any:
+def _rewrap(wrapped: object, wrapper: object, enabled: object) -> object:
     """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
     return _wrapt.FunctionWrapper(wrapped, wrapper, enabled)
 
@@ -217,7 +217,7 @@ def preparation_data() -> Dict[str, Any]:
     because it would fix this process's multiprocessing start method as a side effect.
     """
     sys_path = [os.getcwd() if entry == "" else entry for entry in sys.path]
-    data: Dict[str, Any] = {"sys_path": sys_path, "sys_argv": list(sys.argv), "dir": os.getcwd()}
+    data: Dict[str, object] = {"sys_path": sys_path, "sys_argv": list(sys.argv), "dir": os.getcwd()}
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
@@ -375,7 +375,7 @@ class ProcessInstance:
         self._replies: Dict[int, concurrent.futures.Future[Optional[_control.ReplyValue]]] = {}
         self._ids = itertools.count(1)
         self.restarts = 0  # worker processes started after the first one
-        self._admission: Any = None
+        self._admission: object = None
 
     @property
     def admission(self) -> Any:

@@ -161,7 +161,7 @@ class _PublishingWorker(InstanceWorker):
             self._status.write(busy, connected, retired_busy, stub_pid, self._last_active)
 
 
-def _load(start: _control.Start) -> Any:
+def _load(start: _control.Start) -> object:
     """Import the user's modules as the parent has them and unpickle the callable."""
     _process.IN_WORKER_PROCESS = True  # a main module that starts Triton again gets a clear error
     multiprocessing.spawn.prepare(start.preparation)

@@ -163,7 +163,7 @@ class _Session:
         # perf_counter() around the current batch's call (call_started 0: the callable was not called).
         self.call_started = 0.0
         self.call_ended = 0.0
-        self.spans: Optional[List[Any]] = None  # of the batch in flight, when Triton traces it (_tracing)
+        self.spans: Optional[List[object]] = None  # of the batch in flight, when Triton traces it (_tracing)
         self.probe: Optional[CancelProbe] = None  # of the batch in flight (Request.is_cancelled)
         self.in_callable = False  # the serving thread is inside the callable (see _end_hung_calls)
         self.batch_token: Optional[contextvars.Token[Optional[List[Request]]]] = None  # CURRENT_BATCH's
@@ -694,7 +694,7 @@ class InstanceWorker:
             self._close_stream(session, result)
 
     @staticmethod
-    def _run_async(session: _Session, awaitable: Any) -> Any:
+    def _run_async(session: _Session, awaitable: Any) -> object:
         try:
             return session.event_loop().run_until_complete(awaitable)
         except Exception:
@@ -713,7 +713,7 @@ class InstanceWorker:
         except BaseException:  # noqa: BLE001
             LOGGER.exception("Model %s: closing the generator failed", self._config.model_name)
 
-    def _next_chunk(self, session: _Session, stream: Any) -> Any:
+    def _next_chunk(self, session: _Session, stream: Any) -> object:
         if inspect.isasyncgen(stream):
             return self._run_async(session, stream.__anext__())
         return next(stream)

@@ -204,7 +204,7 @@ class Request:
         return self.data.get(name, default)
 
     def __repr__(self) -> str:
-        shapes: List[Tuple[str, Any]] = [(k, getattr(v, "shape", None)) for k, v in self.data.items()]
+        shapes: List[Tuple[str, object]] = [(k, getattr(v, "shape", None)) for k, v in self.data.items()]
         return f"Request(data={dict(shapes)}, parameters={self.parameters!r})"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from pytriton.client._base import ClosesOnExit
 from pytriton.client.legacy._errors import InferenceServerException
@@ -123,7 +123,7 @@ class ServerStatusContext(_Context):
                     f"no status for unknown model '{self._model_name}'", server_id=self._conn.url, request_id=rid
                 )
         stats = self._json("get_inference_statistics", "", request_id=rid, what="inference statistics")
-        by_version: Dict[Tuple[Any, str], Dict[str, Any]] = {
+        by_version: Dict[Tuple[object, str], Mapping[str, object]] = {
             (entry.get("name"), str(entry.get("version", ""))): entry for entry in stats.get("model_stats", [])
         }
         status = ServerStatus(

@@ -185,7 +185,7 @@ class ModelConfig:
     default_model_filename: str = ""
     dynamic_batching: Optional[Message] = None
     sequence_batching: Optional[Message] = None
-    parameters: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    parameters: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_v2(cls, config: Mapping[str, Any]) -> ModelConfig:

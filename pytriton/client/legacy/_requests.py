@@ -337,7 +337,7 @@ def _output_meta(result: Any, name: str, grpc: bool) -> Tuple[str, List[int]]:
 
 def shape_results(plan: RequestPlan, result: Any, grpc: bool) -> Dict[str, List[Any]]:
     """Per-sample results: ``{output: [one value per batch entry]}``."""
-    shaped: Dict[str, List[Any]] = {}
+    shaped: Dict[str, List[object]] = {}
     for out in plan.outputs:
         if out.shm is not None:
             datatype, shape = _output_meta(result, out.name, grpc)

@@ -90,7 +90,7 @@ class _HttpWorkers:
     def __init__(self, factory: Callable[[], Any], max_workers: int) -> None:
         self._factory = factory
         self._max = max_workers
-        self._queue: queue.SimpleQueue[Optional[Tuple[Callable[[Any], Any], Done]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Optional[Tuple[Callable[[object], object], Done]]] = queue.SimpleQueue()
         self._threads: List[threading.Thread] = []
         self._idle = 0
         self._waiting = 0
@@ -98,7 +98,7 @@ class _HttpWorkers:
         self._closed = False
         self._local = threading.local()  # .client on worker threads
 
-    def submit(self, work: Callable[[Any], Any], done: Done) -> None:
+    def submit(self, work: Callable[[object], object], done: Done) -> None:
         client = getattr(self._local, "client", None)
         if client is not None and not self._closed:
             # Called from a worker (e.g. run() inside an async_run callback): waiting for another
@@ -246,7 +246,7 @@ class Connection:
                 return getattr(self._grpc, method)(*args, **kwargs)
             return self.run_http(lambda client: getattr(client, method)(*args, **kwargs))
 
-    def run_http(self, work: Callable[[Any], Any]) -> Any:
+    def run_http(self, work: Callable[[object], object]) -> Any:
         """Run ``work(http_client)`` on a worker and wait for it; re-raises its error as it was."""
         finished = threading.Event()
         outcome: List[Any] = [None, None]

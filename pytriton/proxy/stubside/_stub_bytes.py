@@ -73,7 +73,7 @@ _pending: Dict[int, Any] = {}  # id(placeholder) -> payload array, while pb_util
 
 def _fixed_strides_new_from_descr(real: Any) -> Any:
     def new_from_descr(
-        subtype: Any, descr: Any, nd: int, dims: Any, strides: Any, data: Any, flags: int, obj: Any
+        subtype: object, descr: object, nd: int, dims: Any, strides: Any, data: object, flags: int, obj: object
     ) -> Any:
         _state["table_used"] = True
         if data and strides and nd > 0 and not any(strides[axis] for axis in range(nd)):
@@ -112,7 +112,7 @@ def _numpy2_layout_ok() -> bool:
     return sys.byteorder == "little" and flags == probe.flags and elsize == probe.itemsize
 
 
-def _numpy_api_capsule() -> Any:
+def _numpy_api_capsule() -> object:
     """numpy 2's C-API capsule, after checking what the workaround relies on (raises if anything is off)."""
     if not _numpy2_layout_ok():
         raise RuntimeError(f"numpy {np.__version__}'s dtype layout is not the one the workaround knows")

@@ -161,7 +161,7 @@ class StubMetrics(NullMetrics):
         self.size_sum = 0
         # The flusher's side: one (metric, is_gauge) per series, in the order of _values(), and what
         # each series was last given.
-        self._families: List[Any] = []
+        self._families: List[object] = []
         self._series: List[Tuple[Any, bool]] = []
         self._pushed: List[float] = []
         self._failed = False

@@ -108,7 +108,7 @@ def write_tensors(
     they come as :class:`SerializedBytes`.
     """
     metas: List[Tensors] = []
-    pending: List[Tuple[int, Any]] = []  # (offset, source) for the arena
+    pending: List[Tuple[int, object]] = []  # (offset, source) for the arena
     # None: the caller knows everything is small; the TCP transport's arena keeps everything inline.
     inline_limit = INLINE_LIMIT if arena is None else arena.inline_limit
     total = 0
