@@ -23,9 +23,12 @@ import pickle
 import socket
 import struct
 import threading
-from typing import Dict, List, NamedTuple, TypedDict, Union
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, TypedDict, Union
 
 from pytriton.model_config.triton_model_config import TritonModelConfig
+
+if TYPE_CHECKING:
+    from pytriton.proxy.stubside._wire import Channel
 
 _LENGTH = struct.Struct("<I")
 LogFields = Dict[str, Union[str, int, float, bool, None]]  # a LogRecord's plain fields (logging.makeLogRecord)
@@ -148,3 +151,9 @@ class ControlLink:
             chunks.append(chunk)
             size -= len(chunk)
         return b"".join(chunks)
+
+
+if TYPE_CHECKING:
+
+    def _is_a_channel(link: ControlLink) -> Channel[ControlMessage]:
+        return link  # mypy checks here that ControlLink implements the Channel protocol
