@@ -282,7 +282,7 @@ class ModelHandle:
         return self._config
 
     def _arrays(
-        self, inputs: Sequence[object], named: Mapping[str, object], batch: bool, client: Any
+        self, inputs: Sequence[object], named: Mapping[str, object], batch: bool, client: object
     ) -> Tuple[Dict[str, npt.NDArray[np.generic]], bool]:
         config = self._model_config(client)
         if inputs and named:

@@ -52,7 +52,7 @@ class _Context(ClosesOnExit):
         self._next_id = 0
         self._last_id: Optional[int] = None
 
-    def _request(self, body: Callable[[int], Any]) -> Any:
+    def _request(self, body: Callable[[int], object]) -> Any:
         """Run one legacy request with a fresh id; remember the id only if it succeeded."""
         self._conn.check_open()
         with self._lock:

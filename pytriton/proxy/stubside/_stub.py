@@ -67,7 +67,7 @@ SLOT_GRACE_S = 1.0
 _SLOT_ROUNDS = 4
 
 
-def _read_input(tensor: Any) -> Any:
+def _read_input(tensor: Any) -> object:
     """An input as numpy (numeric) or as the serialized tensor (BYTES, see _stub_bytes)."""
     array = tensor.as_numpy()
     if array.dtype.kind == "O":  # a 0-d array holding the tensor's _tensors.SerializedBytes
@@ -75,7 +75,7 @@ def _read_input(tensor: Any) -> Any:
     return np.from_dlpack(tensor) if _NUMPY2 else array
 
 
-def _dlpack_output(name: str, array: Any) -> Any:
+def _dlpack_output(name: str, array: Any) -> object:
     if not (array.flags.writeable and array.flags.c_contiguous):
         array = np.array(array, copy=True, order="C")  # DLPack exports writable, contiguous arrays only
     if array.size == 0:
@@ -83,7 +83,7 @@ def _dlpack_output(name: str, array: Any) -> Any:
     return pb_utils.Tensor.from_dlpack(name, array)
 
 
-def _empty_with_c_strides(array: Any) -> Any:
+def _empty_with_c_strides(array: Any) -> object:
     """numpy 2 gives empty arrays all-zero strides, which the stub rejects as not C-ordered."""
     strides: List[int] = []
     step = array.itemsize
@@ -94,12 +94,12 @@ def _empty_with_c_strides(array: Any) -> Any:
     return np.lib.stride_tricks.as_strided(base, shape=array.shape, strides=strides, writeable=True)
 
 
-def _bytes_output(meta: TensorMeta, buffer: Optional[_tensors.Buffer]) -> Any:
+def _bytes_output(meta: TensorMeta, buffer: Optional[_tensors.Buffer]) -> object:
     """A BYTES output straight from its serialized form on the wire (nothing parsed)."""
     return _stub_bytes.output_tensor(pb_utils, meta.name, _tensors.bytes_payload(buffer, meta), meta.shape)
 
 
-def _errors(message: str, requests: Sequence[object]) -> List[Any]:
+def _errors(message: str, requests: Sequence[object]) -> List[object]:
     """One error response per request; the draining worker's refusal carries the UNAVAILABLE code."""
     code = getattr(pb_utils.TritonError, "UNAVAILABLE", None) if message == _messages.UNAVAILABLE_TEXT else None
     if code is not None:  # HTTP 503, gRPC UNAVAILABLE (Triton 2.51 maps the code so)
@@ -443,7 +443,7 @@ class TritonPythonModel:
         """
         assert self._sequence is not None
         controls = {name: key for key, name in self._sequence.items()}
-        flags: Dict[str, Any] = {}
+        flags: Dict[str, object] = {}
         kept = []
         for name, array in tensors:
             key = controls.get(name)
@@ -465,7 +465,7 @@ class TritonPythonModel:
             "(the limit is TritonConfig.max_request_bytes on the server)"
         )
 
-    def _reject(self, requests: List[Any], rejected: Dict[int, str]) -> Optional[List[Any]]:
+    def _reject(self, requests: List[Any], rejected: Dict[int, str]) -> Optional[List[object]]:
         """Answer the oversized requests with their error and run the rest of the batch as usual."""
         kept = [request for index, request in enumerate(requests) if index not in rejected]
         errors = {
@@ -482,7 +482,7 @@ class TritonPythonModel:
         responses = iter(self._execute(kept) or []) if kept else iter([])
         return [errors[index] if index in errors else next(responses) for index in range(len(requests))]
 
-    def _responses(self, reply: Union[Ok, Chunk], requested: List[Optional[List[str]]]) -> List[Any]:
+    def _responses(self, reply: Union[Ok, Chunk], requested: List[Optional[List[str]]]) -> List[object]:
         """The responses of an OK or CHUNK reply."""
         segment = reply.segment
         buffer = self._reader.attach(segment) if segment is not None else None
@@ -505,7 +505,7 @@ class TritonPythonModel:
         if isinstance(final, (Ok, Error, _messages.End)) and final.retire:
             self._arena.close()  # the next batch gets a fresh segment; the kept arrays keep the old one
 
-    def execute(self, requests: List[Any]) -> Optional[List[Any]]:
+    def execute(self, requests: List[object]) -> Optional[List[Any]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
         self._releaser.enter()  # no arena memory is released while a batch is in flight
         self._metrics.enter(len(requests))
@@ -515,7 +515,7 @@ class TritonPythonModel:
             self._metrics.leave()
             self._releaser.leave()
 
-    def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
+    def _execute(self, requests: List[Any]) -> Optional[List[object]]:
         self._batch = requests  # what an ASK is about (_answer)
         trace = _stub_trace.collect(requests) if self._trace else None
         if self._single_output:
@@ -596,7 +596,7 @@ class TritonPythonModel:
                 pass
 
     @staticmethod
-    def _send(senders: List[Any], live: List[bool], responses: List[Any]) -> None:
+    def _send(senders: List[Any], live: List[bool], responses: Sequence[object]) -> None:
         """Send one response per live client; a client whose response Triton refuses is dropped."""
         for index, (sender, response) in enumerate(zip(senders, responses)):
             if live[index]:
@@ -605,7 +605,7 @@ class TritonPythonModel:
                 except Exception:
                     live[index] = False
 
-    def _fail(self, requests: List[Any], message: str) -> Optional[List[Any]]:
+    def _fail(self, requests: List[Any], message: str) -> Optional[List[object]]:
         responses = _errors(message, requests)
         if not self._decoupled:
             return responses

@@ -73,7 +73,7 @@ _pending: Dict[int, Any] = {}  # id(placeholder) -> payload array, while pb_util
 
 def _fixed_strides_new_from_descr(real: Any) -> Any:
     def new_from_descr(
-        subtype: object, descr: object, nd: int, dims: Any, strides: Any, data: object, flags: int, obj: object
+        subtype: object, descr: object, nd: int, dims: object, strides: Any, data: object, flags: int, obj: object
     ) -> Any:
         _state["table_used"] = True
         if data and strides and nd > 0 and not any(strides[axis] for axis in range(nd)):
