@@ -26,7 +26,7 @@ from pytriton.model_config import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
-from pytriton.proxy.stubside import _arena, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire
 
 GAP_US = 500
 ROUNDS = 1500
@@ -61,9 +61,11 @@ def measure(rounds: int = ROUNDS, gap_us: int = GAP_US) -> Dict[str, Dict[str, f
         )  # fmt: skip
         stub_end, worker_end = socket.socketpair()
         try:
-            stub, user = _wire.Channel(stub_end), _wire.Channel(worker_end)
-            segment, metas = _tensors.write_tensors(_arena.Arena("unused"), [[("INPUT", np.ones((1, 16), np.float32))]])
-            message = _wire.infer(segment, [(metas[0], None, None)])
+            stub, user = _wire.SocketChannel(stub_end), _wire.SocketChannel(worker_end)
+            segment, metas = _tensors.write_tensors(
+                _arena.SharedArena("unused"), [[("INPUT", np.ones((1, 16), np.float32))]]
+            )
+            message = _messages.Infer(segment, [_messages.Entry(metas[0])])
             requests = worker._decode(message, [])
             result = identity(requests)
             reply = worker._infer(message, user)
@@ -78,7 +80,9 @@ def measure(rounds: int = ROUNDS, gap_us: int = GAP_US) -> Dict[str, Dict[str, f
 
             def whole_exchange() -> None:
                 stub.send(message)
-                user.send(worker._infer(user.recv(), user))
+                received = user.recv()
+                assert type(received) is _messages.Infer
+                user.send(worker._infer(received, user))
                 stub.recv()
 
             steps: Dict[str, Callable[[], Any]] = {

@@ -19,6 +19,7 @@ import json
 import sys
 import tempfile
 import timeit
+import types
 from typing import Any, Dict, List
 
 import numpy as np
@@ -27,7 +28,7 @@ import tritonclient.http as httpclient
 from bench.__main__ import free_ports
 from pytriton.decorators import batch
 from pytriton.model_config import Tensor
-from pytriton.proxy.stubside import _stub_metrics, _wire
+from pytriton.proxy.stubside import _messages, _stub_metrics
 from pytriton.triton import Triton, TritonConfig
 
 _MODEL = """
@@ -105,9 +106,11 @@ def run(calls: int = 2000, rounds: int = 3) -> List[Dict[str, float]]:
 
 def hot_path(number: int = 100_000) -> Dict[str, float]:
     """Nanoseconds per batch of what the stub and the worker do for the metrics (no metric API call)."""
-    metrics = _stub_metrics.StubMetrics(None, model="m", version="1", instance=0, max_batch_size=32)  # not started
+    metrics = _stub_metrics.StubMetrics(
+        types.ModuleType("unused"), model="m", version="1", instance=0, max_batch_size=32
+    )  # not started
     null = _stub_metrics.NULL
-    final = _wire.with_duration(_wire.ok(None, []), 0.0003)
+    final = _messages.Ok(None, []).settled(False, 0.0003)
 
     def counted(counter: _stub_metrics.NullMetrics) -> None:
         counter.enter(1)
@@ -120,8 +123,8 @@ def hot_path(number: int = 100_000) -> Dict[str, float]:
     return {
         "stub, metrics on": best(lambda: counted(metrics)),
         "stub, metrics off": best(lambda: counted(null)),
-        "worker reply with duration": best(lambda: _wire.with_duration(_wire.ok(None, []), 0.1)),
-        "worker reply without": best(lambda: _wire.ok(None, [])),
+        "worker reply with duration": best(lambda: _messages.Ok(None, []).settled(False, 0.1)),
+        "worker reply without": best(lambda: _messages.Ok(None, [])),
     }
 
 

@@ -38,7 +38,7 @@ from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _worker
 from pytriton.proxy._binding import _resolve_tensors
-from pytriton.proxy.stubside import _arena, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _tensors
 
 BATCHES = 2000
 CONTEXT = json.dumps({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
@@ -102,10 +102,10 @@ def main(argv: List[str]) -> None:
     base_dir = argv[0] if argv and not argv[0].isdigit() else None
     rounds = int(argv[-1]) if argv and argv[-1].isdigit() else 40
     segment, metas = _tensors.write_tensors(
-        _arena.Arena("pytriton-cost-unused"), [[("x", np.ones((1, 16), np.float32))]]
+        _arena.SharedArena("pytriton-cost-unused"), [[("x", np.ones((1, 16), np.float32))]]
     )  # inline: no segment
-    untraced = _wire.infer(segment, [(metas[0], None, None)])
-    traced = _wire.infer(segment, [(metas[0], None, None)], (time.time_ns(), [CONTEXT]))
+    untraced = _messages.Infer(segment, [_messages.Entry(metas[0])])
+    traced = _messages.Infer(segment, [_messages.Entry(metas[0])], (time.time_ns(), [CONTEXT]))
     variants = {"untraced": _variant(_worker, decorators, untraced)}
     try:
         from opentelemetry import trace

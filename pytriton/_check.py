@@ -229,7 +229,7 @@ def smoke_test() -> List[Item]:
         for sock in sockets:
             sock.close()
 
-    def identity(requests: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    def identity(requests: List[Mapping[str, object]]) -> List[Dict[str, Any]]:
         return [{"y": request["x"]} for request in requests]
 
     data = np.arange(4, dtype=np.float32).reshape(1, 4)

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import math
 import pathlib
-from typing import Any, Container, Dict, List, Optional, Tuple
+from typing import Container, Dict, List, Optional, Tuple
 
 from pytriton import inprocess
 from pytriton.exceptions import PyTritonBadParameterError
@@ -133,7 +133,7 @@ class LaunchPlan:
     cache_config: Tuple[str, ...] = ()
     buffer_manager_thread_count: Optional[int] = None
     pinned_memory_pool_byte_size: Optional[int] = None
-    endpoints: Tuple[Tuple[str, Any], ...] = ()
+    endpoints: Tuple[Tuple[str, object], ...] = ()
     http_restrictions: Tuple[Restriction, ...] = dataclasses.field(default=(), repr=False)
     grpc_restrictions: Tuple[Restriction, ...] = dataclasses.field(default=(), repr=False)
 
@@ -209,7 +209,7 @@ class LaunchPlan:
     # -- renderings ------------------------------------------------------------------------
     def to_argv(self) -> List[str]:
         """The full ``tritonserver`` argv, the binary first (restriction flags carry the token)."""
-        flags: List[Tuple[str, Any]] = [
+        flags: List[Tuple[str, object]] = [
             ("id", self.server_id),
             ("model_repository", self.model_repository),
             ("log_verbose", self.log_verbose),
@@ -294,7 +294,7 @@ class LaunchPlan:
         return options
 
 
-def _flag_value(value: Any) -> str:
+def _flag_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, pathlib.Path):

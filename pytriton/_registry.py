@@ -12,17 +12,17 @@ from typing import Any, Callable, List
 _running: List[Any] = []
 _lock = threading.Lock()
 # Called with a Triton that stops (pytriton.pipeline drops its handles to that Triton's models).
-on_unregister: List[Callable[[Any], None]] = []
+on_unregister: List[Callable[[object], None]] = []
 
 
-def register(triton: Any) -> None:
+def register(triton: object) -> None:
     """Called by ``Triton.run()``: its models become reachable through ``pytriton.pipeline.model``."""
     with _lock:
         if triton not in _running:
             _running.append(triton)
 
 
-def unregister(triton: Any) -> None:
+def unregister(triton: object) -> None:
     """Called by ``Triton.stop()``."""
     with _lock:
         if triton in _running:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import contextvars
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -76,7 +76,7 @@ _CURRENT_REQUESTS: contextvars.ContextVar[Optional[List[Request]]] = contextvars
 
 
 # -- the context Triton.bind attaches to callables (defined in pytriton/proxy/_context.py) -------------
-def get_triton_context(wrapped: Any, instance: Any) -> TritonContext:
+def get_triton_context(wrapped: object, instance: object) -> TritonContext:
     """The ``TritonContext`` attached by ``Triton.bind`` to ``instance`` (methods) or ``wrapped``."""
     context = None
     for owner in (instance, wrapped, getattr(wrapped, "__self__", None)):
@@ -135,7 +135,7 @@ def batch_cancelled() -> bool:
 
 
 # -- result post-processing shared by every decorator ---------------------------------------------
-def _after(result: Any, finish: Callable[[Any], Any], requests: Optional[List[Request]] = None) -> Any:
+def _after(result: object, finish: Callable[[Any], Any], requests: Optional[List[Request]] = None) -> object:
     """Apply ``finish`` to a result, an awaited result, or every item a (async) generator yields.
 
     ``requests``, when given, is what :func:`current_requests` returns while the wrapped code runs
@@ -185,7 +185,7 @@ def _after(result: Any, finish: Callable[[Any], Any], requests: Optional[List[Re
     return finish(result)
 
 
-def _gather(results: List[Any], finish: Callable[[List[Any]], Any], what: str) -> Any:
+def _gather(results: List[object], finish: Callable[[List[Any]], Any], what: str) -> object:
     """Combine the results of several calls (sync or async); streaming results cannot be combined."""
     if any(inspect.isgenerator(r) or inspect.isasyncgen(r) for r in results):
         raise PyTritonRuntimeError(f"{what} cannot split a streaming (generator) callable into groups.")
@@ -199,9 +199,9 @@ def _gather(results: List[Any], finish: Callable[[List[Any]], Any], what: str) -
 
 
 def convert_output(
-    outputs: Union[Dict[str, Any], List[Any], Tuple[Any, ...]],
-    wrapped: Any = None,
-    instance: Any = None,
+    outputs: Union[Mapping[str, object], Sequence[object], Tuple[object, ...]],
+    wrapped: object = None,
+    instance: object = None,
     model_config: Optional[TritonModelConfig] = None,
 ) -> Dict[str, Any]:
     """Turn a list/tuple of outputs into a dict keyed by the config's output names (in order)."""
@@ -222,7 +222,7 @@ def convert_output(
 
 
 # -- @batch and @sample ---------------------------------------------------------------------------
-def _stack_inputs(requests: Sequence[Request]) -> Dict[str, npt.NDArray[Any]]:
+def _stack_inputs(requests: Sequence[Request]) -> Dict[str, npt.NDArray[np.generic]]:
     names = requests[0].keys()
     for index, request in enumerate(requests[1:], start=1):
         if request.keys() != names:
@@ -253,7 +253,7 @@ def _split_outputs(outputs: Dict[str, Any], sizes: List[int]) -> InferenceResult
 
 
 @_decorator
-def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
     """Stack the requests' inputs into one batch per input and split the outputs back per request.
 
     The wrapped function receives every input as a keyword argument holding the concatenation of
@@ -290,7 +290,7 @@ def batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 @_decorator
-def sample(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def sample(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
     """Call the wrapped function with the inputs of the (single) request as keyword arguments.
 
     For non-batching models, which receive one request at a time. Returns ``[outputs]``.
@@ -308,7 +308,7 @@ def sample(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 # -- grouping ---------------------------------------------------------------------------------------
 @_decorator
-def group_by_keys(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def group_by_keys(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
     """Call the wrapped function once per group of requests that carry the same set of inputs.
 
     Results are put back in the original request order. Handy above ``@batch`` when some
@@ -337,7 +337,7 @@ def group_by_keys(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return _gather(results, merge, "@group_by_keys")
 
 
-def _sample_key(value: npt.NDArray[Any]) -> Any:
+def _sample_key(value: npt.NDArray[np.generic]) -> object:
     if value.dtype.kind == "O":
         return tuple(item if isinstance(item, bytes) else str(item).encode() for item in value.reshape(-1).tolist())
     return (value.dtype.str, value.shape, value.tobytes())
@@ -351,12 +351,12 @@ class ConstantPadder:
     Arrays of one output with different dtype kinds raise ``PyTritonRuntimeError``.
     """
 
-    def __init__(self, pad_value: Any = 0):
+    def __init__(self, pad_value: Union[int, float, bool] = 0):
         self.pad_value = pad_value
 
     def __call__(self, batches_list: InferenceResults) -> InferenceResults:
         names = list(dict.fromkeys(name for batch_ in batches_list for name in batch_))
-        padded: List[Dict[str, npt.NDArray[Any]]] = [dict() for _ in batches_list]
+        padded: List[Dict[str, npt.NDArray[np.generic]]] = [dict() for _ in batches_list]
         for name in names:
             arrays = [(index, batch_[name]) for index, batch_ in enumerate(batches_list) if name in batch_]
             dtype = self._common_dtype(name, [array.dtype for _, array in arrays])
@@ -375,7 +375,7 @@ class ConstantPadder:
         return padded
 
     @staticmethod
-    def _common_dtype(name: str, dtypes: List[np.dtype[Any]]) -> np.dtype[Any]:
+    def _common_dtype(name: str, dtypes: List[np.dtype[np.generic]]) -> np.dtype[np.generic]:
         kinds = {dtype.kind for dtype in dtypes}
         if len(kinds) != 1:
             raise PyTritonRuntimeError(
@@ -405,7 +405,7 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
         raise PyTritonBadParameterError("@group_by_values needs at least one input name to group by.")
 
     @_decorator
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    def wrapper(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
         if args and isinstance(args[0], (list, tuple)):
             raise PyTritonRuntimeError(
                 "@group_by_values received a list of requests: it must be placed below @batch "
@@ -417,7 +417,7 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
         if missing:
             raise PyTritonRuntimeError(f"@group_by_values: inputs {missing} are not present in the batch.")
         batch_size = get_inference_request_batch_size(inputs)
-        groups: Dict[Any, List[int]] = {}
+        groups: Dict[object, List[int]] = {}
         for index in range(batch_size):
             groups.setdefault(tuple(_sample_key(inputs[key][index]) for key in keys), []).append(index)
         order = [np.asarray(indices) for indices in groups.values()]
@@ -427,11 +427,11 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
             wrapped(*args, **{name: value[indices] for name, value in inputs.items()}, **extra) for indices in order
         ]
 
-        def merge(group_outputs: List[Any]) -> Dict[str, npt.NDArray[Any]]:
+        def merge(group_outputs: List[Any]) -> Dict[str, npt.NDArray[np.generic]]:
             converted = [convert_output(outputs, wrapped, instance) for outputs in group_outputs]
             if pad_fn is not None:
                 converted = list(pad_fn(converted))
-            merged: Dict[str, npt.NDArray[Any]] = {}
+            merged: Dict[str, npt.NDArray[np.generic]] = {}
             for name in converted[0]:
                 parts = [outputs[name] for outputs in converted]
                 tails = {part.shape[1:] for part in parts}
@@ -458,7 +458,7 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
 
 
 # -- inputs ------------------------------------------------------------------------------------------
-def fill_optionals(**defaults: npt.NDArray[Any]) -> Any:
+def fill_optionals(**defaults: npt.NDArray[np.generic]) -> Any:
     """Fill inputs a request omitted with default values (arrays *without* the batch axis).
 
     Put it at the top of the stack, so that ``@group_by_keys`` and ``@batch`` below see complete
@@ -485,7 +485,7 @@ def fill_optionals(**defaults: npt.NDArray[Any]) -> Any:
                 raise PyTritonBadParameterError(f"@fill_optionals: the default for input {name!r} {problem}.")
 
     @_decorator
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    def wrapper(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
         config = get_model_config(wrapped, instance)
         if not checked.get(id(config)):
             verify(config)
@@ -536,7 +536,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
             values[name] = first
 
     @_decorator
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    def wrapper(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
         config = get_model_config(wrapped, instance)
         if not config.batching:
             raise PyTritonRuntimeError("@first_value can only be used with models that support batching.")
@@ -553,7 +553,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
 
 
 @_decorator
-def pad_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def pad_batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
     """Pad the batch up to the nearest preferred batch size (or ``max_batch_size``) by repeating the last sample.
 
     Use it below ``@batch``; ``@batch`` discards the extra output rows.
@@ -574,7 +574,7 @@ def pad_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 @_decorator
-def triton_context(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def triton_context(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
     """Pass the ``TritonContext`` as the ``triton_context`` keyword argument.
 
     ``triton_context.model_configs[infer_fn]`` is the model's ``TritonModelConfig``.

@@ -24,7 +24,7 @@ import asyncio
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -47,17 +47,17 @@ class PipelineCancelledError(PyTritonClientError):
     """The inner call was cancelled because every request of the calling batch was cancelled."""
 
 
-def register(triton: Any) -> None:
+def register(triton: object) -> None:
     """Make ``triton``'s models reachable through :func:`model` (``Triton.run()`` does it)."""
     _registry.register(triton)
 
 
-def unregister(triton: Any) -> None:
+def unregister(triton: object) -> None:
     """The reverse of :func:`register` (``Triton.stop()`` does it); handles to its models are dropped."""
     _registry.unregister(triton)
 
 
-def _forget(triton: Any) -> None:
+def _forget(triton: object) -> None:
     """Drop (and close) the handles to ``triton``'s models: it stopped."""
     with _lock:
         stale = [key for key in _handles if key[0] == id(triton)]
@@ -166,19 +166,19 @@ class ModelHandle:
         return "inprocess" if self._embedded is not None else "grpc"
 
     # -- public calls --------------------------------------------------------------------------
-    def infer_sample(self, *inputs: Any, **named: Any) -> Dict[str, npt.NDArray[Any]]:
+    def infer_sample(self, *inputs: object, **named: object) -> Dict[str, npt.NDArray[np.generic]]:
         """One sample (the batch axis is added and removed for batching models)."""
         return self._infer(inputs, named, batch=False)
 
-    def infer_batch(self, *inputs: Any, **named: Any) -> Dict[str, npt.NDArray[Any]]:
+    def infer_batch(self, *inputs: object, **named: object) -> Dict[str, npt.NDArray[np.generic]]:
         """A batch (inputs carry the batch axis)."""
         return self._infer(inputs, named, batch=True)
 
-    async def async_infer_sample(self, *inputs: Any, **named: Any) -> Dict[str, npt.NDArray[Any]]:
+    async def async_infer_sample(self, *inputs: object, **named: object) -> Dict[str, npt.NDArray[np.generic]]:
         """:meth:`infer_sample` for ``async def`` callables."""
         return await self._async_infer(inputs, named, batch=False)
 
-    async def async_infer_batch(self, *inputs: Any, **named: Any) -> Dict[str, npt.NDArray[Any]]:
+    async def async_infer_batch(self, *inputs: object, **named: object) -> Dict[str, npt.NDArray[np.generic]]:
         """:meth:`infer_batch` for ``async def`` callables."""
         return await self._async_infer(inputs, named, batch=True)
 
@@ -192,7 +192,9 @@ class ModelHandle:
                 pass
 
     # -- internals ---------------------------------------------------------------------------
-    def _infer(self, inputs: Sequence[Any], named: Dict[str, Any], batch: bool) -> Dict[str, npt.NDArray[Any]]:
+    def _infer(
+        self, inputs: Sequence[object], named: Mapping[str, object], batch: bool
+    ) -> Dict[str, npt.NDArray[np.generic]]:
         outer = _Outer(CURRENT_BATCH.get())
         if self._embedded is not None:
             # In-process calls cannot be cancelled midway by pytriton; a cancelled outer batch skips them.
@@ -200,7 +202,7 @@ class ModelHandle:
                 raise PipelineCancelledError(f"Call to model {self.name!r} skipped: the calling request was cancelled.")
             try:
                 call = self._embedded.infer_batch if batch else self._embedded.infer_sample
-                outputs: Dict[str, npt.NDArray[Any]] = call(*inputs, **named)
+                outputs: Dict[str, npt.NDArray[np.generic]] = call(*inputs, **named)
                 return outputs
             except Exception as exc:  # noqa: BLE001 - an inprocess error: keep its message
                 raise map_error(exc, f"Inference on model {self.name!r}") from None
@@ -215,7 +217,7 @@ class ModelHandle:
         done = threading.Event()
         box: List[Any] = [None, None]
 
-        def finished(result: Any, error: Any) -> None:
+        def finished(result: object, error: object) -> None:
             box[0], box[1] = result, error
             done.set()
 
@@ -232,8 +234,8 @@ class ModelHandle:
         return self._decode(box[0], add_axis)
 
     async def _async_infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], batch: bool
-    ) -> Dict[str, npt.NDArray[Any]]:
+        self, inputs: Sequence[object], named: Dict[str, object], batch: bool
+    ) -> Dict[str, npt.NDArray[np.generic]]:
         if self._embedded is not None:
             outer = _Outer(CURRENT_BATCH.get())
             if outer.known_cancelled():
@@ -280,8 +282,8 @@ class ModelHandle:
         return self._config
 
     def _arrays(
-        self, inputs: Sequence[Any], named: Dict[str, Any], batch: bool, client: Any
-    ) -> Tuple[Dict[str, npt.NDArray[Any]], bool]:
+        self, inputs: Sequence[object], named: Mapping[str, object], batch: bool, client: object
+    ) -> Tuple[Dict[str, npt.NDArray[np.generic]], bool]:
         config = self._model_config(client)
         if inputs and named:
             raise PyTritonClientValueError("Pass inputs either positionally or by name, not both.")
@@ -303,7 +305,7 @@ class ModelHandle:
             self._outputs = [spec.name for spec in config.outputs]
         return arrays, add_axis
 
-    def _request(self, lib: Any, arrays: Dict[str, npt.NDArray[Any]], outer: _Outer) -> Dict[str, Any]:
+    def _request(self, lib: Any, arrays: Dict[str, npt.NDArray[np.generic]], outer: _Outer) -> Dict[str, object]:
         from tritonclient.utils import np_to_triton_dtype
 
         tensors = []
@@ -312,7 +314,7 @@ class ModelHandle:
             tensor = lib.InferInput(key, list(array.shape), datatype)
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        request: Dict[str, Any] = {"inputs": tensors}
+        request: Dict[str, object] = {"inputs": tensors}
         if self._version is not None:
             request["model_version"] = str(self._version)
         remaining = outer.remaining_s()
@@ -323,7 +325,7 @@ class ModelHandle:
             request["headers"] = dict(outer.headers)
         return request
 
-    def _decode(self, result: Any, remove_axis: bool) -> Dict[str, npt.NDArray[Any]]:
+    def _decode(self, result: Any, remove_axis: bool) -> Dict[str, npt.NDArray[np.generic]]:
         outputs = {}
         for key in self._outputs or []:
             array = result.as_numpy(key)

@@ -32,7 +32,7 @@ class ClosesOnExit:
     def __enter__(self: _Closing) -> _Closing:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -100,7 +100,7 @@ class BaseModelClient:
     def _clone_kwargs(self) -> Dict[str, Any]:
         """Constructor keyword arguments that recreate this client (used by ``from_existing_client``)."""
         core = self._core
-        kwargs: Dict[str, Any] = dict(
+        kwargs: Dict[str, object] = dict(
             init_timeout_s=core.init_timeout_s, inference_timeout_s=core.inference_timeout_s,
             **self._security.as_kwargs(),
         )  # fmt: skip

@@ -12,6 +12,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Awaitable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import numpy.typing as npt
 
 from pytriton.client._base import BaseModelClient, ClosesOnExit
@@ -26,7 +27,7 @@ from pytriton.model_config.triton_model_config import TritonModelConfig
 
 __all__ = ["AsyncioModelClient", "FuturesModelClient", "ModelClient"]
 
-_Outputs = Dict[str, npt.NDArray[Any]]
+_Outputs = Dict[str, npt.NDArray[np.generic]]
 _Parameters = Optional[Dict[str, Any]]  # request parameters or headers
 _Sequence = Optional[Tuple[Union[int, str], bool, bool]]  # (sequence_id, start, end) of a sequence model
 
@@ -111,7 +112,7 @@ class ModelClient(BaseModelClient, ClosesOnExit):
         return self.model_config.max_batch_size > 0
 
     def _infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool,
+        self, inputs: Sequence[object], named: Dict[str, object], parameters: _Parameters, headers: _Parameters, batch: bool,
         sequence: _Sequence = None,
     ) -> _Outputs:  # fmt: skip
         self._check_open()
@@ -119,10 +120,10 @@ class ModelClient(BaseModelClient, ClosesOnExit):
         return run_sync(operation, self._control, self._infer_client)  # type: ignore[no-any-return]
 
     def infer_sample(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
-        **named_inputs: Any,
-    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
+        **named_inputs: object,
+    ) -> Dict[str, npt.NDArray[np.generic]]:  # fmt: skip
         """Infer one sample: the batch axis is added for batching models and removed from the outputs.
 
         ``sequence_id`` (non-zero), ``sequence_start``, ``sequence_end``: the request's place in a
@@ -134,10 +135,10 @@ class ModelClient(BaseModelClient, ClosesOnExit):
         )  # fmt: skip
 
     def infer_batch(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
-        **named_inputs: Any,
-    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
+        **named_inputs: object,
+    ) -> Dict[str, npt.NDArray[np.generic]]:  # fmt: skip
         """Infer a batch (inputs carry the batch axis); only for batching models."""
         return self._infer(
             inputs, named_inputs, parameters, headers, batch=True,
@@ -188,7 +189,7 @@ class FuturesModelClient(BaseModelClient, ClosesOnExit):
         self._slots = threading.BoundedSemaphore(max_queue_size) if max_queue_size else None
         self._non_blocking = non_blocking
 
-    def _clone_kwargs(self) -> Dict[str, Any]:
+    def _clone_kwargs(self) -> Dict[str, object]:
         kwargs = super()._clone_kwargs()
         kwargs.update(
             max_workers=self._max_workers, max_queue_size=self._max_queue_size, non_blocking=self._non_blocking
@@ -210,7 +211,7 @@ class FuturesModelClient(BaseModelClient, ClosesOnExit):
                 self._clients.append(client)
         return client
 
-    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Future[Any]:
+    def _submit(self, method: str, *args: object, **kwargs: object) -> Future[object]:
         with self._lock:
             self._check_open()
         if self._slots is not None:
@@ -240,9 +241,9 @@ class FuturesModelClient(BaseModelClient, ClosesOnExit):
             raise PyTritonClientClosedError("The client is closed.") from None
 
     def infer_sample(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
-        **named_inputs: Any,
+        **named_inputs: object,
     ) -> Future[Any]:  # fmt: skip
         """Future of :meth:`ModelClient.infer_sample`."""
         return self._submit(
@@ -251,9 +252,9 @@ class FuturesModelClient(BaseModelClient, ClosesOnExit):
         )  # fmt: skip
 
     def infer_batch(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
-        **named_inputs: Any,
+        **named_inputs: object,
     ) -> Future[Any]:  # fmt: skip
         """Future of :meth:`ModelClient.infer_batch`."""
         return self._submit(
@@ -304,7 +305,7 @@ class AsyncioModelClient(BaseModelClient):
                 raise
         return self
 
-    async def __aexit__(self, *_: Any) -> None:
+    async def __aexit__(self, *_: object) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -332,7 +333,7 @@ class AsyncioModelClient(BaseModelClient):
         return await run_async(self._core.ensure_config(), self._client)  # type: ignore[no-any-return]
 
     async def _infer(
-        self, inputs: Sequence[Any], named: Dict[str, Any], parameters: _Parameters, headers: _Parameters, batch: bool,
+        self, inputs: Sequence[object], named: Dict[str, object], parameters: _Parameters, headers: _Parameters, batch: bool,
         sequence: _Sequence = None,
     ) -> _Outputs:  # fmt: skip
         self._check_open()
@@ -340,10 +341,10 @@ class AsyncioModelClient(BaseModelClient):
         return await run_async(operation, self._client)  # type: ignore[no-any-return]
 
     async def infer_sample(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
-        **named_inputs: Any,
-    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
+        **named_inputs: object,
+    ) -> Dict[str, npt.NDArray[np.generic]]:  # fmt: skip
         """Infer one sample (see :meth:`ModelClient.infer_sample`)."""
         return await self._infer(
             inputs, named_inputs, parameters, headers, batch=False,
@@ -351,10 +352,10 @@ class AsyncioModelClient(BaseModelClient):
         )  # fmt: skip
 
     async def infer_batch(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
         sequence_id: Union[int, str] = 0, sequence_start: bool = False, sequence_end: bool = False,
-        **named_inputs: Any,
-    ) -> Dict[str, npt.NDArray[Any]]:  # fmt: skip
+        **named_inputs: object,
+    ) -> Dict[str, npt.NDArray[np.generic]]:  # fmt: skip
         """Infer a batch (see :meth:`ModelClient.infer_batch`)."""
         return await self._infer(
             inputs, named_inputs, parameters, headers, batch=True,

@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import socket
 import time
-from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -74,7 +74,7 @@ class Call:
 
     method: str
     args: Tuple[Any, ...] = ()
-    kwargs: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
     infer: bool = False  # True: use the inference client and apply the inference timeout
     timeout_s: Optional[float] = None  # bound for drivers that time calls themselves (asyncio)
 
@@ -160,7 +160,7 @@ def map_error(exc: BaseException, what: str) -> PyTritonClientError:
     return PyTritonClientInferenceServerError(f"{what} failed: {message}")
 
 
-def check_parameters(values: Any, what: str) -> None:
+def check_parameters(values: object, what: str) -> None:
     """``PyTritonClientValueError`` unless ``values`` is None or a dict of str to a carried scalar type.
 
     Request parameters may be ``str``, ``int``, ``float`` or ``bool``; headers ``str``, ``int`` or
@@ -181,7 +181,7 @@ def check_parameters(values: Any, what: str) -> None:
             )
 
 
-def control_call(method: str, grpc: bool, remaining_s: float, *args: Any, **kwargs: Any) -> Call:
+def control_call(method: str, grpc: bool, remaining_s: float, *args: object, **kwargs: object) -> Call:
     """A control-plane call bounded by ``remaining_s`` (gRPC per call, asyncio drivers by ``timeout_s``)."""
     bound = max(0.05, remaining_s)
     if grpc:
@@ -209,7 +209,7 @@ def wait_for_server(timeout_s: float, grpc: bool, what: str = "the server") -> O
         delay = min(delay * 2, 0.5)
 
 
-def _index_entries(index: Any) -> List[Dict[str, Any]]:
+def _index_entries(index: Any) -> List[Mapping[str, object]]:
     """The entries of a repository index: HTTP answers a list, gRPC (as JSON) ``{"models": [...]}``."""
     entries = index.get("models", []) if isinstance(index, dict) else index
     return [entry for entry in entries or [] if isinstance(entry, dict)]
@@ -366,7 +366,7 @@ class ClientCore:
         self.config: Optional[TritonModelConfig] = model_config
         self.ready = model_config is not None and not ensure_model_is_ready
         self.grpc = url.protocol == "grpc"
-        self._outputs: Dict[int, List[Any]] = {}  # requested-output objects, built once per lib
+        self._outputs: Dict[int, Sequence[object]] = {}  # requested-output objects, built once per lib
 
     # -- operations (generators) ----------------------------------------------------------------
     def wait_for_model(self, timeout_s: float) -> Operation:
@@ -388,7 +388,7 @@ class ClientCore:
 
     def load_model(self, config: Optional[str], files: Optional[Dict[str, bytes]]) -> Operation:
         """Ask the server to (re)load the model; the cached config is dropped and read again on next use."""
-        kwargs: Dict[str, Any] = {}
+        kwargs: Dict[str, object] = {}
         if config is not None:
             kwargs["config"] = config if isinstance(config, str) else str(config)
         if files is not None:
@@ -415,13 +415,13 @@ class ClientCore:
 
     def infer(
         self,
-        inputs: Sequence[Any],
-        named_inputs: Dict[str, Any],
-        parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, Any]],
+        inputs: Sequence[object],
+        named_inputs: Mapping[str, object],
+        parameters: Optional[Mapping[str, object]],
+        headers: Optional[Mapping[str, object]],
         batch: bool,
-        lib: Any,
-        sequence: Optional[Tuple[Any, bool, bool]] = None,
+        lib: object,
+        sequence: Optional[Tuple[object, bool, bool]] = None,
     ) -> Operation:
         """One inference: ``infer_batch`` (``batch=True``) or ``infer_sample``.
 
@@ -456,8 +456,8 @@ class ClientCore:
 
     # -- pure helpers ------------------------------------------------------------------------------
     def prepare_inputs(
-        self, inputs: Sequence[Any], named_inputs: Dict[str, Any], batch: bool, config: TritonModelConfig
-    ) -> Tuple[Dict[str, npt.NDArray[Any]], bool]:
+        self, inputs: Sequence[object], named_inputs: Mapping[str, object], batch: bool, config: TritonModelConfig
+    ) -> Tuple[Dict[str, npt.NDArray[np.generic]], bool]:
         """Input arrays ready to send, and whether a batch axis was added (``infer_sample``)."""
         arrays = self.collect_inputs(inputs, named_inputs, config)
         if batch and not config.batching:
@@ -471,8 +471,8 @@ class ClientCore:
 
     @staticmethod
     def collect_inputs(
-        inputs: Sequence[Any], named_inputs: Dict[str, Any], config: TritonModelConfig
-    ) -> Dict[str, npt.NDArray[Any]]:
+        inputs: Sequence[object], named_inputs: Mapping[str, object], config: TritonModelConfig
+    ) -> Dict[str, npt.NDArray[np.generic]]:
         """Positional inputs map onto the config's inputs in order; named ones by name; never both."""
         if inputs and named_inputs:
             raise PyTritonClientValueError("Pass inputs either positionally or by name, not both.")
@@ -495,10 +495,10 @@ class ClientCore:
 
     def build_request(
         self,
-        arrays: Dict[str, npt.NDArray[Any]],
+        arrays: Dict[str, npt.NDArray[np.generic]],
         config: TritonModelConfig,
-        parameters: Optional[Dict[str, Any]],
-        headers: Optional[Dict[str, Any]],
+        parameters: Optional[Mapping[str, object]],
+        headers: Optional[Mapping[str, object]],
         lib: Any,
     ) -> Dict[str, Any]:
         """Keyword arguments of ``lib.InferenceServerClient.infer`` (plus ``inputs``)."""
@@ -520,7 +520,7 @@ class ClientCore:
             else:
                 outputs = [lib.InferRequestedOutput(spec.name, binary_data=True) for spec in config.outputs]
             self._outputs[id(lib)] = outputs
-        request: Dict[str, Any] = {"inputs": infer_inputs, "model_version": self.model_version, "outputs": outputs}
+        request: Dict[str, object] = {"inputs": infer_inputs, "model_version": self.model_version, "outputs": outputs}
         if parameters:
             request["parameters"] = parameters
         if headers:
@@ -531,7 +531,7 @@ class ClientCore:
         return request
 
     @staticmethod
-    def decode(result: Any, config: TritonModelConfig, remove_axis: bool) -> Dict[str, npt.NDArray[Any]]:
+    def decode(result: Any, config: TritonModelConfig, remove_axis: bool) -> Dict[str, npt.NDArray[np.generic]]:
         """Output arrays by name (without the batch axis for ``infer_sample`` on batching models)."""
         outputs = {}
         for spec in config.outputs:

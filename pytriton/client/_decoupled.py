@@ -38,6 +38,7 @@ from typing import (
     TypeVar,
 )
 
+import numpy as np
 import numpy.typing as npt
 
 from pytriton.client._clients import AsyncioModelClient, ModelClient
@@ -55,7 +56,7 @@ from pytriton.client.exceptions import (
 from pytriton.model_config.triton_model_config import TritonModelConfig
 
 _Event = Tuple[Any, Any]  # (result, error) as tritonclient's stream callback receives them
-_Outputs = Dict[str, npt.NDArray[Any]]
+_Outputs = Dict[str, npt.NDArray[np.generic]]
 
 
 def _is_final(result: Any) -> bool:
@@ -113,7 +114,7 @@ class _GrpcStream:
         self.ended = threading.Event()  # set by the final response or an error from the server
         self.finished = False  # end_stream was called for it (under the client's _state_lock)
 
-    def on_response(self, result: Any, error: Any) -> None:
+    def on_response(self, result: object, error: object) -> None:
         """tritonclient's stream callback (its stream thread)."""
         self.events.put((result, error))
         if error is not None or _is_final(result):
@@ -132,10 +133,10 @@ def check_decoupled(config: TritonModelConfig) -> None:
 class _StreamArgs(NamedTuple):
     """What one ``infer_sample``/``infer_batch`` call of a streaming client asked for."""
 
-    inputs: Tuple[Any, ...]
-    named_inputs: Dict[str, Any]
-    parameters: Optional[Dict[str, Any]]
-    headers: Optional[Dict[str, Any]]
+    inputs: Tuple[object, ...]
+    named_inputs: Dict[str, object]
+    parameters: Optional[Dict[str, object]]
+    headers: Optional[Dict[str, object]]
     batch: bool
 
 
@@ -153,15 +154,15 @@ class _StreamingCalls(Generic[_Stream]):
         raise NotImplementedError
 
     def infer_sample(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, Any]] = None,
-        **named_inputs: Any,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, Any]] = None,
+        **named_inputs: object,
     ) -> _Stream:  # fmt: skip
         """Stream the responses to one sample (batch axis added and removed for batching models)."""
         return self._stream(_StreamArgs(inputs, named_inputs, parameters, headers, batch=False))
 
     def infer_batch(
-        self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, Any]] = None,
-        **named_inputs: Any,
+        self, *inputs: object, parameters: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, Any]] = None,
+        **named_inputs: object,
     ) -> _Stream:  # fmt: skip
         """Stream the responses to one batch (batching models only)."""
         return self._stream(_StreamArgs(inputs, named_inputs, parameters, headers, batch=True))
@@ -266,8 +267,8 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
 
     def _sse_responses(
         self,
-        arrays: Dict[str, npt.NDArray[Any]],
-        parameters: Optional[Dict[str, Any]],
+        arrays: Dict[str, npt.NDArray[np.generic]],
+        parameters: Optional[Dict[str, object]],
         config: TritonModelConfig,
         add_axis: bool,
         headers: Optional[Dict[str, str]],
@@ -339,7 +340,7 @@ class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], Asyn
         )
         self._sync._core = core  # one core: config and readiness are shared
 
-    async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
+    async def _run(self, function: Callable[..., object], *args: object) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, function, *args)
 
     async def close(self) -> None:
@@ -358,7 +359,7 @@ class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], Asyn
         return await self._run(lambda: self._sync.model_config)  # type: ignore[no-any-return]
 
     async def _next(self, iterator: Iterator[_Outputs], done: object) -> Any:
-        step: Awaitable[Any] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)
+        step: Awaitable[object] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)
         timeout_s = self._core.inference_timeout_s
         try:
             return await asyncio.wait_for(asyncio.shield(step), timeout_s)

@@ -58,9 +58,9 @@ class _Steps:
 
     def __init__(self, operation: Operation) -> None:
         self._operation = operation
-        self.value: Any = None
+        self.value: object = None
         self.error: Optional[Exception] = None
-        self.result: Any = None
+        self.result: object = None
 
     def __iter__(self) -> Iterator[Call]:
         operation = self._operation
@@ -74,7 +74,7 @@ class _Steps:
             self.result = done.value
 
 
-def _call_sync(call: Call, control: Any, infer: Any) -> Any:
+def _call_sync(call: Call, control: object, infer: object) -> object:
     if call.method == "sleep":
         time.sleep(call.args[0])
         return None
@@ -82,7 +82,7 @@ def _call_sync(call: Call, control: Any, infer: Any) -> Any:
     return getattr(client, call.method)(*call.args, **call.kwargs)
 
 
-async def _call_async(call: Call, client: Any) -> Any:
+async def _call_async(call: Call, client: object) -> object:
     if call.method == "sleep":
         await asyncio.sleep(call.args[0])
         return None
@@ -90,7 +90,7 @@ async def _call_async(call: Call, client: Any) -> Any:
     return await asyncio.wait_for(coroutine, call.timeout_s) if call.timeout_s else await coroutine
 
 
-def run_sync(operation: Operation, control: Any, infer: Any) -> Any:
+def run_sync(operation: Operation, control: object, infer: object) -> Any:
     """Run an operation to completion with blocking clients; returns its result."""
     steps = _Steps(operation)
     for call in steps:
@@ -101,7 +101,7 @@ def run_sync(operation: Operation, control: Any, infer: Any) -> Any:
     return steps.result
 
 
-async def run_async(operation: Operation, client: Any) -> Any:
+async def run_async(operation: Operation, client: object) -> Any:
     """Run an operation with an asyncio client; every call is bounded by its ``timeout_s``."""
     steps = _Steps(operation)
     for call in steps:

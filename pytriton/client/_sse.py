@@ -16,7 +16,7 @@ import http.client
 import json
 import socket
 import threading
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -28,16 +28,16 @@ from pytriton.client.exceptions import PyTritonClientError, PyTritonClientInfere
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 
 
-def _plain(array: npt.NDArray[Any]) -> Any:
+def _plain(array: npt.NDArray[np.generic]) -> object:
     flat = array.reshape(-1)
     if flat.dtype.kind in "SO":
         return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in flat]
     return flat.tolist()
 
 
-def encode_request(arrays: Dict[str, npt.NDArray[Any]], parameters: Optional[Dict[str, Any]]) -> bytes:
+def encode_request(arrays: Dict[str, npt.NDArray[np.generic]], parameters: Optional[Mapping[str, object]]) -> bytes:
     """The JSON body of a ``generate_stream`` request."""
-    body: Dict[str, Any] = {name: _plain(array) for name, array in arrays.items()}
+    body: Dict[str, object] = {name: _plain(array) for name, array in arrays.items()}
     if parameters:
         body["parameters"] = parameters
     return json.dumps(body).encode("utf-8")
@@ -70,8 +70,8 @@ def _shape(spec: TensorSpec, size: int, batch_axis: bool) -> Optional[Tuple[int,
 
 
 def decode_event(
-    event: Dict[str, Any], config: TritonModelConfig, keep_batch_axis: bool
-) -> Dict[str, npt.NDArray[Any]]:
+    event: Mapping[str, object], config: TritonModelConfig, keep_batch_axis: bool
+) -> Dict[str, npt.NDArray[np.generic]]:
     """Output arrays of one event, shaped by the config (with a batch axis of 1 when ``keep_batch_axis``).
 
     ``PyTritonClientInferenceServerError`` for an error event.

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-def _is_grpc(client: Any) -> bool:
+def _is_grpc(client: object) -> bool:
     return type(client).__module__.startswith("tritonclient.grpc")
 
 
@@ -58,14 +58,14 @@ def create_client_from_url(url: str, network_timeout_s: Optional[float] = None) 
     return BaseModelClient.create_client_from_url(url, network_timeout_s)
 
 
-def wait_for_server_ready(client: Any, timeout_s: Optional[float] = None) -> None:
+def wait_for_server_ready(client: object, timeout_s: Optional[float] = None) -> None:
     """Poll until the server reports ready; ``PyTritonClientTimeoutError`` after ``timeout_s`` (default 60 s)."""
     timeout = DEFAULT_SERVER_READY_TIMEOUT_S if timeout_s is None else float(timeout_s)
     run_sync(_wait_for_server_operation(timeout, _is_grpc(client)), client, client)
 
 
 def wait_for_model_ready(
-    client: Any, model_name: str, model_version: Optional[str] = None, timeout_s: Optional[float] = None
+    client: object, model_name: str, model_version: Optional[str] = None, timeout_s: Optional[float] = None
 ) -> None:
     """Poll until the server and the model (its latest version when ``model_version`` is None) are ready.
 
@@ -80,7 +80,7 @@ def wait_for_model_ready(
     run_sync(operation, client, client)
 
 
-def get_model_state(client: Any, model_name: str, model_version: Optional[str] = None) -> ModelState:
+def get_model_state(client: object, model_name: str, model_version: Optional[str] = None) -> ModelState:
     """The model's :class:`ModelState` from the repository index (``UNAVAILABLE`` when it is not listed).
 
     Without ``model_version`` the numerically highest listed version is reported. One call, bounded
@@ -91,7 +91,7 @@ def get_model_state(client: Any, model_name: str, model_version: Optional[str] =
 
 
 def get_model_config(
-    client: Any, model_name: str, model_version: Optional[str] = None, timeout_s: Optional[float] = None
+    client: object, model_name: str, model_version: Optional[str] = None, timeout_s: Optional[float] = None
 ) -> TritonModelConfig:
     """The model's config as a ``TritonModelConfig``, after waiting for it to be ready.
 

@@ -13,7 +13,7 @@ Unit test: tests/unit/test_inprocess_client.py (on a fake server and model).
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import numpy as np
 
@@ -28,14 +28,14 @@ class InProcessModelClient:
 
     def __init__(self, server: Server, model_name: str, model_version: Union[int, str, None] = None) -> None:
         self._model: Model = server.model(model_name, int(model_version) if model_version is not None else -1)
-        self._config: Optional[Dict[str, Any]] = None
+        self._config: Optional[Dict[str, object]] = None
         self._decoupled: Optional[bool] = None
         self._closed = False
 
     def __enter__(self) -> InProcessModelClient:
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -61,17 +61,21 @@ class InProcessModelClient:
                 raise UnavailableError(f"Model {self._model.name!r} was not ready within {timeout_s} s")
             time.sleep(0.05)
 
-    def infer_sample(self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, **named: Any) -> Dict[str, Any]:
+    def infer_sample(
+        self, *inputs: object, parameters: Optional[Mapping[str, object]] = None, **named: object
+    ) -> Dict[str, Any]:
         """Infer one sample (the batch axis is added and removed for batching models)."""
         return self._infer(inputs, named, parameters, batch=False)
 
-    def infer_batch(self, *inputs: Any, parameters: Optional[Dict[str, Any]] = None, **named: Any) -> Dict[str, Any]:
+    def infer_batch(
+        self, *inputs: object, parameters: Optional[Mapping[str, object]] = None, **named: object
+    ) -> Dict[str, Any]:
         """Infer a batch (inputs carry the batch axis); only for batching models."""
         return self._infer(inputs, named, parameters, batch=True)
 
     def _infer(
-        self, inputs: Any, named: Dict[str, Any], parameters: Optional[Dict[str, Any]], batch: bool
-    ) -> Dict[str, Any]:
+        self, inputs: Any, named: Mapping[str, object], parameters: Optional[Mapping[str, object]], batch: bool
+    ) -> Dict[str, object]:
         if self._closed:
             raise InvalidArgumentError("The client is closed")
         if inputs and named:
@@ -91,14 +95,14 @@ class InProcessModelClient:
             if len(inputs) > len(names):
                 raise InvalidArgumentError(f"Model {self._model.name!r} takes {len(names)} inputs, got {len(inputs)}")
             named = dict(zip(names, inputs))
-        tensors: Dict[str, Any] = {}
+        tensors: Dict[str, object] = {}
         for name, value in named.items():
             array = np.asarray(value)
             if batching and not batch:
                 array = array[np.newaxis, ...]
             tensors[name] = Tensor.from_bytes_array(array) if array.dtype.kind in ("O", "S", "U") else array
         (response,) = list(self._model.infer(inputs=tensors, parameters=dict(parameters or {})))
-        outputs: Dict[str, Any] = {}
+        outputs: Dict[str, object] = {}
         for name, tensor in response.outputs.items():
             value = tensor.to_bytes_array() if tensor.data_type == DataType.BYTES else np.from_dlpack(tensor)
             outputs[name] = value[0] if batching and not batch else value

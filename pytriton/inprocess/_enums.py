@@ -9,7 +9,7 @@ Unit test: tests/unit/test_inprocess.py.
 from __future__ import annotations
 
 import enum
-from typing import Any, Dict
+from typing import Dict
 
 import numpy as np
 
@@ -159,7 +159,7 @@ class DLDeviceType(enum.IntEnum):
     kDLCUDAHost = 3
 
 
-_NUMPY_OF: Dict[DataType, np.dtype[Any]] = {
+_NUMPY_OF: Dict[DataType, np.dtype[np.generic]] = {
     DataType.BOOL: np.dtype(np.bool_),
     DataType.UINT8: np.dtype(np.uint8),
     DataType.UINT16: np.dtype(np.uint16),
@@ -176,7 +176,7 @@ _NUMPY_OF: Dict[DataType, np.dtype[Any]] = {
 _DATA_TYPE_OF: Dict[str, DataType] = {dtype.str: data_type for data_type, dtype in _NUMPY_OF.items()}
 
 
-def numpy_dtype(data_type: DataType) -> np.dtype[Any]:
+def numpy_dtype(data_type: DataType) -> np.dtype[np.generic]:
     """numpy dtype holding elements of ``data_type``; ``ValueError`` for BYTES, BF16 and INVALID."""
     try:
         return _NUMPY_OF[DataType(data_type)]
@@ -184,7 +184,7 @@ def numpy_dtype(data_type: DataType) -> np.dtype[Any]:
         raise ValueError(f"{DataType(data_type).name} has no fixed-size numpy dtype") from None
 
 
-def data_type_of(dtype: np.dtype[Any]) -> DataType:
+def data_type_of(dtype: np.dtype[np.generic]) -> DataType:
     """Triton data type of a numpy dtype (object, bytes and str dtypes map to BYTES)."""
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):

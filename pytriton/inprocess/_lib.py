@@ -18,7 +18,7 @@ import os
 import pathlib
 import re
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from pytriton.inprocess._errors import TritonError, UnavailableError, error_from_code
 
@@ -41,7 +41,7 @@ REQUEST_RELEASE_FN = ctypes.CFUNCTYPE(None, P, U32, P)
 RESPONSE_COMPLETE_FN = ctypes.CFUNCTYPE(None, P, U32, P)
 
 # name -> (restype, argtypes). Functions returning TRITONSERVER_Error* use restype P.
-_PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
+_PROTOTYPES: Dict[str, Tuple[object, Sequence[object]]] = {
     "TRITONSERVER_ApiVersion": (P, [ctypes.POINTER(U32), ctypes.POINTER(U32)]),
     "TRITONSERVER_ErrorNew": (P, [I32, S]),
     "TRITONSERVER_ErrorDelete": (None, [P]),
@@ -213,7 +213,7 @@ class Library:
     ``gil_cdll`` (a ``ctypes.PyDLL`` of the same library) provides the :data:`HOLD_GIL` functions.
     """
 
-    def __init__(self, cdll: Any, path: Optional[pathlib.Path] = None, gil_cdll: Any = None) -> None:
+    def __init__(self, cdll: object, path: Optional[pathlib.Path] = None, gil_cdll: object = None) -> None:
         self.path = path
         self._cdll = cdll
         for name, (restype, argtypes) in _PROTOTYPES.items():
@@ -244,7 +244,7 @@ class Library:
         return int(self.TRITONSERVER_ErrorNew(code, message.encode("utf-8", "replace")) or 0)
 
 
-def _load_with_dependencies(target: pathlib.Path, lib_dir: pathlib.Path, loader: Callable[[str], Any]) -> Any:
+def _load_with_dependencies(target: pathlib.Path, lib_dir: pathlib.Path, loader: Callable[[str], object]) -> object:
     """``loader(target)``, first loading any missing dependency from ``lib_dir`` by absolute path."""
     for _ in range(_MAX_DEPENDENCY_LOADS):
         try:
@@ -303,7 +303,7 @@ def library(root: Optional[pathlib.Path] = None) -> Library:
         return _LIBRARY
 
 
-_PRELOADED: Dict[str, Any] = {}
+_PRELOADED: Dict[str, object] = {}
 
 
 def preload_backends(backend_directory: pathlib.Path, lib_dir: pathlib.Path) -> None:
@@ -331,7 +331,7 @@ def preloaded(backend: pathlib.Path) -> Any:
         return _PRELOADED.get(str(backend.resolve()))
 
 
-def _load_global(name: str) -> Any:
+def _load_global(name: str) -> object:
     return ctypes.CDLL(name, mode=getattr(os, "RTLD_GLOBAL", 0) | getattr(os, "RTLD_NOW", 0))
 
 

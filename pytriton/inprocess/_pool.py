@@ -72,14 +72,14 @@ class RequestPool:
                 return len(self._idle.get(model, ()))
             return sum(len(idle) for idle in self._idle.values())
 
-    def invalidate(self, lib: Any) -> None:
+    def invalidate(self, lib: object) -> None:
         """Delete the idle requests and refuse those created before (the models may change now)."""
         with self._lock:
             self.generation += 1
             entries = self._drain()
         delete_requests(lib, entries)
 
-    def close(self, lib: Any) -> None:
+    def close(self, lib: object) -> None:
         """Delete the idle requests and refuse every later one (the server stops)."""
         with self._lock:
             self._open = False
@@ -93,7 +93,7 @@ class RequestPool:
         return entries
 
 
-def delete_requests(lib: Any, entries: List[Entry]) -> None:
+def delete_requests(lib: object, entries: List[Entry]) -> None:
     """``InferenceRequestDelete`` each entry's request (errors are logged: nothing else to do)."""
     for handle, _, _ in entries:
         delete_request(lib, handle)

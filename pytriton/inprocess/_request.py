@@ -36,7 +36,7 @@ import itertools
 import logging
 import queue
 import threading
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -108,7 +108,7 @@ class InferenceRequest:
     timeout: int = 0
     inputs: Dict[str, Any] = dataclasses.field(default_factory=dict)
     parameters: Dict[str, Union[str, int, bool, float]] = dataclasses.field(default_factory=dict)
-    output_memory_type: Optional[Any] = None
+    output_memory_type: object = None
     output_memory_allocator: Optional[MemoryAllocator] = None
     response_queue: Optional[Any] = None
 
@@ -160,7 +160,7 @@ class _RequestState:
         self.deliver = deliver
         self.request_id = request_id
         self.handle: Optional[int] = None
-        self.inputs: Optional[List[Any]] = []
+        self.inputs: Optional[Sequence[object]] = []
         self.released = False
         self.finished = False
         self.lock = threading.Lock()
@@ -244,8 +244,8 @@ def _out_params() -> _OutParams:
 
 # -- callbacks (run on Triton threads; never let an exception escape) -----------------------------
 def _alloc(
-    allocator: Any,
-    tensor_name: Any,
+    allocator: object,
+    tensor_name: object,
     byte_size: int,
     memory_type: int,
     memory_type_id: int,
@@ -285,14 +285,19 @@ def _alloc(
 
 
 def _release(
-    allocator: Any, buffer: Any, buffer_userp: Optional[int], byte_size: int, memory_type: int, memory_type_id: int
+    allocator: object,
+    buffer: object,
+    buffer_userp: Optional[int],
+    byte_size: int,
+    memory_type: int,
+    memory_type_id: int,
 ) -> Optional[int]:
     _lib.keep_thread_state()
     _BUFFERS.pop(buffer_userp or 0, None)
     return None
 
 
-def _start(allocator: Any, userp: Any) -> Optional[int]:
+def _start(allocator: object, userp: object) -> Optional[int]:
     return None
 
 
@@ -443,11 +448,11 @@ def _response_allocator(lib: _lib.Library) -> int:
 
 
 # -- building and submitting ----------------------------------------------------------------------
-_NAMES: Dict[Any, bytes] = {}
-_SHAPES: Dict[Tuple[int, ...], Any] = {}
+_NAMES: Dict[object, bytes] = {}
+_SHAPES: Dict[Tuple[int, ...], object] = {}
 
 
-def _encoded(name: Any) -> bytes:
+def _encoded(name: object) -> bytes:
     """``str(name)`` as UTF-8, cached (model and input names repeat on every call)."""
     encoded = _NAMES.get(name)
     if encoded is None:
@@ -458,7 +463,7 @@ def _encoded(name: Any) -> bytes:
     return encoded
 
 
-def _shape_array(shape: Tuple[int, ...]) -> Any:
+def _shape_array(shape: Tuple[int, ...]) -> object:
     """``shape`` as a C ``int64_t`` array, cached; Triton copies it in ``AddInput`` and never writes it."""
     array = _SHAPES.get(shape)
     if array is None:
@@ -469,7 +474,7 @@ def _shape_array(shape: Tuple[int, ...]) -> Any:
     return array
 
 
-def _fill(lib: _lib.Library, handle: int, request: InferenceRequest, keep: List[Any]) -> None:
+def _fill(lib: _lib.Library, handle: int, request: InferenceRequest, keep: List[object]) -> None:
     if request.request_id is not None:
         lib.check(lib.TRITONSERVER_InferenceRequestSetId(handle, str(request.request_id).encode()))
     if request.flags:
@@ -558,7 +563,7 @@ def submit(
         if error:
             lib.check(error)
         handle, key = out.value or 0, next(_KEYS)
-    keep: List[Any] = []
+    keep: List[object] = []
     try:
         _fill(lib, handle, request, keep)
         state.inputs = keep
@@ -640,7 +645,11 @@ class ResponseIterator(_Responses):
     """Blocking iterator over a request's responses, in arrival order; stops after the final one."""
 
     def __init__(
-        self, model: Model, request: InferenceRequest, user_queue: Optional[Any] = None, raise_on_error: bool = False
+        self,
+        model: Model,
+        request: InferenceRequest,
+        user_queue: Optional[queue.Queue[InferenceResponse]] = None,
+        raise_on_error: bool = False,
     ):
         self._model = model
         self._queue: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()

@@ -25,7 +25,7 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
 
 from pytriton.inprocess import _lib, _pool, _private_modes, _request
 from pytriton.inprocess._enums import (
@@ -334,7 +334,7 @@ def _remove_orphan_regions(prefix: str) -> None:
             LOGGER.warning("could not remove the shared-memory region %s", entry)
 
 
-def _message_json(lib: _lib.Library, message: int) -> Any:
+def _message_json(lib: _lib.Library, message: int) -> object:
     """Parse and delete a ``TRITONSERVER_Message``."""
     try:
         base = ctypes.c_char_p()
@@ -355,7 +355,7 @@ def _changes_models(method: _Method) -> _Method:
     """
 
     @functools.wraps(method)
-    def wrapper(self: Server, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Server, *args: object, **kwargs: object) -> Any:
         self._requests.invalidate(self._lib)
         try:
             return method(self, *args, **kwargs)
@@ -512,11 +512,11 @@ class Server:
             self.start(wait_until_ready=True)
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     # -- server queries ------------------------------------------------------------------------------
-    def _flag(self, function_name: str, *args: Any) -> bool:
+    def _flag(self, function_name: str, *args: object) -> bool:
         lib = self._library()
         value = ctypes.c_bool()
         lib.check(getattr(lib, function_name)(self._handle_or_raise(), *args, ctypes.byref(value)))
@@ -530,7 +530,7 @@ class Server:
         """True if the server is ready (False once stopped)."""
         return self._running() and self._flag("TRITONSERVER_ServerIsReady")
 
-    def _message(self, function_name: str, *args: Any) -> Any:
+    def _message(self, function_name: str, *args: object) -> Any:
         lib = self._library()
         message = ctypes.c_void_p()
         lib.check(getattr(lib, function_name)(self._handle_or_raise(), *args, ctypes.byref(message)))
@@ -538,7 +538,7 @@ class Server:
 
     def metadata(self) -> Dict[str, Any]:
         """Server name, version and extensions."""
-        result: Dict[str, Any] = self._message("TRITONSERVER_ServerMetadata")
+        result: Dict[str, object] = self._message("TRITONSERVER_ServerMetadata")
         return result
 
     def metrics(self, metric_format: MetricFormat = MetricFormat.PROMETHEUS) -> str:
@@ -586,7 +586,7 @@ class Server:
             lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
             return Model(self, model_name)
         created: List[int] = []
-        keep: List[Any] = []
+        keep: List[object] = []
         try:
             for key, value in parameters.items():
                 name = str(key).encode()
@@ -730,7 +730,7 @@ class Model:
         return _request.InferenceRequest(model=self, **kwargs)
 
     def _make_request(
-        self, inference_request: Optional[_request.InferenceRequest], kwargs: Dict[str, Any]
+        self, inference_request: Optional[_request.InferenceRequest], kwargs: Mapping[str, object]
     ) -> _request.InferenceRequest:
         if inference_request is None:
             return self.create_request(**kwargs)
@@ -739,14 +739,20 @@ class Model:
         return inference_request
 
     def infer(
-        self, inference_request: Optional[_request.InferenceRequest] = None, raise_on_error: bool = True, **kwargs: Any
+        self,
+        inference_request: Optional[_request.InferenceRequest] = None,
+        raise_on_error: bool = True,
+        **kwargs: object,
     ) -> _request.ResponseIterator:
         """Send a request; iterate the result for its responses (one, or several for decoupled models)."""
         request = self._make_request(inference_request, kwargs)
         return _request.ResponseIterator(self, request, request.response_queue, raise_on_error)
 
     def async_infer(
-        self, inference_request: Optional[_request.InferenceRequest] = None, raise_on_error: bool = True, **kwargs: Any
+        self,
+        inference_request: Optional[_request.InferenceRequest] = None,
+        raise_on_error: bool = True,
+        **kwargs: object,
     ) -> _request.AsyncResponseIterator:
         """Like :meth:`infer`, from a coroutine: responses arrive in the running event loop."""
         request = self._make_request(inference_request, kwargs)
@@ -764,19 +770,19 @@ class Model:
 
     def metadata(self) -> Dict[str, Any]:
         """Name, versions, platform, inputs and outputs."""
-        result: Dict[str, Any] = self._server._message("TRITONSERVER_ServerModelMetadata", *self._key()[1:])
+        result: Dict[str, object] = self._server._message("TRITONSERVER_ServerModelMetadata", *self._key()[1:])
         return result
 
     def config(self, config_version: int = 1) -> Dict[str, Any]:
         """The model configuration as a dictionary."""
-        result: Dict[str, Any] = self._server._message(
+        result: Dict[str, object] = self._server._message(
             "TRITONSERVER_ServerModelConfig", *self._key()[1:], config_version
         )
         return result
 
     def statistics(self) -> Dict[str, Any]:
         """Inference and batch statistics."""
-        result: Dict[str, Any] = self._server._message("TRITONSERVER_ServerModelStatistics", *self._key()[1:])
+        result: Dict[str, object] = self._server._message("TRITONSERVER_ServerModelStatistics", *self._key()[1:])
         return result
 
     def _properties(self, function_name: str) -> int:

@@ -32,7 +32,7 @@ _NO_GPU = (
 )
 
 
-def array_address(array: npt.NDArray[Any]) -> int:
+def array_address(array: npt.NDArray[np.generic]) -> int:
     """Address of the first byte of a numpy array.
 
     ``ctypes.c_char.from_buffer`` gets it in a third of the time of ``array.ctypes.data`` (which builds
@@ -44,10 +44,10 @@ def array_address(array: npt.NDArray[Any]) -> int:
         return int(array.ctypes.data)
 
 
-_FAST_TYPES: Dict[np.dtype[Any], Optional[DataType]] = {}
+_FAST_TYPES: Dict[np.dtype[np.generic], Optional[DataType]] = {}
 
 
-def fast_data_type(value: Any) -> Optional[DataType]:
+def fast_data_type(value: object) -> Optional[DataType]:
     """The Triton type of ``value`` if it is a plain C-contiguous numpy array of a native numeric dtype.
 
     Such an array can be handed to Triton as it is (its ``ctypes.data``, ``nbytes`` and ``shape``),
@@ -71,7 +71,7 @@ def fast_data_type(value: Any) -> Optional[DataType]:
     return found
 
 
-def parse_device(device: Any) -> Tuple[MemoryType, int]:
+def parse_device(device: object) -> Tuple[MemoryType, int]:
     """Normalise a device spec (``"cpu"``, ``"gpu:0"``, ``MemoryType``, tuples) to (MemoryType, id)."""
     if isinstance(device, str):
         kind, _, index = device.lower().partition(":")
@@ -104,7 +104,7 @@ def parse_device(device: Any) -> Tuple[MemoryType, int]:
     raise InvalidArgumentError(f"Cannot interpret {device!r} as a device or memory type")
 
 
-def _host_array(obj: Any) -> npt.NDArray[Any]:
+def _host_array(obj: Any) -> npt.NDArray[np.generic]:
     """A C-contiguous numpy view (a copy only if ``obj`` is not contiguous) of a host DLPack object."""
     device = getattr(obj, "__dlpack_device__", None)
     if device is not None:
@@ -127,15 +127,15 @@ class MemoryBuffer:
     memory_type: MemoryType
     memory_type_id: int
     size: int
-    owner: Any
+    owner: object
 
     @staticmethod
-    def from_dlpack(owner: Any) -> MemoryBuffer:
+    def from_dlpack(owner: object) -> MemoryBuffer:
         """Buffer over the bytes of a contiguous host DLPack object (no copy)."""
         array = _host_array(owner)
         return MemoryBuffer(int(array.ctypes.data), MemoryType.CPU, 0, int(array.nbytes), array)
 
-    def _bytes_view(self) -> npt.NDArray[Any]:
+    def _bytes_view(self) -> npt.NDArray[np.generic]:
         """A uint8 numpy view of the buffer that keeps ``owner`` alive."""
         if self.memory_type == MemoryType.GPU:
             raise UnsupportedError(_NO_GPU)
@@ -170,17 +170,17 @@ class NumpyAllocator(MemoryAllocator):
         return MemoryBuffer(int(array.ctypes.data), MemoryType.CPU, 0, size, array)
 
 
-def serialize_bytes(items: Sequence[bytes]) -> npt.NDArray[Any]:
+def serialize_bytes(items: Sequence[bytes]) -> npt.NDArray[np.generic]:
     """Triton's BYTES layout: each element as a 4-byte little-endian length and its bytes."""
     parts: List[bytes] = []
     for item in items:
         parts.append(struct.pack("<I", len(item)))
         parts.append(item)
-    data: npt.NDArray[Any] = np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
+    data: npt.NDArray[np.generic] = np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
     return data
 
 
-def deserialize_bytes(data: npt.NDArray[Any], count: Optional[int] = None) -> List[bytes]:
+def deserialize_bytes(data: npt.NDArray[np.generic], count: Optional[int] = None) -> List[bytes]:
     """Inverse of :func:`serialize_bytes` (bounded by the buffer; raises on truncated data)."""
     raw = data.tobytes()
     out: List[bytes] = []
@@ -222,7 +222,7 @@ class Tensor:
         return self.memory_buffer.size
 
     # -- DLPack -----------------------------------------------------------------------------------
-    def _numpy_view(self) -> npt.NDArray[Any]:
+    def _numpy_view(self) -> npt.NDArray[np.generic]:
         if self.data_type == DataType.BYTES:
             raise InvalidArgumentError("BYTES tensors have no DLPack form: use to_bytes_array() or to_string_array()")
         try:
@@ -233,8 +233,9 @@ class Tensor:
         count = math.prod(shape)  # (1 for shape (); np.prod of a tuple costs microseconds)
         return self.memory_buffer._bytes_view()[: count * dtype.itemsize].view(dtype).reshape(shape)
 
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._numpy_view().__dlpack__(*args, **kwargs)
+    def __dlpack__(self, *args: object, **kwargs: Any) -> Any:
+        numeric = cast("npt.NDArray[np.number[Any]]", self._numpy_view())  # BYTES tensors have no DLPack form
+        return numeric.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self) -> Tuple[int, int]:
         if self.memory_type == MemoryType.GPU:
@@ -242,7 +243,7 @@ class Tensor:
         return (int(DLDeviceType.kDLCPU), 0)
 
     @staticmethod
-    def from_dlpack(obj: Any) -> Tensor:
+    def from_dlpack(obj: object) -> Tensor:
         """Tensor over a host DLPack object's memory (no copy if it is C-contiguous)."""
         array = _host_array(obj)
         if array.dtype.kind in ("O", "S", "U"):
@@ -255,7 +256,7 @@ class Tensor:
         return Tensor(data_type, list(array.shape), buffer)
 
     @staticmethod
-    def _from_object(value: Any) -> Tensor:
+    def _from_object(value: object) -> Tensor:
         """Tensor from anything accepted as a request input (Tensor, DLPack object, list, scalar)."""
         if isinstance(value, Tensor):
             return value
@@ -268,7 +269,7 @@ class Tensor:
 
     # -- BYTES ------------------------------------------------------------------------------------
     @staticmethod
-    def from_bytes_array(bytes_array: Any) -> Tensor:
+    def from_bytes_array(bytes_array: object) -> Tensor:
         """BYTES tensor from a list or array of ``bytes``/``str`` (str encoded as UTF-8); copies."""
         array = np.asarray(bytes_array, dtype=object) if not isinstance(bytes_array, np.ndarray) else bytes_array
         items: List[bytes] = []
@@ -284,14 +285,14 @@ class Tensor:
         return Tensor(DataType.BYTES, list(array.shape), buffer)
 
     @staticmethod
-    def from_string_array(string_array: Any) -> Tensor:
+    def from_string_array(string_array: object) -> Tensor:
         """BYTES tensor from a list or array of ``str`` (UTF-8 encoded); copies."""
         array = np.asarray(string_array, dtype=object)
         if not all(isinstance(item, (str, np.str_)) for item in array.reshape(-1)):
             raise InvalidArgumentError("from_string_array takes str elements only (use from_bytes_array for bytes)")
         return Tensor.from_bytes_array(array)
 
-    def to_bytes_array(self) -> npt.NDArray[Any]:
+    def to_bytes_array(self) -> npt.NDArray[np.object_]:
         """The BYTES tensor as a numpy object array of ``bytes`` with the tensor's shape."""
         if self.data_type != DataType.BYTES:
             raise InvalidArgumentError(f"to_bytes_array needs a BYTES tensor, this one is {self.data_type.name}")
@@ -304,12 +305,12 @@ class Tensor:
         result[:] = items
         return result.reshape(shape)
 
-    def to_string_array(self) -> npt.NDArray[Any]:
+    def to_string_array(self) -> npt.NDArray[np.object_]:
         """The BYTES tensor as a numpy object array of ``str`` (UTF-8 decoded)."""
         raw = self.to_bytes_array()
         result = np.empty(raw.size, dtype=object)
         result[:] = [item.decode("utf-8") for item in raw.reshape(-1)]
-        shaped: npt.NDArray[Any] = result.reshape(raw.shape)
+        shaped: npt.NDArray[np.object_] = result.reshape(raw.shape)
         return shaped
 
     # -- devices ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import pathlib
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 
 class DeviceKind(enum.Enum):
@@ -110,7 +110,7 @@ class WarmupInput:
     Exactly one of ``zero_data``, ``random_data`` and ``input_data_file`` must be set.
     """
 
-    dtype: Any
+    dtype: object
     shape: Sequence[int]
     zero_data: bool = False
     random_data: bool = False

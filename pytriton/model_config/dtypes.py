@@ -12,7 +12,7 @@ import numpy as np
 from pytriton.exceptions import PyTritonBadParameterError
 
 # Triton type name -> numpy dtype. BYTES (variable-length strings) is represented by np.bytes_.
-_TRITON_TO_NUMPY: Dict[str, np.dtype[Any]] = {
+_TRITON_TO_NUMPY: Dict[str, np.dtype[np.generic]] = {
     "BOOL": np.dtype(np.bool_),
     "INT8": np.dtype(np.int8),
     "INT16": np.dtype(np.int16),
@@ -26,11 +26,11 @@ _TRITON_TO_NUMPY: Dict[str, np.dtype[Any]] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
 }
-_NUMPY_TO_TRITON: Dict[np.dtype[Any], str] = {dtype: name for name, dtype in _TRITON_TO_NUMPY.items()}
+_NUMPY_TO_TRITON: Dict[np.dtype[np.generic], str] = {dtype: name for name, dtype in _TRITON_TO_NUMPY.items()}
 _BYTES_NAMES = frozenset({"bytes", "object", "str", "string", "bytes_", "object_", "str_", "s", "o", "u"})
 
 
-def is_bytes_dtype(dtype: Any) -> bool:
+def is_bytes_dtype(dtype: object) -> bool:
     """True for every form that means Triton BYTES (bytes, str, object, np.bytes_, 'S'/'U'/'O' dtypes)."""
     if dtype in (bytes, str, object, np.bytes_, np.str_, np.object_):
         return True
@@ -60,7 +60,7 @@ def normalize_dtype(dtype: Any, *, what: str = "tensor") -> type:
     return resolved.type  # type: ignore[no-any-return]
 
 
-def triton_type(dtype: Any) -> str:
+def triton_type(dtype: object) -> str:
     """Triton type name (``"FP32"``, ``"BYTES"``, ...) of a dtype in any accepted form."""
     normalized = normalize_dtype(dtype)
     if normalized is np.bytes_:
@@ -73,7 +73,7 @@ def numpy_type(triton_name: str) -> type:
     name = triton_name[5:] if triton_name.startswith("TYPE_") else triton_name
     if name in ("BYTES", "STRING"):
         return np.bytes_
-    dtype: Optional[np.dtype[Any]] = _TRITON_TO_NUMPY.get(name)
+    dtype: Optional[np.dtype[np.generic]] = _TRITON_TO_NUMPY.get(name)
     if dtype is None:
         raise PyTritonBadParameterError(f"Triton type {triton_name!r} has no numpy equivalent in pytriton.")
     return dtype.type  # type: ignore[no-any-return]

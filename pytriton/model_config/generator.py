@@ -24,7 +24,7 @@ from pytriton.model_config.triton_model_config import TensorSpec, TritonModelCon
 _ENUM_FIELDS = frozenset({"data_type", "kind", "timeout_action"})
 
 
-def _queue_policy(policy: QueuePolicy) -> Dict[str, Any]:
+def _queue_policy(policy: QueuePolicy) -> Mapping[str, object]:
     return {
         "timeout_action": policy.timeout_action.value,
         "default_timeout_microseconds": int(policy.default_timeout_microseconds),
@@ -33,8 +33,8 @@ def _queue_policy(policy: QueuePolicy) -> Dict[str, Any]:
     }
 
 
-def _batcher(batcher: DynamicBatcher) -> Dict[str, Any]:
-    result: Dict[str, Any] = {
+def _batcher(batcher: DynamicBatcher) -> Mapping[str, object]:
+    result: Dict[str, object] = {
         "max_queue_delay_microseconds": int(batcher.max_queue_delay_microseconds),
         "preserve_ordering": bool(batcher.preserve_ordering),
     }
@@ -64,8 +64,8 @@ SEQUENCE_CONTROLS = {
 _FLAG_KINDS = {"start": "CONTROL_SEQUENCE_START", "end": "CONTROL_SEQUENCE_END", "ready": "CONTROL_SEQUENCE_READY"}
 
 
-def _sequence_batcher(batcher: SequenceBatcher) -> Dict[str, Any]:
-    controls: List[Dict[str, Any]] = [
+def _sequence_batcher(batcher: SequenceBatcher) -> Mapping[str, object]:
+    controls: List[Mapping[str, object]] = [
         # INT32 rather than BOOL: the stub reads inputs through DLPack under numpy 2, which carries int32 for sure.
         {"name": SEQUENCE_CONTROLS[key], "control": [{"kind": kind, "int32_false_true": [0, 1]}]}
         for key, kind in _FLAG_KINDS.items()
@@ -75,12 +75,12 @@ def _sequence_batcher(batcher: SequenceBatcher) -> Dict[str, Any]:
         # string elements 2 for inference input"): string ids go without the control, which Triton accepts.
         corrid = {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}
         controls.append({"name": SEQUENCE_CONTROLS["corrid"], "control": [corrid]})
-    result: Dict[str, Any] = {}
+    result: Dict[str, object] = {}
     if batcher.max_sequence_idle_microseconds:
         result["max_sequence_idle_microseconds"] = int(batcher.max_sequence_idle_microseconds)
     result["control_input"] = controls
     if batcher.strategy is SequenceStrategy.OLDEST:
-        oldest: Dict[str, Any] = {}
+        oldest: Dict[str, object] = {}
         if batcher.max_candidate_sequences:
             oldest["max_candidate_sequences"] = int(batcher.max_candidate_sequences)
         if batcher.preferred_batch_size:
@@ -111,14 +111,14 @@ def _parse_sequence_batcher(raw: Mapping[str, Any]) -> SequenceBatcher:
     )
 
 
-def _config_type(dtype: Any) -> str:
+def _config_type(dtype: object) -> str:
     # The model-config protobuf calls BYTES "TYPE_STRING"; every other name matches.
     name = triton_type(dtype)
     return "TYPE_STRING" if name == "BYTES" else "TYPE_" + name
 
 
-def _tensor(spec: TensorSpec, is_input: bool) -> Dict[str, Any]:
-    entry: Dict[str, Any] = {
+def _tensor(spec: TensorSpec, is_input: bool) -> Mapping[str, object]:
+    entry: Dict[str, object] = {
         "name": spec.name,
         "data_type": _config_type(spec.dtype),
         "dims": list(spec.shape),
@@ -130,7 +130,7 @@ def _tensor(spec: TensorSpec, is_input: bool) -> Dict[str, Any]:
 
 def to_dict(config: TritonModelConfig) -> Dict[str, Any]:
     """The complete Triton model config as a JSON-compatible dict (protobuf JSON field names)."""
-    result: Dict[str, Any] = {
+    result: Dict[str, object] = {
         "name": config.model_name,
         "backend": config.backend,
         "max_batch_size": int(config.max_batch_size) if config.batching else 0,
@@ -161,7 +161,7 @@ def to_dict(config: TritonModelConfig) -> Dict[str, Any]:
     return result
 
 
-def _pbtxt_scalar(key: str, value: Any) -> str:
+def _pbtxt_scalar(key: str, value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

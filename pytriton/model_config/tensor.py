@@ -6,7 +6,7 @@ Unit test: tests/unit/test_model_config.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class Tensor:
     """
 
     shape: Tuple[int, ...]
-    dtype: Any
+    dtype: object
     name: Optional[str] = None
     optional: Optional[bool] = False
 

@@ -10,7 +10,7 @@ Unit test: tests/unit/test_model_config.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +27,7 @@ class TensorSpec:
     dtype: type
     optional: bool = False
 
-    def mismatch(self, array: npt.NDArray[Any], batch_axis: bool) -> Optional[str]:
+    def mismatch(self, array: npt.NDArray[np.generic], batch_axis: bool) -> Optional[str]:
         """Why ``array`` does not fit this declaration (dtype, then shape), or None if it does.
 
         ``batch_axis``: the array carries a leading batch axis that the declaration does not.
@@ -67,7 +67,7 @@ class TritonModelConfig:
     # The versions Triton serves (``version_policy { specific ... }``); None: Triton's default, the latest.
     versions: Optional[List[int]] = None
     # The ``model_warmup`` section in protobuf JSON form (pytriton.model_config.warmup); None: no warmup.
-    model_warmup: Optional[List[Dict[str, Any]]] = None
+    model_warmup: Optional[List[Dict[str, object]]] = None
     # Triton's sequence batcher in place of the dynamic one (docs/sequences.md); None: not a sequence model.
     sequence_batcher: Optional[SequenceBatcher] = None
 

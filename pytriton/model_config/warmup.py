@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -42,18 +42,20 @@ class ResolvedWarmup:
     ``(warmup name, {input name: batch})`` per request, ``count`` times each, in order.
     """
 
-    entries: List[Dict[str, Any]]
+    entries: List[Dict[str, object]]
     files: Dict[str, bytes]  # file name under <model>/warmup/ -> content
-    direct: List[Tuple[str, Dict[str, npt.NDArray[Any]]]] = dataclasses.field(default_factory=list)
+    direct: List[Tuple[str, Dict[str, npt.NDArray[np.generic]]]] = dataclasses.field(default_factory=list)
 
 
-def _positive_int(value: Any, what: str) -> int:
+def _positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PyTritonBadParameterError(f"{what} must be an int >= 1, got {value!r}.")
     return int(value)
 
 
-def _load_npy(file: pathlib.Path, dtype: type, shape: Sequence[int], batch_size: int, what: str) -> npt.NDArray[Any]:
+def _load_npy(
+    file: pathlib.Path, dtype: type, shape: Sequence[int], batch_size: int, what: str
+) -> npt.NDArray[np.generic]:
     """A ``.npy`` file's samples as ``(n, *shape)``: n is 1 (one sample) or ``batch_size`` (a whole batch)."""
     try:
         array = np.load(file, allow_pickle=False)
@@ -77,14 +79,14 @@ def _load_npy(file: pathlib.Path, dtype: type, shape: Sequence[int], batch_size:
     return np.ascontiguousarray(array, dtype=dtype).reshape((samples, *shape))
 
 
-def _triton_bytes(sample: npt.NDArray[Any], dtype: type) -> bytes:
+def _triton_bytes(sample: npt.NDArray[np.generic], dtype: type) -> bytes:
     """One sample in the layout Triton reads a warmup file in (little-endian; BYTES length-prefixed)."""
     if dtype is np.bytes_:
         return b"".join(len(item).to_bytes(4, "little") + item for item in sample.reshape(-1).tolist())
     return np.ascontiguousarray(sample.reshape(-1), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
 
 
-def _generated(warmup_input: WarmupInput, dtype: type, shape: Sequence[int], rows: int) -> npt.NDArray[Any]:
+def _generated(warmup_input: WarmupInput, dtype: type, shape: Sequence[int], rows: int) -> npt.NDArray[np.generic]:
     """``zero_data`` or ``random_data`` as ``(rows, *shape)``, for a warmup pytriton sends itself."""
     full = (rows, *shape)
     if dtype is np.bytes_:
@@ -112,7 +114,7 @@ class _CheckedInput:
     source: WarmupInput
     dtype: type
     shape: Tuple[int, ...]
-    samples: Optional[npt.NDArray[Any]] = None  # (1 or batch_size, *shape), from a .npy file
+    samples: Optional[npt.NDArray[np.generic]] = None  # (1 or batch_size, *shape), from a .npy file
     raw: Optional[bytes] = None  # a raw file, passed to Triton as it is
 
     @property
@@ -121,7 +123,7 @@ class _CheckedInput:
         return self.samples is not None and len(self.samples) > 1
 
 
-def _check_input(warmup_input: Any, spec: TensorSpec, batch_size: int, what: str) -> _CheckedInput:
+def _check_input(warmup_input: object, spec: TensorSpec, batch_size: int, what: str) -> _CheckedInput:
     if not isinstance(warmup_input, WarmupInput):
         raise PyTritonBadParameterError(f"{what}: expected a WarmupInput, got {type(warmup_input).__name__}.")
     dtype = normalize_dtype(warmup_input.dtype, what=what)
@@ -159,10 +161,10 @@ def _check_input(warmup_input: Any, spec: TensorSpec, batch_size: int, what: str
     return checked
 
 
-def _triton_entry(checked: _CheckedInput, file_name: str, files: Dict[str, bytes]) -> Dict[str, Any]:
+def _triton_entry(checked: _CheckedInput, file_name: str, files: Dict[str, bytes]) -> Mapping[str, object]:
     """The input's entry of Triton's ``model_warmup`` section (its data file added to ``files``)."""
     data_type = "TYPE_STRING" if checked.dtype is np.bytes_ else "TYPE_" + triton_type(checked.dtype)
-    entry: Dict[str, Any] = {"data_type": data_type, "dims": list(checked.shape)}
+    entry: Dict[str, object] = {"data_type": data_type, "dims": list(checked.shape)}
     if checked.source.zero_data:
         entry["zero_data"] = True
     elif checked.source.random_data:
@@ -174,7 +176,7 @@ def _triton_entry(checked: _CheckedInput, file_name: str, files: Dict[str, bytes
     return entry
 
 
-def _direct_batch(checked: _CheckedInput, batch_size: int, batching: bool, what: str) -> npt.NDArray[Any]:
+def _direct_batch(checked: _CheckedInput, batch_size: int, batching: bool, what: str) -> npt.NDArray[np.generic]:
     """The input's batch for a warmup pytriton sends itself (no batch axis for a model without batching)."""
     if checked.raw is not None:
         raise PyTritonBadParameterError(
@@ -232,7 +234,7 @@ def resolve_warmup(
             raise PyTritonBadParameterError(f"{label}: inputs is empty; give data for at least one input.")
         parsed.append((warmup.name, batch_size, count, checked, bool(missing)))
     if not any(partial or any(c.whole_batch for c in warmup_inputs.values()) for *_, warmup_inputs, partial in parsed):
-        entries: List[Dict[str, Any]] = []
+        entries: List[Dict[str, object]] = []
         files: Dict[str, bytes] = {}
         for index, (name, batch_size, count, warmup_inputs, _) in enumerate(parsed):
             input_entries = {
@@ -241,7 +243,7 @@ def resolve_warmup(
             }
             entries.append({"name": name, "batch_size": batch_size, "count": count, "inputs": input_entries})
         return ResolvedWarmup(entries=entries, files=files)
-    direct: List[Tuple[str, Dict[str, npt.NDArray[Any]]]] = []
+    direct: List[Tuple[str, Dict[str, npt.NDArray[np.generic]]]] = []
     for name, batch_size, count, warmup_inputs, _ in parsed:
         for _ in range(count):  # random data differs between the repetitions, as in Triton's warmup
             batch = {

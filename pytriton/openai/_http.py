@@ -29,6 +29,7 @@ import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 Outputs = Dict[str, np.ndarray]  # type: ignore[type-arg]
 
@@ -170,7 +171,7 @@ class TritonHttp:
         self,
         model: str,
         version: Optional[int],
-        inputs: Dict[str, np.ndarray[Any, Any]],
+        inputs: Dict[str, npt.NDArray[np.generic]],
         parameters: Optional[Dict[str, Any]],
     ) -> Outputs:
         """One inference request; raises :class:`TritonHttpError` for Triton's errors, ``OSError`` when unreachable."""

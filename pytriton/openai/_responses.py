@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton.openai._errors import model_failed
 from pytriton.openai._models import ChatModel
@@ -274,7 +275,7 @@ class ChunkWriter:
 
 def embedding_response(
     model: str,
-    vectors: Sequence[np.ndarray[Any, Any]],
+    vectors: Sequence[npt.NDArray[np.generic]],
     encoding_format: str,
     tokens: Optional[int],
 ) -> Dict[str, Any]:

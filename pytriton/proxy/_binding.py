@@ -35,7 +35,7 @@ def backend_region_prefix(shm_prefix: str) -> str:
     return f"{shm_prefix}-pb"
 
 
-def validate_model_name(name: Any) -> str:
+def validate_model_name(name: object) -> str:
     """Check a model name; Triton uses it as a directory name and in URLs."""
     if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
         raise PyTritonValidationError(
@@ -147,7 +147,7 @@ class BoundModel:
         index: int,
         model_name: str,
         model_version: int,
-        infer_funcs: Union[Callable[..., Any], Sequence[Callable[..., Any]]],
+        infer_funcs: Union[Callable[..., object], Sequence[Callable[..., object]]],
         inputs: Sequence[Tensor],
         outputs: Sequence[Tensor],
         config: ModelConfig,
@@ -159,7 +159,7 @@ class BoundModel:
         if not isinstance(model_version, int) or isinstance(model_version, bool) or model_version < 1:
             raise PyTritonValidationError(f"Model {model_name!r}: model_version must be a positive int.")
         self.version = model_version
-        funcs: List[Callable[..., Any]] = (
+        funcs: List[Callable[..., object]] = (
             list(infer_funcs) if isinstance(infer_funcs, (list, tuple)) else [infer_funcs]  # type: ignore[list-item]
         )
         if not funcs or not all(callable(func) for func in funcs):
@@ -414,7 +414,7 @@ class BoundModel:
         batcher = self.config.batcher
         return batcher.max_queue_delay_microseconds / 1e6 if batcher is not None else 0.0
 
-    def refuse_new(self, admission: Any) -> None:
+    def refuse_new(self, admission: object) -> None:
         """Draining: a batch reaching an instance from now on runs only if ``admission`` admits it.
 
         ``admission`` (``pytriton.proxy._admission.Admission``, shared by the instances) admits the
@@ -503,7 +503,7 @@ def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatch
     return sequence
 
 
-def _execution_timeout(value: Any, model: str) -> Optional[float]:
+def _execution_timeout(value: object, model: str) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

@@ -22,7 +22,7 @@ LOGGER = logging.getLogger(__name__)
 CONTEXT_ATTRIBUTE = "__triton_context__"  # where a bound callable (or its instance) carries the context
 
 
-def _config_key(infer_callable: Any) -> Any:
+def _config_key(infer_callable: object) -> object:
     """Identity of a callable that is the same through every decorator layer and method binding."""
     target = infer_callable
     for _ in range(100):  # bounded: decorator stacks are shallow
@@ -45,18 +45,18 @@ class ModelConfigDict(MutableMapping[Any, TritonModelConfig]):
     """
 
     def __init__(self) -> None:
-        self._data: Dict[Any, TritonModelConfig] = {}
-        self._callables: Dict[Any, Callable[..., Any]] = {}
+        self._data: Dict[object, TritonModelConfig] = {}
+        self._callables: Dict[object, Callable[..., object]] = {}
 
-    def __getitem__(self, infer_callable: Callable[..., Any]) -> TritonModelConfig:
+    def __getitem__(self, infer_callable: Callable[..., object]) -> TritonModelConfig:
         return self._data[_config_key(infer_callable)]
 
-    def __setitem__(self, infer_callable: Callable[..., Any], config: TritonModelConfig) -> None:
+    def __setitem__(self, infer_callable: Callable[..., object], config: TritonModelConfig) -> None:
         key = _config_key(infer_callable)
         self._data[key] = config
         self._callables[key] = infer_callable
 
-    def __delitem__(self, infer_callable: Callable[..., Any]) -> None:
+    def __delitem__(self, infer_callable: Callable[..., object]) -> None:
         key = _config_key(infer_callable)
         del self._data[key]
         del self._callables[key]
@@ -75,7 +75,7 @@ class TritonContext:
     model_configs: ModelConfigDict = dataclasses.field(default_factory=ModelConfigDict)
 
 
-def attach_context(func: Callable[..., Any], context: TritonContext, config: TritonModelConfig) -> None:
+def attach_context(func: Callable[..., object], context: TritonContext, config: TritonModelConfig) -> None:
     """Record ``config`` for ``func`` in ``context`` and attach the context to ``func`` (or the instance of a method).
 
     A callable that takes no attributes keeps working; only decorators that read its config then fail (logged).

@@ -26,7 +26,7 @@ output and the problem (the client receives that message).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +45,7 @@ class _Declared:
     def __init__(self, name: str, dtype: type, shape: Tuple[int, ...], batching: bool):
         self.name = name
         self.is_bytes = dtype is np.bytes_
-        self.dtype: Optional[np.dtype[Any]] = None if self.is_bytes else np.dtype(dtype)
+        self.dtype: Optional[np.dtype[np.generic]] = None if self.is_bytes else np.dtype(dtype)
         offset = 1 if batching else 0
         self.ndim = len(shape) + offset
         self.shape = shape
@@ -75,8 +75,8 @@ class OutputChecker:
         self._strict = strict
 
     def check(
-        self, result: Any, n_requests: int, requested: Optional[Sequence[Optional[List[str]]]] = None
-    ) -> List[List[Tuple[str, npt.NDArray[Any]]]]:
+        self, result: object, n_requests: int, requested: Optional[Sequence[Optional[List[str]]]] = None
+    ) -> List[List[Tuple[str, npt.NDArray[np.generic]]]]:
         """Return the outputs as ``[(name, array), ...]`` per request or raise ``PyTritonRuntimeError``.
 
         ``requested``: per request, the output names the client asked for (``None``: all). Only
@@ -131,7 +131,7 @@ class OutputChecker:
             groups.append(group)
         return groups
 
-    def _check_present(self, index: int, outputs: Dict[str, Any], requested: Optional[List[str]]) -> None:
+    def _check_present(self, index: int, outputs: Mapping[str, object], requested: Optional[List[str]]) -> None:
         wanted = self._declared if requested is None else requested
         missing = [name for name in wanted if name not in outputs]
         if missing:
@@ -142,8 +142,8 @@ class OutputChecker:
             )
 
     def _check_array(
-        self, index: int, name: Any, spec: Optional[_Declared], value: Any, strict: bool
-    ) -> npt.NDArray[Any]:
+        self, index: int, name: object, spec: Optional[_Declared], value: object, strict: bool
+    ) -> npt.NDArray[np.generic]:
         where = f"Model {self._model!r}: output {name!r} of result {index}"
         if spec is None:
             raise PyTritonRuntimeError(
@@ -163,7 +163,7 @@ class OutputChecker:
         return converted
 
     @staticmethod
-    def _convert(where: str, spec: _Declared, value: npt.NDArray[Any], strict: bool) -> npt.NDArray[Any]:
+    def _convert(where: str, spec: _Declared, value: npt.NDArray[np.generic], strict: bool) -> npt.NDArray[np.generic]:
         """``value`` with the declared dtype, converted only where no information can be lost."""
         kind = value.dtype.kind
         if spec.is_bytes:

@@ -56,7 +56,7 @@ import subprocess
 import sys
 import threading
 import types
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 import wrapt
@@ -64,7 +64,7 @@ import wrapt
 from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _stub_watch
+from pytriton.proxy import _control, _stub_watch
 from pytriton.proxy._context import TritonContext
 from pytriton.proxy._worker import _process_running
 from pytriton.proxy.stubside import _arena
@@ -83,7 +83,7 @@ _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
 IN_WORKER_PROCESS = False
 
 
-def check_instance_kind(value: Any, model: str) -> str:
+def check_instance_kind(value: object, model: str) -> str:
     """``"thread"``, ``"process"`` or ``"backend"``; raises ``PyTritonBadParameterError`` for anything else."""
     if value not in INSTANCE_KINDS:
         raise PyTritonBadParameterError(
@@ -101,7 +101,7 @@ _wrapt: Any = wrapt
 _WRAPPERS = (_wrapt.FunctionWrapper, _wrapt.BoundFunctionWrapper)
 
 
-def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
+def _resolve(module: str, qualname: str, depth: int = 0) -> object:
     """The object named ``module.qualname``, then ``depth`` times its ``__wrapped__`` (used when unpickling)."""
     target: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -111,7 +111,7 @@ def _resolve(module: str, qualname: str, depth: int = 0) -> Any:
     return target
 
 
-def _numpy_type(code: str) -> Any:
+def _numpy_type(code: str) -> type:
     """The numpy scalar type of dtype ``code`` (used when unpickling, see :func:`reduce_numpy_type`)."""
     return np.dtype(code).type
 
@@ -130,12 +130,12 @@ def reduce_numpy_type(obj: Any) -> Any:
     return NotImplemented
 
 
-def _rewrap(wrapped: Any, wrapper: Any, enabled: Any) -> Any:
+def _rewrap(wrapped: object, wrapper: object, enabled: object) -> object:
     """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
     return _wrapt.FunctionWrapper(wrapped, wrapper, enabled)
 
 
-def _named(obj: Any) -> Optional[Tuple[str, str, int]]:
+def _named(obj: object) -> Optional[Tuple[str, str, int]]:
     """``(module, qualname, depth)`` if ``obj`` can be imported by name, itself or ``depth`` decorators below."""
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or "<locals>" in qualname:
@@ -163,7 +163,7 @@ class _CallablePickler(pickle.Pickler):
     The ``TritonContext`` that ``bind`` attaches is left out: the worker process attaches its own.
     """
 
-    def persistent_id(self, obj: Any) -> Optional[str]:
+    def persistent_id(self, obj: object) -> Optional[str]:
         return _CONTEXT_ID if type(obj) is TritonContext else None
 
     def reducer_override(self, obj: Any) -> Any:
@@ -203,7 +203,7 @@ def _main_importable() -> bool:
     return getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None
 
 
-def dump_callable(func: Any, model: str, slot: int, kind: str = "process") -> bytes:
+def dump_callable(func: object, model: str, slot: int, kind: str = "process") -> bytes:
     """The pickled callable of one instance; raises ``PyTritonBadParameterError`` saying how to fix it.
 
     ``kind``: the instance kind it is pickled for (``"process"``, or ``"backend"``: the server's stub).
@@ -227,7 +227,7 @@ def load_callable(data: bytes, context: TritonContext) -> Any:
     """Unpickle a callable from :func:`dump_callable`, with ``context`` in place of the parent's TritonContext."""
 
     class _Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid: Any) -> Any:
+        def persistent_load(self, pid: object) -> Any:
             if pid != _CONTEXT_ID:
                 raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
             return context
@@ -243,7 +243,7 @@ def preparation_data() -> Dict[str, Any]:
     because it would fix this process's multiprocessing start method as a side effect.
     """
     sys_path = [os.getcwd() if entry == "" else entry for entry in sys.path]
-    data: Dict[str, Any] = {"sys_path": sys_path, "sys_argv": list(sys.argv), "dir": os.getcwd()}
+    data: Dict[str, object] = {"sys_path": sys_path, "sys_argv": list(sys.argv), "dir": os.getcwd()}
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
@@ -255,34 +255,7 @@ def preparation_data() -> Dict[str, Any]:
     return data
 
 
-# -- control socket and status page -----------------------------------------------------------
-_LENGTH = struct.Struct("<I")
-
-
-def send_message(sock: socket.socket, lock: threading.Lock, message: Any) -> None:
-    """Send one pickled, length-prefixed message (thread-safe with ``lock``)."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    with lock:
-        sock.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def recv_message(sock: socket.socket) -> Any:
-    """Receive one message of :func:`send_message`; ``EOFError`` once the peer has closed its end."""
-    (size,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
-    return pickle.loads(_recv_exactly(sock, size))
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            raise EOFError("the peer closed the control socket")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
+# -- status page ----------------------------------------------------------------------------------
 class Status:
     """The state a worker process publishes for the user's process: one shared page (``memfd``).
 
@@ -347,7 +320,7 @@ class _Spawner:
     _thread: Optional[threading.Thread] = None
 
     @classmethod
-    def popen(cls, argv: List[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    def popen(cls, argv: List[str], **kwargs: object) -> subprocess.Popen[bytes]:
         """``subprocess.Popen(argv, **kwargs)``, run on the spawner thread."""
         with cls._lock:
             if cls._thread is None or not cls._thread.is_alive():
@@ -410,25 +383,25 @@ class ProcessInstance:
         self._on_unrecoverable = on_unrecoverable
         self._on_stub_lost = on_stub_lost
         # Everything the worker process needs besides the descriptors it inherits.
-        self._envelope = {"payload": payload, "worker": worker_options}
+        self._payload = payload
+        self._worker_options = cast(_control.WorkerOptions, dict(worker_options))
         self._model = config.model_name
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
         self._listener: Optional[socket.socket] = None
         self._status: Optional[Status] = None
         self._thread: Optional[threading.Thread] = None
         self._child: Optional[subprocess.Popen[bytes]] = None
-        self._control: Optional[socket.socket] = None
+        self._link: Optional[_control.ControlLink] = None  # to the current worker process
         self._stopping = False
         self._gave_up = False
         self._wake = threading.Event()
         self._ready = threading.Event()  # the first worker process loaded the callable (or failed to)
         self._start_error: Optional[str] = None
         self._orphan = 0  # pid of the stub a dead worker process served, until it connects again
-        self._replies: Dict[int, concurrent.futures.Future[Any]] = {}
+        self._replies: Dict[int, concurrent.futures.Future[Optional[_control.ReplyValue]]] = {}
         self._ids = itertools.count(1)
         self.restarts = 0  # worker processes started after the first one
-        self._admission: Any = None
+        self._admission: object = None
 
     @property
     def admission(self) -> Any:
@@ -443,7 +416,7 @@ class ProcessInstance:
         a few more queued requests may be served, none that Triton had queued is refused.
         """
         self._admission = admission
-        if self._request("drain", admission.remaining()) is None:
+        if self._request(lambda number: _control.Drain(number, admission.remaining())) is None:
             LOGGER.warning("Model %s: instance %s did not confirm the drain.", self._model, self._name)
 
     # -- what BoundModel reads --------------------------------------------------------------
@@ -483,7 +456,7 @@ class ProcessInstance:
 
     def retire(self, generation: int) -> List[int]:
         """Like ``InstanceWorker.retire``, in the worker process; [] if it does not answer within 5 s."""
-        result = self._request("retire", generation)
+        result = self._request(lambda number: _control.Retire(number, generation))
         return list(result) if isinstance(result, list) else []
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -531,7 +504,7 @@ class ProcessInstance:
         self._wake.set()
         if child is not None:
             with contextlib.suppress(OSError):
-                self._send(("stop", timeout_s))
+                self._send(_control.Stop(timeout_s))
             try:
                 child.wait(timeout_s + 1.0)
             except subprocess.TimeoutExpired:
@@ -546,10 +519,10 @@ class ProcessInstance:
         self._close()
 
     def _close(self) -> None:
-        for sock in (self._listener, self._control):
+        for sock in (self._listener, self._link.sock if self._link is not None else None):
             if sock is not None:
                 sock.close()
-        self._listener = self._control = None
+        self._listener, self._link = None, None
         if self._status is not None:
             self._status.close()
 
@@ -607,13 +580,14 @@ class ProcessInstance:
         with self._lock:
             if self._stopping:
                 child.kill()
-            self._child, self._control = child, ours
+            link = _control.ControlLink(ours)
+            self._child, self._link = child, link
         ready = False
         try:
-            send_message(ours, self._send_lock, {**self._envelope, **_parent_settings()})
+            link.send(_control.Start(self._payload, self._worker_options, preparation_data(), _log_levels()))
             while True:
-                message = recv_message(ours)
-                if message[0] == "ready":
+                message = link.recv()
+                if type(message) is _control.Ready:
                     ready = True
                     if self._ready.is_set():
                         LOGGER.warning(
@@ -631,35 +605,34 @@ class ProcessInstance:
         self._after_death(child, ready, code)
         return ready, code
 
-    def _handle(self, message: Tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "log":
-            record = logging.makeLogRecord(message[1])
+    def _handle(self, message: _control.ControlMessage) -> None:
+        if type(message) is _control.Log:
+            record = logging.makeLogRecord(message.fields)
             logger = logging.getLogger(record.name)
             if logger.isEnabledFor(record.levelno):
                 logger.handle(record)
-        elif kind == "failed":
-            self._start_error = str(message[1]).rstrip(".")
+        elif type(message) is _control.Failed:
+            self._start_error = message.text.rstrip(".")
             # It exits after its atexit handlers; one that hangs must not hold bind()/run() up.
             timer = threading.Timer(10.0, _kill_quietly, (self._child,))
             timer.daemon = True
             timer.start()
-        elif kind == "reply":
-            future = self._replies.pop(message[1], None)
+        elif type(message) is _control.Reply:
+            future = self._replies.pop(message.number, None)
             if future is not None:
-                future.set_result(message[2])
-        elif kind == "stub_lost" and self._on_stub_lost is not None:
-            self._on_stub_lost(message[1], message[2])
-        elif kind == "unrecoverable":
-            self._on_unrecoverable(PyTritonUnrecoverableError(message[1]))
+                future.set_result(message.value)
+        elif type(message) is _control.StubLost and self._on_stub_lost is not None:
+            self._on_stub_lost(message.generation, message.server_pid)
+        elif type(message) is _control.Unrecoverable:
+            self._on_unrecoverable(PyTritonUnrecoverableError(message.text))
 
     def _after_death(self, child: subprocess.Popen[bytes], ready: bool, code: int) -> None:
         """Reset the status page and sweep the dead worker's segments; log the death unless stopping."""
         with self._lock:
             self._child = None
-            if self._control is not None:
-                self._control.close()
-                self._control = None
+            if self._link is not None:
+                self._link.sock.close()
+                self._link = None
         for future in self._replies.values():
             future.set_result(None)
         self._replies.clear()
@@ -697,19 +670,21 @@ class ProcessInstance:
             "; the batch it was running failed" if busy else "",
         )
 
-    def _send(self, message: Tuple[Any, ...]) -> None:
-        control = self._control
-        if control is None:
+    def _send(self, message: _control.ToWorker) -> None:
+        link = self._link
+        if link is None:
             raise OSError("no worker process")
-        send_message(control, self._send_lock, message)
+        link.send(message)
 
-    def _request(self, kind: str, argument: Any, timeout_s: float = 5.0) -> Any:
-        """Send a command to the worker process and wait for its reply (None if there is none)."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    def _request(
+        self, command: Callable[[int], Union[_control.Retire, _control.Drain]], timeout_s: float = 5.0
+    ) -> Optional[_control.ReplyValue]:
+        """Send a command (built with its number) to the worker process and wait for its reply (None if there is none)."""
+        future: concurrent.futures.Future[Optional[_control.ReplyValue]] = concurrent.futures.Future()
         number = next(self._ids)
         self._replies[number] = future
         try:
-            self._send((kind, number, argument))
+            self._send(command(number))
             return future.result(timeout_s)
         except (OSError, concurrent.futures.TimeoutError):
             return None
@@ -717,15 +692,9 @@ class ProcessInstance:
             self._replies.pop(number, None)
 
 
-def _parent_settings() -> Dict[str, Any]:
-    """What the worker process copies from this process at each start: imports and log levels."""
-    return {
-        "preparation": preparation_data(),
-        "levels": {
-            "": logging.getLogger().getEffectiveLevel(),
-            "pytriton": logging.getLogger("pytriton").getEffectiveLevel(),
-        },
-    }
+def _log_levels() -> Dict[str, int]:
+    """The log levels the worker process copies from this process at each start."""
+    return {"": logging.getLogger().getEffectiveLevel(), "pytriton": logging.getLogger("pytriton").getEffectiveLevel()}
 
 
 def _kill_quietly(child: Optional[subprocess.Popen[bytes]]) -> None:

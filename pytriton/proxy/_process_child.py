@@ -33,12 +33,14 @@ import socket
 import sys
 import threading
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Union
 
-from pytriton.proxy import _process
+from pytriton.proxy import _control, _process
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
+from pytriton.proxy._control import ControlLink, ControlMessage
 from pytriton.proxy._worker import InstanceWorker, _Session, error_text
+from pytriton.proxy.stubside import _zmq_channel
 
 _PR_SET_PDEATHSIG = 1
 LOGGER = logging.getLogger(__name__)
@@ -54,16 +56,12 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-class _Link:
+class _Link(ControlLink):
     """The control socket to the parent, shared by every thread of this process."""
 
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.lock = threading.Lock()
-
-    def send(self, *message: Any) -> None:
+    def send(self, message: ControlMessage) -> None:
         try:
-            _process.send_message(self.sock, self.lock, message)
+            super().send(message)
         except OSError:
             pass  # the parent is gone; the control loop sees it and exits
 
@@ -84,12 +82,12 @@ class _ForwardingHandler(logging.Handler):
                 fields["exc_text"] = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
             fields["exc_info"] = None
             fields = {key: value for key, value in fields.items() if _plain(value)}
-            self._link.send("log", fields)
+            self._link.send(_control.Log(fields))
         except Exception:  # noqa: BLE001 - logging must never fail the caller
             pass
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
 
@@ -99,11 +97,17 @@ class _PublishedSession(_Session):
     _TRACKED = frozenset({"busy", "connected", "abandoned", "retired", "stub_pid"})
     _owner: _PublishingWorker
 
-    def __init__(self, owner: _PublishingWorker, number: int, sock: Optional[socket.socket], prefix: str):
+    def __init__(
+        self,
+        owner: _PublishingWorker,
+        number: int,
+        sock: Union[socket.socket, _zmq_channel.Connection, None],
+        prefix: str,
+    ):
         object.__setattr__(self, "_owner", owner)
         super().__init__(number, sock, prefix)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
         if name in self._TRACKED:
             self._owner.publish()
@@ -131,7 +135,7 @@ class _PublishingWorker(InstanceWorker):
         self._last_active = value
         self._status.write_last_active(value)
 
-    def _new_session(self, number: int, sock: socket.socket) -> _Session:
+    def _new_session(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection]) -> _Session:
         return _PublishedSession(self, number, sock, self._shm_prefix)
 
     def publish(self) -> None:
@@ -157,13 +161,13 @@ class _PublishingWorker(InstanceWorker):
             self._status.write(busy, connected, retired_busy, stub_pid, self._last_active)
 
 
-def _load(settings: Dict[str, Any]) -> Any:
+def _load(start: _control.Start) -> object:
     """Import the user's modules as the parent has them and unpickle the callable."""
     _process.IN_WORKER_PROCESS = True  # a main module that starts Triton again gets a clear error
-    multiprocessing.spawn.prepare(settings["preparation"])
+    multiprocessing.spawn.prepare(start.preparation)
     context = TritonContext()
-    func = _process.load_callable(settings["payload"], context)
-    attach_context(func, context, settings["worker"]["config"])
+    func = _process.load_callable(start.payload, context)
+    attach_context(func, context, start.worker["config"])
     return func
 
 
@@ -182,26 +186,28 @@ def main(argv: List[str]) -> None:
     _die_with_parent(parent_pid)
     link = _Link(socket.socket(fileno=control_fd))
     try:
-        settings = _process.recv_message(link.sock)
+        start = link.recv()
     except (EOFError, OSError):
         os._exit(0)
-    _set_up_logging(link, settings["levels"])
+    if type(start) is not _control.Start:
+        os._exit(1)
+    _set_up_logging(link, start.levels)
     try:
-        func = _load(settings)
+        func = _load(start)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it from bind()/run()
-        link.send("failed", error_text(exc))
+        link.send(_control.Failed(error_text(exc)))
         LOGGER.error("Loading the inference callable failed", exc_info=exc)
         _exit(1, run_atexit=True)
     worker = _PublishingWorker(
         _process.Status(status_fd),
         infer_func=func,
-        on_unrecoverable=lambda exc: link.send("unrecoverable", error_text(exc)),
-        on_stub_lost=lambda generation, server_pid: link.send("stub_lost", generation, server_pid),
+        on_unrecoverable=lambda exc: link.send(_control.Unrecoverable(error_text(exc))),
+        on_stub_lost=lambda generation, server_pid: link.send(_control.StubLost(generation, server_pid)),
         on_hung_call=_replace,
-        **settings["worker"],
+        **start.worker,
     )
     worker.start(listener=socket.socket(fileno=listen_fd))
-    link.send("ready")
+    link.send(_control.Ready())
     code = _control_loop(link, worker)
     _exit(code, run_atexit=code == 0)
 
@@ -220,16 +226,16 @@ def _control_loop(link: _Link, worker: InstanceWorker) -> int:
     """Answer the parent's commands until ``stop`` (0) or until the parent is gone (1)."""
     while True:
         try:
-            message = _process.recv_message(link.sock)
+            message = link.recv()
         except (EOFError, OSError):
             return 1  # the parent closed its end: it is gone, or gave up on this process
-        if message[0] == "retire":
-            link.send("reply", message[1], worker.retire(message[2]))
-        elif message[0] == "drain":  # Triton.stop() drains: admit this many more requests, refuse the rest
-            worker.admission = Admission(message[2])
-            link.send("reply", message[1], True)
-        elif message[0] == "stop":
-            worker.stop(message[1])
+        if type(message) is _control.Retire:
+            link.send(_control.Reply(message.number, worker.retire(message.generation)))
+        elif type(message) is _control.Drain:  # Triton.stop() drains: admit this many more requests, refuse the rest
+            worker.admission = Admission(message.remaining)
+            link.send(_control.Reply(message.number, True))
+        elif type(message) is _control.Stop:
+            worker.stop(message.timeout_s)
             return 0
 
 

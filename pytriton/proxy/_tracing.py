@@ -35,10 +35,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
-from pytriton.proxy.stubside import _wire
+from pytriton.proxy.stubside._messages import Error, FinalReply, TraceFields
 
 LOGGER = logging.getLogger(__name__)
 
@@ -147,11 +147,11 @@ def _ensure_export(trace_api: Any) -> None:
 
 
 def start_spans(
-    trace: Any, requests: Sequence[Any], model_name: str, model_version: int
+    trace: TraceFields, requests: Sequence[Any], model_name: str, model_version: int
 ) -> Optional[List[Optional[Any]]]:
     """Open the span of every traced request and set it as ``request.span``.
 
-    ``trace`` is the INFER message's ``TRACE`` field. Returns the spans, one per request (None for
+    ``trace`` is the INFER message's ``trace`` field. Returns the spans, one per request (None for
     an untraced one), for :func:`end_spans`, or None when nothing was opened.
     """
     State.seen = True
@@ -169,7 +169,7 @@ def start_spans(
     _ensure_export(trace_api)
     started_ns, contexts = trace
     decoded_ns = time.time_ns()
-    spans: List[Optional[Any]] = []
+    spans: List[Optional[object]] = []
     attributes = {
         "pytriton.model_name": model_name,
         "pytriton.model_version": model_version,
@@ -193,13 +193,13 @@ def start_spans(
     return spans
 
 
-def end_spans(spans: Optional[List[Optional[Any]]], reply: Any) -> None:
+def end_spans(spans: Optional[List[Optional[Any]]], reply: Optional[FinalReply]) -> None:
     """End the spans of :func:`start_spans` once the batch's final reply is built (ERROR: failed)."""
     if not spans:
         return
     error = None
-    if reply is not None and reply[_wire.KIND] == _wire.ERROR:
-        error = _wire.parse_error(reply).text
+    if type(reply) is Error:
+        error = reply.text
     status = None
     if error is not None:
         from opentelemetry.trace import Status, StatusCode  # type: ignore[import-not-found]
@@ -213,7 +213,7 @@ def end_spans(spans: Optional[List[Optional[Any]]], reply: Any) -> None:
 
 
 # -- @batch ---------------------------------------------------------------------------------------
-def open_batch_spans(requests: Sequence[Any]) -> Optional[List[Any]]:
+def open_batch_spans(requests: Sequence[object]) -> Optional[List[Any]]:
     """A ``batch`` child span for every traced request (None if there is none, the common case)."""
     if not State.seen:
         return None
@@ -242,17 +242,19 @@ class _EndingSpans:
     """Ends ``spans`` when a streaming callable's generator finishes: as errors if it raised, plainly
     when it returned or was closed early (``GeneratorExit``: the stream was cancelled, not failed)."""
 
-    def __init__(self, spans: List[Any]):
+    def __init__(self, spans: List[object]):
         self._spans = spans
 
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: Optional[BaseException], traceback: Any) -> None:
+    def __exit__(self, kind: object, exc: Optional[BaseException], traceback: object) -> None:
         _end_all(self._spans, None if isinstance(exc, GeneratorExit) else exc)  # the exception goes on
 
 
-def call_in_spans(spans: List[Any], func: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+def call_in_spans(
+    spans: List[object], func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object]
+) -> Any:
     """``func(*args, **kwargs)`` with the first of ``spans`` (from :func:`open_batch_spans`) as the
     current span, so spans the callable opens itself nest under it; a failure ends ``spans`` as errors."""
     try:
@@ -263,7 +265,7 @@ def call_in_spans(spans: List[Any], func: Callable[..., Any], args: Sequence[Any
         raise
 
 
-def finish_in_spans(spans: List[Any], finish: Callable[[], Any]) -> Any:
+def finish_in_spans(spans: List[object], finish: Callable[[], object]) -> Any:
     """``finish()`` (post-processing the call's result), then end ``spans``: at once for a plain result,
     when it completes, fails or is closed for a coroutine or (async) generator."""
     try:
@@ -274,7 +276,7 @@ def finish_in_spans(spans: List[Any], finish: Callable[[], Any]) -> Any:
     return _end_when_done(result, spans)
 
 
-def _end_when_done(result: Any, spans: List[Any]) -> Any:
+def _end_when_done(result: object, spans: List[object]) -> object:
     import inspect
 
     if inspect.isawaitable(result):
@@ -313,7 +315,7 @@ _LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 _MODEL_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count"}
 
 
-def model_settings(trace_config: Any, model_name: str) -> Dict[str, Any]:
+def model_settings(trace_config: object, model_name: str) -> Dict[str, Any]:
     """The body of ``POST /v2/models/<model>/trace/setting`` for ``bind(..., trace_config=...)``.
 
     ``trace_config`` is a list of ``setting=value`` strings, as in ``TritonConfig.trace_config``,
@@ -362,7 +364,7 @@ def send_model_settings(
     grpc: Tuple[str, int],
     access: Any,
     model_name: str,
-    settings: Dict[str, Any],
+    settings: Mapping[str, object],
     timeout_s: float,
 ) -> None:
     """Apply per-model trace ``settings`` on the running server (HTTP, or gRPC when HTTP is off).

@@ -21,15 +21,17 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Type, Union
 
+import numpy as np
 import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _stub_watch, _tracing
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy.stubside import _arena, _tensors, _wire, _zmq_channel
+from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire, _zmq_channel
+from pytriton.proxy.stubside._messages import Chunk, End, Error, FinalReply, Hello, Infer, Message, Ok, Tensors
 from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
@@ -71,7 +73,7 @@ class CancelProbe:
 
     INTERVAL_S = 0.001
 
-    def __init__(self, channel: Any, n_requests: int):
+    def __init__(self, channel: _wire.Channel[Message], n_requests: int):
         self._channel = channel
         self._flags = [False] * n_requests
         self.lock = threading.Lock()  # one exchange on the connection at a time (see _stream)
@@ -86,14 +88,14 @@ class CancelProbe:
             if self._open and now - self._asked >= self.INTERVAL_S:
                 self._asked = now
                 try:
-                    self._channel.send(_wire.ASK_MESSAGE)
+                    self._channel.send(_messages.ASK_MESSAGE)
                     reply = self._channel.recv()
                 except (EOFError, OSError):  # the stub is gone: nobody waits for the batch
                     self._open = False
                     self._flags = [True] * len(self._flags)
                     return True
-                if reply[_wire.KIND] == _wire.CANCELLED:
-                    self._flags = [old or new for old, new in zip(self._flags, _wire.parse_cancelled(reply))]
+                if type(reply) is _messages.Cancelled:
+                    self._flags = [old or new for old, new in zip(self._flags, reply.flags)]
         return self._flags[index]
 
     def known(self, index: int) -> bool:
@@ -138,14 +140,16 @@ class _Session:
     ``async`` callables, an event loop; :meth:`close` releases all of them when the connection ends.
     """
 
-    def __init__(self, number: int, sock: Any, arena_prefix: str):
+    def __init__(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection, None], arena_prefix: str):
         self.number = number
         self.sock = sock  # a Unix socket, or a TCP transport's connection (proxy/stubside/_zmq_channel.py)
         # Set by the serving thread (or a direct caller): a stream talks to its stub through it.
-        self.channel: Optional[_wire.Channel] = None
+        self.channel: Optional[_wire.Channel[Message]] = None
         # The TCP transport shares no memory with its stub: every tensor travels in the message.
-        inline = getattr(sock, "inline_only", False)
-        self.arena: Any = _zmq_channel.InlineArena() if inline else _arena.Arena(f"{arena_prefix}-c{number}")
+        inline = isinstance(sock, _zmq_channel.Connection)
+        self.arena: _arena.Arena = (
+            _zmq_channel.InlineArena() if inline else _arena.SharedArena(f"{arena_prefix}-c{number}")
+        )
         self.reader = _arena.ArenaReader()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.thread: Optional[threading.Thread] = None
@@ -163,7 +167,7 @@ class _Session:
         # perf_counter() around the current batch's call (call_started 0: the callable was not called).
         self.call_started = 0.0
         self.call_ended = 0.0
-        self.spans: Optional[List[Any]] = None  # of the batch in flight, when Triton traces it (_tracing)
+        self.spans: Optional[List[object]] = None  # of the batch in flight, when Triton traces it (_tracing)
         self.probe: Optional[CancelProbe] = None  # of the batch in flight (Request.is_cancelled)
         self.in_callable = False  # the serving thread is inside the callable (see _end_hung_calls)
         # Orders interrupt() against leave_callable(), so CallAbandoned is only ever raised while the
@@ -219,7 +223,7 @@ class InstanceWorker:
         self,
         *,
         path: str,
-        infer_func: Callable[..., Any],
+        infer_func: Callable[..., object],
         config: TritonModelConfig,
         strict: bool,
         shm_prefix: str,
@@ -246,7 +250,7 @@ class InstanceWorker:
         # thread: a worker process ends itself there, and is replaced (_process_child.py).
         self._on_hung_call = on_hung_call
         self._thread: Optional[threading.Thread] = None
-        self._listener: Any = None  # a Unix socket, or a TCP transport's listener
+        self._listener: Union[socket.socket, _zmq_channel.Listener, None] = None  # a TCP transport's, or a Unix socket
         self._sessions: List[_Session] = []
         self._sessions_lock = threading.Lock()
         self._session_count = 0
@@ -278,7 +282,7 @@ class InstanceWorker:
             for session in list(self._sessions)
         )
 
-    def start(self, listener: Optional[Any] = None) -> None:
+    def start(self, listener: Optional[socket.socket] = None) -> None:
         """Listen on the slot's socket (or its route of the TCP transport) and start serving.
 
         ``listener``: a socket already listening on the slot's path, to serve instead of binding
@@ -384,7 +388,7 @@ class InstanceWorker:
         finally:
             listener.close()
 
-    def _new_session(self, number: int, sock: socket.socket) -> _Session:
+    def _new_session(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection]) -> _Session:
         """The state of one accepted connection (a seam: a worker process publishes it, see ``_process_child.py``)."""
         return _Session(number, sock, self._shm_prefix)
 
@@ -430,25 +434,22 @@ class InstanceWorker:
 
     def _serve(self, session: _Session) -> None:
         assert session.sock is not None
-        make_channel = getattr(session.sock, "channel", None)  # the TCP transport brings its own
-        channel = session.channel = (
-            make_channel(self._poll_s) if make_channel else _wire.Channel(session.sock, poll_s=self._poll_s)
+        sock = session.sock
+        channel: _wire.Channel[Message] = (
+            sock.channel() if isinstance(sock, _zmq_channel.Connection) else _wire.SocketChannel(sock, self._poll_s)
         )
+        session.channel = channel
         while not self._stopping:
             try:
                 message = channel.recv()
             except (EOFError, OSError):
                 return
             admission = self.admission
-            if (
-                admission is not None
-                and message[_wire.KIND] == _wire.INFER
-                and not admission.admit(len(_wire.parse_infer(message).entries))
-            ):
+            if admission is not None and type(message) is Infer and not admission.admit(len(message.entries)):
                 # Draining: the callable is not called and, as the batch did no work, last_active
                 # stays, so Triton.stop() sees the instance idle (docs/architecture.md, Graceful drain).
                 try:
-                    channel.send(_wire.UNAVAILABLE_MESSAGE)
+                    channel.send(_messages.UNAVAILABLE_MESSAGE)
                 except OSError:
                     return
                 continue
@@ -475,22 +476,21 @@ class InstanceWorker:
             except OSError:
                 return
 
-    def _handle(self, session: _Session, message: Any) -> Any:
-        kind = message[_wire.KIND]
-        if kind == _wire.INFER:
+    def _handle(self, session: _Session, message: Message) -> Message:
+        if type(message) is Infer:
             return self._infer_on(session, message)
-        if kind == _wire.HELLO:
+        if type(message) is Hello:
             self._hello(session, message)
-            return _wire.welcome(self._name)
-        if kind == _wire.BYE:
+            return _messages.Welcome(self._name)
+        if type(message) is _messages.Bye:
             session.connected = False
             session.said_bye = True
-            return _wire.ok(None, [])
-        return _wire.error(f"pytriton: unexpected message kind {kind} (NEXT without a stream?)")
+            return Ok(None, [])
+        return Error(f"pytriton: unexpected message kind {message.KIND} (NEXT without a stream?)")
 
-    def _hello(self, session: _Session, message: Any) -> None:
-        session.stub_pid, session.generation = _wire.parse_hello(message)
-        if not getattr(session.sock, "inline_only", False):  # a stub on this host (not the TCP transport)
+    def _hello(self, session: _Session, message: Hello) -> None:
+        session.stub_pid, session.generation = message.stub_pid, message.generation
+        if not isinstance(session.sock, _zmq_channel.Connection):  # a stub on this host (not the TCP transport)
             _stub_watch.WATCH.watch(session, session.stub_pid, f"model {self._config.model_name} ({self._name})")
         fields = _proc_stat(session.stub_pid)
         session.server_pid = int(fields[1]) if len(fields) > 1 else 0
@@ -549,47 +549,47 @@ class InstanceWorker:
             self._direct = _Session(0, None, self._shm_prefix)
         return self._direct
 
-    def _decode(self, message: Any, views: List[npt.NDArray[Any]]) -> List[Request]:
+    def _decode(self, message: Infer, views: List[npt.NDArray[np.generic]]) -> List[Request]:
         return self._decode_on(self._direct_session(), message, views)
 
-    def _infer(self, message: Any, channel: _wire.Channel) -> Any:
+    def _infer(self, message: Infer, channel: _wire.Channel[Message]) -> Message:
         session = self._direct_session()
         session.channel = channel
         return self._infer_on(session, message)
 
     def _encode(
-        self, result: Any, n_requests: int, requests: Optional[List[Request]] = None
-    ) -> Tuple[Optional[str], List[Any]]:
+        self, result: object, n_requests: int, requests: Optional[List[Request]] = None
+    ) -> Tuple[Optional[str], List[Tensors]]:
         return self._encode_on(self._direct_session(), result, n_requests, requests)
 
-    def _decode_on(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> List[Request]:
+    def _decode_on(self, session: _Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> List[Request]:
         """Requests from an INFER message.
 
         Small inputs are copied out of the message. Large ones are views into the stub's arena
         (no copy); their base arrays are collected in ``views`` so that :meth:`_infer_on` can
         tell whether the callable kept any of them (or any view of them).
         """
-        segment, entries = _wire.parse_infer(message)
+        segment = message.segment
         buffer = session.reader.attach(segment) if segment else None
         requests = []
-        extras = False
-        for raw in entries:
-            if len(raw) == 3:
-                metas, parameters, requested = raw
-                sequence, timeout_s = None, 0.0
-            else:
-                metas, parameters, requested, sequence, timeout_s = _wire.parse_entry(raw)
-                extras = True
+        read_tensor, inline, string = _tensors.read_tensor, _messages.INLINE, _messages.BYTES
+        for entry in message.entries:
             data = {}
-            for meta in metas:
-                zero_copy = type(meta[3]) is not bytes and meta[1] != _tensors.BYTES
-                array = _tensors.read_tensor(buffer, meta, copy=not zero_copy)
+            for meta in entry.tensors:
+                zero_copy = meta.place != inline and meta.dtype != string
+                array = read_tensor(buffer, meta, copy=not zero_copy)
                 if zero_copy:
                     # numpy points every view derived from ``array`` (and ``array`` itself) at this
                     # base, so its reference count shows whether the callable kept any of them.
                     views.append(array.base if array.base is not None else array)
-                data[meta[0]] = array
-            if not extras:
+                data[meta.name] = array
+            parameters, requested, sequence, timeout_s = (
+                entry.parameters,
+                entry.requested,
+                entry.sequence,
+                entry.timeout_s,
+            )
+            if sequence is None and not timeout_s:
                 requests.append(Request(data, parameters, requested_output_names=requested))
             elif sequence is None:
                 requests.append(
@@ -613,15 +613,15 @@ class InstanceWorker:
             for index, request in enumerate(requests):
                 request._probe = probe
                 request._index = index
-        if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode): Request.span
+        if message.trace is not None:  # Triton traces this batch (OpenTelemetry mode): Request.span
             session.spans = _tracing.start_spans(
-                _wire.parse_trace(message), requests, self._config.model_name, self._config.model_version
+                message.trace, requests, self._config.model_name, self._config.model_version
             )
         return requests
 
     def _encode_on(
-        self, session: _Session, result: Any, n_requests: int, requests: Optional[List[Request]] = None
-    ) -> Tuple[Optional[str], List[Any]]:
+        self, session: _Session, result: object, n_requests: int, requests: Optional[List[Request]] = None
+    ) -> Tuple[Optional[str], List[Tensors]]:
         """Check the outputs (requested ones must be present when ``requests`` is given) and write them.
 
         Returns the segment and the results of an OK or CHUNK reply.
@@ -630,29 +630,29 @@ class InstanceWorker:
         groups = self._checker.check(result, n_requests, requested)
         return _tensors.write_tensors(session.arena, groups, session.reader)
 
-    def _failure(self, exc: BaseException) -> Any:
+    def _failure(self, exc: BaseException) -> Error:
         """Log a failed batch with its traceback and build the error reply (never raises)."""
         if isinstance(exc, CallAbandoned):  # already logged when raised (_end_hung_calls); nobody waits
-            return _wire.error(error_text(exc))
+            return Error(error_text(exc))
         try:
             LOGGER.error("Model %s: inference callable failed", self._config.model_name, exc_info=exc)
         except Exception:  # noqa: BLE001 - e.g. a handler that cannot format the exception
             LOGGER.error("Model %s: inference callable failed with %s", self._config.model_name, type(exc).__name__)
         if isinstance(exc, PyTritonUnrecoverableError):
             self._on_unrecoverable(exc)
-        return _wire.error(error_text(exc))
+        return Error(error_text(exc))
 
-    def _infer_on(self, session: _Session, message: Any) -> Any:
-        """Run one batch; its final reply carries the retire flag (``_wire.retires``).
+    def _infer_on(self, session: _Session, message: Infer) -> FinalReply:
+        """Run one batch; its final reply carries the retire flag (``Ok.retire``).
 
         Large inputs are handed to the callable as views into the stub's arena. If the callable
         still holds any of them once it is done (stored them, or a view of them), the stub must
         not overwrite that memory: it moves to a fresh segment and the kept arrays stay valid.
         """
-        views: List[npt.NDArray[Any]] = []
+        views: List[npt.NDArray[np.generic]] = []
         session.call_started = 0.0
         try:
-            if len(message) > _wire.TRACE:  # Triton traces this batch (OpenTelemetry mode)
+            if message.trace is not None:  # Triton traces this batch (OpenTelemetry mode)
                 reply = self._call_traced(session, message, views)
             else:
                 reply = self._call_callable(session, message, views)
@@ -664,15 +664,14 @@ class InstanceWorker:
                 session.probe.close()
                 session.probe = None
         retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
-        reply = _wire.with_retire(reply, retire) if retire else reply
         if self._metrics and session.call_started:
-            return _wire.with_duration(reply, session.call_ended - session.call_started)
-        return reply
+            return reply.settled(retire, session.call_ended - session.call_started)
+        return reply.settled(retire, None) if retire else reply
 
-    def _call_traced(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
+    def _call_traced(self, session: _Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> FinalReply:
         """:meth:`_call_callable` for a traced batch: its spans (opened by ``_decode_on`` as
         ``Request.span``) end once the final reply is built, or when the stub left mid-stream."""
-        reply = None
+        reply: Optional[FinalReply] = None
         try:
             reply = self._call_callable(session, message, views)
             return reply
@@ -681,7 +680,7 @@ class InstanceWorker:
                 spans, session.spans = session.spans, None
                 _tracing.end_spans(spans, reply)
 
-    def _call_callable(self, session: _Session, message: Any, views: List[npt.NDArray[Any]]) -> Any:
+    def _call_callable(self, session: _Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> FinalReply:
         # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the
         # callable fails this batch only: this thread belongs to pytriton, not to the callable, and
         # a real Ctrl-C is delivered to the main thread, never here.
@@ -714,7 +713,7 @@ class InstanceWorker:
             )
         if not self._decoupled:
             try:
-                return _wire.ok(*self._encode_on(session, result, len(requests), requests))
+                return Ok(*self._encode_on(session, result, len(requests), requests))
             except BaseException as exc:  # noqa: BLE001
                 return self._failure(exc)
         if not streaming:
@@ -728,7 +727,7 @@ class InstanceWorker:
             self._close_stream(session, result)
 
     @staticmethod
-    def _run_async(session: _Session, awaitable: Any) -> Any:
+    def _run_async(session: _Session, awaitable: Any) -> object:
         try:
             return session.event_loop().run_until_complete(awaitable)
         except Exception:
@@ -747,12 +746,12 @@ class InstanceWorker:
         except BaseException:  # noqa: BLE001
             LOGGER.exception("Model %s: closing the generator failed", self._config.model_name)
 
-    def _next_chunk(self, session: _Session, stream: Any) -> Any:
+    def _next_chunk(self, session: _Session, stream: Any) -> object:
         if inspect.isasyncgen(stream):
             return self._run_async(session, stream.__anext__())
         return next(stream)
 
-    def _stream(self, session: _Session, stream: Any, n_requests: int) -> Any:
+    def _stream(self, session: _Session, stream: object, n_requests: int) -> FinalReply:
         """Send each yielded result as a CHUNK; returns the final reply (END or ERROR).
 
         Raises ``_StubLeft`` if the stub went away (or stopped waiting) in the middle.
@@ -773,9 +772,9 @@ class InstanceWorker:
                     chunk = self._next_chunk(session, stream)
                 finally:
                     session.leave_callable()
-                reply = _wire.chunk(*self._encode_on(session, chunk, n_requests))
+                reply = Chunk(*self._encode_on(session, chunk, n_requests))
             except done:
-                return _wire.end()
+                return End()
             except BaseException as exc:  # noqa: BLE001 - fails this stream only, see _call_callable
                 return self._failure(exc)
             if session.abandoned:
@@ -787,14 +786,14 @@ class InstanceWorker:
                 with probe.lock if probe is not None else contextlib.nullcontext():
                     channel.send(reply)
                     unacknowledged += 1
-                    if not _wire.must_acknowledge(reply, unacknowledged):
+                    if not _messages.must_acknowledge(reply, unacknowledged):
                         continue
                     unacknowledged = 0
                     follow_up = channel.recv()
             except (EOFError, OSError):
                 raise _StubLeft() from None
-            if follow_up[_wire.KIND] == _wire.CANCEL:
+            if type(follow_up) is _messages.Cancel:
                 LOGGER.debug("Model %s: stream cancelled by the client", self._config.model_name)
-                return _wire.end()
-            if follow_up[_wire.KIND] != _wire.NEXT:
-                return _wire.error(f"pytriton: expected NEXT during a stream, got message kind {follow_up[_wire.KIND]}")
+                return End()
+            if type(follow_up) is not _messages.Next:
+                return Error(f"pytriton: expected NEXT during a stream, got message kind {follow_up.KIND}")

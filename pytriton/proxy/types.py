@@ -92,7 +92,7 @@ class Request:
 
     def __init__(
         self,
-        data: Dict[str, npt.NDArray[Any]],
+        data: Dict[str, npt.NDArray[np.generic]],
         parameters: Optional[Dict[str, Any]] = None,
         span: Any = None,
         requested_output_names: Optional[List[str]] = None,
@@ -158,10 +158,10 @@ class Request:
         context = trace.set_span_in_context(self.span)  # type: ignore[attr-defined,unused-ignore]
         return trace.get_tracer("pytriton").start_as_current_span(span_name, context=context)  # type: ignore[no-any-return,attr-defined,unused-ignore]
 
-    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+    def __getitem__(self, name: str) -> npt.NDArray[np.generic]:
         return self.data[name]
 
-    def __setitem__(self, name: str, value: npt.NDArray[Any]) -> None:
+    def __setitem__(self, name: str, value: npt.NDArray[np.generic]) -> None:
         self.data[name] = value
 
     def __delitem__(self, name: str) -> None:
@@ -191,20 +191,20 @@ class Request:
         """Input names."""
         return self.data.keys()
 
-    def values(self) -> ValuesView[npt.NDArray[Any]]:
+    def values(self) -> ValuesView[npt.NDArray[np.generic]]:
         """Input arrays."""
         return self.data.values()
 
-    def items(self) -> ItemsView[str, npt.NDArray[Any]]:
+    def items(self) -> ItemsView[str, npt.NDArray[np.generic]]:
         """(name, array) pairs."""
         return self.data.items()
 
-    def get(self, name: str, default: Any = None) -> Any:
+    def get(self, name: str, default: object = None) -> Any:
         """Input ``name`` or ``default``."""
         return self.data.get(name, default)
 
     def __repr__(self) -> str:
-        shapes: List[Tuple[str, Any]] = [(k, getattr(v, "shape", None)) for k, v in self.data.items()]
+        shapes: List[Tuple[str, object]] = [(k, getattr(v, "shape", None)) for k, v in self.data.items()]
         return f"Request(data={dict(shapes)}, parameters={self.parameters!r})"
 
 
@@ -216,7 +216,7 @@ Requests = List[Request]
 CURRENT_BATCH: contextvars.ContextVar[Optional[List[Request]]] = contextvars.ContextVar(
     "pytriton_current_batch", default=None
 )
-Response = Dict[str, npt.NDArray[Any]]
+Response = Dict[str, npt.NDArray[np.generic]]
 Responses = List[Response]
 # Names used by the decorators module of the reference API.
 InferenceRequest = Request

@@ -267,7 +267,7 @@ def redirect_argv(pid: int, argv: List[str], hidden: Dict[int, str]) -> None:
 
 
 def spawn(
-    argv: List[str], env: Dict[str, str], before_exec: Callable[[], None], **popen: Any
+    argv: List[str], env: Dict[str, str], before_exec: Callable[[], None], **popen: object
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` privately (:class:`PrivateLaunch`); ``popen`` are further ``subprocess.Popen`` arguments.
 

@@ -241,7 +241,7 @@ def _field_kind(name: str) -> str:
     return "str"
 
 
-def parse_bool(value: Any) -> bool:
+def parse_bool(value: object) -> bool:
     """Parse a boolean written as bool, 0/1 or a word (true/false, yes/no, on/off)."""
     if isinstance(value, bool):
         return value
@@ -256,7 +256,7 @@ def parse_bool(value: Any) -> bool:
     raise ValueError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {value!r}")
 
 
-def _coerce(kind: str, value: Any) -> Any:
+def _coerce(kind: str, value: Any) -> object:
     if kind == "bool":
         return parse_bool(value)
     if kind == "int":
@@ -287,7 +287,7 @@ def _keyword_only_init(cls: Any) -> None:
     generated = cls.__init__
 
     @functools.wraps(generated)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
         if args:
             raise TypeError(f"{cls.__name__} takes keyword arguments only, e.g. {cls.__name__}(http_port=8000)")
         generated(self, **kwargs)

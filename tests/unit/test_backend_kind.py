@@ -25,7 +25,7 @@ from pytriton.decorators import batch
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.proxy import _backend_kind, _binding, _process, _stub_model
-from pytriton.proxy.stubside import _wire
+from pytriton.proxy.stubside import _messages, _wire
 from tests.unit.test_stub import FINAL, FakeRequest, FakeSender, setup, stub  # noqa: F401 - fixtures
 
 # -- callables (module level: they travel by pickle, by name) ------------------------------------
@@ -317,7 +317,7 @@ def test_a_stream_whose_client_cancelled_is_closed(setup, inline):  # noqa: F811
     model = _model(setup, inline, counting, decoupled=True)
     sender = FakeSender(cancelled=True)
     model.execute([FakeRequest(_x(1000), sender=sender)])
-    assert len(sender.responses) == _wire.STREAM_WINDOW  # stopped at the first check
+    assert len(sender.responses) == _messages.STREAM_WINDOW  # stopped at the first check
     assert sender.sent[-1] == (None, FINAL)
 
 
@@ -406,7 +406,7 @@ def test_the_stub_marks_its_batches_and_refuses_once_the_drain_budget_is_spent(s
         owner.refuse(1)  # Triton had one request queued when the drain began
         assert model.execute([FakeRequest(_x(1))])[0].error is None
         refused = model.execute([FakeRequest(_x(1)), FakeRequest(_x(2))])
-        assert [r.error.message() for r in refused] == [_wire.UNAVAILABLE_TEXT] * 2
+        assert [r.error.message() for r in refused] == [_messages.UNAVAILABLE_TEXT] * 2
         setup.finalize(model)
     finally:
         PAGE_VIEW.clear()

@@ -33,7 +33,7 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
-from pytriton.proxy.stubside import _tensors, _wire
+from pytriton.proxy.stubside import _messages, _tensors, _wire
 from tests.conftest import shm_entries
 
 X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
@@ -267,8 +267,8 @@ def _hello(path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
     sock.connect(str(path))
-    channel = _wire.Channel(sock)
-    channel.send(_wire.hello(os.getpid(), 0))
+    channel = _wire.SocketChannel(sock)
+    channel.send(_messages.Hello(os.getpid(), 0))
     return sock, channel, channel.recv()
 
 
@@ -280,18 +280,18 @@ def test_workers_serve_one_socket_per_slot_and_go_away(context):
         model.start_workers()  # idempotent: still two workers
         assert len(model._workers) == 2
         first, channel, welcome = _hello(model.endpoint_dir / "slot-0.sock")
-        assert welcome[_wire.KIND] == _wire.WELCOME
+        assert type(welcome) is _messages.Welcome
         assert model.connected and not model.serving  # one of two instances attached
         second, channel2, _ = _hello(model.endpoint_dir / "slot-1.sock")
         assert model.serving
         segment, metas = _tensors.write_tensors(None, [[("x", np.array([[1.5]], np.float32))]])
-        channel2.send(_wire.infer(segment, [(metas[0], None, None)]))
+        channel2.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
         reply = channel2.recv()
-        assert reply[_wire.KIND] == _wire.OK, reply
-        assert _tensors.read_tensor(None, reply[_wire.BODY][0][0], True).tolist() == [[1.5]]
+        assert type(reply) is _messages.Ok, reply
+        assert _tensors.read_tensor(None, reply.results[0][0], True).tolist() == [[1.5]]
         assert model.last_active > 0.0 and not model.retired_busy
         for sock, chan in ((first, channel), (second, channel2)):
-            chan.send(_wire.BYE_MESSAGE)
+            chan.send(_messages.BYE_MESSAGE)
             chan.recv()
             sock.close()
     finally:

@@ -13,7 +13,7 @@ import numpy as np
 
 from pytriton.proxy import _worker as _worker_module
 from pytriton.proxy._worker import CallAbandoned, CancelProbe, _raise_in_thread
-from pytriton.proxy.stubside import _arena, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire
 from pytriton.proxy.types import Request
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
 from tests.unit.test_worker import _connect, make_worker  # noqa: F401 - the fixture
@@ -29,13 +29,13 @@ def test_the_stub_answers_ask_while_it_waits_and_sends_each_timeout(setup, pool)
     ]
     future = pool.submit(model.execute, requests)
     message = channel.recv()
-    assert [_wire.parse_entry(raw).timeout_s for raw in message[_wire.BODY]] == [0.25, 0.0]
-    channel.send(_wire.ASK_MESSAGE)
-    assert _wire.parse_cancelled(channel.recv()) == [False, False]
+    assert [raw.timeout_s for raw in message.entries] == [0.25, 0.0]
+    channel.send(_messages.ASK_MESSAGE)
+    assert channel.recv().flags == [False, False]
     requests[1].cancelled = True
-    channel.send(_wire.ASK_MESSAGE)
-    assert _wire.parse_cancelled(channel.recv()) == [False, True]
-    arena = _arena.Arena(f"{setup.shm_prefix}-w")
+    channel.send(_messages.ASK_MESSAGE)
+    assert channel.recv().flags == [False, True]
+    arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
     try:
         channel.send(_ok(arena, [{"y": np.array([[1]], np.int32)}, {"y": np.array([[2]], np.int32)}]))
         responses = future.result(TIMEOUT_S)
@@ -53,7 +53,7 @@ def test_asks_do_not_stretch_the_execution_timeout(setup, pool):  # noqa: F811
     channel.recv()
     while not future.done() and time.monotonic() - started < TIMEOUT_S:
         try:
-            channel.send(_wire.ASK_MESSAGE)
+            channel.send(_messages.ASK_MESSAGE)
             channel.recv()
         except (OSError, EOFError):
             break
@@ -72,9 +72,9 @@ class FakeChannel:
         self.pending = None
 
     def send(self, message):
-        assert message == _wire.ASK_MESSAGE
+        assert message == _messages.ASK_MESSAGE
         self.asked += 1
-        self.pending = _wire.cancelled(list(self.flags))
+        self.pending = _messages.Cancelled(list(self.flags))
 
     def recv(self):
         reply, self.pending = self.pending, None
@@ -104,7 +104,7 @@ def test_the_probe_asks_at_most_once_per_interval_and_remembers_a_cancellation(m
 def test_a_lost_stub_means_cancelled():
     left, right = socket.socketpair()
     right.close()
-    probe = CancelProbe(_wire.Channel(left), 1)
+    probe = CancelProbe(_wire.SocketChannel(left), 1)
     assert probe(0)
     left.close()
 
@@ -148,7 +148,7 @@ def _hang_and_give_up(make_worker, func):  # noqa: F811 - the fixture, passed on
     worker, _ = make_worker(func)
     first_sock, first = _connect(worker)
     segment, metas = _tensors.write_tensors(None, [[("k", np.array([[-1]], np.int32))]])
-    first.send((_wire.INFER, segment, [(metas[0], None, None)]))
+    first.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
     deadline = time.monotonic() + TIMEOUT_S
     while not (worker._sessions and worker._sessions[0].in_callable) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -8,7 +8,7 @@ import time
 import types
 
 from pytriton import _healing
-from pytriton.proxy.stubside import _wire
+from pytriton.proxy.stubside import _messages
 from pytriton.server import _drain
 
 
@@ -92,9 +92,9 @@ def test_pending_requests_and_held_connection_against_a_local_server():
 
 
 def test_refusal_text_is_not_a_callable_error_text():
-    assert _wire.error(_wire.UNAVAILABLE_TEXT) == _wire.UNAVAILABLE_MESSAGE
+    assert _messages.Error(_messages.UNAVAILABLE_TEXT) == _messages.UNAVAILABLE_MESSAGE
     # A callable's error reads "Type: message"; no exception type is named "pytriton".
-    assert _wire.UNAVAILABLE_TEXT.startswith("pytriton: ")
+    assert _messages.UNAVAILABLE_TEXT.startswith("pytriton: ")
 
 
 class _Clock:

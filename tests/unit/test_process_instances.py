@@ -28,7 +28,7 @@ from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _process
 from pytriton.proxy._binding import _resolve_tensors
-from pytriton.proxy.stubside import _arena, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire
 from pytriton.proxy.types import Request
 from tests.conftest import shm_entries, wait_for
 from tests.unit import process_callables as calls
@@ -187,14 +187,14 @@ class FakeStub:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(TIMEOUT_S)
         self.sock.connect(instance._path)
-        self.channel = _wire.Channel(self.sock)
-        self.channel.send(_wire.hello(os.getpid() if pid is None else pid, generation))
-        assert self.channel.recv()[_wire.KIND] == _wire.WELCOME
-        self.arena = _arena.Arena(f"pytriton-{os.getpid()}-unitstub{secrets.token_hex(3)}")
+        self.channel = _wire.SocketChannel(self.sock)
+        self.channel.send(_messages.Hello(os.getpid() if pid is None else pid, generation))
+        assert type(self.channel.recv()) is _messages.Welcome
+        self.arena = _arena.SharedArena(f"pytriton-{os.getpid()}-unitstub{secrets.token_hex(3)}")
 
     def infer(self, value):
         segment, metas = _tensors.write_tensors(self.arena, [[("k", np.array([[value]], np.int32))]])
-        self.channel.send(_wire.infer(segment, [(metas[0], None, None)]))
+        self.channel.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
         return self.channel.recv()
 
     def close(self):
@@ -203,8 +203,8 @@ class FakeStub:
 
 
 def _value(reply):
-    assert reply[_wire.KIND] == _wire.OK, reply
-    return int(np.frombuffer(reply[2][0][0][3], dtype=np.int32)[0])
+    assert type(reply) is _messages.Ok, reply
+    return int(np.frombuffer(reply.results[0][0].data, dtype=np.int32)[0])
 
 
 def test_a_worker_process_serves_and_publishes_its_state(make_instance):
@@ -235,7 +235,7 @@ def test_log_records_and_unrecoverable_errors_reach_the_parent(make_instance, ca
     try:
         assert _value(stub.infer(-2)) == -2
         reply = stub.infer(-3)
-        assert reply[_wire.KIND] == _wire.ERROR and "cannot go on" in _wire.parse_error(reply).text
+        assert type(reply) is _messages.Error and "cannot go on" in reply.text
     finally:
         stub.close()
     assert wait_for(lambda: events.unrecoverable, 10)
@@ -299,7 +299,7 @@ def test_repeated_start_failures_give_up_and_close_the_socket(make_instance, mon
     monkeypatch.setattr(_process, "_RESTART_BACKOFF_S", (0.0,))
     monkeypatch.setattr(_process, "MAX_START_FAILURES", 2)
     instance, _ = make_instance(calls.echo)
-    instance._envelope["payload"] = b"not a pickle"  # the next worker processes fail to load it
+    instance._payload = b"not a pickle"  # the next worker processes fail to load it
     os.kill(instance.pid, signal.SIGKILL)
     assert wait_for(lambda: instance._gave_up, TIMEOUT_S)
     assert not instance.connected

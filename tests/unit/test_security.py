@@ -285,7 +285,7 @@ def test_stub_parameters_live_in_a_private_file_not_in_the_served_config(tmp_pat
 
 def test_arena_segments_are_private_even_with_an_open_umask():
     previous = os.umask(0)
-    arena = _arena.Arena(f"pytriton-{os.getpid()}-unittest-arena", initial_size=4096)
+    arena = _arena.SharedArena(f"pytriton-{os.getpid()}-unittest-arena", initial_size=4096)
     try:
         arena.reserve(10)
         assert arena.name is not None

@@ -17,7 +17,7 @@ from pytriton.client.exceptions import PyTritonClientValueError
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
 from pytriton.model_config.generator import SEQUENCE_CONTROLS, from_dict, to_dict, to_pbtxt
-from pytriton.proxy.stubside import _arena, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _tensors
 from tests.unit.test_binding import _model, context  # noqa: F401 - the fixture
 from tests.unit.test_client_core import DRIVERS, FakeServer, _drive
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
@@ -111,10 +111,10 @@ def test_the_stub_turns_controls_into_sequence_fields_and_answers_null_requests(
     ]
     future = pool.submit(model.execute, requests)
     message = channel.recv()
-    entries = [_wire.parse_entry(raw) for raw in message[_wire.BODY]]
+    entries = [raw for raw in message.entries]
     assert [entry.sequence for entry in entries] == [(7, True, False), (8, False, True)]
-    assert [[meta[0] for meta in entry.metas] for entry in entries] == [["x"], ["x"]]  # controls stay in the stub
-    arena = _arena.Arena(f"{setup.shm_prefix}-w")
+    assert [[meta.name for meta in entry.tensors] for entry in entries] == [["x"], ["x"]]  # controls stay in the stub
+    arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
     try:
         channel.send(_ok(arena, [{"y": np.array([[10]], np.int32)}, {"y": np.array([[30]], np.int32)}]))
         responses = future.result(TIMEOUT_S)
@@ -134,13 +134,13 @@ def test_the_worker_hands_the_sequence_fields_to_the_callable(make_worker):  # n
     worker, _ = make_worker(func)
     segment, metas = _tensors.write_tensors(None, [[("k", np.array([[1]], np.int32))]] * 3)
     entries = [
-        _wire.entry(metas[0], None, None, (5, True, False)),
-        _wire.entry(metas[1], None, None, ("text-id", False, True), 2.5),
-        _wire.entry(metas[2], None, None),
+        _messages.Entry(metas[0], None, None, (5, True, False)),
+        _messages.Entry(metas[1], None, None, ("text-id", False, True), 2.5),
+        _messages.Entry(metas[2], None, None),
     ]
-    assert len(entries[2]) == 3  # nothing to add: the plain three-field entry
-    reply = worker._infer((_wire.INFER, segment, entries), None)
-    assert reply[_wire.KIND] == _wire.OK
+    assert entries[2].sequence is None and entries[2].timeout_s == 0.0  # a plain request: the fields stay empty
+    reply = worker._infer(_messages.Infer(segment, entries), None)
+    assert type(reply) is _messages.Ok
     assert seen == [(5, True, False, None), ("text-id", False, True, 2.5), (None, False, False, None)]
 
 

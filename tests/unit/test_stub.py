@@ -36,7 +36,7 @@ import types
 import numpy as np
 import pytest
 
-from pytriton.proxy.stubside import _arena, _segments, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _segments, _tensors, _wire
 
 FINAL = 1  # the fake TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TIMEOUT_S = 10.0  # every wait in this file is bounded by this
@@ -196,6 +196,8 @@ def stub():
 class FakeWorker:
     """Listens on ``slot-<n>.sock`` and answers each stub's HELLO; the test plays the rest."""
 
+    welcome = staticmethod(_messages.Welcome)  # its answer to HELLO
+
     def __init__(self, path, slot=0):
         self.slot = slot
         self.hellos = []
@@ -218,11 +220,11 @@ class FakeWorker:
             except OSError:
                 return
             sock.settimeout(TIMEOUT_S)
-            channel = _wire.Channel(sock)
+            channel = _wire.SocketChannel(sock)
             self.channels.append(channel)
             hello = channel.recv()
             self.hellos.append(hello)
-            channel.send(_wire.welcome(self.slot))
+            channel.send(self.welcome(self.slot))
             self.connections.put(channel)
 
     def channel(self):
@@ -324,12 +326,16 @@ def pool():
 
 def _inputs(message, reader=None):
     """The INFER message's requests as ``[(inputs dict, parameters, requested)]`` (copies)."""
-    assert message[_wire.KIND] == _wire.INFER, message
-    segment = message[_wire.SEGMENT]
+    assert type(message) is _messages.Infer, message
+    segment = message.segment
     buffer = reader.attach(segment) if segment is not None else None
     return [
-        ({meta[0]: _tensors.read_tensor(buffer, meta, True) for meta in metas}, params, names)
-        for metas, params, names in message[_wire.BODY]
+        (
+            {meta.name: _tensors.read_tensor(buffer, meta, True) for meta in entry.tensors},
+            entry.parameters,
+            entry.requested,
+        )
+        for entry in message.entries
     ]
 
 
@@ -340,12 +346,12 @@ def _results(arena, outputs_per_request):
 
 def _ok(arena, outputs_per_request, retire=False):
     segment, results = _results(arena, outputs_per_request)
-    return _wire.ok(segment, results, retire)
+    return _messages.Ok(segment, results, retire)
 
 
 def _value_chunk(value, requests=1):
     segment, results = _tensors.write_tensors(None, [[("y", np.array([value], np.int32))]] * requests)
-    return _wire.chunk(segment, results)
+    return _messages.Chunk(segment, results)
 
 
 # -- tests --------------------------------------------------------------------------------------
@@ -356,7 +362,7 @@ def test_initialize_claims_a_free_slot_and_says_hello(setup):
     first = setup.model(slots=2, generation=3)
     second = setup.model(slots=2, generation=3)
     assert (first._slot, second._slot) == (0, 1)
-    assert worker0.hellos == [_wire.hello(os.getpid(), 3)] and worker1.hellos == [_wire.hello(os.getpid(), 3)]
+    assert worker0.hellos == [_messages.Hello(os.getpid(), 3)] and worker1.hellos == [_messages.Hello(os.getpid(), 3)]
     # The slot locks are held, per generation: another process (here another descriptor) cannot take them.
     for slot in (0, 1):
         fd = os.open(os.path.join(setup.endpoint_dir, f"slot-{slot}-g3.lock"), os.O_RDWR)
@@ -371,8 +377,8 @@ def test_initialize_claims_a_free_slot_and_says_hello(setup):
     done = threading.Event()
 
     def answer_bye():
-        assert channel.recv() == _wire.BYE_MESSAGE
-        channel.send(_wire.BYE_MESSAGE)
+        assert channel.recv() == _messages.BYE_MESSAGE
+        channel.send(_messages.BYE_MESSAGE)
         done.set()
 
     thread = threading.Thread(target=answer_bye, daemon=True)
@@ -403,7 +409,7 @@ def test_a_reload_of_the_same_generation_shares_the_slots_after_a_grace(setup, m
 
 
 def test_a_wrong_handshake_reply_fails_initialize(setup, monkeypatch):
-    monkeypatch.setattr(_wire, "welcome", lambda slot: _wire.error("not a welcome"))  # what FakeWorker sends
+    monkeypatch.setattr(FakeWorker, "welcome", staticmethod(lambda slot: _messages.Error("not a welcome")))
     setup.worker()
     with pytest.raises(FakeModelException, match="unexpected handshake reply"):
         setup.model()
@@ -422,7 +428,7 @@ def test_ok_reply_becomes_one_response_per_request(setup, pool):
     assert [params for _, params, _ in received] == [{"temperature": 0.5}, None]
     assert [names for _, _, names in received] == [None, None]  # a single output: nothing to filter
     np.testing.assert_array_equal(received[1][0]["x"], [[3, 4]])
-    arena = _arena.Arena(f"{setup.shm_prefix}-w")
+    arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
     try:
         channel.send(_ok(arena, [{"y": inputs["x"] * 10} for inputs, _, _ in received]))
         responses = future.result(TIMEOUT_S)
@@ -440,14 +446,14 @@ def test_large_tensors_travel_through_both_arenas(setup, pool):
     big = np.arange(1 << 16, dtype=np.float32).reshape(1, -1)  # 256 KiB: past the inline limit
     future = pool.submit(model.execute, [FakeRequest({"x": big})])
     message = channel.recv()
-    assert message[_wire.SEGMENT] is not None and message[_wire.SEGMENT].startswith(setup.shm_prefix)
+    assert message.segment is not None and message.segment.startswith(setup.shm_prefix)
     reader = _arena.ArenaReader()
-    arena = _arena.Arena(f"{setup.shm_prefix}-w")
+    arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
     try:
         inputs, _, _ = _inputs(message, reader)[0]
         np.testing.assert_array_equal(inputs["x"], big)
         reply = _ok(arena, [{"y": inputs["x"] + 1}])
-        assert reply[_wire.SEGMENT] is not None
+        assert reply.segment is not None
         channel.send(reply)
         (response,) = future.result(TIMEOUT_S)
     finally:
@@ -460,7 +466,8 @@ def test_only_the_requested_outputs_are_returned(setup, pool):
     worker = setup.worker()
     model = setup.model(outputs=("a", "b"))
     channel = worker.channel()
-    requests = [FakeRequest({"x": np.ones((1, 1), np.int8)}, requested=["b"]), FakeRequest({"x": np.ones((1, 1))})]
+    # Triton's requested_output_names() is a set; the wire carries a list (Entry.requested).
+    requests = [FakeRequest({"x": np.ones((1, 1), np.int8)}, requested={"b"}), FakeRequest({"x": np.ones((1, 1))})]
     future = pool.submit(model.execute, requests)
     received = _inputs(channel.recv())
     assert [names for _, _, names in received] == [["b"], None]  # None: every output
@@ -476,7 +483,7 @@ def test_error_reply_fails_every_request_of_the_batch(setup, pool):
     channel = worker.channel()
     future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1)}), FakeRequest({"x": np.ones(1)})])
     channel.recv()
-    channel.send(_wire.error("ValueError: bad input"))
+    channel.send(_messages.Error("ValueError: bad input"))
     responses = future.result(TIMEOUT_S)
     assert [response.error.message() for response in responses] == ["ValueError: bad input"] * 2
     # The connection stays in step: the next batch is served normally.
@@ -496,9 +503,9 @@ def test_retire_moves_the_stub_to_a_fresh_arena_segment(setup, pool):
     for retire in (False, False, True, False):
         future = pool.submit(model.execute, [FakeRequest({"x": big})])
         message = channel.recv()
-        segments.append(message[_wire.SEGMENT])
+        segments.append(message.segment)
         with contextlib.suppress(FileNotFoundError):  # the worker side unlinks what it maps
-            os.unlink(os.path.join(_arena.SHM_DIR, message[_wire.SEGMENT]))
+            os.unlink(os.path.join(_arena.SHM_DIR, message.segment))
         channel.send(_ok(None, [{"y": np.zeros(1, np.float32)}], retire=retire))
         future.result(TIMEOUT_S)
         if retire:
@@ -512,17 +519,17 @@ def test_a_stream_waits_for_the_window_and_sends_every_chunk_as_it_arrives(setup
     model = setup.model(decoupled=True)
     channel = worker.channel()
     request = FakeRequest({"x": np.ones(1, np.int32)})
-    total = _wire.STREAM_WINDOW + 4
+    total = _messages.STREAM_WINDOW + 4
     future = pool.submit(model.execute, [request])
     channel.recv()
-    for value in range(_wire.STREAM_WINDOW):
+    for value in range(_messages.STREAM_WINDOW):
         channel.send(_value_chunk(value))
     # The window is full: the stub acknowledges before the worker may send more.
-    assert channel.recv() == _wire.NEXT_MESSAGE
-    assert len(request.sender.responses) == _wire.STREAM_WINDOW  # already sent, before the stream ended
-    for value in range(_wire.STREAM_WINDOW, total):
+    assert channel.recv() == _messages.NEXT_MESSAGE
+    assert len(request.sender.responses) == _messages.STREAM_WINDOW  # already sent, before the stream ended
+    for value in range(_messages.STREAM_WINDOW, total):
         channel.send(_value_chunk(value))
-    channel.send(_wire.end())
+    channel.send(_messages.End())
     assert future.result(TIMEOUT_S) is None
     values = [int(response.outputs()["y"][0]) for response in request.sender.responses]
     assert values == list(range(total))
@@ -530,8 +537,8 @@ def test_a_stream_waits_for_the_window_and_sends_every_chunk_as_it_arrives(setup
     assert request.sender.cancel_checks == 1  # once per acknowledgement
     # Nothing else was sent: the next message the worker gets is the next batch's.
     future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1, np.int32)})])
-    assert channel.recv()[_wire.KIND] == _wire.INFER
-    channel.send(_wire.end())
+    assert type(channel.recv()) is _messages.Infer
+    channel.send(_messages.End())
     future.result(TIMEOUT_S)
 
 
@@ -540,15 +547,15 @@ def test_an_arena_chunk_is_acknowledged_at_once(setup, pool):
     model = setup.model(decoupled=True)
     channel = worker.channel()
     request = FakeRequest({"x": np.ones(1, np.int32)})
-    arena = _arena.Arena(f"{setup.shm_prefix}-w")
+    arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
     try:
         future = pool.submit(model.execute, [request])
         channel.recv()
         big = np.arange(1 << 15, dtype=np.float32)
         for _ in range(2):
-            channel.send(_wire.chunk(*_results(arena, [{"y": big}])))
-            assert channel.recv() == _wire.NEXT_MESSAGE  # its memory is reused for the next chunk
-        channel.send(_wire.end())
+            channel.send(_messages.Chunk(*_results(arena, [{"y": big}])))
+            assert channel.recv() == _messages.NEXT_MESSAGE  # its memory is reused for the next chunk
+        channel.send(_messages.End())
         future.result(TIMEOUT_S)
     finally:
         arena.close()
@@ -563,21 +570,21 @@ def test_a_stream_whose_clients_all_cancelled_is_cancelled(setup, pool):
     cancelled, live = FakeRequest({"x": np.ones(1)}), FakeRequest({"x": np.ones(1)})
     future = pool.submit(model.execute, [cancelled, live])
     channel.recv()
-    for value in range(_wire.STREAM_WINDOW):
+    for value in range(_messages.STREAM_WINDOW):
         if value == 3:
             cancelled.sender.cancelled = True
         channel.send(_value_chunk(value, requests=2))
-    assert channel.recv() == _wire.NEXT_MESSAGE  # one client is still there
-    for value in range(_wire.STREAM_WINDOW):
+    assert channel.recv() == _messages.NEXT_MESSAGE  # one client is still there
+    for value in range(_messages.STREAM_WINDOW):
         if value == 5:
             live.sender.cancelled = True
         channel.send(_value_chunk(value, requests=2))
-    assert channel.recv() == _wire.CANCEL_MESSAGE  # nobody is left: stop the generator
-    channel.send(_wire.end())
+    assert channel.recv() == _messages.CANCEL_MESSAGE  # nobody is left: stop the generator
+    channel.send(_messages.End())
     assert future.result(TIMEOUT_S) is None
     # The cancelled client got nothing after the acknowledgement that noticed it.
-    assert len(cancelled.sender.responses) == _wire.STREAM_WINDOW
-    assert len(live.sender.responses) == 2 * _wire.STREAM_WINDOW
+    assert len(cancelled.sender.responses) == _messages.STREAM_WINDOW
+    assert len(live.sender.responses) == 2 * _messages.STREAM_WINDOW
     for request in (cancelled, live):
         assert request.sender.sent[-1] == (None, FINAL)
 
@@ -590,7 +597,7 @@ def test_an_error_ending_a_stream_reaches_every_live_client(setup, pool):
     future = pool.submit(model.execute, [request])
     channel.recv()
     channel.send(_value_chunk(1))
-    channel.send(_wire.error("RuntimeError: generator failed"))
+    channel.send(_messages.Error("RuntimeError: generator failed"))
     future.result(TIMEOUT_S)
     responses = request.sender.responses
     assert responses[0].error is None and responses[1].error.message() == "RuntimeError: generator failed"
@@ -647,7 +654,7 @@ def test_execution_timeout_fails_the_batch_and_reconnects(setup, pool):
     (response,) = future.result(TIMEOUT_S)
     assert "did not answer within its execution timeout of 0.2 s" in response.error.message()
     second = worker.channel()  # the stub connected again with the same pid
-    assert worker.hellos == [_wire.hello(os.getpid(), 0)] * 2
+    assert worker.hellos == [_messages.Hello(os.getpid(), 0)] * 2
     future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1)})])
     second.recv()
     second.send(_ok(None, [{"y": np.full(1, 2.0)}]))
@@ -668,7 +675,7 @@ def test_a_connection_broken_under_a_batch_is_made_again_for_the_next_one(setup,
     assert "closed the connection" in response.error.message()
     future = pool.submit(model.execute, [FakeRequest({"x": np.full(1, 3.0)})])
     second = worker.channel()
-    assert worker.hellos == [_wire.hello(os.getpid(), 0)] * 2
+    assert worker.hellos == [_messages.Hello(os.getpid(), 0)] * 2
     ((inputs, _, _),) = _inputs(second.recv())
     np.testing.assert_array_equal(inputs["x"], np.full(1, 3.0))
     second.send(_ok(None, [{"y": np.full(1, 2.0)}]))
@@ -705,7 +712,7 @@ def test_an_unexpected_reply_fails_the_batch(setup, pool):
     channel = worker.channel()
     future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1)})])
     channel.recv()
-    channel.send(_wire.end())  # a stream's end, for a model that is not decoupled
+    channel.send(_messages.End())  # a stream's end, for a model that is not decoupled
     (response,) = future.result(TIMEOUT_S)
     assert response.error.message() == "pytriton: unexpected reply"
 
@@ -735,7 +742,7 @@ def test_a_client_whose_response_is_refused_gets_nothing_more(setup, pool):
     channel.recv()
     for value in range(3):
         channel.send(_value_chunk(value, requests=2))
-    channel.send(_wire.end())
+    channel.send(_messages.End())
     assert future.result(TIMEOUT_S) is None
     assert [int(response.outputs()["y"][0]) for response in kept.sender.responses] == [0, 1, 2]
     assert kept.sender.sent[-1] == (None, FINAL)

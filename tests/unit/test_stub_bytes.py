@@ -87,7 +87,7 @@ def test_input_is_forwarded_serialized_and_arrives_as_strings(installed, tmp_pat
     as_numpy = np.empty((), dtype=object)
     as_numpy[()] = carrier  # what pybind11 makes of it
     payload = _stub_bytes.input_payload(as_numpy)
-    owner = _arena.Arena(f"pytriton-{os.getpid()}-stubbytes", initial_size=4096)
+    owner = _arena.SharedArena(f"pytriton-{os.getpid()}-stubbytes", initial_size=4096)
     reader = _arena.ArenaReader()
     try:
         for copies in (1, 200):  # inline, then through the arena

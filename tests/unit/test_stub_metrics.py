@@ -23,7 +23,7 @@ from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
-from pytriton.proxy.stubside import _segments, _stub_metrics, _tensors, _wire
+from pytriton.proxy.stubside import _messages, _segments, _stub_metrics, _tensors, _wire
 from pytriton.server.triton_config import TritonConfig
 from tests.unit import test_stub
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok
@@ -101,8 +101,12 @@ def _started(api, **kwargs):
 
 
 def _final(kind, duration=None):
-    final = {_wire.OK: _wire.ok(None, []), _wire.ERROR: _wire.error("E: x"), _wire.END: _wire.end()}[kind]
-    return final if duration is None else _wire.with_duration(final, duration)
+    final = {
+        _messages.OK: _messages.Ok(None, []),
+        _messages.ERROR: _messages.Error("E: x"),
+        _messages.END: _messages.End(),
+    }[kind]
+    return final if duration is None else final.settled(False, duration)
 
 
 # -- StubMetrics -----------------------------------------------------------------------------------
@@ -128,7 +132,12 @@ def test_flush_exports_histograms_counters_and_gauges():
     try:
         created = api.calls
         assert api.value(_stub_metrics.DURATION + "_bucket", le="+Inf") == 0  # every series exists from the start
-        batches = [(2, _wire.OK, 0.003), (1, _wire.ERROR, 0.0004), (3, _wire.END, 0.2), (4, _wire.OK, None)]
+        batches = [
+            (2, _messages.OK, 0.003),
+            (1, _messages.ERROR, 0.0004),
+            (3, _messages.END, 0.2),
+            (4, _messages.OK, None),
+        ]
         for size, kind, duration in batches:
             metrics.enter(size)
             assert metrics.in_flight == size
@@ -162,7 +171,7 @@ def test_flush_exports_histograms_counters_and_gauges():
         metrics.flush()
         assert api.calls == created + flushed, "nothing changed: a flush makes no call"
         metrics.leave()
-        metrics.settled((_wire.CHUNK, None, []))  # not a final reply: ignored
+        metrics.settled(_messages.Chunk(None, []))  # not a final reply: ignored
     finally:
         metrics.close()
     assert api.value(_stub_metrics.IN_FLIGHT) == 0  # close() pushed the last change
@@ -183,7 +192,7 @@ def test_the_flusher_thread_pushes_by_itself():
     metrics.start()
     try:
         metrics.enter(1)
-        metrics.settled(_final(_wire.OK, 0.01))
+        metrics.settled(_final(_messages.OK, 0.01))
         metrics.leave()
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline and not (
@@ -248,12 +257,12 @@ def test_the_stub_counts_batches_errors_and_durations(setup, pool, monkeypatch):
     # Two requests answered OK after 3 ms of callable, then one that failed after 0.5 s.
     future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1)}), FakeRequest({"x": np.ones(1)})])
     channel.recv()
-    channel.send(_wire.with_duration(_ok(None, [{"y": np.ones(1)}] * 2), 0.003))
+    channel.send(_ok(None, [{"y": np.ones(1)}] * 2).settled(False, 0.003))
     assert all(response.error is None for response in future.result(TIMEOUT_S))
     future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1)})])
     channel.recv()
     assert model._metrics.in_flight == 1
-    channel.send(_wire.with_duration(_wire.error("ValueError: bad"), 0.5))
+    channel.send(_messages.Error("ValueError: bad").settled(False, 0.5))
     (response,) = future.result(TIMEOUT_S)
     assert response.error.message() == "ValueError: bad"
     assert model._metrics.in_flight == 0
@@ -291,7 +300,7 @@ def test_the_stub_serves_without_the_metric_api(setup, pool, capsys):
     assert model._metrics is _stub_metrics.NULL
     future = pool.submit(model.execute, [FakeRequest({"x": np.ones(1)})])
     channel.recv()
-    channel.send(_wire.with_duration(_ok(None, [{"y": np.full(1, 2.0)}]), 0.001))
+    channel.send(_ok(None, [{"y": np.full(1, 2.0)}]).settled(False, 0.001))
     (response,) = future.result(TIMEOUT_S)
     assert response.error is None and response.outputs()["y"][0] == 2.0
     assert capsys.readouterr().err.count("has no custom-metric API") == 1
@@ -331,9 +340,9 @@ def worker_channel(tmp_path):
         sock.settimeout(TIMEOUT_S)
         sock.connect(worker._path)
         sockets.append(sock)
-        channel = _wire.Channel(sock)
-        channel.send(_wire.hello(os.getpid(), 0))
-        assert channel.recv()[_wire.KIND] == _wire.WELCOME
+        channel = _wire.SocketChannel(sock)
+        channel.send(_messages.Hello(os.getpid(), 0))
+        assert type(channel.recv()) is _messages.Welcome
         return channel
 
     yield make
@@ -346,15 +355,15 @@ def worker_channel(tmp_path):
 
 def _send_infer(channel, x):
     segment, metas = _tensors.write_tensors(None, [[("x", x)]])
-    channel.send(_wire.infer(segment, [(metas[0], None, None)]))
+    channel.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
 
 
 def _final_reply(channel):
     while True:
         message = channel.recv()
-        if message[_wire.KIND] in _wire.FINAL_KINDS:
+        if isinstance(message, (_messages.Ok, _messages.Error, _messages.End)):
             return message
-        channel.send(_wire.NEXT_MESSAGE)  # a chunk (small: acknowledged after each one is harmless)
+        channel.send(_messages.NEXT_MESSAGE)  # a chunk (small: acknowledged after each one is harmless)
 
 
 def test_the_worker_measures_the_callable_around_the_call(worker_channel):
@@ -367,16 +376,16 @@ def test_the_worker_measures_the_callable_around_the_call(worker_channel):
     channel = worker_channel(sleepy, metrics=True)
     _send_infer(channel, np.ones((1, 1), np.float32))
     reply = channel.recv()
-    assert reply[_wire.KIND] == _wire.OK and not _wire.retires(reply)
-    assert _wire.callable_duration(reply) >= 0.05
+    assert type(reply) is _messages.Ok and not reply.retire
+    assert reply.duration_s >= 0.05
     _send_infer(channel, -np.ones((1, 1), np.float32))
     reply = channel.recv()
-    assert _wire.parse_error(reply).text == "ValueError: negative" and _wire.callable_duration(reply) >= 0.05
+    assert reply.text == "ValueError: negative" and reply.duration_s >= 0.05
 
     plain = worker_channel(sleepy, metrics=False)
     _send_infer(plain, np.ones((1, 1), np.float32))
     reply = plain.recv()
-    assert reply[_wire.KIND] == _wire.OK and _wire.callable_duration(reply) is None
+    assert type(reply) is _messages.Ok and reply.duration_s is None
 
 
 def test_a_streams_duration_lasts_until_its_generator_finished(worker_channel):
@@ -388,16 +397,15 @@ def test_a_streams_duration_lasts_until_its_generator_finished(worker_channel):
     channel = worker_channel(stream, metrics=True, decoupled=True)
     _send_infer(channel, np.ones((1, 1), np.float32))
     final = _final_reply(channel)
-    assert final[_wire.KIND] == _wire.END and _wire.callable_duration(final) >= 0.06
+    assert type(final) is _messages.End and final.duration_s >= 0.06
 
 
 def test_the_duration_field_keeps_the_retire_flag_readable():
-    for final in (_wire.ok(None, []), _wire.error("boom"), _wire.end()):
-        timed = _wire.with_duration(_wire.with_retire(final, True), 0.25)
-        assert _wire.retires(timed) and _wire.callable_duration(timed) == 0.25
-        assert _wire.with_retire(_wire.with_duration(final, 0.25), True) == timed
-        assert _wire.callable_duration(final) is None
-    assert _wire.parse_ok(_wire.with_duration(_wire.ok("s", [[]], True), 1.0)).retire is True
+    for final in (_messages.Ok(None, []), _messages.Error("boom"), _messages.End()):
+        timed = final.settled(True, 0.25)
+        assert timed.retire and timed.duration_s == 0.25
+        assert final.duration_s is None
+    assert _messages.Ok("s", [[]], True).settled(True, 1.0).retire is True
 
 
 # -- the switch ------------------------------------------------------------------------------------

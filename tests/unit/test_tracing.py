@@ -29,7 +29,7 @@ from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _tracing
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
-from pytriton.proxy.stubside import _stub_trace, _tensors, _wire
+from pytriton.proxy.stubside import _messages, _stub_trace, _tensors, _wire
 from pytriton.proxy.types import Request
 from tests.conftest import shm_entries
 from tests.otel_memory import by_name, memory_exporter
@@ -83,11 +83,11 @@ class TracedRequest(FakeRequest):
 
 
 def test_infer_messages_carry_the_trace_field_only_when_given():
-    assert _wire.infer(None, []) == (_wire.INFER, None, [])
-    assert _wire.parse_trace(_wire.infer(None, [])) is None
-    traced = _wire.infer(None, [], (123, [CONTEXT, None]))
-    assert len(traced) == 4 and _wire.parse_trace(traced) == (123, [CONTEXT, None])
-    assert _wire.parse_infer(traced) == _wire.parse_infer(_wire.infer(None, []))  # the old fields are unchanged
+    assert _messages.Infer(None, []).trace is None
+    assert _messages.Infer(None, []).encode() == (_messages.INFER, None, [], None)
+    traced = _messages.Infer(None, [], (123, [CONTEXT, None]))
+    assert traced.trace == (123, [CONTEXT, None])
+    assert _messages.decode(traced.encode()) == traced
 
 
 # -- the stub side --------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def _run_batch(setup, pool, requests, **private):  # noqa: F811
     future = pool.submit(model.execute, requests)
     message = channel.recv()
     segment, results = _tensors.write_tensors(None, [[("y", np.array([[1]], np.int32))]] * len(requests))
-    channel.send(_wire.ok(segment, results))
+    channel.send(_messages.Ok(segment, results))
     assert all(response.error is None for response in future.result(TIMEOUT_S))
     return message
 
@@ -122,20 +122,20 @@ def test_the_stub_forwards_trace_contexts_when_the_server_traces(setup, pool):  
         TracedRequest({"x": np.array([[2]], np.int32)}, None),
     ]
     message = _run_batch(setup, pool, requests, trace=True)
-    started, contexts = _wire.parse_trace(message)
+    started, contexts = message.trace
     assert contexts == [CONTEXT, None]
     assert abs(started / 1e9 - __import__("time").time()) < 60
 
 
 def test_the_stub_sends_no_field_for_an_untraced_batch(setup, pool):  # noqa: F811
     requests = [TracedRequest({"x": np.array([[1]], np.int32)}, None)]
-    assert len(_run_batch(setup, pool, requests, trace=True)) == 3
+    assert _run_batch(setup, pool, requests, trace=True).trace is None
 
 
 def test_the_stub_never_asks_for_traces_when_the_server_does_not_trace(setup, pool):  # noqa: F811
     requests = [TracedRequest({"x": np.array([[1]], np.int32)}, CONTEXT)]
     message = _run_batch(setup, pool, requests)  # no "trace" in the private file: an older binding too
-    assert len(message) == 3 and requests[0].trace_calls == 0
+    assert message.trace is None and requests[0].trace_calls == 0
 
 
 @pytest.fixture()
@@ -181,9 +181,9 @@ def make_worker(tmp_path):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(TIMEOUT_S)
         sock.connect(worker._path)
-        channel = _wire.Channel(sock)
-        channel.send(_wire.hello(os.getpid(), 0))
-        assert channel.recv()[_wire.KIND] == _wire.WELCOME
+        channel = _wire.SocketChannel(sock)
+        channel.send(_messages.Hello(os.getpid(), 0))
+        assert type(channel.recv()) is _messages.Welcome
         workers.append(sock)
         return channel
 
@@ -198,7 +198,7 @@ def make_worker(tmp_path):
 
 def _infer(channel, values, trace=None):
     segment, metas = _tensors.write_tensors(None, [[("k", np.array([[value]], np.int32))] for value in values])
-    channel.send(_wire.infer(segment, [(meta, None, None) for meta in metas], trace))
+    channel.send(_messages.Infer(segment, [_messages.Entry(meta) for meta in metas], trace))
     return channel.recv()
 
 
@@ -220,7 +220,7 @@ def test_a_traced_request_gets_a_span_that_is_a_child_of_tritons(spans, make_wor
     channel = make_worker(infer)
     started_ns = __import__("time").time_ns() - 5_000_000  # the stub received the batch 5 ms ago
     reply = _infer(channel, [1, 2, 3], (started_ns, [CONTEXT, None, OTHER_CONTEXT]))
-    assert reply[_wire.KIND] == _wire.OK
+    assert type(reply) is _messages.Ok
     assert seen[1] is None and seen[0] is not None and seen[2] is not None
     named = by_name(spans.get_finished_spans())
     assert sorted(named) == ["inner", _tracing.REQUEST_SPAN]
@@ -244,7 +244,7 @@ def test_a_failed_batch_marks_its_spans_as_errors(spans, make_worker):
 
     channel = make_worker(infer)
     reply = _infer(channel, [1], (1, [CONTEXT]))
-    assert reply[_wire.KIND] == _wire.ERROR
+    assert type(reply) is _messages.Error
     (span,) = spans.get_finished_spans()
     assert not span.status.is_ok and span.status.description == "ValueError: broken input"
 
@@ -257,12 +257,12 @@ def test_a_streamed_batch_ends_its_spans_after_the_last_chunk(spans, make_worker
 
     channel = make_worker(infer, decoupled=True)
     reply = _infer(channel, [1], (1, [CONTEXT]))
-    kinds = [reply[_wire.KIND]]
+    kinds = [reply.KIND]
     for _ in range(10):
-        if kinds[-1] != _wire.CHUNK:
+        if kinds[-1] != _messages.CHUNK:
             break
-        kinds.append(channel.recv()[_wire.KIND])
-    assert kinds == [_wire.CHUNK] * 3 + [_wire.END]
+        kinds.append(channel.recv().KIND)
+    assert kinds == [_messages.CHUNK] * 3 + [_messages.END]
     assert [span.name for span in spans.get_finished_spans()] == [_tracing.REQUEST_SPAN]
 
 
@@ -274,7 +274,7 @@ def test_an_untraced_batch_opens_no_span(spans, make_worker):
         return _identity(requests)
 
     channel = make_worker(infer)
-    assert _infer(channel, [1, 2])[_wire.KIND] == _wire.OK
+    assert type(_infer(channel, [1, 2])) is _messages.Ok
     assert seen == [None, None] and not spans.get_finished_spans()
 
 
@@ -300,7 +300,7 @@ def test_batch_opens_a_child_span_of_every_traced_request(spans):
 
     requests, opened = _traced_requests(spans, [CONTEXT, None, OTHER_CONTEXT])
     assert [len(out["y"]) for out in infer(requests)] == [1, 1, 1]
-    _tracing.end_spans(opened, _wire.ok(None, []))
+    _tracing.end_spans(opened, _messages.Ok(None, []))
     named = by_name(spans.get_finished_spans())
     batch_spans = named[_tracing.BATCH_SPAN]
     assert sorted(span.parent.span_id for span in batch_spans) == sorted(
@@ -445,7 +445,7 @@ def test_a_worker_serves_traced_batches_without_opentelemetry(no_opentelemetry, 
             return _identity(requests)
 
     channel = make_worker(infer)
-    assert _infer(channel, [4], (1, [CONTEXT]))[_wire.KIND] == _wire.OK
+    assert _infer(channel, [4], (1, [CONTEXT])).KIND == _messages.OK
     assert seen == [None]
 
 

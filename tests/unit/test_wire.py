@@ -10,13 +10,24 @@ import time
 import numpy as np
 import pytest
 
-from pytriton.proxy.stubside import _arena, _segments, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _segments, _tensors, _wire
+from pytriton.proxy.stubside._messages import (
+    Chunk,
+    End,
+    Entry,
+    Error,
+    Hello,
+    Infer,
+    Ok,
+    TensorMeta,
+    Welcome,
+)
 from tests.conftest import DTYPES, wait_for
 
 
 @pytest.fixture()
 def arena():
-    owner = _arena.Arena(f"pytriton-{os.getpid()}-unittest", initial_size=4096)
+    owner = _arena.SharedArena(f"pytriton-{os.getpid()}-unittest", initial_size=4096)
     reader = _arena.ArenaReader()
     yield owner, reader
     owner.close()
@@ -28,7 +39,7 @@ def _round_trip(arena, tensors):
     owner, reader = arena
     segment, metas = _tensors.write_tensors(owner, [list(tensors.items())])
     buffer = reader.attach(segment) if segment else None
-    return {meta[0]: _tensors.read_tensor(buffer, meta, copy=True) for meta in metas[0]}
+    return {meta.name: _tensors.read_tensor(buffer, meta, copy=True) for meta in metas[0]}
 
 
 @pytest.mark.parametrize("rows", [3, 20_000], ids=["inline", "arena"])
@@ -88,16 +99,16 @@ def test_channel_frames_over_a_socket_pair():
 
     left, right = socket.socketpair()
     with left, right:
-        sender, receiver = _wire.Channel(left), _wire.Channel(right, poll_s=0.001)
-        big = ("x" * 3_000_000, [1, 2, (3, "y")], None)  # larger than the socket buffer
+        sender, receiver = _wire.SocketChannel(left), _wire.SocketChannel(right, poll_s=0.001)
+        big = Error("x" * 3_000_000, True, 1.5)  # larger than the socket buffer
         thread = threading.Thread(target=sender.send, args=(big,))
         thread.start()
         assert receiver.recv() == big
         thread.join(5)
         # Several frames in flight at once are split correctly.
         for index in range(50):
-            sender.send((index, b"z" * index))
-        assert [receiver.recv() for _ in range(50)] == [(i, b"z" * i) for i in range(50)]
+            sender.send(Welcome("z" * index))
+        assert [receiver.recv() for _ in range(50)] == [Welcome("z" * i) for i in range(50)]
         left.close()
         with pytest.raises(EOFError):
             receiver.recv()
@@ -118,8 +129,8 @@ def _poll_window_of_next_recv(channel, sock):
 
     channel._read = spy
     try:
-        _wire.Channel(sock).send(("message",))
-        assert channel.recv() == ("message",)
+        _wire.SocketChannel(sock).send(_messages.NEXT_MESSAGE)
+        assert channel.recv() == _messages.NEXT_MESSAGE
     finally:
         del channel._read
     return chosen[0]
@@ -128,7 +139,7 @@ def _poll_window_of_next_recv(channel, sock):
 def test_channel_polls_only_while_messages_come_within_the_window():
     left, right = socket.socketpair()
     with left, right:
-        receiver = _wire.Channel(right, poll_s=0.5)
+        receiver = _wire.SocketChannel(right, poll_s=0.5)
         # Fresh channel: messages are assumed to come fast, so it polls until one does.
         assert _poll_window_of_next_recv(receiver, left) == 0.5
         # Once waits are usually longer than the window, it sleeps instead of polling.
@@ -136,23 +147,23 @@ def test_channel_polls_only_while_messages_come_within_the_window():
         assert _poll_window_of_next_recv(receiver, left) == 0.0
         # A run of quick exchanges brings polling back (a moving average, not a one-off switch).
         for _ in range(40):
-            receiver.send(("ping",))
-            _wire.Channel(left).send(("pong",))
-            assert receiver.recv() == ("pong",)
+            receiver.send(_messages.ASK_MESSAGE)
+            _wire.SocketChannel(left).send(_messages.Cancelled([True]))
+            assert receiver.recv() == _messages.Cancelled([True])
         assert receiver._typical_wait_s < 0.5
         assert _poll_window_of_next_recv(receiver, left) == 0.5
         # Polling off: it never polls, however fast messages come.
-        assert _poll_window_of_next_recv(_wire.Channel(right), left) == 0.0
+        assert _poll_window_of_next_recv(_wire.SocketChannel(right), left) == 0.0
 
 
 def test_a_polling_read_still_returns_a_late_message():
     left, right = socket.socketpair()
     with left, right:
-        receiver = _wire.Channel(right, poll_s=0.01)  # the window runs out before the message comes
-        timer = threading.Timer(0.05, lambda: _wire.Channel(left).send(("late",)))
+        receiver = _wire.SocketChannel(right, poll_s=0.01)  # the window runs out before the message comes
+        timer = threading.Timer(0.05, lambda: _wire.SocketChannel(left).send(Welcome("late")))
         timer.start()
         try:
-            assert receiver.recv() == ("late",)
+            assert receiver.recv() == Welcome("late")
         finally:
             timer.join(5)
 
@@ -173,18 +184,20 @@ def test_outputs_lying_in_the_receivers_arena_are_referenced_not_copied(arena):
     data = np.arange(50_000, dtype=np.float32).reshape(2, 25_000)
     segment, metas = _tensors.write_tensors(owner, [[("x", data)]])
     view = _tensors.read_tensor(reader.attach(segment), metas[0][0], copy=False)  # what the callable gets
-    answer = _arena.Arena(f"pytriton-{os.getpid()}-unittest-answer")
+    answer = _arena.SharedArena(f"pytriton-{os.getpid()}-unittest-answer")
     try:
         outputs = [("same", view), ("row", view[1]), ("strided", view[:, ::2]), ("fresh", view * 2)]
         answer_segment, answer_metas = _tensors.write_tensors(answer, [outputs], peer=reader)
-        payloads = {meta[0]: meta[3] for meta in answer_metas[0]}
-        assert payloads["same"] == (metas[0][0][3][0], data.nbytes, _tensors.IN_RECEIVER)
-        assert payloads["row"] == (metas[0][0][3][0] + data.nbytes // 2, data.nbytes // 2, _tensors.IN_RECEIVER)
-        assert len(payloads["strided"]) == 2 and len(payloads["fresh"]) == 2  # copied into the answer arena
+        where = {meta.name: (meta.place, meta.offset, meta.nbytes) for meta in answer_metas[0]}
+        start = metas[0][0].offset
+        assert where["same"] == (_messages.RECEIVER, start, data.nbytes)
+        assert where["row"] == (_messages.RECEIVER, start + data.nbytes // 2, data.nbytes // 2)
+        # copied into the answer arena
+        assert where["strided"][0] == _messages.SENDER and where["fresh"][0] == _messages.SENDER
         assert answer_segment == answer.name
         # The original writer resolves the references against its own arena.
         own = owner.buffer
-        back = {m[0]: _tensors.read_tensor(answer.buffer, m, copy=True, own=own) for m in answer_metas[0]}
+        back = {m.name: _tensors.read_tensor(answer.buffer, m, copy=True, own=own) for m in answer_metas[0]}
         np.testing.assert_array_equal(back["same"], data)
         np.testing.assert_array_equal(back["row"], data[1])
         np.testing.assert_array_equal(back["strided"], data[:, ::2])
@@ -245,56 +258,89 @@ def test_idle_releaser_waits_for_idleness(arena):
 
 
 # -- messages -------------------------------------------------------------------------------------
-def test_every_final_reply_carries_a_retire_flag():
-    for final in (_wire.ok(None, []), _wire.error("boom"), _wire.end()):
-        assert final[_wire.KIND] in _wire.FINAL_KINDS
-        assert _wire.retires(final) is False
-        kept = _wire.with_retire(final, True)
-        assert _wire.retires(kept) is True and kept[_wire.KIND] == final[_wire.KIND] and len(kept) == len(final)
-    assert _wire.error("boom")[_wire.TEXT] == "boom"
+def test_every_final_reply_carries_a_retire_flag_and_a_duration():
+    for final in (Ok(None, []), Error("boom"), End()):
+        assert final.retire is False and final.duration_s is None
+        kept = final.settled(True, 0.25)
+        assert type(kept) is type(final) and kept.retire is True and kept.duration_s == 0.25
+        assert final.retire is False  # settled() builds a new record
+    assert Error("boom").settled(True, None).text == "boom"
     # A text that happens to be truthy is never read as the flag (the old positional layout did).
-    assert _wire.retires(_wire.error("True")) is False
+    assert Error("True").retire is False
 
 
-def test_messages_survive_the_channel_with_their_fields():
+def _through_a_channel(message):
     left, right = socket.socketpair()
-    try:
-        sender, receiver = _wire.Channel(left), _wire.Channel(right)
-        sender.send(_wire.hello(1234, 7))
-        assert _wire.parse_hello(receiver.recv()) == (1234, 7)
-        sender.send(_wire.ok("segment-name", [[("y", "<f4", (1,), b"\0\0\0\0")]], True))
-        reply = receiver.recv()
-        assert reply[_wire.KIND] == _wire.OK and reply[_wire.SEGMENT] == "segment-name"
-        assert reply[_wire.BODY][0][0][0] == "y" and _wire.retires(reply)
-        sender.send(_wire.infer(None, []))
-        assert receiver.recv() == (_wire.INFER, None, [])
-    finally:
-        left.close()
-        right.close()
+    with left, right:
+        _wire.SocketChannel(left).send(message)
+        return _wire.SocketChannel(right).recv()
 
 
-def test_each_received_message_kind_has_a_parser_with_named_fields():
-    assert _wire.parse_hello(_wire.hello(1234, 7)) == _wire.Hello(stub_pid=1234, generation=7)
-    assert _wire.parse_welcome(_wire.welcome("m-0")).slot == "m-0"
-    entries = [([("x", "<f4", (1,), b"\0\0\0\0")], None, ["y"])]
-    assert _wire.parse_infer(_wire.infer("in", entries)) == _wire.Infer(segment="in", entries=entries)
-    assert _wire.parse_ok(_wire.ok("out", [[]], True)) == _wire.Ok(segment="out", results=[[]], retire=True)
-    assert _wire.parse_ok(_wire.ok(None, [])).retire is False
-    assert _wire.parse_error(_wire.error("True")) == _wire.Error(text="True", retire=False)
-    assert _wire.parse_error(_wire.with_retire(_wire.error("boom"), True)).retire is True
-    assert _wire.parse_chunk(_wire.chunk(None, [[]])) == _wire.Chunk(segment=None, results=[[]])
-    assert _wire.parse_end(_wire.end()).retire is False and _wire.parse_end(_wire.end(True)).retire is True
-    # The builders still produce plain tuples (marshal refuses tuple subclasses): the wire is unchanged.
-    assert _wire.ok("out", [], True) == (_wire.OK, "out", [], True) and _wire.end() == (_wire.END, False)
+META = TensorMeta("y", "<f4", (1,), _messages.INLINE, b"\0\0\0\0", 0, 4)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Hello(1234, 7),
+        Welcome("m-0"),
+        Infer(None, []),
+        Infer("in", [Entry([META], None, ["y"])]),
+        Infer("in", [Entry([META], {"p": 1, "q": "s"}, None, (7, True, False), 2.5)], (123, ["{}", None])),
+        Ok("segment-name", [[META, TensorMeta("z", "<i8", (2, 3), _messages.SENDER, None, 64, 48)]], True),
+        Ok(None, [], False, 0.5),
+        Error("boom", True, 1.0),
+        Chunk(None, [[META]]),
+        End(True),
+        _messages.Cancelled([True, False]),
+        _messages.NEXT_MESSAGE,
+        _messages.CANCEL_MESSAGE,
+        _messages.BYE_MESSAGE,
+        _messages.ASK_MESSAGE,
+    ],
+    ids=lambda message: type(message).__name__,
+)
+def test_every_message_kind_survives_the_channel_with_its_fields(message):
+    received = _through_a_channel(message)
+    assert type(received) is type(message) and received == message
+
+
+def test_every_kind_has_a_fixed_arity():
+    """Absent optional fields travel as None (or 0): no reader tells fields apart by tuple length."""
+    assert Infer(None, []).encode() == (_messages.INFER, None, [], None)
+    assert Entry([META]).encode() == ([META.encode()], None, None, None, 0.0)
+    assert Ok("out", []).encode() == (_messages.OK, "out", [], False, None)
+    assert Error("x").encode() == (_messages.ERROR, "x", False, None)
+    assert End().encode() == (_messages.END, False, None)
+    assert len(META.encode()) == 7
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        (),
+        [1, 2],
+        (99,),
+        (_messages.HELLO, 1),
+        (_messages.HELLO, "1", 2),
+        (_messages.INFER, None, [([("x", "<f4", (1,), 0, b"", 0)], None, None, None, 0.0)], None),
+        (_messages.INFER, None, [], ("not", "a", "trace")),
+        (_messages.OK, 5, [], False, None),
+        (_messages.NEXT, 1),
+    ],
+)
+def test_decode_refuses_what_is_not_a_message(frame):
+    with pytest.raises((TypeError, ValueError)):
+        _messages.decode(frame)
 
 
 def test_the_stream_window_rule():
-    inline, in_arena = _wire.chunk(None, []), _wire.chunk("segment", [])
+    inline, in_arena = Chunk(None, []), Chunk("segment", [])
     # A chunk in the arena is acknowledged at once: its memory is reused for the next one.
-    assert _wire.must_acknowledge(in_arena, 1)
+    assert _messages.must_acknowledge(in_arena, 1)
     # Inline chunks run ahead up to the window, then wait for NEXT or CANCEL.
-    assert not any(_wire.must_acknowledge(inline, count) for count in range(1, _wire.STREAM_WINDOW))
-    assert _wire.must_acknowledge(inline, _wire.STREAM_WINDOW)
+    assert not any(_messages.must_acknowledge(inline, count) for count in range(1, _messages.STREAM_WINDOW))
+    assert _messages.must_acknowledge(inline, _messages.STREAM_WINDOW)
 
 
 def test_owner_pid_reads_both_naming_schemes():

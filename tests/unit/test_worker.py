@@ -24,7 +24,7 @@ from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker, error_text
-from pytriton.proxy.stubside import _arena, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire
 from tests.conftest import shm_entries, wait_for
 
 
@@ -82,23 +82,23 @@ def _connect(worker, pid=None, generation=0):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
     sock.connect(worker._path)
-    channel = _wire.Channel(sock)
-    channel.send((_wire.HELLO, os.getpid() if pid is None else pid, generation))
-    assert channel.recv()[0] == _wire.WELCOME
+    channel = _wire.SocketChannel(sock)
+    channel.send(_messages.Hello(os.getpid() if pid is None else pid, generation))
+    assert channel.recv().KIND == _messages.WELCOME
     return sock, channel
 
 
 def _infer(channel, value):
     segment, metas = _tensors.write_tensors(
-        _arena.Arena("pytriton-unit-unused"), [[("k", np.array([[value]], np.int32))]]
+        _arena.SharedArena("pytriton-unit-unused"), [[("k", np.array([[value]], np.int32))]]
     )
-    channel.send((_wire.INFER, segment, [(metas[0], None, None)]))
+    channel.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
     return channel.recv()
 
 
 def _value(reply):
-    assert reply[0] == _wire.OK, reply
-    return int(np.frombuffer(reply[2][0][0][3], dtype=np.int32)[0])
+    assert reply.KIND == _messages.OK, reply
+    return int(np.frombuffer(reply.results[0][0].data, dtype=np.int32)[0])
 
 
 def _exception_records(caplog, kind):
@@ -122,7 +122,7 @@ def test_base_exception_fails_only_its_batch(make_worker, caplog, exc):
     sock, channel = _connect(worker)
     with caplog.at_level(logging.ERROR, logger="pytriton.proxy"):
         reply = _infer(channel, -1)
-    assert reply[0] == _wire.ERROR and reply[1].startswith(type(exc).__name__), reply
+    assert reply.KIND == _messages.ERROR and reply.text.startswith(type(exc).__name__), reply
     assert _value(_infer(channel, 7)) == 7  # same connection, same thread: still serving
     assert _exception_records(caplog, type(exc)), "traceback not logged"
     sock.close()
@@ -138,7 +138,7 @@ def test_async_callable_raising_keyboard_interrupt_keeps_serving(make_worker):
 
     worker, _ = make_worker(func)
     sock, channel = _connect(worker)
-    assert _infer(channel, -1)[0] == _wire.ERROR
+    assert _infer(channel, -1).KIND == _messages.ERROR
     assert _value(_infer(channel, 3)) == 3
     sock.close()
 
@@ -153,10 +153,10 @@ def test_base_exception_in_a_generator_ends_only_its_stream(make_worker, exc):
     worker, _ = make_worker(func, decoupled=True)
     sock, channel = _connect(worker)
     first = _infer(channel, -1)
-    assert first[0] == _wire.CHUNK
+    assert first.KIND == _messages.CHUNK
     final = channel.recv()
-    assert final[0] == _wire.ERROR and final[1].startswith(type(exc).__name__), final
-    assert _infer(channel, 4)[0] == _wire.CHUNK and channel.recv()[0] == _wire.END
+    assert final.KIND == _messages.ERROR and final.text.startswith(type(exc).__name__), final
+    assert _infer(channel, 4).KIND == _messages.CHUNK and channel.recv().KIND == _messages.END
     sock.close()
 
 
@@ -171,8 +171,10 @@ def test_a_stub_reconnecting_abandons_its_hung_call(make_worker, caplog):
     worker, lost = make_worker(func)
     caplog.set_level(logging.WARNING, logger="pytriton.proxy")
     first_sock, first = _connect(worker)
-    segment, metas = _tensors.write_tensors(_arena.Arena("pytriton-unit-unused"), [[("k", np.array([[-1]], np.int32))]])
-    first.send((_wire.INFER, segment, [(metas[0], None, None)]))
+    segment, metas = _tensors.write_tensors(
+        _arena.SharedArena("pytriton-unit-unused"), [[("k", np.array([[-1]], np.int32))]]
+    )
+    first.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
     assert wait_for(lambda: worker.busy, 10)
     first_sock.close()  # what the stub does when its execution timeout expires ...
     second_sock, second = _connect(worker)  # ... before it connects again
@@ -189,8 +191,10 @@ def test_stop_leaves_a_hung_call_behind_and_says_so(make_worker, caplog):
     release = threading.Event()
     worker, _ = make_worker(lambda requests: release.wait(60) and [])
     sock, channel = _connect(worker)
-    segment, metas = _tensors.write_tensors(_arena.Arena("pytriton-unit-unused"), [[("k", np.array([[1]], np.int32))]])
-    channel.send((_wire.INFER, segment, [(metas[0], None, None)]))
+    segment, metas = _tensors.write_tensors(
+        _arena.SharedArena("pytriton-unit-unused"), [[("k", np.array([[1]], np.int32))]]
+    )
+    channel.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
     assert wait_for(lambda: worker.busy, 10)
     caplog.set_level(logging.WARNING, logger="pytriton.proxy")
     started = time.monotonic()
@@ -216,7 +220,7 @@ def test_a_dead_stub_is_reported_once_and_a_goodbye_is_not(make_worker):
     assert wait_for(lambda: lost == [3], 10), lost
 
     sock, channel = _connect(worker, pid=_dead_pid(), generation=4)
-    channel.send((_wire.BYE,))
+    channel.send(_messages.BYE_MESSAGE)
     channel.recv()
     sock.close()
     sock, _ = _connect(worker)  # a live stub (this process) that drops its connection

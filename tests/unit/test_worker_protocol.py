@@ -21,7 +21,7 @@ from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy._binding import _resolve_tensors
 from pytriton.proxy._worker import InstanceWorker
-from pytriton.proxy.stubside import _arena, _segments, _tensors, _wire
+from pytriton.proxy.stubside import _arena, _messages, _segments, _tensors, _wire
 from tests.conftest import shm_entries
 
 TIMEOUT_S = 10.0
@@ -68,9 +68,9 @@ def connect(tmp_path, prefix):
         sock.settimeout(TIMEOUT_S)
         sock.connect(worker._path)
         sockets.append(sock)
-        channel = _wire.Channel(sock)
-        channel.send(_wire.hello(os.getpid(), 0))
-        assert channel.recv()[_wire.KIND] == _wire.WELCOME
+        channel = _wire.SocketChannel(sock)
+        channel.send(_messages.Hello(os.getpid(), 0))
+        assert type(channel.recv()) is _messages.Welcome
         return channel
 
     yield make
@@ -84,13 +84,17 @@ def connect(tmp_path, prefix):
 def _infer(channel, arena, *requests):
     """Send one INFER: each request is ``(x array, parameters, requested names)``."""
     segment, metas = _tensors.write_tensors(arena, [[("x", x)] for x, _, _ in requests])
-    channel.send(_wire.infer(segment, [(meta, params, names) for meta, (_, params, names) in zip(metas, requests)]))
+    channel.send(
+        _messages.Infer(
+            segment, [_messages.Entry(meta, params, names) for meta, (_, params, names) in zip(metas, requests)]
+        )
+    )
 
 
 def _outputs(reply, reader=None):
-    segment = reply[_wire.SEGMENT]
+    segment = reply.segment
     buffer = reader.attach(segment) if segment is not None else None
-    return [{meta[0]: _tensors.read_tensor(buffer, meta, True) for meta in metas} for metas in reply[_wire.BODY]]
+    return [{meta.name: _tensors.read_tensor(buffer, meta, True) for meta in metas} for metas in reply.results]
 
 
 def test_ok_batch_with_parameters_and_requested_outputs(connect):
@@ -108,7 +112,7 @@ def test_ok_batch_with_parameters_and_requested_outputs(connect):
         (np.array([[2.0]], np.float32), None, None),
     )
     reply = channel.recv()
-    assert reply[_wire.KIND] == _wire.OK and not _wire.retires(reply)
+    assert type(reply) is _messages.Ok and not reply.retire
     first, second = _outputs(reply)
     assert seen[0][0] == {"p": 1} and list(seen[0][1]) == ["b"]
     assert not seen[1][0] and seen[1][1] is None
@@ -120,30 +124,30 @@ def test_a_stream_stops_at_the_window_until_next(connect):
     pulled = []
 
     def func(requests):
-        for step in range(3 * _wire.STREAM_WINDOW):
+        for step in range(3 * _messages.STREAM_WINDOW):
             pulled.append(step)
             yield [{"y": np.full((1, 1), step, np.float32)} for _ in requests]
 
     channel = connect(func, decoupled=True)
     _infer(channel, None, (np.ones((1, 1), np.float32), None, None))
-    for step in range(_wire.STREAM_WINDOW):
+    for step in range(_messages.STREAM_WINDOW):
         chunk = channel.recv()
-        assert chunk[_wire.KIND] == _wire.CHUNK and _outputs(chunk)[0]["y"].tolist() == [[step]]
+        assert type(chunk) is _messages.Chunk and _outputs(chunk)[0]["y"].tolist() == [[step]]
     # The worker now waits for NEXT: however long we wait, the generator is not pulled further.
     time.sleep(0.2)
-    assert len(pulled) == _wire.STREAM_WINDOW
-    channel.send(_wire.NEXT_MESSAGE)
+    assert len(pulled) == _messages.STREAM_WINDOW
+    channel.send(_messages.NEXT_MESSAGE)
     values = []
     while True:
         message = channel.recv()
-        if message[_wire.KIND] != _wire.CHUNK:
+        if type(message) is not _messages.Chunk:
             break
         values.append(int(_outputs(message)[0]["y"][0, 0]))
-        if len(values) % _wire.STREAM_WINDOW == 0:
-            channel.send(_wire.NEXT_MESSAGE)
-    assert values == list(range(_wire.STREAM_WINDOW, 3 * _wire.STREAM_WINDOW))
+        if len(values) % _messages.STREAM_WINDOW == 0:
+            channel.send(_messages.NEXT_MESSAGE)
+    assert values == list(range(_messages.STREAM_WINDOW, 3 * _messages.STREAM_WINDOW))
     # The last chunk filled the window: its NEXT came before END (sent above).
-    assert message == _wire.end()
+    assert message == _messages.End()
 
 
 def test_cancel_closes_the_generator_before_the_stream_ends(connect):
@@ -160,15 +164,15 @@ def test_cancel_closes_the_generator_before_the_stream_ends(connect):
 
     channel = connect(func, decoupled=True)
     _infer(channel, None, (np.ones((1, 1), np.float32), None, None))
-    for _ in range(_wire.STREAM_WINDOW):
-        assert channel.recv()[_wire.KIND] == _wire.CHUNK
-    channel.send(_wire.CANCEL_MESSAGE)
-    assert channel.recv() == _wire.end()
+    for _ in range(_messages.STREAM_WINDOW):
+        assert type(channel.recv()) is _messages.Chunk
+    channel.send(_messages.CANCEL_MESSAGE)
+    assert channel.recv() == _messages.End()
     assert closed.is_set(), "the generator's finally must have run when END is sent"
-    assert len(pulled) == _wire.STREAM_WINDOW
+    assert len(pulled) == _messages.STREAM_WINDOW
     # The connection is in step for the next batch.
     _infer(channel, None, (np.ones((1, 1), np.float32), None, None))
-    assert channel.recv()[_wire.KIND] == _wire.CHUNK
+    assert type(channel.recv()) is _messages.Chunk
 
 
 def test_an_arena_chunk_waits_for_its_acknowledgement(connect):
@@ -186,12 +190,12 @@ def test_an_arena_chunk_waits_for_its_acknowledgement(connect):
     try:
         for step in range(3):
             chunk = channel.recv()
-            assert chunk[_wire.SEGMENT] is not None
+            assert chunk.segment is not None
             np.testing.assert_array_equal(_outputs(chunk, reader)[0]["y"], big + step)
             time.sleep(0.05)
             assert len(pulled) == step + 1, "the arena must not be written again before NEXT"
-            channel.send(_wire.NEXT_MESSAGE)
-        assert channel.recv() == _wire.end()
+            channel.send(_messages.NEXT_MESSAGE)
+        assert channel.recv() == _messages.End()
     finally:
         reader.close()
 
@@ -205,16 +209,16 @@ def test_retire_is_set_only_when_the_callable_keeps_a_large_input(connect, prefi
         return [{"y": request["x"][:, :1]} for request in requests]
 
     channel = connect(func)
-    arena = _arena.Arena(f"{prefix}-s")
+    arena = _arena.SharedArena(f"{prefix}-s")
     big = np.ones((1, 1 << 15), np.float32)  # 128 KiB: through the stub's arena
     try:
         for keep, small in ((False, False), (True, True), (True, False)):
             x = np.ones((1, 4), np.float32) if small else big
             _infer(channel, arena, (x, {"keep": keep}, None))
             reply = channel.recv()
-            assert reply[_wire.KIND] == _wire.OK
+            assert type(reply) is _messages.Ok
             # A kept small input is a private copy: nothing to retire.
-            assert _wire.retires(reply) is (keep and not small), (keep, small)
+            assert reply.retire is (keep and not small), (keep, small)
     finally:
         kept.clear()
         arena.close()
@@ -222,8 +226,8 @@ def test_retire_is_set_only_when_the_callable_keeps_a_large_input(connect, prefi
 
 def test_stray_next_and_bye(connect):
     channel = connect(lambda requests: [{"y": request["x"]} for request in requests])
-    channel.send(_wire.NEXT_MESSAGE)
+    channel.send(_messages.NEXT_MESSAGE)
     reply = channel.recv()
-    assert reply[_wire.KIND] == _wire.ERROR and "unexpected message kind" in reply[_wire.TEXT]
-    channel.send(_wire.BYE_MESSAGE)
-    assert channel.recv()[_wire.KIND] == _wire.OK
+    assert type(reply) is _messages.Error and "unexpected message kind" in reply.text
+    channel.send(_messages.BYE_MESSAGE)
+    assert type(channel.recv()) is _messages.Ok

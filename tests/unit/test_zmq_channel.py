@@ -10,7 +10,7 @@ import pytest
 
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.proxy._worker import InstanceWorker
-from pytriton.proxy.stubside import _tensors, _wire, _zmq_channel
+from pytriton.proxy.stubside import _messages, _tensors, _zmq_channel
 
 TOKEN = "unit-token"
 
@@ -23,14 +23,14 @@ def hub():
 
 
 def _serve_one(listener: _zmq_channel.Listener, replies: int = 1) -> threading.Thread:
-    """Accept one connection and echo ``replies`` messages back, wrapped in OK."""
+    """Accept one connection and echo ``replies`` messages back."""
 
     def run() -> None:
         connection, _ = listener.accept()
         channel = connection.channel()
         try:
             for _ in range(replies):
-                channel.send(_wire.ok(None, [channel.recv()]))
+                channel.send(channel.recv())
         finally:
             connection.close()
 
@@ -49,7 +49,7 @@ def test_round_trip_and_goodbye(hub):
         accepted.append(route)
         channel = connection.channel()
         message = channel.recv()
-        channel.send(_wire.ok(None, [message]))
+        channel.send(message)
         with pytest.raises(EOFError):
             channel.recv()  # the stub's close() ends the connection
         accepted.append("eof")
@@ -58,10 +58,10 @@ def test_round_trip_and_goodbye(hub):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
-    payload = np.arange(300_000, dtype=np.float32).tobytes()  # larger than any socket buffer
-    stub.send((7, payload))
-    reply = _wire.parse_ok(stub.recv())
-    assert reply.results == [(7, payload)]
+    payload = "x" * 1_200_000  # larger than any socket buffer
+    stub.send(_messages.Error(payload, False, 7.0))
+    reply = stub.recv()
+    assert reply == _messages.Error(payload, False, 7.0)
     stub.close()
     thread.join(5)
     assert accepted == ["m1/0", "eof"]
@@ -123,7 +123,7 @@ def test_inline_arena_puts_every_tensor_in_the_message():
     arena = _zmq_channel.InlineArena()
     large = np.arange(1 << 18, dtype=np.float32)  # 1 MiB, above the shared-memory threshold
     segment, metas = _tensors.write_tensors(arena, [[("x", large)]])  # type: ignore[arg-type]
-    assert segment is None and type(metas[0][0][3]) is bytes
+    assert segment is None and metas[0][0].place == _messages.INLINE and metas[0][0].data is not None
     np.testing.assert_array_equal(_tensors.read_tensor(None, metas[0][0], copy=True), large)
 
 
@@ -154,16 +154,16 @@ def test_worker_serves_a_stub_over_tcp(hub):
     worker = echo_worker(hub, "m1/0")
     stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
     try:
-        stub.send(_wire.hello(12345, 0))
-        assert stub.recv()[_wire.KIND] == _wire.WELCOME
+        stub.send(_messages.Hello(12345, 0))
+        assert type(stub.recv()) is _messages.Welcome
         assert worker.connected
         large = np.arange(1 << 18, dtype=np.float32)
         segment, metas = _tensors.write_tensors(_zmq_channel.InlineArena(), [[("x", large)]])  # type: ignore[arg-type]
-        stub.send(_wire.infer(segment, [(metas[0], None, None)]))
-        reply = _wire.parse_ok(stub.recv())
+        stub.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
+        reply = stub.recv()
         assert reply.segment is None
         np.testing.assert_array_equal(_tensors.read_tensor(None, reply.results[0][0], copy=True), large * 2)
-        stub.send(_wire.BYE_MESSAGE)
+        stub.send(_messages.BYE_MESSAGE)
         stub.recv()
         assert not worker.connected
     finally:
@@ -178,8 +178,8 @@ def test_encrypted_hub_needs_its_key():
         thread = _serve_one(hub.register("r"))
         stub = _zmq_channel.connect(hub.endpoint, TOKEN, "r", hub.public_key)
         try:
-            stub.send((7, b"\x01" * 100_000))
-            assert _wire.parse_ok(stub.recv()).results == [(7, b"\x01" * 100_000)]
+            stub.send(_messages.Error("\x01" * 100_000))
+            assert stub.recv() == _messages.Error("\x01" * 100_000)
         finally:
             stub.close()
         thread.join(5)
@@ -220,8 +220,28 @@ def test_a_peer_that_vanishes_without_goodbye_ends_its_connection(hub):
 
 @pytest.mark.parametrize(
     "frame",
-    [b"\x00garbage", b"", None, 42, (), ("INFER",), (2, "pytriton-other-segment", [])],
-    ids=["undecodable", "empty-marshal", "none", "int", "empty-tuple", "kind-not-int", "infer-naming-shm"],
+    [
+        b"\x00garbage",
+        b"",
+        None,
+        42,
+        (),
+        ("INFER",),
+        (2, "pytriton-other-segment", [], None),
+        (2, None, [([("x", "<f4", (1,), 1, None, 0, 4)], None, None, None, 0.0)], None),
+        (2, None, [], None, "extra"),
+    ],
+    ids=[
+        "undecodable",
+        "empty-marshal",
+        "none",
+        "int",
+        "empty-tuple",
+        "kind-not-int",
+        "infer-naming-shm",
+        "tensor-in-an-arena",
+        "wrong-arity",
+    ],
 )
 def test_a_malformed_message_from_an_authenticated_peer_ends_its_connection(hub, frame):
     """The token holder is trusted with tensors, not with naming shared memory or crashing the worker."""

@@ -21,7 +21,7 @@ from typing import Any, List
 import numpy as np
 import pytest
 
-from pytriton.proxy.stubside import _tensors, _wire, _zmq_channel
+from pytriton.proxy.stubside import _messages, _tensors, _zmq_channel
 from tests.unit.test_zmq_channel import echo_worker
 
 zmq = pytest.importorskip("zmq")
@@ -33,20 +33,20 @@ FRAMES = 10_000  # frames the attackers send in all, at least
 
 def _infer_message(values: np.ndarray) -> Any:
     segment, metas = _tensors.write_tensors(_zmq_channel.InlineArena(), [[("x", values)]])  # type: ignore[arg-type]
-    return _wire.infer(segment, [(metas[0], None, None)])
+    return _messages.Infer(segment, [_messages.Entry(metas[0])])
 
 
 def _check_infer(stub: _zmq_channel.StubChannel, values: np.ndarray) -> None:
     stub.send(_infer_message(values))
-    reply = _wire.parse_ok(stub.recv())
+    reply = stub.recv()
     np.testing.assert_array_equal(_tensors.read_tensor(None, reply.results[0][0], copy=True), values * 2)
 
 
 def _stub(hub: _zmq_channel.Hub) -> _zmq_channel.StubChannel:
     stub = _zmq_channel.StubChannel(endpoint=hub.endpoint, token=TOKEN, route=ROUTE, server_key=hub.public_key)
     stub.settimeout(10.0)
-    stub.send(_wire.hello(999_999_999, 0))  # a pid that does not exist: nobody is marked abandoned
-    assert stub.recv()[_wire.KIND] == _wire.WELCOME
+    stub.send(_messages.Hello(999_999_999, 0))  # a pid that does not exist: nobody is marked abandoned
+    assert type(stub.recv()) is _messages.Welcome
     return stub
 
 
@@ -78,9 +78,9 @@ def _frames(rng: random.Random, replays: List[bytes]) -> List[List[bytes]]:
         lambda: [b"PYTRITON1 " + rng.randbytes(len(TOKEN)) + b" " + ROUTE.encode()],  # guessed token
         lambda: [greeting, b"x"],  # the right greeting, but two frames
         lambda: [rng.choice(replays)],  # the served stub's own frames, replayed
-        lambda: [marshal.dumps(_wire.hello(rng.randint(1, 1 << 22), 0))],  # valid-looking, unauthenticated
-        lambda: [marshal.dumps(_infer_message(np.ones(rng.randint(1, 64), np.float32)))],
-        lambda: [marshal.dumps(_wire.BYE_MESSAGE)],
+        lambda: [marshal.dumps(_messages.Hello(rng.randint(1, 1 << 22), 0).encode())],  # valid-looking, unauthenticated
+        lambda: [marshal.dumps(_infer_message(np.ones(rng.randint(1, 64), np.float32)).encode())],
+        lambda: [marshal.dumps(_messages.BYE_MESSAGE.encode())],
         lambda: [b""],
     ]
     return [rng.choice(kinds)() for _ in range(rng.randint(20, 60))]
@@ -142,7 +142,10 @@ def test_hub_survives_hostile_frames_while_serving_a_stub(encrypt):
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    replays = [marshal.dumps(_infer_message(np.arange(8, dtype=np.float32))), marshal.dumps(_wire.hello(1, 0))]
+    replays = [
+        marshal.dumps(_infer_message(np.arange(8, dtype=np.float32)).encode()),
+        marshal.dumps(_messages.Hello(1, 0).encode()),
+    ]
     replays.append(b"PYTRITON1 " + TOKEN.encode() + b" " + ROUTE.encode())  # the greeting: clear mode only
     if encrypt:
         replays.pop()  # over CURVE a captured greeting is ciphertext bound to its session: nothing to replay
@@ -170,14 +173,14 @@ def test_hub_survives_hostile_frames_while_serving_a_stub(encrypt):
             b"\x00garbage",
             marshal.dumps(42),
             marshal.dumps(()),
-            marshal.dumps((_wire.INFER, "shm", [])),
+            marshal.dumps((_messages.INFER, "shm", [], None)),
         ):
             peer = _Peer(context, hub)
             try:
                 peer.socket.send(b"PYTRITON1 " + TOKEN.encode() + b" " + ROUTE.encode())
                 assert peer.socket.poll(5000) and peer.socket.recv() == b"OK"
                 peer.socket.send(malformed)
-                peer.socket.send(marshal.dumps(_wire.hello(1, 0)))  # dropped: the connection is over
+                peer.socket.send(marshal.dumps(_messages.Hello(1, 0).encode()))  # dropped: the connection is over
                 sent += 3
             finally:
                 peer.close()

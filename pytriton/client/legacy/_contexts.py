@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from pytriton.client._base import ClosesOnExit
 from pytriton.client.legacy._errors import InferenceServerException
@@ -46,13 +46,13 @@ __all__ = [
 
 
 class _Context(ClosesOnExit):
-    def __init__(self, url: str, protocol: Any, verbose: bool, http_headers: Iterable[str]) -> None:
+    def __init__(self, url: str, protocol: object, verbose: bool, http_headers: Iterable[str]) -> None:
         self._conn = Connection(url, protocol, verbose, http_headers)
         self._lock = threading.Lock()
         self._next_id = 0
         self._last_id: Optional[int] = None
 
-    def _request(self, body: Callable[[int], Any]) -> Any:
+    def _request(self, body: Callable[[int], object]) -> Any:
         """Run one legacy request with a fresh id; remember the id only if it succeeded."""
         self._conn.check_open()
         with self._lock:
@@ -63,7 +63,7 @@ class _Context(ClosesOnExit):
         self._last_id = request_id
         return result
 
-    def _json(self, method: str, *args: Any, request_id: int, what: str) -> Any:
+    def _json(self, method: str, *args: object, request_id: int, what: str) -> Any:
         """A v2 answer as JSON whatever the protocol (gRPC answers converted by tritonclient)."""
         extra = {"as_json": True} if self._conn.is_grpc else {}
         return self._conn.call(method, *args, request_id=request_id, what=what, **extra)
@@ -80,7 +80,7 @@ class _Context(ClosesOnExit):
 class ServerHealthContext(_Context):
     """Liveness and readiness of a server."""
 
-    def __init__(self, url: str, protocol: Any, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
+    def __init__(self, url: str, protocol: object, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
         super().__init__(url, protocol, verbose, http_headers)
 
     def is_live(self) -> bool:
@@ -101,7 +101,7 @@ class ServerStatusContext(_Context):
     def __init__(
         self,
         url: str,
-        protocol: Any,
+        protocol: object,
         model_name: Optional[str] = None,
         verbose: bool = False,
         http_headers: Iterable[str] = [],  # noqa: B006
@@ -123,7 +123,7 @@ class ServerStatusContext(_Context):
                     f"no status for unknown model '{self._model_name}'", server_id=self._conn.url, request_id=rid
                 )
         stats = self._json("get_inference_statistics", "", request_id=rid, what="inference statistics")
-        by_version: Dict[Tuple[Any, str], Dict[str, Any]] = {
+        by_version: Dict[Tuple[object, str], Mapping[str, object]] = {
             (entry.get("name"), str(entry.get("version", ""))): entry for entry in stats.get("model_stats", [])
         }
         status = ServerStatus(
@@ -156,7 +156,7 @@ def _index_entries(index: Any) -> List[Dict[str, Any]]:
 class ModelControlContext(_Context):
     """Load and unload models (the server must run with ``--model-control-mode=explicit``)."""
 
-    def __init__(self, url: str, protocol: Any, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
+    def __init__(self, url: str, protocol: object, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
         super().__init__(url, protocol, verbose, http_headers)
 
     def load(self, model_name: str) -> None:
@@ -175,7 +175,7 @@ class ModelControlContext(_Context):
 class ModelRepositoryContext(_Context):
     """The model repository index: every model the server can see, loaded or not."""
 
-    def __init__(self, url: str, protocol: Any, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
+    def __init__(self, url: str, protocol: object, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
         super().__init__(url, protocol, verbose, http_headers)
 
     def get_model_repository_index(self) -> ModelRepositoryIndex:
@@ -190,7 +190,7 @@ class ModelRepositoryContext(_Context):
 class SharedMemoryControlContext(_Context):
     """Register system shared-memory regions (from ``tensorrtserver.shared_memory``) with the server."""
 
-    def __init__(self, url: str, protocol: Any, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
+    def __init__(self, url: str, protocol: object, verbose: bool = False, http_headers: Iterable[str] = []) -> None:  # noqa: B006
         super().__init__(url, protocol, verbose, http_headers)
 
     def register(self, shm_handle: SharedMemoryHandle) -> None:
@@ -229,7 +229,7 @@ class SharedMemoryControlContext(_Context):
                     raise
             time.sleep(0.01)
 
-    def cuda_register(self, cuda_shm_handle: Any) -> None:
+    def cuda_register(self, cuda_shm_handle: object) -> None:
         """Not supported: raises InferenceServerException (use system shared memory)."""
         self._conn.check_open()
         raise InferenceServerException(
@@ -258,7 +258,7 @@ class SharedMemoryControlContext(_Context):
         return self._request(body)  # type: ignore[no-any-return]
 
 
-def _handle(shm_handle: Any) -> SharedMemoryHandle:
+def _handle(shm_handle: object) -> SharedMemoryHandle:
     if not isinstance(shm_handle, SharedMemoryHandle):
         raise InferenceServerException(
             f"expected a handle from tensorrtserver.shared_memory.create_shared_memory_region(), got {type(shm_handle).__name__}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 from pytriton.client._core import is_permission_denied
 
@@ -28,7 +28,7 @@ class InferenceServerException(Exception):
     of the failing inference request, or 0 when no request is associated.
     """
 
-    def __init__(self, err: Any = None, *, server_id: Optional[str] = None, request_id: int = 0) -> None:
+    def __init__(self, err: object = None, *, server_id: Optional[str] = None, request_id: int = 0) -> None:
         message = None if err is None else str(err)
         super().__init__(message if message is not None else "")
         self._message = message

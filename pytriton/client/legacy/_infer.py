@@ -20,7 +20,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from pytriton.client._base import ClosesOnExit
 from pytriton.client._decoupled import end_stream
@@ -48,7 +48,7 @@ class _Pending:
     __slots__ = ("callback", "done", "error", "is_async", "model_version", "plan", "receive_ns", "request_id",
                  "results", "send_ns", "started_ns")  # fmt: skip
 
-    def __init__(self, request_id: int, plan: RequestPlan, is_async: bool, callback: Optional[Callable[..., Any]]):
+    def __init__(self, request_id: int, plan: RequestPlan, is_async: bool, callback: Optional[Callable[..., object]]):
         self.request_id = request_id
         self.plan = plan
         self.is_async = is_async
@@ -57,7 +57,7 @@ class _Pending:
         self.send_ns = 0
         self.receive_ns = 0
         self.done = False
-        self.results: Optional[Dict[str, List[Any]]] = None
+        self.results: Optional[Dict[str, List[object]]] = None
         self.error: Optional[InferenceServerException] = None
         self.model_version: Optional[int] = None
 
@@ -77,7 +77,7 @@ class InferContext(ClosesOnExit):
     def __init__(
         self,
         url: str,
-        protocol: Any,
+        protocol: object,
         model_name: str,
         model_version: Optional[int] = None,
         verbose: bool = False,
@@ -120,7 +120,12 @@ class InferContext(ClosesOnExit):
 
     # -- the legacy API ------------------------------------------------------------------------------
     def run(
-        self, inputs: Dict[str, Any], outputs: Dict[str, Any], batch_size: int = 1, flags: int = 0, corr_id: int = 0
+        self,
+        inputs: Mapping[str, object],
+        outputs: Mapping[str, object],
+        batch_size: int = 1,
+        flags: int = 0,
+        corr_id: int = 0,
     ) -> Dict[str, List[Any]]:
         """Infer and wait: ``{output: [value per batch entry]}`` (arrays for RAW, lists of
         ``(index, value, label)`` for ``(CLASS, k)``). Raises InferenceServerException."""
@@ -134,9 +139,9 @@ class InferContext(ClosesOnExit):
 
     def async_run(
         self,
-        callback: Optional[Callable[[InferContext, int], Any]],
-        inputs: Dict[str, Any],
-        outputs: Dict[str, Any],
+        callback: Optional[Callable[[InferContext, int], object]],
+        inputs: Mapping[str, object],
+        outputs: Mapping[str, object],
         batch_size: int = 1,
         flags: int = 0,
         corr_id: int = 0,
@@ -236,13 +241,13 @@ class InferContext(ClosesOnExit):
 
     def _start(
         self,
-        inputs: Any,
-        outputs: Any,
+        inputs: object,
+        outputs: object,
         batch_size: int,
         flags: int,
         corr_id: int,
         is_async: bool,
-        callback: Optional[Callable[..., Any]],
+        callback: Optional[Callable[..., object]],
     ) -> _Pending:
         with self._cond:
             self._check_open()
@@ -265,7 +270,7 @@ class InferContext(ClosesOnExit):
         pending = _Pending(request_id, plan, is_async, callback)
         pending.started_ns = started
         pending.send_ns = time.perf_counter_ns() - started
-        kwargs: Dict[str, Any] = {
+        kwargs: Mapping[str, object] = {
             "model_name": self._model_name,
             "inputs": infer_inputs,
             "model_version": self._version,
@@ -281,7 +286,7 @@ class InferContext(ClosesOnExit):
             if self._streaming:
                 self._stream_pending[request_id] = pending
 
-        def done(result: Any, error: Optional[BaseException]) -> None:
+        def done(result: object, error: Optional[BaseException]) -> None:
             self._complete(pending, result, error)
 
         try:
@@ -385,10 +390,12 @@ class InferContext(ClosesOnExit):
         self._complete(pending, result, error)
 
 
-def _on_error(done: Callable[[Any, Optional[BaseException]], None]) -> Callable[[Any, Optional[BaseException]], None]:
+def _on_error(
+    done: Callable[[object, Optional[BaseException]], None],
+) -> Callable[[object, Optional[BaseException]], None]:
     """For gRPC, the submitted work only starts the call: report only a failure to start it."""
 
-    def on_submitted(_: Any, error: Optional[BaseException]) -> None:
+    def on_submitted(_: object, error: Optional[BaseException]) -> None:
         if error is not None:
             done(None, error)
 

@@ -72,7 +72,7 @@ def as_int(value: Any, default: int = 0) -> int:
     return int(value)
 
 
-def data_type(value: Any) -> DataType:
+def data_type(value: object) -> DataType:
     """``"TYPE_FP32"`` (or an enum number) as :class:`DataType`; unknown names are TYPE_INVALID."""
     if isinstance(value, int):
         return DataType(value)
@@ -82,7 +82,7 @@ def data_type(value: Any) -> DataType:
         return DataType.TYPE_INVALID
 
 
-def wire_datatype(config_type: Any) -> str:
+def wire_datatype(config_type: object) -> str:
     """The v2 tensor datatype (``"FP32"``, ``"BYTES"``) of a model-config data type."""
     name = data_type(config_type).name
     return "BYTES" if name == "TYPE_STRING" else name[len("TYPE_") :]
@@ -91,7 +91,7 @@ def wire_datatype(config_type: Any) -> str:
 class Message:
     """A read-only attribute view of a JSON object (nested objects and lists are converted too)."""
 
-    def __init__(self, fields: Mapping[str, Any]) -> None:
+    def __init__(self, fields: Mapping[str, object]) -> None:
         for key, value in fields.items():
             object.__setattr__(self, key, _wrap(value))
 
@@ -102,11 +102,11 @@ class Message:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Message) and vars(self) == vars(other)
 
-    def __setattr__(self, key: str, value: Any) -> None:
+    def __setattr__(self, key: str, value: object) -> None:
         raise AttributeError("status messages are read-only")
 
 
-def _wrap(value: Any) -> Any:
+def _wrap(value: object) -> Any:
     if isinstance(value, Mapping):
         return Message(value)
     if isinstance(value, list):
@@ -114,7 +114,7 @@ def _wrap(value: Any) -> Any:
     return value
 
 
-def _optional_message(config: Mapping[str, Any], key: str) -> Optional[Message]:
+def _optional_message(config: Mapping[str, object], key: str) -> Optional[Message]:
     value = config.get(key)
     return Message(value) if isinstance(value, Mapping) else None
 
@@ -185,7 +185,7 @@ class ModelConfig:
     default_model_filename: str = ""
     dynamic_batching: Optional[Message] = None
     sequence_batching: Optional[Message] = None
-    parameters: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    parameters: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_v2(cls, config: Mapping[str, Any]) -> ModelConfig:

@@ -49,7 +49,7 @@ class InferRequestHeader:
 _KNOWN_FLAGS = int(InferRequestHeader.FLAG_SEQUENCE_START | InferRequestHeader.FLAG_SEQUENCE_END)
 
 
-def serialize_string_tensor(input_tensor: Any) -> npt.NDArray[Any]:
+def serialize_string_tensor(input_tensor: object) -> npt.NDArray[np.generic]:
     """The BYTES wire layout of a string tensor: a flat ``uint8`` array of 4-byte little-endian
     lengths each followed by that many bytes, elements in C order. ``str`` elements are UTF-8
     encoded; other objects are written as ``str(obj)``."""
@@ -66,7 +66,7 @@ def serialize_string_tensor(input_tensor: Any) -> npt.NDArray[Any]:
         data = item if isinstance(item, bytes) else str(item).encode("utf-8")
         chunks.append(struct.pack("<I", len(data)))
         chunks.append(data)
-    serialized: npt.NDArray[Any] = np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
+    serialized: npt.NDArray[np.generic] = np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
     return serialized
 
 
@@ -122,7 +122,7 @@ class InputPlan:
     name: str
     datatype: str
     shape: List[int]
-    data: Optional[npt.NDArray[Any]] = None  # the batch, stacked
+    data: Optional[npt.NDArray[np.generic]] = None  # the batch, stacked
     shm: Optional[SharedMemoryHandle] = None
     shm_byte_size: int = 0
 
@@ -148,7 +148,7 @@ class RequestPlan:
     sequence_end: bool = False
 
 
-def _sample_array(model: ModelSpec, spec: TensorSpec, sample: Any, index: int) -> npt.NDArray[Any]:
+def _sample_array(model: ModelSpec, spec: TensorSpec, sample: object, index: int) -> npt.NDArray[np.generic]:
     where = f"input '{spec.name}' of model '{model.name}', batch entry {index}"
     if spec.datatype == "BYTES":
         array = np.asarray(sample)
@@ -172,7 +172,7 @@ def _sample_array(model: ModelSpec, spec: TensorSpec, sample: Any, index: int) -
     return array
 
 
-def _input_plan(model: ModelSpec, spec: TensorSpec, value: Any, batch_size: int, batched: bool) -> InputPlan:
+def _input_plan(model: ModelSpec, spec: TensorSpec, value: object, batch_size: int, batched: bool) -> InputPlan:
     if isinstance(value, SharedMemoryHandle):
         if any(dim < 0 for dim in spec.dims):
             raise InferenceServerException(
@@ -209,7 +209,7 @@ def _input_plan(model: ModelSpec, spec: TensorSpec, value: Any, batch_size: int,
     return InputPlan(spec.name, spec.datatype, list(data.shape), data=data)
 
 
-def _output_plan(model: ModelSpec, name: str, fmt: Any) -> OutputPlan:
+def _output_plan(model: ModelSpec, name: str, fmt: object) -> OutputPlan:
     if name not in model.outputs:
         raise InferenceServerException(
             f"unknown output '{name}' for model '{model.name}': it has {sorted(model.outputs)}"
@@ -236,7 +236,7 @@ def _output_plan(model: ModelSpec, name: str, fmt: Any) -> OutputPlan:
 
 
 def plan_request(
-    model: ModelSpec, inputs: Any, outputs: Any, batch_size: int, flags: int, correlation_id: int
+    model: ModelSpec, inputs: object, outputs: object, batch_size: int, flags: int, correlation_id: int
 ) -> RequestPlan:
     """Validate ``run`` arguments against the model; every problem is an InferenceServerException."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -317,7 +317,7 @@ def tritonclient_objects(plan: RequestPlan, grpc: bool) -> Tuple[List[Any], List
     return infer_inputs, requested
 
 
-def parse_class_entry(entry: Any) -> Tuple[int, float, str]:
+def parse_class_entry(entry: object) -> Tuple[int, float, str]:
     """``b"value:index[:label]"`` from the classification extension as ``(index, value, label)``."""
     text = entry.decode("utf-8") if isinstance(entry, bytes) else str(entry)
     parts = text.split(":", 2)
@@ -337,7 +337,7 @@ def _output_meta(result: Any, name: str, grpc: bool) -> Tuple[str, List[int]]:
 
 def shape_results(plan: RequestPlan, result: Any, grpc: bool) -> Dict[str, List[Any]]:
     """Per-sample results: ``{output: [one value per batch entry]}``."""
-    shaped: Dict[str, List[Any]] = {}
+    shaped: Dict[str, List[object]] = {}
     for out in plan.outputs:
         if out.shm is not None:
             datatype, shape = _output_meta(result, out.name, grpc)

@@ -90,7 +90,7 @@ class _HttpWorkers:
     def __init__(self, factory: Callable[[], Any], max_workers: int) -> None:
         self._factory = factory
         self._max = max_workers
-        self._queue: queue.SimpleQueue[Optional[Tuple[Callable[[Any], Any], Done]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Optional[Tuple[Callable[[object], object], Done]]] = queue.SimpleQueue()
         self._threads: List[threading.Thread] = []
         self._idle = 0
         self._waiting = 0
@@ -98,7 +98,7 @@ class _HttpWorkers:
         self._closed = False
         self._local = threading.local()  # .client on worker threads
 
-    def submit(self, work: Callable[[Any], Any], done: Done) -> None:
+    def submit(self, work: Callable[[object], object], done: Done) -> None:
         client = getattr(self._local, "client", None)
         if client is not None and not self._closed:
             # Called from a worker (e.g. run() inside an async_run callback): waiting for another
@@ -180,7 +180,7 @@ class Connection:
     ``triton-grpc-protocol-triton-access-token``, the only key Triton reads there.
     """
 
-    def __init__(self, url: str, protocol: Any, verbose: bool = False, http_headers: Optional[Iterable[str]] = None):
+    def __init__(self, url: str, protocol: object, verbose: bool = False, http_headers: Optional[Iterable[str]] = None):
         self.protocol = as_protocol(protocol)
         self.url = normalize_url(url)
         self.verbose = bool(verbose)
@@ -236,7 +236,7 @@ class Connection:
             except BaseException as error:
                 done(None, error)
 
-    def call(self, method: str, *args: Any, request_id: int = 0, what: str = "", **kwargs: Any) -> Any:
+    def call(self, method: str, *args: object, request_id: int = 0, what: str = "", **kwargs: object) -> Any:
         """Call ``client.<method>(*args, headers=..., **kwargs)`` and wait; failures are translated."""
         self.check_open()
         if self.headers:
@@ -246,12 +246,12 @@ class Connection:
                 return getattr(self._grpc, method)(*args, **kwargs)
             return self.run_http(lambda client: getattr(client, method)(*args, **kwargs))
 
-    def run_http(self, work: Callable[[Any], Any]) -> Any:
+    def run_http(self, work: Callable[[object], object]) -> Any:
         """Run ``work(http_client)`` on a worker and wait for it; re-raises its error as it was."""
         finished = threading.Event()
         outcome: List[Any] = [None, None]
 
-        def done(result: Any, error: Optional[BaseException]) -> None:
+        def done(result: object, error: Optional[BaseException]) -> None:
             outcome[0], outcome[1] = result, error
             finished.set()
 

@@ -38,7 +38,7 @@ class SharedMemoryException(InferenceServerException):
 class SharedMemoryHandle:
     """A mapped region: its server-side name, its segment key, its size and the mapping itself."""
 
-    def __init__(self, triton_shm_name: str, shm_key: str, byte_size: int, region: Any) -> None:
+    def __init__(self, triton_shm_name: str, shm_key: str, byte_size: int, region: object) -> None:
         self.triton_shm_name = triton_shm_name
         self.shm_key = shm_key
         self.byte_size = byte_size
@@ -57,7 +57,7 @@ class SharedMemoryHandle:
         return f"SharedMemoryHandle(name={self.triton_shm_name!r}, key={self.shm_key!r}, byte_size={self.byte_size})"
 
 
-def _check(handle: Any) -> SharedMemoryHandle:
+def _check(handle: object) -> SharedMemoryHandle:
     if not isinstance(handle, SharedMemoryHandle):
         raise SharedMemoryException(
             f"expected a handle from create_shared_memory_region(), got {type(handle).__name__}"
@@ -80,7 +80,7 @@ def create_shared_memory_region(triton_shm_name: str, shm_key: str, byte_size: i
     return SharedMemoryHandle(str(triton_shm_name), str(shm_key), int(byte_size), region)
 
 
-def set_shared_memory_region(shm_handle: SharedMemoryHandle, input_values: Sequence[npt.NDArray[Any]]) -> None:
+def set_shared_memory_region(shm_handle: SharedMemoryHandle, input_values: Sequence[npt.NDArray[np.generic]]) -> None:
     """Copy the arrays, one after the other, to the start of the region."""
     import tritonclient.utils.shared_memory as tshm
 
@@ -98,7 +98,9 @@ def set_shared_memory_region(shm_handle: SharedMemoryHandle, input_values: Seque
         raise SharedMemoryException(f"cannot write shared memory region '{handle.triton_shm_name}': {error}") from error
 
 
-def get_contents_as_numpy(shm_handle: SharedMemoryHandle, datatype: Any, shape: Sequence[int]) -> npt.NDArray[Any]:
+def get_contents_as_numpy(
+    shm_handle: SharedMemoryHandle, datatype: Any, shape: Sequence[int]
+) -> npt.NDArray[np.generic]:
     """A copy of the region's leading bytes as an array of ``datatype`` and ``shape``.
 
     For ``np.object_``/``np.bytes_`` the region holds length-prefixed strings (the BYTES layout).

@@ -10,8 +10,9 @@ fresh interpreter of the stub's environment.
 
 The user's process imports the same modules from here (one copy of the code on both sides):
 
-- ``_wire``: the messages and their framing on the Unix socket; change the wire protocol here
-  (both ends follow, docs/architecture.md "Where to change the wire protocol").
+- ``_messages``: one record per message kind (and ``TensorMeta``) with its encoding; change the
+  wire protocol here (both ends follow, docs/architecture.md "Where to change the wire protocol").
+- ``_wire``: the ``Channel`` protocol and the messages' framing on the Unix socket.
 - ``_tensors``: how a tensor is described in a message and encoded (BYTES serialisation included).
 - ``_arena``: the shared-memory arenas and their idle release.
 - ``_segments``: segment names and sweeping the segments of dead processes.

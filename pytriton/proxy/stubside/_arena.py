@@ -17,7 +17,7 @@ import mmap
 import os
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +38,17 @@ RELEASE_KEEP = 1 << 20
 RELEASE_IDLE_S = 2.0
 
 
-def close_quietly(resource: Any, *ignored: type) -> None:
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class Releasable(Protocol):
+    """Memory that can be given back past ``keep`` bytes (an :class:`Arena`, an :class:`ArenaReader`)."""
+
+    def release(self, keep: int) -> int: ...
+
+
+def close_quietly(resource: Optional[Closable], *ignored: type) -> None:
     """``resource.close()`` unless ``resource`` is None, ignoring the exception types ``ignored``.
 
     A mapping with a numpy view still alive raises ``BufferError``: it is then unmapped when the
@@ -66,8 +76,35 @@ def _release_pages(buffer: Optional[mmap.mmap], keep: int) -> int:
     return length
 
 
-class Arena:
-    """A growable shared-memory buffer owned (written) by one side.
+class Arena(Protocol):
+    """Where a sender puts the tensors too large for the message (``_tensors.write_tensors``).
+
+    Implemented by :class:`SharedArena` (shared memory the receiver maps by ``name``) and by
+    ``_zmq_channel.InlineArena`` (the TCP transport: nothing is shared, every tensor is inline).
+    ``reserve`` returns a buffer of at least ``nbytes`` under the current ``name``, and is only
+    asked for tensors larger than ``inline_limit``; ``buffer`` is the current buffer (None before
+    the first ``reserve`` and after ``close``); ``release`` gives back memory past ``keep`` bytes
+    and returns how many bytes it gave back.
+    """
+
+    @property
+    def name(self) -> Optional[str]: ...
+
+    @property
+    def buffer(self) -> Optional[mmap.mmap]: ...
+
+    @property
+    def inline_limit(self) -> int: ...
+
+    def reserve(self, nbytes: int) -> mmap.mmap: ...
+
+    def release(self, keep: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class SharedArena:
+    """An :class:`Arena` in shared memory: a growable buffer owned (written) by one side.
 
     Lifetime: the owner creates segments; the reader unlinks each one after mapping it. ``close``
     unmaps and unlinks (ignoring segments the reader already unlinked).
@@ -162,7 +199,7 @@ class ArenaReader:
         is not writing it, i.e. between messages); see ``_release_pages``."""
         return _release_pages(self.buffer, keep)
 
-    def offset_of(self, array: npt.NDArray[Any]) -> Optional[int]:
+    def offset_of(self, array: npt.NDArray[np.generic]) -> Optional[int]:
         """Offset of ``array``'s memory in the peer's arena if it lies there (contiguously), else None."""
         if self.buffer is None or not array.flags.c_contiguous:
             return None
@@ -185,7 +222,7 @@ class IdleReleaser:
 
     def __init__(
         self,
-        arenas: Callable[[], Sequence[Any]],
+        arenas: Callable[[], Sequence[Releasable]],
         idle_s: float = RELEASE_IDLE_S,
         keep: int = RELEASE_KEEP,
         name: str = "pytriton-arena-release",

@@ -30,16 +30,16 @@ import os
 import site
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from . import _backend_page, _stub, _stub_bytes, _stub_metrics, _stub_trace, _tensors, _wire
+from . import _backend_page, _messages, _stub, _stub_bytes, _stub_metrics, _stub_trace, _tensors, _wire
 
 PAYLOAD_FILE = "pytriton_backend.pkl"  # pytriton.proxy._backend_kind.PAYLOAD_FILE
 _RUNNER_MODULE = "pytriton.proxy._backend_kind"  # imported by name: it lives in the user's environment
-_CHECK_EVERY = _wire.STREAM_WINDOW  # a stream asks Triton whether its clients cancelled every this many chunks
+_CHECK_EVERY = _messages.STREAM_WINDOW  # a stream asks Triton whether its clients cancelled every this many chunks
 
 
 def _user_path(params: Dict[str, Any]) -> None:
@@ -56,7 +56,8 @@ def _user_path(params: Dict[str, Any]) -> None:
 def _input_array(value: Any) -> Any:
     """A numpy array from ``_stub._read_input``'s result (BYTES arrive serialized)."""
     if isinstance(value, _tensors.SerializedBytes):
-        data = memoryview(value.data).cast("B")
+        raw = value.data
+        data = (memoryview(raw) if isinstance(raw, bytes) else raw.data).cast("B")  # ndarray.data: its memoryview
         return _tensors.deserialize_bytes(data, 0, data.nbytes, tuple(value.shape))
     return value
 
@@ -116,7 +117,7 @@ class InlineModel(_stub.TritonPythonModel):
         if page is None:
             return self._counted(requests)
         if page.draining() and not page.admit(len(requests)):
-            return self._fail(requests, _wire.UNAVAILABLE_TEXT)
+            return self._fail(requests, _messages.UNAVAILABLE_TEXT)
         page.enter(self._slot)
         try:
             return self._counted(requests)
@@ -180,8 +181,11 @@ class InlineModel(_stub.TritonPythonModel):
             return None
         finally:
             if observed:
-                final = _wire.error(text) if text is not None else _wire.end()
-                self._metrics.settled(_wire.with_duration(final, time.perf_counter() - started))
+                duration_s = time.perf_counter() - started
+                final: Union[_messages.Error, _messages.End] = (
+                    _messages.Error(text, False, duration_s) if text is not None else _messages.End(False, duration_s)
+                )
+                self._metrics.settled(final)
                 if spans is not None and self._tracing is not None:
                     self._tracing.end_spans(spans, final)
 

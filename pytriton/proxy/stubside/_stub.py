@@ -34,12 +34,24 @@ import json
 import os
 import socket
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from . import _arena, _segments, _stub_bytes, _stub_exit, _stub_metrics, _stub_trace, _tensors, _wire, _zmq_channel
+from . import (
+    _arena,
+    _messages,
+    _segments,
+    _stub_bytes,
+    _stub_exit,
+    _stub_metrics,
+    _stub_trace,
+    _tensors,
+    _wire,
+    _zmq_channel,
+)
+from ._messages import Chunk, Entry, Error, Infer, Message, Ok, TensorMeta, TraceFields
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
 # exists; on Python 3.13 (no numpy 1.x build) it runs with numpy 2, whose ABI breaks the stub's
@@ -55,7 +67,7 @@ SLOT_GRACE_S = 1.0
 _SLOT_ROUNDS = 4
 
 
-def _read_input(tensor: Any) -> Any:
+def _read_input(tensor: Any) -> object:
     """An input as numpy (numeric) or as the serialized tensor (BYTES, see _stub_bytes)."""
     array = tensor.as_numpy()
     if array.dtype.kind == "O":  # a 0-d array holding the tensor's _tensors.SerializedBytes
@@ -63,7 +75,7 @@ def _read_input(tensor: Any) -> Any:
     return np.from_dlpack(tensor) if _NUMPY2 else array
 
 
-def _dlpack_output(name: str, array: Any) -> Any:
+def _dlpack_output(name: str, array: Any) -> object:
     if not (array.flags.writeable and array.flags.c_contiguous):
         array = np.array(array, copy=True, order="C")  # DLPack exports writable, contiguous arrays only
     if array.size == 0:
@@ -71,7 +83,7 @@ def _dlpack_output(name: str, array: Any) -> Any:
     return pb_utils.Tensor.from_dlpack(name, array)
 
 
-def _empty_with_c_strides(array: Any) -> Any:
+def _empty_with_c_strides(array: Any) -> object:
     """numpy 2 gives empty arrays all-zero strides, which the stub rejects as not C-ordered."""
     strides: List[int] = []
     step = array.itemsize
@@ -82,14 +94,14 @@ def _empty_with_c_strides(array: Any) -> Any:
     return np.lib.stride_tricks.as_strided(base, shape=array.shape, strides=strides, writeable=True)
 
 
-def _bytes_output(meta: Any, buffer: Any) -> Any:
+def _bytes_output(meta: TensorMeta, buffer: Optional[_tensors.Buffer]) -> object:
     """A BYTES output straight from its serialized form on the wire (nothing parsed)."""
-    return _stub_bytes.output_tensor(pb_utils, meta[0], _tensors.bytes_payload(buffer, meta), meta[2])
+    return _stub_bytes.output_tensor(pb_utils, meta.name, _tensors.bytes_payload(buffer, meta), meta.shape)
 
 
-def _errors(message: str, requests: List[Any]) -> List[Any]:
+def _errors(message: str, requests: Sequence[object]) -> List[object]:
     """One error response per request; the draining worker's refusal carries the UNAVAILABLE code."""
-    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None) if message == _wire.UNAVAILABLE_TEXT else None
+    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None) if message == _messages.UNAVAILABLE_TEXT else None
     if code is not None:  # HTTP 503, gRPC UNAVAILABLE (Triton 2.51 maps the code so)
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)) for _ in requests]
     return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
@@ -100,7 +112,8 @@ def _input_bytes(tensors: List[Any]) -> int:
     total = 0
     for _, array in tensors:
         if isinstance(array, _tensors.SerializedBytes):  # already in that layout (see _read_input)
-            total += memoryview(array.data).nbytes
+            data = array.data
+            total += len(data) if isinstance(data, bytes) else data.nbytes
         elif array.dtype.kind == "O":
             total += 4 * array.size + sum(map(len, array.flat))
         else:
@@ -213,9 +226,8 @@ class TritonPythonModel:
         # fast callable then answers without paying for a wake-up of this process.
         self._poll_s = float(params.get("spin_us", 0)) / 1e6
         self._lock_fd = self._claim_slot(slots)
-        # Any: InlineArena has the part of _arena.Arena the stub uses, no declared protocol yet (issue 26, item 3).
-        self._arena: Any = (
-            _zmq_channel.InlineArena() if self._tcp else _arena.Arena(f"{params['shm_prefix']}-s{self._slot}")
+        self._arena: _arena.Arena = (
+            _zmq_channel.InlineArena() if self._tcp else _arena.SharedArena(f"{params['shm_prefix']}-s{self._slot}")
         )
         self._reader = _arena.ArenaReader()
         # After a large request, both arenas give their memory back once this instance is idle.
@@ -237,11 +249,9 @@ class TritonPythonModel:
 
     def _connect(self) -> None:
         """Connect to the slot's worker and say hello."""
-        # The two transports share no declared interface yet (a Channel protocol is issue 26, item 3):
-        # the socket and the channel are either the Unix socket and its _wire.Channel or the ZeroMQ
-        # StubChannel twice.
-        self._socket: Any
-        self._channel: Any
+        # The Unix socket and its _wire.SocketChannel, or the ZeroMQ StubChannel as both.
+        self._socket: Union[socket.socket, _zmq_channel.StubChannel]
+        self._channel: _wire.Channel[Message]
         if self._tcp is not None:
             route = f"{self._tcp['route']}/{self._slot}"
             tcp = self._tcp
@@ -253,14 +263,17 @@ class TritonPythonModel:
             # The welcome may have to wait for a new worker process to start (one replaced after an
             # execution timeout takes a second or two): the hello gets at least _HELLO_TIMEOUT_S.
             self._socket.settimeout(max(self._timeout_s, _HELLO_TIMEOUT_S))
-        self._channel = self._socket if self._tcp is not None else _wire.Channel(self._socket, poll_s=self._poll_s)
-        reply = self._call(_wire.hello(os.getpid(), self._generation))
+        if isinstance(self._socket, _zmq_channel.StubChannel):
+            self._channel = self._socket
+        else:
+            self._channel = _wire.SocketChannel(self._socket, poll_s=self._poll_s)
+        reply = self._call(_messages.Hello(os.getpid(), self._generation))
         if self._timeout_s is not None:
             # With a timeout every receive waits in poll() first, so the reply polling of Channel
             # turns into a plain bounded wait: no spinning, and a late reply raises socket.timeout.
             self._socket.settimeout(self._timeout_s)
-        if reply[_wire.KIND] != _wire.WELCOME:
-            raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply[_wire.KIND]}")
+        if type(reply) is not _messages.Welcome:
+            raise pb_utils.TritonModelException(f"pytriton: unexpected handshake reply {reply.KIND}")
 
     def _abandon(self) -> str:
         """After an execution timeout: drop the connection and the arenas, connect again; returns the error text."""
@@ -330,7 +343,7 @@ class TritonPythonModel:
         except PermissionError:
             pass
 
-    def _call(self, message: Any) -> Any:
+    def _call(self, message: Message) -> Message:
         """Send one message and wait for the reply.
 
         The wait is bounded only by the model's execution timeout, if it has one: a callable may
@@ -347,7 +360,7 @@ class TritonPythonModel:
             raise gone from None
         return self._receive()
 
-    def _receive(self) -> Any:
+    def _receive(self) -> Message:
         """The next reply of the worker; ASK messages on the way are answered (``_answer``).
 
         The execution timeout bounds the whole wait, ASKs included.
@@ -357,7 +370,7 @@ class TritonPythonModel:
         try:
             while True:
                 message = self._channel.recv()
-                if message[_wire.KIND] != _wire.ASK:
+                if type(message) is not _messages.Ask:
                     return message
                 self._answer()
                 if self._timeout_s is not None:
@@ -383,17 +396,19 @@ class TritonPythonModel:
                 flags.append(bool(request.is_cancelled()))
             except Exception:  # noqa: BLE001 - a request Triton already released: nobody waits for it
                 flags.append(True)
-        self._channel.send(_wire.cancelled(flags))
+        self._channel.send(_messages.Cancelled(flags))
 
     def _gone(self) -> UserProcessGone:
         self._broken = True
         return UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection")
 
-    def _encode(self, requests: List[Any], requested: List[Any], trace: Any = None) -> Any:
+    def _encode(
+        self, requests: List[Any], requested: List[Optional[List[str]]], trace: Optional[TraceFields] = None
+    ) -> Infer:
         """The INFER message for a batch; raises ``RequestsTooLarge`` (before any copy) if needed."""
         groups = []
         entries = []
-        sequences: List[Any] = []
+        sequences: List[Optional[_messages.SequenceFields]] = []
         limit = self._max_request_bytes
         rejected: Dict[int, str] = {}
         for index, (request, names) in enumerate(zip(requests, requested)):
@@ -416,11 +431,9 @@ class TritonPythonModel:
         segment, metas = _tensors.write_tensors(self._arena, groups)
         # Each request's timeout (the client's ``timeout`` parameter, microseconds; 0: none).
         timeouts = [request.timeout() / 1e6 for request in requests]
-        if sequences or any(timeouts):
-            sequence_of = sequences or [None] * len(requests)
-            bodies = [_wire.entry(m, p, n, q, t) for m, (p, n), q, t in zip(metas, entries, sequence_of, timeouts)]
-            return _wire.infer(segment, bodies, trace)
-        return _wire.infer(segment, [(meta, params, names) for meta, (params, names) in zip(metas, entries)], trace)
+        sequence_of = sequences or [None] * len(requests)
+        bodies = [Entry(m, p, n, q, t) for m, (p, n), q, t in zip(metas, entries, sequence_of, timeouts)]
+        return Infer(segment, bodies, trace)
 
     def _sequence_fields(self, request: Any, tensors: List[Any]) -> Any:
         """The request's inputs without the sequence controls, and its ``(id, start, end)``.
@@ -430,7 +443,7 @@ class TritonPythonModel:
         """
         assert self._sequence is not None
         controls = {name: key for key, name in self._sequence.items()}
-        flags: Dict[str, Any] = {}
+        flags: Dict[str, object] = {}
         kept = []
         for name, array in tensors:
             key = controls.get(name)
@@ -452,7 +465,7 @@ class TritonPythonModel:
             "(the limit is TritonConfig.max_request_bytes on the server)"
         )
 
-    def _reject(self, requests: List[Any], rejected: Dict[int, str]) -> Optional[List[Any]]:
+    def _reject(self, requests: List[Any], rejected: Dict[int, str]) -> Optional[List[object]]:
         """Answer the oversized requests with their error and run the rest of the batch as usual."""
         kept = [request for index, request in enumerate(requests) if index not in rejected]
         errors = {
@@ -469,8 +482,8 @@ class TritonPythonModel:
         responses = iter(self._execute(kept) or []) if kept else iter([])
         return [errors[index] if index in errors else next(responses) for index in range(len(requests))]
 
-    def _responses(self, reply: Any, requested: List[Any]) -> List[Any]:
-        """The responses of a parsed OK or CHUNK reply (``_wire.Ok``, ``_wire.Chunk``)."""
+    def _responses(self, reply: Union[Ok, Chunk], requested: List[Optional[List[str]]]) -> List[object]:
+        """The responses of an OK or CHUNK reply."""
         segment = reply.segment
         buffer = self._reader.attach(segment) if segment is not None else None
         own = self._arena.buffer
@@ -479,20 +492,20 @@ class TritonPythonModel:
         responses = []
         for metas, names in zip(reply.results, requested):
             tensors = [
-                _bytes_output(m, buffer) if m[1] == _tensors.BYTES else Tensor(m[0], read(buffer, m, False, own))
+                _bytes_output(m, buffer) if m.dtype == _messages.BYTES else Tensor(m.name, read(buffer, m, False, own))
                 for m in metas
-                if names is None or m[0] in names
+                if names is None or m.name in names
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
 
-    def _settle(self, final: Any) -> None:
+    def _settle(self, final: Message) -> None:
         """After the last reply of a batch: a fresh segment if the callable kept views of our arena."""
         self._metrics.settled(final)
-        if final[_wire.KIND] in _wire.FINAL_KINDS and _wire.retires(final):
+        if isinstance(final, (Ok, Error, _messages.End)) and final.retire:
             self._arena.close()  # the next batch gets a fresh segment; the kept arrays keep the old one
 
-    def execute(self, requests: List[Any]) -> Optional[List[Any]]:
+    def execute(self, requests: List[object]) -> Optional[List[Any]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
         self._releaser.enter()  # no arena memory is released while a batch is in flight
         self._metrics.enter(len(requests))
@@ -502,13 +515,14 @@ class TritonPythonModel:
             self._metrics.leave()
             self._releaser.leave()
 
-    def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
+    def _execute(self, requests: List[Any]) -> Optional[List[object]]:
         self._batch = requests  # what an ASK is about (_answer)
         trace = _stub_trace.collect(requests) if self._trace else None
         if self._single_output:
-            requested: List[Any] = [None] * len(requests)
+            requested: List[Optional[List[str]]] = [None] * len(requests)
         else:
-            requested = [request.requested_output_names() or None for request in requests]
+            # Triton gives a set of names (or an empty one): a list on the wire, None for "all of them".
+            requested = [list(request.requested_output_names() or ()) or None for request in requests]
         for attempt in (1, 2):
             if self._broken and not self._reconnect():  # before _encode: reconnecting replaces the arena
                 return self._fail(requests, f"the pytriton process (pid {self._user_pid}) is not accepting connections")
@@ -529,17 +543,16 @@ class TritonPythonModel:
                 return self._fail(requests, self._abandon())
         if not self._decoupled:
             try:
-                kind = reply[_wire.KIND]
-                if kind == _wire.OK:
-                    return self._responses(_wire.parse_ok(reply), requested)
-                text = _wire.parse_error(reply).text if kind == _wire.ERROR else "pytriton: unexpected reply"
+                if type(reply) is Ok:
+                    return self._responses(reply, requested)
+                text = reply.text if type(reply) is Error else "pytriton: unexpected reply"
                 return self._fail(requests, text)
             finally:
                 self._settle(reply)
         self._stream(requests, requested, reply)
         return None
 
-    def _stream(self, requests: List[Any], requested: List[Any], reply: Any) -> None:
+    def _stream(self, requests: List[Any], requested: List[Optional[List[str]]], reply: Message) -> None:
         """Send each streamed chunk to its clients as it arrives, then the final flag.
 
         A client that cancelled (checked at every acknowledgement, each ``STREAM_WINDOW`` chunks at
@@ -551,10 +564,10 @@ class TritonPythonModel:
         live = [True] * len(senders)
         try:
             unacknowledged = 0
-            while reply[_wire.KIND] == _wire.CHUNK:
+            while type(reply) is Chunk:
                 if any(live):
                     try:
-                        responses = self._responses(_wire.parse_chunk(reply), requested)
+                        responses = self._responses(reply, requested)
                     except Exception as exc:  # e.g. Triton could not allocate the output: end the stream
                         responses = _errors(f"pytriton proxy could not build a streamed response: {exc}", senders)
                         self._send(senders, live, responses)
@@ -562,15 +575,15 @@ class TritonPythonModel:
                     else:
                         self._send(senders, live, responses)
                 unacknowledged += 1
-                if _wire.must_acknowledge(reply, unacknowledged):
+                if _messages.must_acknowledge(reply, unacknowledged):
                     unacknowledged = 0
                     for index, sender in enumerate(senders):
                         live[index] = live[index] and not sender.is_cancelled()
-                    reply = self._call(_wire.NEXT_MESSAGE if any(live) else _wire.CANCEL_MESSAGE)
+                    reply = self._call(_messages.NEXT_MESSAGE if any(live) else _messages.CANCEL_MESSAGE)
                 else:
                     reply = self._receive()
-            if reply[_wire.KIND] == _wire.ERROR:
-                self._send(senders, live, _errors(_wire.parse_error(reply).text, senders))
+            if type(reply) is Error:
+                self._send(senders, live, _errors(reply.text, senders))
             self._settle(reply)
         except UserProcessGone as exc:
             self._send(senders, live, _errors(str(exc), senders))
@@ -583,7 +596,7 @@ class TritonPythonModel:
                 pass
 
     @staticmethod
-    def _send(senders: List[Any], live: List[bool], responses: List[Any]) -> None:
+    def _send(senders: List[Any], live: List[bool], responses: Sequence[object]) -> None:
         """Send one response per live client; a client whose response Triton refuses is dropped."""
         for index, (sender, response) in enumerate(zip(senders, responses)):
             if live[index]:
@@ -592,7 +605,7 @@ class TritonPythonModel:
                 except Exception:
                     live[index] = False
 
-    def _fail(self, requests: List[Any], message: str) -> Optional[List[Any]]:
+    def _fail(self, requests: List[Any], message: str) -> Optional[List[object]]:
         responses = _errors(message, requests)
         if not self._decoupled:
             return responses
@@ -607,7 +620,7 @@ class TritonPythonModel:
         self._metrics.close()  # pushes the last changes
         try:
             self._socket.settimeout(1.0)
-            self._channel.send(_wire.BYE_MESSAGE)
+            self._channel.send(_messages.BYE_MESSAGE)
             self._channel.recv()
         except (EOFError, OSError):
             pass

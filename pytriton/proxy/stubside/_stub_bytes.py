@@ -73,7 +73,7 @@ _pending: Dict[int, Any] = {}  # id(placeholder) -> payload array, while pb_util
 
 def _fixed_strides_new_from_descr(real: Any) -> Any:
     def new_from_descr(
-        subtype: Any, descr: Any, nd: int, dims: Any, strides: Any, data: Any, flags: int, obj: Any
+        subtype: object, descr: object, nd: int, dims: object, strides: Any, data: object, flags: int, obj: object
     ) -> Any:
         _state["table_used"] = True
         if data and strides and nd > 0 and not any(strides[axis] for axis in range(nd)):
@@ -83,7 +83,7 @@ def _fixed_strides_new_from_descr(real: Any) -> Any:
     return new_from_descr
 
 
-def patched_api_table(capsule: Any) -> Tuple[Any, Any]:
+def patched_api_table(capsule: object) -> Tuple[Any, Any]:
     """A copy of the numpy C-API table in ``capsule`` with the stride fix, and a capsule for it.
 
     Both returned objects (and the callback inside) must stay alive as long as anything may use
@@ -112,7 +112,7 @@ def _numpy2_layout_ok() -> bool:
     return sys.byteorder == "little" and flags == probe.flags and elsize == probe.itemsize
 
 
-def _numpy_api_capsule() -> Any:
+def _numpy_api_capsule() -> object:
     """numpy 2's C-API capsule, after checking what the workaround relies on (raises if anything is off)."""
     if not _numpy2_layout_ok():
         raise RuntimeError(f"numpy {np.__version__}'s dtype layout is not the one the workaround knows")
@@ -159,7 +159,7 @@ def install(pb_utils: Any) -> None:
             )
     original_serialize = pb_utils.serialize_byte_tensor
 
-    def serialize_byte_tensor(array: Any) -> Any:
+    def serialize_byte_tensor(array: object) -> Any:
         payload = _pending.get(id(array))
         if payload is None:
             return original_serialize(array)
@@ -174,7 +174,7 @@ def install(pb_utils: Any) -> None:
     pb_utils.deserialize_bytes_tensor = deserialize_bytes_tensor
 
 
-def input_payload(value: Any) -> Any:
+def input_payload(value: object) -> Any:
     """The :class:`_tensors.SerializedBytes` behind ``Tensor.as_numpy()`` of a BYTES input."""
     carrier = value[()] if isinstance(value, np.ndarray) else value
     if not isinstance(carrier, _tensors.SerializedBytes):

@@ -33,9 +33,10 @@ import bisect
 import itertools
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from types import ModuleType
+from typing import Any, Dict, List, Optional, Tuple
 
-from . import _wire
+from ._messages import End, Error, Message, Ok
 
 FLUSH_INTERVAL_S = 1.0
 # Upper bounds (seconds) of the duration buckets: 100 us to 1 min in 1-2.5-5 steps, then +Inf.
@@ -80,7 +81,7 @@ def le_text(bound: float) -> str:
     return "+Inf" if bound == float("inf") else f"{bound:g}"
 
 
-def log(pb_utils: Any, text: str) -> None:
+def log(pb_utils: ModuleType, text: str) -> None:
     """A warning in Triton's log (the server's output, which pytriton forwards), else on stderr."""
     logger = getattr(pb_utils, "Logger", None)
     if logger is not None:
@@ -101,7 +102,7 @@ class NullMetrics:
     def leave(self) -> None:
         pass
 
-    def settled(self, final: Sequence[Any]) -> None:
+    def settled(self, final: Message) -> None:
         pass
 
     def reconnected(self) -> None:
@@ -126,7 +127,7 @@ class StubMetrics(NullMetrics):
 
     def __init__(
         self,
-        pb_utils: Any,
+        pb_utils: ModuleType,
         *,
         model: str,
         version: str,
@@ -160,7 +161,7 @@ class StubMetrics(NullMetrics):
         self.size_sum = 0
         # The flusher's side: one (metric, is_gauge) per series, in the order of _values(), and what
         # each series was last given.
-        self._families: List[Any] = []
+        self._families: List[object] = []
         self._series: List[Tuple[Any, bool]] = []
         self._pushed: List[float] = []
         self._failed = False
@@ -180,14 +181,13 @@ class StubMetrics(NullMetrics):
         """The batch is answered (or failed)."""
         self.in_flight = 0
 
-    def settled(self, final: Sequence[Any]) -> None:
+    def settled(self, final: Message) -> None:
         """The batch's final reply from the worker: an ERROR counts as an error; its duration is observed."""
-        kind = final[_wire.KIND]
-        if kind not in _wire.RETIRE_AT:  # not a final reply (a protocol error the stub reports)
+        if not isinstance(final, (Ok, Error, End)):  # not a final reply (a protocol error the stub reports)
             return
-        if kind == _wire.ERROR:
+        if type(final) is Error:
             self.errors += 1
-        duration = _wire.callable_duration(final)
+        duration = final.duration_s
         if duration is not None:
             self.duration_counts[bisect.bisect_left(DURATION_BOUNDS, duration)] += 1
             self.duration_sum += duration

@@ -1,10 +1,10 @@
 """Tensors on the wire: how each is described in a message and copied into or read from an arena.
 
-Each tensor is described by ``(name, dtype, shape, payload)`` (:data:`TensorMeta`). Small tensors
-(up to ``_arena.INLINE_LIMIT``) carry their bytes in ``payload`` inside the message; larger ones are
-written into the sender's arena and ``payload`` is ``(offset, nbytes)`` in it, or
-``(offset, nbytes, IN_RECEIVER)`` when the bytes already lie in the receiver's own arena. String
-(BYTES) tensors travel in Triton's serialized layout (:func:`serialize_bytes`), with either numpy.
+Each tensor is described by a ``_messages.TensorMeta``. Small tensors (up to
+``_arena.INLINE_LIMIT``) carry their bytes inside the message (``INLINE``); larger ones are written
+into the sender's arena (``SENDER``, at ``offset``), or are left where they are when they already lie
+in the receiver's own arena (``RECEIVER``). String (BYTES) tensors travel in Triton's serialized
+layout (:func:`serialize_bytes`), with either numpy.
 
 Imported on both sides (the stub and the user's process): standard library and numpy only.
 Unit tests: tests/unit/test_wire.py.
@@ -12,17 +12,17 @@ Unit tests: tests/unit/test_wire.py.
 
 from __future__ import annotations
 
+import mmap
 import struct
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from ._arena import INLINE_LIMIT, Arena, ArenaReader
+from ._messages import BYTES, INLINE, RECEIVER, SENDER, TensorMeta, Tensors
 
-TensorMeta = Tuple[str, str, Tuple[int, ...], Any]  # name, dtype, shape, bytes or (offset, nbytes)
-BYTES = "BYTES"
-IN_RECEIVER = 1  # payload marker: the bytes are already in the receiver's own arena
+Buffer = Union[bytes, bytearray, memoryview, "mmap.mmap"]  # what a tensor is read from
 _ALIGN = 64
 _UINT32 = struct.Struct("<I")  # BYTES element lengths
 
@@ -39,7 +39,7 @@ class SerializedBytes:
     __slots__ = ("data", "shape", "valid")
     dtype = np.dtype(object)  # routes it to write_tensors' BYTES branch
 
-    def __init__(self, data: Any, shape: Tuple[int, ...], valid: bool = True):
+    def __init__(self, data: Union[bytes, npt.NDArray[np.uint8]], shape: Tuple[int, ...], valid: bool = True):
         self.data = data
         self.shape = shape
         self.valid = valid
@@ -49,15 +49,16 @@ class SerializedBytes:
         return self
 
 
-def bytes_payload(buffer: Any, meta: TensorMeta) -> Any:
+def bytes_payload(buffer: Optional[Buffer], meta: TensorMeta) -> Union[bytes, memoryview]:
     """The serialized content of a BYTES tensor (bytes, or a view of the sender's arena)."""
-    payload = meta[3]
-    if type(payload) is bytes:
-        return payload
-    return memoryview(buffer)[payload[0] : payload[0] + payload[1]]
+    if meta.data is not None:
+        return meta.data
+    if buffer is None:
+        raise ValueError(f"tensor {meta.name!r} is in an arena but the message names none")
+    return memoryview(buffer)[meta.offset : meta.offset + meta.nbytes]
 
 
-def serialize_bytes(array: npt.NDArray[Any]) -> bytes:
+def serialize_bytes(array: npt.NDArray[np.generic]) -> bytes:
     """Triton's BYTES layout: each element as a 4-byte little-endian length and its bytes."""
     pack = _UINT32.pack
     parts: List[bytes] = []
@@ -71,7 +72,7 @@ def serialize_bytes(array: npt.NDArray[Any]) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes(buffer: Any, offset: int, nbytes: int, shape: Tuple[int, ...]) -> npt.NDArray[Any]:
+def deserialize_bytes(buffer: Buffer, offset: int, nbytes: int, shape: Tuple[int, ...]) -> npt.NDArray[np.generic]:
     """Inverse of :func:`serialize_bytes`: an object array of ``bytes`` with ``shape``."""
     view = memoryview(buffer)[offset : offset + nbytes]
     count = 1
@@ -106,13 +107,13 @@ def write_tensors(
     ``(offset, nbytes, IN_RECEIVER)``. BYTES tensors are serialised first (Triton's layout), unless
     they come as :class:`SerializedBytes`.
     """
-    metas: List[List[TensorMeta]] = []
-    pending: List[Tuple[int, Any]] = []  # (offset, source) for the arena
+    metas: List[Tensors] = []
+    pending: List[Tuple[int, object]] = []  # (offset, source) for the arena
     # None: the caller knows everything is small; the TCP transport's arena keeps everything inline.
     inline_limit = INLINE_LIMIT if arena is None else arena.inline_limit
     total = 0
     for group in groups:
-        group_meta: List[TensorMeta] = []
+        group_meta: Tensors = []
         for name, array in group:
             if array.dtype.kind in "SUO":
                 data: Any = array.data if type(array) is SerializedBytes else serialize_bytes(array)
@@ -124,14 +125,15 @@ def write_tensors(
                 nbytes = array.nbytes
             if nbytes <= inline_limit:
                 # bytes() returns a bytes object itself; a SerializedBytes' array is copied (small).
-                group_meta.append((name, dtype, array.shape, bytes(data) if dtype == BYTES else array.tobytes()))
+                inline = bytes(data) if dtype == BYTES else array.tobytes()
+                group_meta.append(TensorMeta(name, dtype, array.shape, INLINE, inline, 0, nbytes))
                 continue
             if peer is not None and dtype != BYTES:
                 offset = peer.offset_of(array)
                 if offset is not None:
-                    group_meta.append((name, dtype, array.shape, (offset, nbytes, IN_RECEIVER)))
+                    group_meta.append(TensorMeta(name, dtype, array.shape, RECEIVER, None, offset, nbytes))
                     continue
-            group_meta.append((name, dtype, array.shape, (total, nbytes)))
+            group_meta.append(TensorMeta(name, dtype, array.shape, SENDER, None, total, nbytes))
             pending.append((total, data))
             total = (total + nbytes + _ALIGN - 1) & ~(_ALIGN - 1)
         metas.append(group_meta)
@@ -148,17 +150,19 @@ def write_tensors(
     return arena.name, metas
 
 
-_DTYPES: Dict[str, np.dtype[Any]] = {}
+_DTYPES: Dict[str, np.dtype[np.generic]] = {}
 
 
-def _dtype(code: str) -> np.dtype[Any]:
+def _dtype(code: str) -> np.dtype[np.generic]:
     dtype = _DTYPES.get(code)
     if dtype is None:
         dtype = _DTYPES[code] = np.dtype(code)
     return dtype
 
 
-def read_tensor(buffer: Any, meta: TensorMeta, copy: bool, own: Any = None) -> npt.NDArray[Any]:
+def read_tensor(
+    buffer: Optional[Buffer], meta: TensorMeta, copy: bool, own: Optional[Buffer] = None
+) -> npt.NDArray[np.generic]:
     """The array ``meta`` describes; ``buffer`` is the sender's arena, ``own`` the receiver's.
 
     ``copy=True`` returns memory the caller owns and may keep. ``copy=False`` returns a view where
@@ -166,15 +170,17 @@ def read_tensor(buffer: Any, meta: TensorMeta, copy: bool, own: Any = None) -> n
     alive, but the sender writes that memory again for a later message unless a final reply told it
     not to, see :func:`retires`). BYTES tensors are always decoded into a new object array.
     """
-    _, code, shape, payload = meta
-    if type(payload) is bytes:
+    code, shape, data = meta.dtype, meta.shape, meta.data
+    if data is not None:
         if code == BYTES:
-            return deserialize_bytes(payload, 0, len(payload), shape)
-        array = np.frombuffer(payload, dtype=_dtype(code)).reshape(shape)
+            return deserialize_bytes(data, 0, len(data), shape)
+        array = np.frombuffer(data, dtype=_dtype(code)).reshape(shape)
         return array.copy() if copy else array
-    offset, nbytes = payload[0], payload[1]
-    if len(payload) == 3:
+    offset, nbytes = meta.offset, meta.nbytes
+    if meta.place == RECEIVER:
         buffer = own
+    if buffer is None:
+        raise ValueError(f"tensor {meta.name!r} is in an arena this side has not mapped")
     if code == BYTES:
         return deserialize_bytes(buffer, offset, nbytes, shape)
     dtype = _dtype(code)

@@ -1,7 +1,7 @@
 """The TCP transport between the proxy model (in Triton's stub) and the user's process, on ZeroMQ.
 
 Used when the Triton server and the user's process share no filesystem and no memory (another pod
-or host; ``RemoteTriton(transport="tcp")``, docs/remote.md). Every message of ``_wire`` travels as
+or host; ``RemoteTriton(transport="tcp")``, docs/remote.md). Every message of ``_messages`` travels as
 one ZeroMQ frame holding its ``marshal`` encoding, tensors included: nothing goes through shared
 memory (:class:`InlineArena`).
 
@@ -45,13 +45,14 @@ import hmac
 import itertools
 import logging
 import marshal
+import mmap
 import os
 import queue
 import socket
 import threading
 from typing import Any, Dict, Optional, Tuple
 
-from . import _wire
+from ._messages import INLINE, Infer, Message, decode
 
 LOGGER = logging.getLogger("pytriton.proxy")
 
@@ -63,7 +64,6 @@ AUTH_TIMEOUT_S = 10.0
 _MAX_GREETING = 4096  # a greeting is "PYTRITON1 <token> <route>": anything longer is not one
 _MAX_REFUSED = 4096  # refused peers remembered at most (each is forgotten when it disconnects)
 _STOP = b"stop"
-_INFER = _wire.INFER
 _hub_ids = itertools.count(1)
 _HUBS: Dict[int, Hub] = {}
 _HUBS_LOCK = threading.Lock()
@@ -90,15 +90,14 @@ def _zmq() -> Any:
 class InlineArena:
     """An arena that holds nothing: with it, ``_tensors.write_tensors`` puts every tensor in the message.
 
-    It has the interface ``_wire`` uses of ``_arena.Arena`` (``inline_limit``, ``buffer``, ``close``,
-    ``release``); ``reserve`` is never reached because no tensor exceeds ``inline_limit``.
+    An ``_arena.Arena`` whose ``reserve`` is never reached, because no tensor exceeds ``inline_limit``.
     """
 
     inline_limit = _LARGE
     name = None
     buffer = None
 
-    def reserve(self, nbytes: int) -> Any:
+    def reserve(self, nbytes: int) -> mmap.mmap:
         raise AssertionError("InlineArena never holds a tensor")
 
     def release(self, keep: int) -> int:
@@ -112,7 +111,7 @@ class InlineArena:
 class StubChannel:
     """A ``DEALER`` connection from one stub instance to the user's hub, with a ``Channel``'s interface.
 
-    ``send``/``recv`` exchange ``_wire`` messages; ``recv`` waits for at most :meth:`settimeout`'s
+    ``send``/``recv`` exchange ``_messages`` records; ``recv`` waits for at most :meth:`settimeout`'s
     value (raising ``socket.timeout``, like the Unix channel) and raises ``EOFError`` as soon as
     the connection to the hub drops (a socket monitor reports it: ZeroMQ itself would silently
     reconnect and wait forever). ``close`` releases the sockets.
@@ -166,14 +165,14 @@ class StubChannel:
         """Bound every later :meth:`recv` (``None``: wait as long as the connection lasts)."""
         self._timeout_ms = None if timeout_s is None else max(1, int(timeout_s * 1000))
 
-    def send(self, message: Any) -> None:
-        self._socket.send(marshal.dumps(message), copy=False)
+    def send(self, message: Message) -> None:
+        self._socket.send(marshal.dumps(message.encode()), copy=False)
 
-    def recv(self) -> Any:
+    def recv(self) -> Message:
         events = dict(self._poller.poll(self._timeout_ms))
         if self._socket in events:
             frame = self._socket.recv(copy=False)
-            return marshal.loads(frame.buffer)
+            return decode(marshal.loads(frame.buffer))
         if self._monitor in events:
             raise EOFError("the connection to the pytriton process dropped")
         raise socket.timeout("timed out")
@@ -257,7 +256,7 @@ class Connection:
 
 
 class ConnectionChannel:
-    """``_wire.Channel``'s interface over a :class:`Connection` (``poll_s`` is accepted and unused)."""
+    """A ``_wire.Channel`` over a :class:`Connection` (``poll_s`` is accepted and unused)."""
 
     poll_s = 0.0
 
@@ -265,10 +264,10 @@ class ConnectionChannel:
         self.sock = connection
         self._connection = connection
 
-    def send(self, message: Any) -> None:
-        self._connection.send_frame(marshal.dumps(message))
+    def send(self, message: Message) -> None:
+        self._connection.send_frame(marshal.dumps(message.encode()))
 
-    def recv(self) -> Any:
+    def recv(self) -> Message:
         """The next message of the stub; ``EOFError`` at the end of the connection or for a malformed message.
 
         A malformed message ends the connection (the peer holds the token, yet it is broken or
@@ -278,12 +277,18 @@ class ConnectionChannel:
         """
         frame = self._connection.recv_frame()
         try:
-            message = marshal.loads(frame)
+            raw = marshal.loads(frame)
         except Exception as exc:  # noqa: BLE001 - ValueError, EOFError, TypeError: all mean "not ours"
             raise self._malformed(f"undecodable ({type(exc).__name__})") from None
-        if type(message) is not tuple or not message or type(message[0]) is not int:
+        if type(raw) is not tuple or not raw or type(raw[0]) is not int:
             raise self._malformed("not a pytriton message")
-        if message[0] == _INFER and (len(message) < 3 or message[1] is not None):
+        try:
+            message = decode(raw)
+        except Exception as exc:  # noqa: BLE001 - a wrong arity or field type: not a message of ours
+            raise self._malformed(f"not a pytriton message ({type(exc).__name__})") from None
+        if type(message) is Infer and (
+            message.segment is not None or any(m.place != INLINE for e in message.entries for m in e.tensors)
+        ):
             raise self._malformed("an INFER message that is not inline")
         return message
 
@@ -471,7 +476,7 @@ class Hub:
             )
             self._refuse(identity, frames[-1], f"unexpected message ({type(exc).__name__})")
 
-    def _refuse(self, identity: bytes, frame: Any, reason: str) -> None:
+    def _refuse(self, identity: bytes, frame: object, reason: str) -> None:
         """Refuse ``identity`` for good: its connection (if any) ends and its later frames are dropped unread.
 
         ``frame`` is one of its frames, whose source descriptor lets a disconnection forget the peer;
