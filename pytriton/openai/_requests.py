@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import numpy as np
 
@@ -261,7 +261,7 @@ def parse_embeddings(body: Mapping[str, object]) -> EmbeddingRequest:
     texts = _texts(body, "input")
     if len(texts) > 2048:
         raise invalid_request("'input' may hold at most 2048 texts.", "input")
-    encoding_format = body.get("encoding_format") or "float"
+    encoding_format = cast(str, body.get("encoding_format") or "float")  # one of the two strings: checked next
     if encoding_format not in ("float", "base64"):
         raise invalid_request("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
     _refuse(body, "dimensions")
