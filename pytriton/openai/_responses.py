@@ -17,7 +17,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, TypedDict, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, TypedDict, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -165,9 +165,10 @@ class Answer:
             known = self.tool_calls[index]["function"]
             known["name"] += function.get("name", "")
             known["arguments"] += function.get("arguments", "")
+            fields = cast(Mapping[str, str], function)  # mypy 1.19 (3.9) keys a TypedDict by literals only
             return {
                 "index": index,
-                "function": {key: function[key] for key in ("name", "arguments") if key in function},
+                "function": {key: fields[key] for key in ("name", "arguments") if key in fields},
             }
         if index is not None and index != len(self.tool_calls):
             raise model_failed(
