@@ -12,7 +12,8 @@ import pathlib
 from typing import Dict, List, Optional
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "pytriton"
-CEILING = 273  # 418 before issue 26 item 6 typed the decorators, the stub side (_pb_types Protocols) and the OpenAI bodies
+# 418 before issue 26 item 6 typed the decorators, the stub side (_pb_types Protocols) and the OpenAI bodies.
+CEILING = 273
 
 
 def _names_any(node: Optional[ast.AST]) -> bool:
