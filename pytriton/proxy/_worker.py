@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Tuple, Type, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -729,7 +729,7 @@ class InstanceWorker:
             self._close_stream(session, result)
 
     @staticmethod
-    def _run_async(session: _Session, awaitable: Any) -> object:
+    def _run_async(session: _Session, awaitable: Awaitable[object]) -> object:
         try:
             return session.event_loop().run_until_complete(awaitable)
         except Exception:

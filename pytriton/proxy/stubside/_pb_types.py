@@ -2,7 +2,8 @@
 
 ``triton_python_backend_utils`` exists only inside Triton's stub process and has no type stubs, so
 mypy sees its classes as untyped. These Protocols name the methods this package calls on the
-objects Triton hands it (requests, their input tensors, response senders, traces), as Triton 2.51's
+objects Triton hands it (requests, their input tensors, response senders, traces, metric series)
+and the module functions it replaces or calls (the BYTES codec, ``Tensor``), as Triton 2.51's
 Python backend defines them. They are for the type checker only and cost nothing at run time (not
 ``runtime_checkable``: nothing is checked with isinstance). Responses and output tensors the package
 builds itself with ``pb_utils`` and only hands back to Triton: those stay ``object``.
@@ -77,3 +78,11 @@ class PbTensorFactory(Protocol):
     """The module's ``Tensor`` constructor: ``Tensor(name, array)`` builds an output tensor."""
 
     Tensor: Callable[[str, npt.NDArray[np.generic]], object]
+
+
+class PbMetric(Protocol):
+    """One series of a custom metric family (``pb_utils.MetricFamily(...).Metric(labels=...)``)."""
+
+    def set(self, value: float) -> None: ...
+
+    def increment(self, value: float) -> None: ...
