@@ -60,6 +60,7 @@ _decorator: Callable[[Callable[..., Any]], Callable[..., Any]] = cast(Any, wrapt
 # What wrapt hands a wrapper: the wrapped callable (opaque: it is only called), the positional
 # arguments (the list of requests first, for a callable on requests) and the keyword arguments
 # (the batched inputs below ``@batch``, and ``triton_context``).
+# Casts below name types as strings or these module-level aliases: no typing subscription runs per call.
 _Wrapped = Callable[..., object]
 _Args = Tuple[object, ...]
 _Kwargs = Dict[str, object]
@@ -117,10 +118,10 @@ def get_model_config(wrapped: object, instance: object) -> TritonModelConfig:
     """The ``TritonModelConfig`` of the model ``wrapped`` is bound as."""
     context = get_triton_context(wrapped, instance)
     try:
-        return context.model_configs[cast(Callable[..., object], wrapped)]
+        return context.model_configs[cast(_Wrapped, wrapped)]
     except KeyError:
         bound = instance if instance is not None else wrapped
-        return context.model_configs[cast(Callable[..., object], bound)]  # a callable instance
+        return context.model_configs[cast(_Wrapped, bound)]  # a callable instance
 
 
 def get_inference_request_batch_size(inference_request: Union[InferenceRequest, Dict[str, Any]]) -> int:
@@ -289,7 +290,7 @@ def batch(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> 
     :func:`current_requests`. When Triton traces requests, a ``batch`` child span of each traced
     request's span covers the call (docs/tracing.md).
     """
-    requests: List[Request] = list(cast(Iterable[Request], args[0]))
+    requests: List[Request] = list(cast("Iterable[Request]", args[0]))
     inputs = _stack_inputs(requests)
     sizes = [get_inference_request_batch_size(request) for request in requests]
     call_kwargs = dict(kwargs)
@@ -320,7 +321,7 @@ def sample(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) ->
 
     For non-batching models, which receive one request at a time. Returns ``[outputs]``.
     """
-    requests = cast(List[Request], args[0])
+    requests = cast("List[Request]", args[0])
     if len(requests) != 1:
         raise PyTritonRuntimeError(
             f"@sample expects exactly one request per call, got {len(requests)}; use @batch for batching models."
@@ -339,7 +340,7 @@ def group_by_keys(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwa
     Results are put back in the original request order. Handy above ``@batch`` when some
     requests omit optional inputs.
     """
-    requests = list(cast(Iterable[Request], args[0]))
+    requests = list(cast("Iterable[Request]", args[0]))
     groups: Dict[Tuple[str, ...], List[int]] = {}
     for index, request in enumerate(requests):
         groups.setdefault(tuple(sorted(request.keys())), []).append(index)
@@ -350,7 +351,7 @@ def group_by_keys(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwa
 
     def merge(group_results: List[object]) -> InferenceResults:
         merged: List[Optional[InferenceResult]] = [None] * len(requests)
-        for indices, outputs in zip(order, cast(List[InferenceResults], group_results)):
+        for indices, outputs in zip(order, cast("List[InferenceResults]", group_results)):
             if len(outputs) != len(indices):
                 raise PyTritonRuntimeError(
                     f"A group of {len(indices)} requests returned {len(outputs)} results; return one per request."
@@ -515,7 +516,7 @@ def fill_optionals(**defaults: npt.NDArray[np.generic]) -> Any:
         if not checked.get(id(config)):
             verify(config)
             checked[id(config)] = True
-        for request in cast(List[Request], args[0]):
+        for request in cast("List[Request]", args[0]):
             for name, value in defaults.items():
                 if name in request:
                     continue
@@ -546,7 +547,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
         for name in keys:
             if name not in values:
                 continue
-            array = cast(npt.NDArray[np.generic], values[name])
+            array = cast("npt.NDArray[np.generic]", values[name])
             if strict and len(array) > 1:
                 first_row = array[0]
                 equal = all(np.array_equal(first_row, row) for row in array[1:])
@@ -569,7 +570,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
             call_kwargs = dict(kwargs)
             replace(call_kwargs)
             return wrapped(*args, **call_kwargs)
-        for request in cast(List[Request], args[0]):
+        for request in cast("List[Request]", args[0]):
             replace(request)
         return wrapped(*args, **kwargs)
 

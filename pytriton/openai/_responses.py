@@ -165,7 +165,7 @@ class Answer:
             known = self.tool_calls[index]["function"]
             known["name"] += function.get("name", "")
             known["arguments"] += function.get("arguments", "")
-            fields = cast(Mapping[str, str], function)  # mypy 1.19 (3.9) keys a TypedDict by literals only
+            fields = cast("Mapping[str, str]", function)  # mypy 1.19 (3.9) keys a TypedDict by literals only
             return {
                 "index": index,
                 "function": {key: fields[key] for key in ("name", "arguments") if key in fields},
