@@ -26,7 +26,20 @@ from __future__ import annotations
 import bisect
 import contextvars
 import inspect
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +56,15 @@ from pytriton.proxy.types import InferenceRequest, InferenceRequests, InferenceR
 # the 3.9 target (CI runs mypy on each supported interpreter) would see no ``wrapt.decorator``.
 # This alias gives it the one shape this module relies on, for every target.
 _decorator: Callable[[Callable[..., Any]], Callable[..., Any]] = cast(Any, wrapt).decorator
+
+# What wrapt hands a wrapper: the wrapped callable (opaque: it is only called), the positional
+# arguments (the list of requests first, for a callable on requests) and the keyword arguments
+# (the batched inputs below ``@batch``, and ``triton_context``).
+# Casts below name types as strings or these module-level aliases: no typing subscription runs per call.
+_Wrapped = Callable[..., object]
+_Args = Tuple[object, ...]
+_Kwargs = Dict[str, object]
+_Arrays = Dict[str, npt.NDArray[np.generic]]
 
 __all__ = [
     "ConstantPadder",
@@ -92,14 +114,14 @@ def get_triton_context(wrapped: object, instance: object) -> TritonContext:
     return context  # type: ignore[no-any-return]
 
 
-def get_model_config(wrapped: Any, instance: Any) -> TritonModelConfig:
+def get_model_config(wrapped: object, instance: object) -> TritonModelConfig:
     """The ``TritonModelConfig`` of the model ``wrapped`` is bound as."""
     context = get_triton_context(wrapped, instance)
     try:
-        return context.model_configs[wrapped]
+        return context.model_configs[cast(_Wrapped, wrapped)]
     except KeyError:
         bound = instance if instance is not None else wrapped
-        return context.model_configs[bound]
+        return context.model_configs[cast(_Wrapped, bound)]  # a callable instance
 
 
 def get_inference_request_batch_size(inference_request: Union[InferenceRequest, Dict[str, Any]]) -> int:
@@ -135,7 +157,7 @@ def batch_cancelled() -> bool:
 
 
 # -- result post-processing shared by every decorator ---------------------------------------------
-def _after(result: object, finish: Callable[[Any], Any], requests: Optional[List[Request]] = None) -> object:
+def _after(result: object, finish: Callable[[object], object], requests: Optional[List[Request]] = None) -> object:
     """Apply ``finish`` to a result, an awaited result, or every item a (async) generator yields.
 
     ``requests``, when given, is what :func:`current_requests` returns while the wrapped code runs
@@ -143,7 +165,7 @@ def _after(result: object, finish: Callable[[Any], Any], requests: Optional[List
     """
     if inspect.isawaitable(result):
 
-        async def finish_async() -> Any:
+        async def finish_async() -> object:
             token = _CURRENT_REQUESTS.set(requests) if requests is not None else None
             try:
                 return finish(await result)
@@ -154,7 +176,7 @@ def _after(result: object, finish: Callable[[Any], Any], requests: Optional[List
         return finish_async()
     if inspect.isgenerator(result):
 
-        def finish_each() -> Any:
+        def finish_each() -> Iterator[object]:
             while True:
                 token = _CURRENT_REQUESTS.set(requests) if requests is not None else None
                 try:
@@ -169,7 +191,7 @@ def _after(result: object, finish: Callable[[Any], Any], requests: Optional[List
         return finish_each()
     if inspect.isasyncgen(result):
 
-        async def finish_each_async() -> Any:
+        async def finish_each_async() -> AsyncIterator[object]:
             while True:
                 token = _CURRENT_REQUESTS.set(requests) if requests is not None else None
                 try:
@@ -185,13 +207,13 @@ def _after(result: object, finish: Callable[[Any], Any], requests: Optional[List
     return finish(result)
 
 
-def _gather(results: List[object], finish: Callable[[List[Any]], Any], what: str) -> object:
+def _gather(results: List[object], finish: Callable[[List[object]], object], what: str) -> object:
     """Combine the results of several calls (sync or async); streaming results cannot be combined."""
     if any(inspect.isgenerator(r) or inspect.isasyncgen(r) for r in results):
         raise PyTritonRuntimeError(f"{what} cannot split a streaming (generator) callable into groups.")
     if any(inspect.isawaitable(r) for r in results):
 
-        async def gather_async() -> Any:
+        async def gather_async() -> object:
             return finish([await r if inspect.isawaitable(r) else r for r in results])
 
         return gather_async()
@@ -199,12 +221,16 @@ def _gather(results: List[object], finish: Callable[[List[Any]], Any], what: str
 
 
 def convert_output(
-    outputs: Union[Mapping[str, object], Sequence[object], Tuple[object, ...]],
+    outputs: object,
     wrapped: object = None,
     instance: object = None,
     model_config: Optional[TritonModelConfig] = None,
 ) -> Dict[str, Any]:
-    """Turn a list/tuple of outputs into a dict keyed by the config's output names (in order)."""
+    """Turn a list/tuple of outputs into a dict keyed by the config's output names (in order).
+
+    ``outputs`` is what an inference callable returned: a dict (returned as is) or a list/tuple of
+    arrays; anything else raises ``PyTritonValidationError``.
+    """
     if isinstance(outputs, dict):
         return outputs
     if isinstance(outputs, (list, tuple)):
@@ -253,7 +279,7 @@ def _split_outputs(outputs: Dict[str, Any], sizes: List[int]) -> InferenceResult
 
 
 @_decorator
-def batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+def batch(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
     """Stack the requests' inputs into one batch per input and split the outputs back per request.
 
     The wrapped function receives every input as a keyword argument holding the concatenation of
@@ -264,7 +290,7 @@ def batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
     :func:`current_requests`. When Triton traces requests, a ``batch`` child span of each traced
     request's span covers the call (docs/tracing.md).
     """
-    requests: List[Request] = list(args[0])
+    requests: List[Request] = list(cast("Iterable[Request]", args[0]))
     inputs = _stack_inputs(requests)
     sizes = [get_inference_request_batch_size(request) for request in requests]
     call_kwargs = dict(kwargs)
@@ -281,7 +307,7 @@ def batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
     finally:
         _CURRENT_REQUESTS.reset(token)
 
-    def finish(outputs: Any) -> InferenceResults:
+    def finish(outputs: object) -> InferenceResults:
         return _split_outputs(convert_output(outputs, wrapped, instance), sizes)
 
     if spans is None:
@@ -290,12 +316,12 @@ def batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
 
 
 @_decorator
-def sample(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+def sample(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
     """Call the wrapped function with the inputs of the (single) request as keyword arguments.
 
     For non-batching models, which receive one request at a time. Returns ``[outputs]``.
     """
-    requests = args[0]
+    requests = cast("List[Request]", args[0])
     if len(requests) != 1:
         raise PyTritonRuntimeError(
             f"@sample expects exactly one request per call, got {len(requests)}; use @batch for batching models."
@@ -308,13 +334,13 @@ def sample(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
 
 # -- grouping ---------------------------------------------------------------------------------------
 @_decorator
-def group_by_keys(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+def group_by_keys(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
     """Call the wrapped function once per group of requests that carry the same set of inputs.
 
     Results are put back in the original request order. Handy above ``@batch`` when some
     requests omit optional inputs.
     """
-    requests = list(args[0])
+    requests = list(cast("Iterable[Request]", args[0]))
     groups: Dict[Tuple[str, ...], List[int]] = {}
     for index, request in enumerate(requests):
         groups.setdefault(tuple(sorted(request.keys())), []).append(index)
@@ -323,16 +349,16 @@ def group_by_keys(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any
     order = list(groups.values())
     results = [wrapped([requests[i] for i in indices], *args[1:], **kwargs) for indices in order]
 
-    def merge(group_results: List[InferenceResults]) -> InferenceResults:
-        merged: List[Any] = [None] * len(requests)
-        for indices, outputs in zip(order, group_results):
+    def merge(group_results: List[object]) -> InferenceResults:
+        merged: List[Optional[InferenceResult]] = [None] * len(requests)
+        for indices, outputs in zip(order, cast("List[InferenceResults]", group_results)):
             if len(outputs) != len(indices):
                 raise PyTritonRuntimeError(
                     f"A group of {len(indices)} requests returned {len(outputs)} results; return one per request."
                 )
             for index, output in zip(indices, outputs):
                 merged[index] = output
-        return merged
+        return cast(InferenceResults, merged)  # every index is in one group: no None is left
 
     return _gather(results, merge, "@group_by_keys")
 
@@ -405,13 +431,13 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
         raise PyTritonBadParameterError("@group_by_values needs at least one input name to group by.")
 
     @_decorator
-    def wrapper(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+    def wrapper(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
         if args and isinstance(args[0], (list, tuple)):
             raise PyTritonRuntimeError(
                 "@group_by_values received a list of requests: it must be placed below @batch "
                 "(@batch first, then @group_by_values), so that it receives batched keyword inputs."
             )
-        inputs = {name: value for name, value in kwargs.items() if name not in _SPECIAL_KEYS}
+        inputs = {name: value for name, value in cast(_Arrays, kwargs).items() if name not in _SPECIAL_KEYS}
         extra = {name: value for name, value in kwargs.items() if name in _SPECIAL_KEYS}
         missing = [key for key in keys if key not in inputs]
         if missing:
@@ -427,7 +453,7 @@ def group_by_values(*keys: str, pad_fn: Optional[Callable[[InferenceResults], In
             wrapped(*args, **{name: value[indices] for name, value in inputs.items()}, **extra) for indices in order
         ]
 
-        def merge(group_outputs: List[Any]) -> Dict[str, npt.NDArray[np.generic]]:
+        def merge(group_outputs: List[object]) -> _Arrays:
             converted = [convert_output(outputs, wrapped, instance) for outputs in group_outputs]
             if pad_fn is not None:
                 converted = list(pad_fn(converted))
@@ -485,12 +511,12 @@ def fill_optionals(**defaults: npt.NDArray[np.generic]) -> Any:
                 raise PyTritonBadParameterError(f"@fill_optionals: the default for input {name!r} {problem}.")
 
     @_decorator
-    def wrapper(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+    def wrapper(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
         config = get_model_config(wrapped, instance)
         if not checked.get(id(config)):
             verify(config)
             checked[id(config)] = True
-        for request in args[0]:
+        for request in cast("List[Request]", args[0]):
             for name, value in defaults.items():
                 if name in request:
                     continue
@@ -517,11 +543,11 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
             f"@first_value cannot take the reserved name(s) {', '.join(reserved)}; reserved: {', '.join(_SPECIAL_KEYS)}."
         )
 
-    def replace(values: Dict[str, Any]) -> None:
+    def replace(values: Union[_Kwargs, Request]) -> None:
         for name in keys:
             if name not in values:
                 continue
-            array = values[name]
+            array = cast("npt.NDArray[np.generic]", values[name])
             if strict and len(array) > 1:
                 first_row = array[0]
                 equal = all(np.array_equal(first_row, row) for row in array[1:])
@@ -536,7 +562,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
             values[name] = first
 
     @_decorator
-    def wrapper(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+    def wrapper(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
         config = get_model_config(wrapped, instance)
         if not config.batching:
             raise PyTritonRuntimeError("@first_value can only be used with models that support batching.")
@@ -544,8 +570,7 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
             call_kwargs = dict(kwargs)
             replace(call_kwargs)
             return wrapped(*args, **call_kwargs)
-        requests = args[0]
-        for request in requests:
+        for request in cast("List[Request]", args[0]):
             replace(request)
         return wrapped(*args, **kwargs)
 
@@ -553,12 +578,12 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
 
 
 @_decorator
-def pad_batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+def pad_batch(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
     """Pad the batch up to the nearest preferred batch size (or ``max_batch_size``) by repeating the last sample.
 
     Use it below ``@batch``; ``@batch`` discards the extra output rows.
     """
-    inputs = {name: value for name, value in kwargs.items() if name not in _SPECIAL_KEYS}
+    inputs = {name: value for name, value in cast(_Arrays, kwargs).items() if name not in _SPECIAL_KEYS}
     config = get_model_config(wrapped, instance)
     size = get_inference_request_batch_size(inputs)
     targets = sorted(
@@ -574,7 +599,7 @@ def pad_batch(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
 
 
 @_decorator
-def triton_context(wrapped: Any, instance: object, args: Any, kwargs: Any) -> Any:
+def triton_context(wrapped: _Wrapped, instance: object, args: _Args, kwargs: _Kwargs) -> object:
     """Pass the ``TritonContext`` as the ``triton_context`` keyword argument.
 
     ``triton_context.model_configs[infer_fn]`` is the model's ``TritonModelConfig``.

@@ -121,7 +121,7 @@ class _Outer:
         return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
 
 
-def _trace_headers(span: Any) -> Dict[str, str]:
+def _trace_headers(span: Any) -> Dict[str, str]:  # an OpenTelemetry span (an optional extra)
     """``traceparent`` of ``span`` (W3C), for Triton to parent the inner request's spans on it."""
     try:
         from opentelemetry import propagate, trace  # type: ignore[import-not-found]  # optional extra
@@ -158,7 +158,7 @@ class ModelHandle:
         self._clients: weakref.WeakSet[Any] = weakref.WeakSet()
         # asyncio clients, one per event loop (a worker's loop lives as long as its connection)
         self._aio: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-        self._outputs: Optional[List[Any]] = None
+        self._outputs: Optional[List[str]] = None
 
     @property
     def path(self) -> str:

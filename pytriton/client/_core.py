@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import socket
 import time
-from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -80,6 +80,12 @@ class Call:
 
 
 Operation = Generator[Call, Any, Any]
+
+
+class InferResult(Protocol):
+    """What :meth:`ClientCore.decode` reads of a tritonclient ``InferResult`` (HTTP or gRPC)."""
+
+    def as_numpy(self, name: str) -> Optional[npt.NDArray[np.generic]]: ...
 
 
 def _status(exc: BaseException) -> Optional[str]:
@@ -500,7 +506,7 @@ class ClientCore:
         parameters: Optional[Mapping[str, object]],
         headers: Optional[Mapping[str, object]],
         lib: Any,
-    ) -> Dict[str, Any]:
+    ) -> Dict[str, object]:
         """Keyword arguments of ``lib.InferenceServerClient.infer`` (plus ``inputs``)."""
         infer_inputs = []
         for name, array in arrays.items():
@@ -531,7 +537,7 @@ class ClientCore:
         return request
 
     @staticmethod
-    def decode(result: Any, config: TritonModelConfig, remove_axis: bool) -> Dict[str, npt.NDArray[np.generic]]:
+    def decode(result: InferResult, config: TritonModelConfig, remove_axis: bool) -> Dict[str, npt.NDArray[np.generic]]:
         """Output arrays by name (without the batch axis for ``infer_sample`` on batching models)."""
         outputs = {}
         for spec in config.outputs:

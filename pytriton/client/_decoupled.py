@@ -30,6 +30,7 @@ from typing import (
     Awaitable,
     Callable,
     Dict,
+    Generator,
     Generic,
     Iterator,
     NamedTuple,
@@ -141,6 +142,7 @@ class _StreamArgs(NamedTuple):
 
 
 _Stream = TypeVar("_Stream")
+_Result = TypeVar("_Result")
 
 
 class _StreamingCalls(Generic[_Stream]):
@@ -239,7 +241,7 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
         if self._grpc_stream is stream:
             self._grpc_stream = None
 
-    def _stream(self, call: _StreamArgs) -> Iterator[_Outputs]:
+    def _stream(self, call: _StreamArgs) -> Generator[_Outputs, None, None]:
         inputs, named_inputs, parameters, headers, batch = call
         self._check_open()
         check_parameters(parameters, "parameters")
@@ -272,7 +274,7 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
         config: TritonModelConfig,
         add_axis: bool,
         headers: Optional[Dict[str, str]],
-    ) -> Iterator[_Outputs]:
+    ) -> Generator[_Outputs, None, None]:
         if config.batching and any(array.ndim == 0 or array.shape[0] != 1 for array in arrays.values()):
             raise PyTritonClientValueError(
                 "Streaming over HTTP (generate_stream) carries one sample per request; send batches over gRPC."
@@ -301,7 +303,9 @@ class DecoupledModelClient(_StreamingCalls[Iterator[_Outputs]], ModelClient):  #
             self._active_http = None
             self._stream_lock.release()
 
-    def _responses(self, stream: _GrpcStream, config: TritonModelConfig, add_axis: bool) -> Iterator[_Outputs]:
+    def _responses(
+        self, stream: _GrpcStream, config: TritonModelConfig, add_axis: bool
+    ) -> Generator[_Outputs, None, None]:
         name = self._core.model_name
         ended_by_server = False  # True: half-close the stream; False: the caller left it, cancel it
         try:
@@ -340,7 +344,7 @@ class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], Asyn
         )
         self._sync._core = core  # one core: config and readiness are shared
 
-    async def _run(self, function: Callable[..., object], *args: object) -> Any:
+    async def _run(self, function: Callable[..., _Result], *args: object) -> _Result:
         return await asyncio.get_running_loop().run_in_executor(None, function, *args)
 
     async def close(self) -> None:
@@ -356,7 +360,7 @@ class AsyncioDecoupledModelClient(_StreamingCalls[AsyncIterator[_Outputs]], Asyn
 
     async def _read_config(self) -> TritonModelConfig:
         self._check_open()
-        return await self._run(lambda: self._sync.model_config)  # type: ignore[no-any-return]
+        return await self._run(lambda: self._sync.model_config)
 
     async def _next(self, iterator: Iterator[_Outputs], done: object) -> Any:
         step: Awaitable[object] = asyncio.get_running_loop().run_in_executor(None, next, iterator, done)

@@ -250,10 +250,10 @@ def _alloc(
     memory_type: int,
     memory_type_id: int,
     userp: Optional[int],
-    buffer: Any,
-    buffer_userp: Any,
-    actual_type: Any,
-    actual_id: Any,
+    buffer: ctypes._Pointer[ctypes.c_void_p],  # the out-parameters of _lib.ALLOC_FN
+    buffer_userp: ctypes._Pointer[ctypes.c_void_p],
+    actual_type: ctypes._Pointer[ctypes.c_int32],
+    actual_id: ctypes._Pointer[ctypes.c_int64],
 ) -> Optional[int]:
     _lib.keep_thread_state()
     try:

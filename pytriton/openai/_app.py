@@ -93,7 +93,7 @@ class AppState:
         return release
 
 
-def _json(body: Mapping[str, Any], status_code: int = 200) -> Response:
+def _json(body: Mapping[str, object], status_code: int = 200) -> Response:
     """A JSON response, encoded as Starlette's ``JSONResponse`` does but with one shared encoder."""
     return Response(dumps(body), status_code, media_type="application/json")
 

@@ -29,7 +29,7 @@ Unit test: tests/unit/test_openai_app.py (error mapping), tests/e2e/test_openai.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Dict, Optional, Protocol, Set, Tuple
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Optional, Protocol, Set, Tuple
 
 import numpy as np
 
@@ -37,6 +37,11 @@ from pytriton.client._decoupled import GRACEFUL_CLOSE_TIMEOUT_S
 from pytriton.openai._errors import QUEUE_FULL_TEXT, OpenAIError, invalid_request, model_failed, overloaded, unavailable
 from pytriton.openai._http import TritonHttp, TritonHttpError
 from pytriton.openai._requests import ModelCall
+
+if TYPE_CHECKING:
+    from pytriton.inprocess import Server
+    from pytriton.inprocess._request import AsyncResponseIterator, InferenceResponse
+    from pytriton.inprocess._server import Model
 
 Outputs = Dict[str, np.ndarray]  # type: ignore[type-arg]
 
@@ -113,8 +118,8 @@ class GrpcBackend:
         message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
         return error_from_status(status.replace("StatusCode.", ""), str(message))
 
-    def _inputs(self, call: ModelCall, batching: bool) -> Any:
-        inputs = []
+    def _inputs(self, call: ModelCall, batching: bool) -> List[object]:
+        inputs: List[object] = []
         for name, value in _batched(call, batching).items():
             datatype = "BYTES" if value.dtype == np.object_ else self._grpc.np_to_triton_dtype(value.dtype)
             tensor = self._grpc.InferInput(name, list(value.shape), datatype)
@@ -158,12 +163,12 @@ class GrpcBackend:
         return {output.name: result.as_numpy(output.name) for output in result.get_response().outputs}
 
     def stream(self, model: str, version: Optional[int], call: ModelCall, batching: bool) -> ModelStream:
-        request = {
+        request: Dict[str, object] = {
             "model_name": model, "model_version": str(version or ""), "inputs": self._inputs(call, batching),
             "parameters": call.parameters or None,
         }  # fmt: skip
 
-        async def one_request() -> AsyncIterator[Dict[str, Any]]:
+        async def one_request() -> AsyncIterator[Dict[str, object]]:
             yield request  # then the iterator ends: a half-close, so Triton ends the stream after the final response
 
         return _GrpcStream(self, self._client.stream_infer(one_request(), headers=self._headers), batching)
@@ -184,7 +189,7 @@ class _GrpcStream:
     """
 
     # Background drains in progress: the event loop keeps only weak references to tasks.
-    _draining: Set[Any] = set()
+    _draining: Set[asyncio.Future[None]] = set()
 
     def __init__(self, backend: GrpcBackend, responses: Any, batching: bool) -> None:
         self._backend = backend
@@ -236,7 +241,7 @@ _INPROCESS_STATUS = {
 class InProcessBackend:
     """The in-process API of an embedded ``Triton`` (``pytriton.inprocess.Server``): no network at all."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Server) -> None:
         from pytriton import inprocess
 
         self._inprocess = inprocess
@@ -245,13 +250,13 @@ class InProcessBackend:
     def _error(self, exc: Exception) -> OpenAIError:
         return error_from_status(_INPROCESS_STATUS.get(type(exc).__name__, "INTERNAL"), str(exc))
 
-    def _tensors(self, call: ModelCall, batching: bool) -> Dict[str, Any]:
-        tensors: Dict[str, Any] = {}
+    def _tensors(self, call: ModelCall, batching: bool) -> Dict[str, object]:
+        tensors: Dict[str, object] = {}
         for name, value in _batched(call, batching).items():
             tensors[name] = self._inprocess.Tensor.from_bytes_array(value) if value.dtype == np.object_ else value
         return tensors
 
-    def _outputs(self, response: Any) -> Outputs:
+    def _outputs(self, response: InferenceResponse) -> Outputs:
         outputs: Outputs = {}
         for name, tensor in response.outputs.items():
             if tensor.data_type == self._inprocess.DataType.BYTES:
@@ -260,7 +265,7 @@ class InProcessBackend:
                 outputs[name] = np.array(np.from_dlpack(tensor))  # a copy: the response's memory is Triton's
         return outputs
 
-    def _model(self, model: str, version: Optional[int]) -> Any:
+    def _model(self, model: str, version: Optional[int]) -> Model:
         return self._server.model(model, version if version is not None else -1)
 
     async def config(self, model: str, version: Optional[int]) -> Dict[str, Any]:
@@ -293,7 +298,7 @@ class _InProcessStream:
     def __init__(self, backend: InProcessBackend, model: str, version: Optional[int], call: ModelCall, batching: bool):
         self._backend = backend
         self._args = (model, version, call, batching)
-        self._responses: Any = None
+        self._responses: Optional[AsyncResponseIterator] = None
         self._cancelled = False
 
     async def __aiter__(self) -> AsyncIterator[Outputs]:

@@ -35,7 +35,7 @@ import signal
 import socket
 import threading
 import urllib.parse
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, Optional, Sequence, Tuple, Union
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonInvalidOperationError
 from pytriton.openai._app import AppState, create_app
@@ -50,13 +50,16 @@ from pytriton.openai._models import (
 )
 from pytriton.openai._transport import coalescing_protocol
 
+if TYPE_CHECKING:
+    import uvicorn
+
 LOGGER = logging.getLogger("pytriton.openai")
 
 API_KEY_ENV = "PYTRITON_OPENAI_API_KEY"
 START_TIMEOUT_S = 60.0
 
 
-def _run_loop(main: Any) -> None:
+def _run_loop(main: Coroutine[object, None, None]) -> None:
     """Run ``main`` on a new event loop: uvloop's when installed (the ``openai`` extra has it), else asyncio's.
 
     Why uvloop: with one request in flight the frontend's latency is mostly event loop overhead,
@@ -151,7 +154,7 @@ class OpenAIFrontend:
         self._max_in_flight = max_in_flight
         self._access_token = access_token
         self._thread: Optional[threading.Thread] = None
-        self._server: Any = None
+        self._server: Optional[uvicorn.Server] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._socket: Optional[socket.socket] = None
         self._bound_port = 0
@@ -160,7 +163,7 @@ class OpenAIFrontend:
         self.start()
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self.stop()
 
     @property
@@ -174,7 +177,7 @@ class OpenAIFrontend:
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{self.port}/v1"
 
-    def _backend_factory(self) -> Any:
+    def _backend_factory(self) -> Callable[[], Backend]:
         """A function creating the backend on the frontend's loop (gRPC channels belong to one loop)."""
         triton = self._triton
         if isinstance(triton, str):
@@ -227,7 +230,9 @@ class OpenAIFrontend:
             raise PyTritonInvalidOperationError(f"The OpenAI frontend did not start: {error!r}")
         LOGGER.info("OpenAI frontend serving %s on %s", [spec.name for spec in self._models], self.url)
 
-    def _run(self, make_backend: Any, started: threading.Event, failure: Dict[str, BaseException]) -> None:
+    def _run(
+        self, make_backend: Callable[[], Backend], started: threading.Event, failure: Dict[str, BaseException]
+    ) -> None:
         try:
             _run_loop(self._main(make_backend, started, failure))
         except BaseException as exc:  # noqa: BLE001 - reported to start() or logged; the thread must end cleanly
@@ -237,7 +242,9 @@ class OpenAIFrontend:
             else:
                 LOGGER.error("OpenAI frontend stopped: %r", exc)
 
-    async def _resolve(self, backend: Backend) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    async def _resolve(
+        self, backend: Backend
+    ) -> Tuple[Dict[str, Tuple[ChatModel, ModelInfo, ModelInfo]], Dict[str, Tuple[EmbeddingModel, ModelInfo]]]:
         chat: Dict[str, Tuple[ChatModel, ModelInfo, ModelInfo]] = {}
         embeddings: Dict[str, Tuple[EmbeddingModel, ModelInfo]] = {}
         for spec in self._models:
@@ -254,7 +261,9 @@ class OpenAIFrontend:
                 embeddings[spec.name] = (spec, info)
         return chat, embeddings
 
-    async def _main(self, make_backend: Any, started: threading.Event, failure: Dict[str, BaseException]) -> None:
+    async def _main(
+        self, make_backend: Callable[[], Backend], started: threading.Event, failure: Dict[str, BaseException]
+    ) -> None:
         import uvicorn
 
         backend = make_backend()

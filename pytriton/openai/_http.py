@@ -26,7 +26,7 @@ import asyncio
 import json
 import struct
 import urllib.parse
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -99,9 +99,9 @@ def _deserialize_bytes(raw: bytes) -> np.ndarray:  # type: ignore[type-arg]
     return array
 
 
-def encode_request(inputs: Dict[str, np.ndarray], parameters: Optional[Dict[str, Any]]) -> Tuple[bytes, int]:  # type: ignore[type-arg]
+def encode_request(inputs: Dict[str, np.ndarray], parameters: Optional[Mapping[str, object]]) -> Tuple[bytes, int]:  # type: ignore[type-arg]
     """The body of an inference request and the length of its JSON header (binary tensor extension)."""
-    tensors: List[Dict[str, Any]] = []
+    tensors: List[Dict[str, object]] = []
     chunks: List[bytes] = []
     for name, value in inputs.items():
         datatype = _triton_dtype(value)
@@ -172,7 +172,7 @@ class TritonHttp:
         model: str,
         version: Optional[int],
         inputs: Dict[str, npt.NDArray[np.generic]],
-        parameters: Optional[Dict[str, Any]],
+        parameters: Optional[Mapping[str, object]],
     ) -> Outputs:
         """One inference request; raises :class:`TritonHttpError` for Triton's errors, ``OSError`` when unreachable."""
         body, header_length = encode_request(inputs, parameters)

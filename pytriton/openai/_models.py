@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -33,6 +33,7 @@ SAMPLING_FIELDS: Tuple[str, ...] = (
     "frequency_penalty",
 )
 
+Parameter = Union[str, int, float, bool]  # a Triton request parameter's value
 ChatTemplate = Callable[[List[Dict[str, Any]]], str]
 
 
@@ -213,7 +214,7 @@ def check_embedding_model(spec: EmbeddingModel, info: ModelInfo) -> None:
         raise PyTritonBadParameterError(f"{where}: an embedding model must not be decoupled.")
 
 
-def as_parameter(value: Any) -> Any:
+def as_parameter(value: object) -> Parameter:
     """A request field as a Triton request parameter (str, int, float or bool); lists and objects as JSON."""
     if isinstance(value, (str, bool, int, float)):
         return value

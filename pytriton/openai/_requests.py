@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from pytriton.openai._models import (
     ChatModel,
     EmbeddingModel,
     ModelInfo,
+    Parameter,
     as_parameter,
     plain_chat_template,
 )
@@ -35,7 +36,7 @@ class ModelCall:
     """One request to a bound model: inputs of one sample (no batch axis) and request parameters."""
 
     inputs: Dict[str, np.ndarray]  # type: ignore[type-arg]
-    parameters: Dict[str, Any]
+    parameters: Dict[str, Parameter]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,7 @@ class TextRequest:
     stream: bool
     include_usage: bool
     n: int
-    options: Dict[str, Any]  # the SAMPLING_FIELDS the request set, normalised
+    options: Dict[str, object]  # the SAMPLING_FIELDS the request set, normalised
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,7 @@ class EmbeddingRequest:
     encoding_format: str
 
 
-def parse_json(raw: bytes) -> Dict[str, Any]:
+def parse_json(raw: bytes) -> Dict[str, object]:
     """The body as a JSON object, else 400."""
     try:
         body = json.loads(raw)
@@ -71,14 +72,14 @@ def parse_json(raw: bytes) -> Dict[str, Any]:
     return body
 
 
-def _model_name(body: Mapping[str, Any]) -> str:
+def _model_name(body: Mapping[str, object]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid_request("'model' is required and must be a non-empty string.", "model")
     return model
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> Optional[float]:
+def _number(body: Mapping[str, object], name: str, low: float, high: float) -> Optional[float]:
     value = body.get(name)
     if value is None:
         return None
@@ -87,7 +88,7 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> Opti
     return float(value)
 
 
-def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> Optional[int]:
+def _integer(body: Mapping[str, object], name: str, low: int, high: int) -> Optional[int]:
     value = body.get(name)
     if value is None:
         return None
@@ -96,7 +97,7 @@ def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> Optiona
     return int(value)
 
 
-def _flag(body: Mapping[str, Any], name: str) -> bool:
+def _flag(body: Mapping[str, object], name: str) -> bool:
     value = body.get(name, False)
     if value is None:
         return False
@@ -105,15 +106,15 @@ def _flag(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
-def _refuse(body: Mapping[str, Any], *names: str) -> None:
+def _refuse(body: Mapping[str, object], *names: str) -> None:
     for name in names:
         if body.get(name) not in (None, False, 0):
             raise invalid_request(f"'{name}' is not supported by this server.", name, "unsupported_parameter")
 
 
-def _options(body: Mapping[str, Any], chat: bool) -> Dict[str, Any]:
+def _options(body: Mapping[str, object], chat: bool) -> Dict[str, object]:
     """The sampling fields the request set, checked and normalised (``max_completion_tokens`` -> ``max_tokens``)."""
-    options: Dict[str, Any] = {}
+    options: Dict[str, object] = {}
     max_tokens = _integer(body, "max_tokens", 1, 2**31 - 1)
     if chat and max_tokens is None:
         max_tokens = _integer(body, "max_completion_tokens", 1, 2**31 - 1)
@@ -146,9 +147,9 @@ def _options(body: Mapping[str, Any], chat: bool) -> Dict[str, Any]:
     return options
 
 
-def _tools(body: Mapping[str, Any]) -> Dict[str, Any]:
+def _tools(body: Mapping[str, object]) -> Dict[str, object]:
     """``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked as OpenAI checks them."""
-    options: Dict[str, Any] = {}
+    options: Dict[str, object] = {}
     tools = body.get("tools")
     names = set()
     if tools is not None:
@@ -195,7 +196,7 @@ def _tools(body: Mapping[str, Any]) -> Dict[str, Any]:
     return options
 
 
-def _stream_fields(body: Mapping[str, Any]) -> Tuple[bool, bool]:
+def _stream_fields(body: Mapping[str, object]) -> Tuple[bool, bool]:
     stream = _flag(body, "stream")
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
@@ -204,7 +205,7 @@ def _stream_fields(body: Mapping[str, Any]) -> Tuple[bool, bool]:
     return stream, include_usage
 
 
-def _messages(body: Mapping[str, Any]) -> List[Dict[str, Any]]:
+def _messages(body: Mapping[str, object]) -> List[Dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid_request("'messages' is required and must be a non-empty list.", "messages")
@@ -222,7 +223,7 @@ def _messages(body: Mapping[str, Any]) -> List[Dict[str, Any]]:
     return messages
 
 
-def _texts(body: Mapping[str, Any], name: str) -> List[str]:
+def _texts(body: Mapping[str, object], name: str) -> List[str]:
     """Field ``name`` as a list of texts: a string, or a non-empty list of strings (token ids are refused)."""
     value = body.get(name)
     texts = [value] if isinstance(value, str) else value
@@ -231,7 +232,7 @@ def _texts(body: Mapping[str, Any], name: str) -> List[str]:
     return texts
 
 
-def parse_chat(body: Mapping[str, Any]) -> TextRequest:
+def parse_chat(body: Mapping[str, object]) -> TextRequest:
     """A ``/v1/chat/completions`` body, validated."""
     model = _model_name(body)
     messages = _messages(body)
@@ -241,7 +242,7 @@ def parse_chat(body: Mapping[str, Any]) -> TextRequest:
     return TextRequest(model, [messages], True, stream, include_usage, n, _options(body, chat=True))
 
 
-def parse_completion(body: Mapping[str, Any]) -> TextRequest:
+def parse_completion(body: Mapping[str, object]) -> TextRequest:
     """A ``/v1/completions`` body, validated (a text prompt or a list of them; token ids are refused)."""
     model = _model_name(body)
     prompts = _texts(body, "prompt")
@@ -254,13 +255,13 @@ def parse_completion(body: Mapping[str, Any]) -> TextRequest:
     return TextRequest(model, prompts, False, stream, include_usage, n, _options(body, chat=False))
 
 
-def parse_embeddings(body: Mapping[str, Any]) -> EmbeddingRequest:
+def parse_embeddings(body: Mapping[str, object]) -> EmbeddingRequest:
     """A ``/v1/embeddings`` body, validated (texts only; token ids and ``dimensions`` are refused)."""
     model = _model_name(body)
     texts = _texts(body, "input")
     if len(texts) > 2048:
         raise invalid_request("'input' may hold at most 2048 texts.", "input")
-    encoding_format = body.get("encoding_format") or "float"
+    encoding_format = cast(str, body.get("encoding_format") or "float")  # one of the two strings: checked next
     if encoding_format not in ("float", "base64"):
         raise invalid_request("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
     _refuse(body, "dimensions")
@@ -271,7 +272,7 @@ def _text(value: str) -> np.ndarray:  # type: ignore[type-arg]
     return np.array([value.encode("utf-8")], dtype=np.object_)
 
 
-def _input_value(value: Any, dtype: np.dtype, field: str) -> np.ndarray:  # type: ignore[type-arg]
+def _input_value(value: object, dtype: np.dtype, field: str) -> np.ndarray:  # type: ignore[type-arg]
     if dtype == np.object_:
         return _text(value if isinstance(value, str) else json.dumps(value))
     try:
@@ -293,7 +294,7 @@ def text_call(spec: ChatModel, info: ModelInfo, request: TextRequest, prompt: An
         inputs[spec.prompt_input] = _text(prompt)
     else:
         inputs[spec.messages_input] = _text(json.dumps([{"role": "user", "content": prompt}]))
-    parameters: Dict[str, Any] = {}
+    parameters: Dict[str, Parameter] = {}
     for field in SAMPLING_FIELDS:
         if field not in request.options:
             continue

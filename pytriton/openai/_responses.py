@@ -17,7 +17,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, TypedDict, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -27,18 +27,37 @@ from pytriton.openai._models import ChatModel
 
 DONE_EVENT = b"data: [DONE]\n\n"
 
+JsonObject = Dict[str, object]  # a body, a chunk or a part of one, as json encodes it
+
+
+class FunctionCall(TypedDict, total=False):
+    """The ``function`` of a tool call: its name and its arguments (a JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(TypedDict, total=False):
+    """A tool call item: as the model's output holds it (``function`` and an optional ``index``) and as
+    an answer's message lists it (``id``, ``type`` and ``function``)."""
+
+    index: int
+    id: str
+    type: str
+    function: FunctionCall
+
 
 # One encoder for every body and event (json.dumps with options builds a new encoder on each call).
 # Compact, UTF-8 as is, and no NaN (not JSON; a client's parser would fail on it).
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def dumps(payload: Mapping[str, Any]) -> bytes:
+def dumps(payload: Mapping[str, object]) -> bytes:
     """``payload`` as compact UTF-8 JSON (the bodies of the answers)."""
     return _ENCODER.encode(payload).encode("utf-8")
 
 
-def event(payload: Mapping[str, Any]) -> bytes:
+def event(payload: Mapping[str, object]) -> bytes:
     """One server-sent event carrying ``payload`` as compact JSON."""
     return b"data: " + _ENCODER.encode(payload).encode("utf-8") + b"\n\n"
 
@@ -56,7 +75,7 @@ class Piece:
     finish_reason: Optional[str] = None
     prompt_tokens: Optional[int] = None
     completion_tokens: Optional[int] = None
-    tool_calls: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    tool_calls: List[ToolCall] = dataclasses.field(default_factory=list)
 
 
 def _scalar(outputs: Mapping[str, np.ndarray], name: str) -> Any:  # type: ignore[type-arg]
@@ -66,7 +85,7 @@ def _scalar(outputs: Mapping[str, np.ndarray], name: str) -> Any:  # type: ignor
     return value.reshape(-1)[0]
 
 
-def _as_text(value: Any, name: str) -> str:
+def _as_text(value: object, name: str) -> str:
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
@@ -75,7 +94,7 @@ def _as_text(value: Any, name: str) -> str:
     return str(value)
 
 
-def _tool_calls(value: str, name: str) -> List[Dict[str, Any]]:
+def _tool_calls(value: str, name: str) -> List[ToolCall]:
     """The tool call items in the text of output ``name`` (see ``ChatModel``), checked; 500 if malformed."""
     if not value.strip():
         return []
@@ -127,9 +146,9 @@ class Answer:
     finish_reason: Optional[str] = None
     prompt_tokens: Optional[int] = None
     completion_tokens: Optional[int] = None
-    tool_calls: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    tool_calls: List[ToolCall] = dataclasses.field(default_factory=list)
 
-    def add(self, piece: Piece) -> List[Dict[str, Any]]:
+    def add(self, piece: Piece) -> List[JsonObject]:
         """Take in ``piece``; returns its tool calls as the deltas of a stream chunk (OpenAI's format)."""
         self.text += piece.text
         self.finish_reason = piece.finish_reason or self.finish_reason
@@ -139,23 +158,24 @@ class Answer:
             self.completion_tokens = piece.completion_tokens
         return [self._add_call(item) for item in piece.tool_calls]
 
-    def _add_call(self, item: Dict[str, Any]) -> Dict[str, Any]:
+    def _add_call(self, item: ToolCall) -> JsonObject:
         function = item["function"]
         index = item.get("index")
         if index is not None and index < len(self.tool_calls):  # continues an earlier call
             known = self.tool_calls[index]["function"]
             known["name"] += function.get("name", "")
             known["arguments"] += function.get("arguments", "")
+            fields = cast("Mapping[str, str]", function)  # mypy 1.19 (3.9) keys a TypedDict by literals only
             return {
                 "index": index,
-                "function": {key: function[key] for key in ("name", "arguments") if key in function},
+                "function": {key: fields[key] for key in ("name", "arguments") if key in fields},
             }
         if index is not None and index != len(self.tool_calls):
             raise model_failed(
                 f"The model sent tool call index {index} after {len(self.tool_calls)} calls; "
                 "a new call takes the next index (or none)."
             )
-        call: Dict[str, Any] = {
+        call: ToolCall = {
             "id": str(item.get("id") or new_id("call")),
             "type": str(item.get("type") or "function"),
             "function": {"name": function.get("name", ""), "arguments": function.get("arguments", "")},
@@ -170,7 +190,7 @@ class Answer:
             return self.finish_reason
         return "tool_calls" if chat and self.tool_calls else "stop"
 
-    def message(self) -> Dict[str, Any]:
+    def message(self) -> JsonObject:
         """The chat message of this answer (content ``null`` for tool calls without text, as OpenAI sends)."""
         if not self.tool_calls:
             return {"role": "assistant", "content": self.text}
@@ -195,9 +215,9 @@ def total_usage(answers: Sequence[Answer], choices_per_prompt: int) -> Optional[
 
 def text_response(
     chat: bool, model: str, answers: Sequence[Answer], choices_per_prompt: int
-) -> Dict[str, Any]:  # fmt: skip
+) -> JsonObject:  # fmt: skip
     """The body of a non-streaming chat completion or text completion."""
-    choices: List[Dict[str, Any]] = []
+    choices: List[JsonObject] = []
     for index, answer in enumerate(answers):
         reason = answer.reason(chat)
         if chat:
@@ -234,8 +254,8 @@ class ChunkWriter:
             "model": model,
         }
 
-    def _chunk(self, index: int, delta: Dict[str, Any], text: str, reason: Optional[str], **extra: Any) -> bytes:
-        choice: Dict[str, Any]
+    def _chunk(self, index: int, delta: JsonObject, text: str, reason: Optional[str], **extra: object) -> bytes:
+        choice: JsonObject
         if self._chat:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
@@ -250,9 +270,9 @@ class ChunkWriter:
             self._chunk(index, {"role": "assistant", "content": ""}, "", None) for index in range(self._choices)
         )
 
-    def piece(self, index: int, text: str, tool_calls: Sequence[Dict[str, Any]] = ()) -> bytes:
+    def piece(self, index: int, text: str, tool_calls: Sequence[JsonObject] = ()) -> bytes:
         """A chunk with choice ``index``'s next text and tool call deltas (chat only); empty bytes if none."""
-        delta: Dict[str, Any] = {"content": text} if text else {}
+        delta: JsonObject = {"content": text} if text else {}
         if tool_calls and self._chat:
             delta["tool_calls"] = list(tool_calls)
         if not delta:
@@ -278,22 +298,24 @@ def embedding_response(
     vectors: Sequence[npt.NDArray[np.generic]],
     encoding_format: str,
     tokens: Optional[int],
-) -> Dict[str, Any]:
+) -> JsonObject:
     """The body of an embeddings answer; ``base64`` is the float32 little-endian bytes, as OpenAI sends."""
     data = []
     for index, vector in enumerate(vectors):
         flat = np.asarray(vector, dtype="<f4").reshape(-1)
-        value: Any = base64.b64encode(flat.tobytes()).decode("ascii") if encoding_format == "base64" else flat.tolist()
+        value: Union[str, List[float]] = (
+            base64.b64encode(flat.tobytes()).decode("ascii") if encoding_format == "base64" else flat.tolist()
+        )
         data.append({"object": "embedding", "index": index, "embedding": value})
     count = tokens or 0
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}
 
 
-def model_list(names: Sequence[str], created: int) -> Dict[str, Any]:
+def model_list(names: Sequence[str], created: int) -> JsonObject:
     """The body of ``GET /v1/models``."""
     return {"object": "list", "data": [model_entry(name, created) for name in names]}
 
 
-def model_entry(name: str, created: int) -> Dict[str, Any]:
+def model_entry(name: str, created: int) -> JsonObject:
     """One model as ``GET /v1/models/{name}`` describes it."""
     return {"id": name, "object": "model", "created": created, "owned_by": "pytriton"}

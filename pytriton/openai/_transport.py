@@ -18,7 +18,7 @@ Unit test: tests/unit/test_openai_frontend.py.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, cast
+from typing import Any, Iterable, Optional, cast
 
 
 class CoalescingTransport:
@@ -46,7 +46,7 @@ class CoalescingTransport:
         joined, self._pending = self._pending + bytes(data), None
         self._send(joined)
 
-    def writelines(self, lines: Any) -> None:
+    def writelines(self, lines: Iterable[bytes]) -> None:
         for line in lines:
             self.write(line)
 

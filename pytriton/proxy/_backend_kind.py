@@ -40,9 +40,22 @@ import pickle
 import site
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    Callable,
+    Dict,
+    Generator,
+    List,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
@@ -53,6 +66,12 @@ from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy._worker import InstanceWorker, error_text
 from pytriton.proxy.stubside._backend_page import Page
 from pytriton.proxy.types import Request
+
+if TYPE_CHECKING:
+    import socket
+
+    from pytriton.proxy.stubside._messages import SequenceFields
+    from pytriton.proxy.stubside._pb_types import PbRequest
 
 LOGGER = logging.getLogger(__name__)
 
@@ -99,7 +118,7 @@ def pack(callables: Sequence[bytes], config: TritonModelConfig, strict: bool) ->
 class _PayloadPickler(pickle.Pickler):
     """Numpy scalar types (the config's dtypes) by dtype code: the stub may run another numpy major version."""
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> Any:  # pickle's reduce value, or NotImplemented
         return _process.reduce_numpy_type(obj)
 
 
@@ -122,7 +141,7 @@ class BackendInstance(InstanceWorker):
         self._watcher: Optional[threading.Thread] = None
         super().__init__(infer_func=not_here, **kwargs)
 
-    def start(self, listener: Optional[Any] = None) -> None:
+    def start(self, listener: Optional[socket.socket] = None) -> None:
         """Serve the stub's connection, and (slot 0 only: the page is the model's) watch for an unrecoverable error."""
         super().start(listener)
         if self._slot == 0 and self._watcher is None:
@@ -166,7 +185,7 @@ class BackendInstance(InstanceWorker):
             self._page.refuse(value.remaining())
 
 
-def not_here(requests: List[Request]) -> List[Dict[str, Any]]:
+def not_here(requests: List[Request]) -> List[Dict[str, npt.NDArray[np.generic]]]:
     """The user-process worker's callable of a backend instance: batches run in the stub, never here."""
     raise PyTritonRuntimeError("pytriton: this model's instances run in the server's stub (instance_kind='backend')")
 
@@ -205,7 +224,7 @@ def prepare_imports(preparation: Dict[str, Any]) -> None:
 class _CancelProbe:
     """``Request.is_cancelled`` for a batch in the stub: asks Triton's request object (``is_cancelled()``) directly."""
 
-    def __init__(self, triton_requests: Sequence[Any]):
+    def __init__(self, triton_requests: Sequence[PbRequest]):
         self._requests = triton_requests
         self._known = [False] * len(triton_requests)
 
@@ -228,7 +247,7 @@ class InlineRunner:
     ``async`` callable used. Single-threaded: the stub calls ``execute`` on one thread.
     """
 
-    def __init__(self, func: Any, config: TritonModelConfig, strict: bool):
+    def __init__(self, func: Callable[[List[Request]], object], config: TritonModelConfig, strict: bool):
         self.func = func
         self.config = config
         self.decoupled = bool(config.decoupled)
@@ -252,10 +271,10 @@ class InlineRunner:
 
     @staticmethod
     def request(
-        data: Dict[str, Any],
-        parameters: Optional[Dict[str, Any]],
+        data: Dict[str, npt.NDArray[np.generic]],
+        parameters: Optional[Dict[str, object]],
         requested: Optional[List[str]],
-        sequence: Optional[Tuple[Any, bool, bool]] = None,
+        sequence: Optional[SequenceFields] = None,
         timeout_s: float = 0.0,
     ) -> Request:
         """One ``Request`` as the callable of any kind sees it."""
@@ -273,14 +292,14 @@ class InlineRunner:
         )
 
     @staticmethod
-    def attach_cancellation(requests: List[Request], triton_requests: Sequence[Any]) -> None:
+    def attach_cancellation(requests: List[Request], triton_requests: Sequence[PbRequest]) -> None:
         """Make ``Request.is_cancelled()`` of ``requests[i]`` ask Triton's ``triton_requests[i]``."""
         probe = _CancelProbe(triton_requests)
         for index, request in enumerate(requests):
             request._probe = probe
             request._index = index
 
-    def call(self, requests: List[Request]) -> Any:
+    def call(self, requests: List[Request]) -> object:
         """The callable's result: a list, or for a decoupled model possibly a (sync) iterator of results.
 
         A coroutine is run to its end on this runner's event loop; an async generator is turned
@@ -304,7 +323,7 @@ class InlineRunner:
             )
         return result
 
-    def _sync_stream(self, stream: Any) -> Any:
+    def _sync_stream(self, stream: AsyncGenerator[object, NoReturn]) -> Generator[object, None, None]:
         loop = self._event_loop()
         try:
             while True:
@@ -316,10 +335,10 @@ class InlineRunner:
             loop.run_until_complete(stream.aclose())
 
     @staticmethod
-    def is_stream(result: Any) -> bool:
+    def is_stream(result: object) -> bool:
         return inspect.isgenerator(result)
 
-    def close_stream(self, stream: Any) -> None:
+    def close_stream(self, stream: Generator[object, NoReturn, object]) -> None:
         """Close a generator now, so its ``finally`` blocks run; errors are logged."""
         try:
             stream.close()
@@ -327,8 +346,8 @@ class InlineRunner:
             LOGGER.exception("Model %s: closing the generator failed", self.config.model_name)
 
     def outputs(
-        self, result: Any, n_requests: int, requested: Optional[Sequence[Optional[List[str]]]] = None
-    ) -> List[List[Tuple[str, Any]]]:
+        self, result: object, n_requests: int, requested: Optional[Sequence[Optional[List[str]]]] = None
+    ) -> List[List[Tuple[str, npt.NDArray[np.generic]]]]:
         """Checked outputs per request (``OutputChecker``): ``[(name, array), ...]``."""
         return self._checker.check(result, n_requests, requested)
 
@@ -353,6 +372,6 @@ class InlineRunner:
             self._loop.close()
 
 
-def is_text(array: Any) -> bool:
+def is_text(array: object) -> bool:
     """True for an output that Triton carries as BYTES (bytes, str or object arrays)."""
     return isinstance(array, np.ndarray) and array.dtype.kind in "OSU"

@@ -23,6 +23,7 @@ from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
 from pytriton.proxy import _backend_kind, _process, _stub_model, stubside
+from pytriton.proxy._admission import Admission
 from pytriton.proxy._worker import InstanceWorker
 from pytriton.proxy.stubside import _backend_page, _segments, _stub_exit, _wire, _zmq_channel
 
@@ -414,7 +415,7 @@ class BoundModel:
         batcher = self.config.batcher
         return batcher.max_queue_delay_microseconds / 1e6 if batcher is not None else 0.0
 
-    def refuse_new(self, admission: object) -> None:
+    def refuse_new(self, admission: Admission) -> None:
         """Draining: a batch reaching an instance from now on runs only if ``admission`` admits it.
 
         ``admission`` (``pytriton.proxy._admission.Admission``, shared by the instances) admits the

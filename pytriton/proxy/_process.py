@@ -56,7 +56,7 @@ import subprocess
 import sys
 import threading
 import types
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 import wrapt
@@ -68,6 +68,9 @@ from pytriton.proxy import _control, _stub_watch
 from pytriton.proxy._context import TritonContext
 from pytriton.proxy._worker import _process_running
 from pytriton.proxy.stubside import _arena
+
+if TYPE_CHECKING:
+    from pytriton.proxy._admission import Admission
 
 LOGGER = logging.getLogger(__name__)
 
@@ -116,7 +119,7 @@ def _numpy_type(code: str) -> type:
     return np.dtype(code).type
 
 
-def reduce_numpy_type(obj: Any) -> Any:
+def reduce_numpy_type(obj: object) -> object:
     """A numpy scalar type (``np.float32``, ``np.bool``) by its dtype code, else ``NotImplemented``.
 
     By name it would not travel between numpy versions: numpy 2 calls ``np.bool_`` ``numpy.bool``,
@@ -223,16 +226,17 @@ def dump_callable(func: object, model: str, slot: int, kind: str = "process") ->
     return buffer.getvalue()
 
 
-def load_callable(data: bytes, context: TritonContext) -> Any:
+def load_callable(data: bytes, context: TritonContext) -> Callable[..., object]:
     """Unpickle a callable from :func:`dump_callable`, with ``context`` in place of the parent's TritonContext."""
 
     class _Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid: object) -> Any:
+        def persistent_load(self, pid: object) -> TritonContext:
             if pid != _CONTEXT_ID:
                 raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
             return context
 
-    return _Unpickler(io.BytesIO(data)).load()
+    func: Callable[..., object] = _Unpickler(io.BytesIO(data)).load()
+    return func
 
 
 def preparation_data() -> Dict[str, Any]:
@@ -401,15 +405,15 @@ class ProcessInstance:
         self._replies: Dict[int, concurrent.futures.Future[Optional[_control.ReplyValue]]] = {}
         self._ids = itertools.count(1)
         self.restarts = 0  # worker processes started after the first one
-        self._admission: object = None
+        self._admission: Optional[Admission] = None
 
     @property
-    def admission(self) -> Any:
+    def admission(self) -> Optional[Admission]:
         """The drain's admission (``pytriton.proxy._admission.Admission``), once ``Triton.stop`` drains."""
         return self._admission
 
     @admission.setter
-    def admission(self, admission: Any) -> None:
+    def admission(self, admission: Admission) -> None:
         """Draining: the worker process admits at most the model's budget left now, then refuses.
 
         The budget cannot be shared with the other instances' processes, so each gets all of it:

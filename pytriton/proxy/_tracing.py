@@ -35,7 +35,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+)
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonServerError
 from pytriton.proxy.stubside._messages import Error, FinalReply, TraceFields
@@ -46,6 +59,21 @@ REQUEST_SPAN = "proxy_inference_callable"
 BATCH_SPAN = "batch"
 TRACER_NAME = "pytriton"
 _MISSING = "opentelemetry is not installed"
+
+if TYPE_CHECKING:
+    from pytriton.proxy.types import Request
+
+
+class Span(Protocol):
+    """What this module calls on an OpenTelemetry span (``opentelemetry.trace.Span``; an optional extra)."""
+
+    def add_event(self, name: str, timestamp: int) -> None: ...
+
+    def record_exception(self, exception: BaseException) -> None: ...
+
+    def set_status(self, status: object) -> None: ...
+
+    def end(self) -> None: ...
 
 
 class State:
@@ -147,8 +175,8 @@ def _ensure_export(trace_api: Any) -> None:
 
 
 def start_spans(
-    trace: TraceFields, requests: Sequence[Any], model_name: str, model_version: int
-) -> Optional[List[Optional[Any]]]:
+    trace: TraceFields, requests: Sequence[Request], model_name: str, model_version: int
+) -> Optional[List[Optional[Span]]]:
     """Open the span of every traced request and set it as ``request.span``.
 
     ``trace`` is the INFER message's ``trace`` field. Returns the spans, one per request (None for
@@ -169,7 +197,7 @@ def start_spans(
     _ensure_export(trace_api)
     started_ns, contexts = trace
     decoded_ns = time.time_ns()
-    spans: List[Optional[object]] = []
+    spans: List[Optional[Span]] = []
     attributes = {
         "pytriton.model_name": model_name,
         "pytriton.model_version": model_version,
@@ -193,7 +221,7 @@ def start_spans(
     return spans
 
 
-def end_spans(spans: Optional[List[Optional[Any]]], reply: Optional[FinalReply]) -> None:
+def end_spans(spans: Optional[Sequence[Optional[Span]]], reply: Optional[FinalReply]) -> None:
     """End the spans of :func:`start_spans` once the batch's final reply is built (ERROR: failed)."""
     if not spans:
         return
@@ -213,7 +241,7 @@ def end_spans(spans: Optional[List[Optional[Any]]], reply: Optional[FinalReply])
 
 
 # -- @batch ---------------------------------------------------------------------------------------
-def open_batch_spans(requests: Sequence[object]) -> Optional[List[Any]]:
+def open_batch_spans(requests: Sequence[object]) -> Optional[List[Span]]:
     """A ``batch`` child span for every traced request (None if there is none, the common case)."""
     if not State.seen:
         return None
@@ -228,7 +256,7 @@ def open_batch_spans(requests: Sequence[object]) -> Optional[List[Any]]:
     ]
 
 
-def _end_all(spans: List[Any], exc: Optional[BaseException]) -> None:
+def _end_all(spans: Sequence[Span], exc: Optional[BaseException]) -> None:
     for span in spans:
         if exc is not None:
             span.record_exception(exc)
@@ -242,7 +270,7 @@ class _EndingSpans:
     """Ends ``spans`` when a streaming callable's generator finishes: as errors if it raised, plainly
     when it returned or was closed early (``GeneratorExit``: the stream was cancelled, not failed)."""
 
-    def __init__(self, spans: List[object]):
+    def __init__(self, spans: Sequence[Span]):
         self._spans = spans
 
     def __enter__(self) -> None:
@@ -253,8 +281,8 @@ class _EndingSpans:
 
 
 def call_in_spans(
-    spans: List[object], func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object]
-) -> Any:
+    spans: Sequence[Span], func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object]
+) -> object:
     """``func(*args, **kwargs)`` with the first of ``spans`` (from :func:`open_batch_spans`) as the
     current span, so spans the callable opens itself nest under it; a failure ends ``spans`` as errors."""
     try:
@@ -265,7 +293,7 @@ def call_in_spans(
         raise
 
 
-def finish_in_spans(spans: List[object], finish: Callable[[], object]) -> Any:
+def finish_in_spans(spans: Sequence[Span], finish: Callable[[], object]) -> object:
     """``finish()`` (post-processing the call's result), then end ``spans``: at once for a plain result,
     when it completes, fails or is closed for a coroutine or (async) generator."""
     try:
@@ -276,12 +304,12 @@ def finish_in_spans(spans: List[object], finish: Callable[[], object]) -> Any:
     return _end_when_done(result, spans)
 
 
-def _end_when_done(result: object, spans: List[object]) -> object:
+def _end_when_done(result: object, spans: Sequence[Span]) -> object:
     import inspect
 
     if inspect.isawaitable(result):
 
-        async def awaiting() -> Any:
+        async def awaiting() -> object:
             try:
                 value = await result
             except BaseException as exc:
@@ -293,14 +321,14 @@ def _end_when_done(result: object, spans: List[object]) -> object:
         return awaiting()
     if inspect.isgenerator(result):
 
-        def iterating() -> Any:
+        def iterating() -> Iterator[object]:
             with _EndingSpans(spans):
                 yield from result
 
         return iterating()
     if inspect.isasyncgen(result):
 
-        async def iterating_async() -> Any:
+        async def iterating_async() -> AsyncIterator[object]:
             with _EndingSpans(spans):
                 async for item in result:
                     yield item

@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Tuple, Type, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -167,7 +167,9 @@ class _Session:
         # perf_counter() around the current batch's call (call_started 0: the callable was not called).
         self.call_started = 0.0
         self.call_ended = 0.0
-        self.spans: Optional[List[object]] = None  # of the batch in flight, when Triton traces it (_tracing)
+        self.spans: Optional[List[Optional[_tracing.Span]]] = (
+            None  # of the batch in flight, when Triton traces it (_tracing)
+        )
         self.probe: Optional[CancelProbe] = None  # of the batch in flight (Request.is_cancelled)
         self.in_callable = False  # the serving thread is inside the callable (see _end_hung_calls)
         # Orders interrupt() against leave_callable(), so CallAbandoned is only ever raised while the
@@ -727,7 +729,7 @@ class InstanceWorker:
             self._close_stream(session, result)
 
     @staticmethod
-    def _run_async(session: _Session, awaitable: Any) -> object:
+    def _run_async(session: _Session, awaitable: Awaitable[object]) -> object:
         try:
             return session.event_loop().run_until_complete(awaitable)
         except Exception:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, ClassVar, Dict, List, Mapping, Optional
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Union
 
 
 class DataType(enum.IntEnum):
@@ -65,7 +65,7 @@ def model_ready_state(v2_state: Optional[str]) -> ModelReadyState:
     return _V2_STATES.get((v2_state or "").upper(), ModelReadyState.MODEL_UNKNOWN)
 
 
-def as_int(value: Any, default: int = 0) -> int:
+def as_int(value: Union[str, int, float, None], default: int = 0) -> int:
     """An integer from JSON that may carry it as a number or (gRPC int64) as a string."""
     if value is None or value == "":
         return default

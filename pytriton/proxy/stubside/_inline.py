@@ -30,12 +30,18 @@ import os
 import site
 import sys
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Collection, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import _backend_page, _messages, _stub, _stub_bytes, _stub_metrics, _stub_trace, _tensors, _wire
+from ._pb_types import PbRequest
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    Requested = Optional[Collection[str]]  # the output names a request asked for; None: all of them
 
 PAYLOAD_FILE = "pytriton_backend.pkl"  # pytriton.proxy._backend_kind.PAYLOAD_FILE
 _RUNNER_MODULE = "pytriton.proxy._backend_kind"  # imported by name: it lives in the user's environment
@@ -53,7 +59,7 @@ def _user_path(params: Dict[str, Any]) -> None:
             sys.path.append(entry)
 
 
-def _input_array(value: Any) -> Any:
+def _input_array(value: _stub.InputValue) -> npt.NDArray[np.generic]:
     """A numpy array from ``_stub._read_input``'s result (BYTES arrive serialized)."""
     if isinstance(value, _tensors.SerializedBytes):
         raw = value.data
@@ -62,7 +68,7 @@ def _input_array(value: Any) -> Any:
     return value
 
 
-def _output_tensor(name: str, array: Any) -> Any:
+def _output_tensor(name: str, array: npt.NDArray[np.generic]) -> object:
     if array.dtype.kind in "OSU":  # BYTES: handed to the stub serialized (_stub_bytes)
         return _stub_bytes.output_tensor(pb_utils, name, _tensors.serialize_bytes(array), tuple(array.shape))
     if _stub._NUMPY2:
@@ -73,7 +79,7 @@ def _output_tensor(name: str, array: Any) -> Any:
 class InlineModel(_stub.TritonPythonModel):
     """Runs the bound callable in this stub process (see the module docstring)."""
 
-    def initialize(self, args: Dict[str, Any]) -> None:
+    def initialize(self, args: Dict[str, str]) -> None:
         """Claim a slot and connect as the proxy does, then import and load this slot's callable.
 
         A callable that cannot be loaded here (a module the stub cannot import, an object that does
@@ -111,7 +117,7 @@ class InlineModel(_stub.TritonPythonModel):
             self._page = None
         super().finalize()
 
-    def execute(self, requests: List[Any]) -> Optional[List[Any]]:
+    def execute(self, requests: List[PbRequest]) -> Optional[List[object]]:
         """Run one batch through the callable here; refused with UNAVAILABLE once a drain has spent its budget."""
         page = self._page
         if page is None:
@@ -127,7 +133,7 @@ class InlineModel(_stub.TritonPythonModel):
                 page.report_unrecoverable(self._runner.unrecoverable)
                 self._runner.unrecoverable = None
 
-    def _counted(self, requests: List[Any]) -> Optional[List[Any]]:
+    def _counted(self, requests: List[PbRequest]) -> Optional[List[object]]:
         metrics = self._metrics
         if metrics is _stub_metrics.NULL:
             return self._execute(requests)
@@ -137,14 +143,14 @@ class InlineModel(_stub.TritonPythonModel):
         finally:
             metrics.leave()
 
-    def _execute(self, requests: List[Any]) -> Optional[List[Any]]:
+    def _execute(self, requests: List[PbRequest]) -> Optional[List[object]]:
         runner = self._runner
         if self._single_output:
-            requested: List[Any] = [None] * len(requests)
+            requested: List[Requested] = [None] * len(requests)
         else:
             requested = [request.requested_output_names() or None for request in requests]
         rejected: Dict[int, str] = {}
-        batch = []
+        batch: List[object] = []
         for index, request in enumerate(requests):
             try:
                 built = self._request(request, requested[index])
@@ -189,7 +195,7 @@ class InlineModel(_stub.TritonPythonModel):
                 if spans is not None and self._tracing is not None:
                     self._tracing.end_spans(spans, final)
 
-    def _request(self, request: Any, names: Optional[List[str]]) -> Any:
+    def _request(self, request: PbRequest, names: Requested) -> object:
         """The ``Request`` of one Triton request, or the error text that answers it instead."""
         if self._sequence is None and not self._max_request_bytes:  # the common case, on every request
             data = {}
@@ -214,23 +220,25 @@ class InlineModel(_stub.TritonPythonModel):
         data = {name: _input_array(value) for name, value in tensors}
         return self._runner.request(data, parameters, names, sequence, request.timeout() / 1e6)
 
-    def _start_spans(self, requests: List[Any], batch: List[Any]) -> Optional[List[Any]]:
+    def _start_spans(self, requests: List[PbRequest], batch: List[object]) -> Optional[List[object]]:
         if self._tracing is None:
             return None
         trace = _stub_trace.collect(requests)
         if trace is None:
             return None
-        spans: Optional[List[Any]] = self._tracing.start_spans(
+        spans: Optional[List[object]] = self._tracing.start_spans(
             trace, batch, self._model_name, int(self._runner.config.model_version)
         )
         return spans
 
     @staticmethod
-    def _response(group: List[Any], names: Optional[List[str]]) -> Any:
+    def _response(group: Sequence[Tuple[str, npt.NDArray[np.generic]]], names: Requested) -> object:
         tensors = [_output_tensor(name, array) for name, array in group if names is None or name in names]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def _run_stream(self, requests: List[Any], requested: List[Any], stream: Any) -> Optional[str]:
+    def _run_stream(
+        self, requests: List[PbRequest], requested: List[Requested], stream: Iterator[object]
+    ) -> Optional[str]:
         """Send each result of the generator to its clients as it comes; returns the error text, if any.
 
         Every ``_CHECK_EVERY`` results the clients are asked whether they cancelled; once none is

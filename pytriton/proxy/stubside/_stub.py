@@ -34,7 +34,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -51,7 +51,15 @@ from . import (
     _wire,
     _zmq_channel,
 )
-from ._messages import Chunk, Entry, Error, Infer, Message, Ok, TensorMeta, TraceFields
+from ._messages import Chunk, Entry, Error, Infer, Message, Ok, SequenceFields, SequenceId, TensorMeta, TraceFields
+from ._pb_types import PbRequest, PbResponseSender, PbTensor
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    # An input as _read_input gives it: numeric as numpy, BYTES still serialized.
+    InputValue = Union[npt.NDArray[np.generic], _tensors.SerializedBytes]
+    Inputs = List[Tuple[str, InputValue]]
 
 # The stub is compiled against numpy 1.x. pytriton gives it a numpy 1.x environment where one
 # exists; on Python 3.13 (no numpy 1.x build) it runs with numpy 2, whose ABI breaks the stub's
@@ -67,15 +75,15 @@ SLOT_GRACE_S = 1.0
 _SLOT_ROUNDS = 4
 
 
-def _read_input(tensor: Any) -> object:
+def _read_input(tensor: PbTensor) -> InputValue:
     """An input as numpy (numeric) or as the serialized tensor (BYTES, see _stub_bytes)."""
     array = tensor.as_numpy()
     if array.dtype.kind == "O":  # a 0-d array holding the tensor's _tensors.SerializedBytes
         return _stub_bytes.input_payload(array)
-    return np.from_dlpack(tensor) if _NUMPY2 else array
+    return np.from_dlpack(tensor) if _NUMPY2 else array  # type: ignore[arg-type]  # a pb_utils.Tensor exports DLPack
 
 
-def _dlpack_output(name: str, array: Any) -> object:
+def _dlpack_output(name: str, array: npt.NDArray[np.generic]) -> object:
     if not (array.flags.writeable and array.flags.c_contiguous):
         array = np.array(array, copy=True, order="C")  # DLPack exports writable, contiguous arrays only
     if array.size == 0:
@@ -83,7 +91,7 @@ def _dlpack_output(name: str, array: Any) -> object:
     return pb_utils.Tensor.from_dlpack(name, array)
 
 
-def _empty_with_c_strides(array: Any) -> object:
+def _empty_with_c_strides(array: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
     """numpy 2 gives empty arrays all-zero strides, which the stub rejects as not C-ordered."""
     strides: List[int] = []
     step = array.itemsize
@@ -107,7 +115,7 @@ def _errors(message: str, requests: Sequence[object]) -> List[object]:
     return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
 
 
-def _input_bytes(tensors: List[Any]) -> int:
+def _input_bytes(tensors: Inputs) -> int:
     """Bytes of one request's inputs, strings counted as Triton serialises them (4-byte length + data)."""
     total = 0
     for _, array in tensors:
@@ -115,7 +123,7 @@ def _input_bytes(tensors: List[Any]) -> int:
             data = array.data
             total += len(data) if isinstance(data, bytes) else data.nbytes
         elif array.dtype.kind == "O":
-            total += 4 * array.size + sum(map(len, array.flat))
+            total += 4 * array.size + sum(map(len, array.flat))  # type: ignore[arg-type]  # items: bytes
         else:
             total += array.nbytes
     return total
@@ -177,7 +185,7 @@ class ExecutionTimedOut(RuntimeError):
 class TritonPythonModel:
     """Forwards every batch to the bound callable in the user's process."""
 
-    def initialize(self, args: Dict[str, Any]) -> None:
+    def initialize(self, args: Dict[str, str]) -> None:
         """Claim an instance slot, connect to its worker and say hello.
 
         Claiming waits at most 60 s for a free slot (one held by an instance that is still being
@@ -234,7 +242,7 @@ class TritonPythonModel:
         self._releaser = _arena.IdleReleaser(lambda: (self._arena, self._reader))
         self._metrics: _stub_metrics.NullMetrics = _stub_metrics.NULL
         self._broken = False  # the connection ended under a batch: connect again before the next one
-        self._batch: List[Any] = []  # the requests of the batch in flight
+        self._batch: List[PbRequest] = []  # the requests of the batch in flight
         self._connect()
         # Counted here, pushed to Triton's /metrics by a thread of their own (docs/metrics.md).
         self._metrics = _stub_metrics.create(
@@ -403,7 +411,7 @@ class TritonPythonModel:
         return UserProcessGone(f"the pytriton process (pid {self._user_pid}) closed the connection")
 
     def _encode(
-        self, requests: List[Any], requested: List[Optional[List[str]]], trace: Optional[TraceFields] = None
+        self, requests: List[PbRequest], requested: List[Optional[List[str]]], trace: Optional[TraceFields] = None
     ) -> Infer:
         """The INFER message for a batch; raises ``RequestsTooLarge`` (before any copy) if needed."""
         groups = []
@@ -435,7 +443,7 @@ class TritonPythonModel:
         bodies = [Entry(m, p, n, q, t) for m, (p, n), q, t in zip(metas, entries, sequence_of, timeouts)]
         return Infer(segment, bodies, trace)
 
-    def _sequence_fields(self, request: Any, tensors: List[Any]) -> Any:
+    def _sequence_fields(self, request: PbRequest, tensors: Inputs) -> Tuple[Inputs, Optional[SequenceFields]]:
         """The request's inputs without the sequence controls, and its ``(id, start, end)``.
 
         The sequence is None for a null request: the direct strategy fills idle batch slots with
@@ -443,7 +451,7 @@ class TritonPythonModel:
         """
         assert self._sequence is not None
         controls = {name: key for key, name in self._sequence.items()}
-        flags: Dict[str, object] = {}
+        flags: Dict[str, bool] = {}
         kept = []
         for name, array in tensors:
             key = controls.get(name)
@@ -453,9 +461,12 @@ class TritonPythonModel:
                 flags[key] = bool(np.asarray(array).reshape(-1)[0])
         if not flags.get("ready", True):
             return kept, None
-        sequence_id = request.correlation_id()
-        if not isinstance(sequence_id, (int, str)):  # a CorrelationId-like object in some backends
-            sequence_id = getattr(sequence_id, "value", lambda: sequence_id)()
+        raw_id = request.correlation_id()
+        # An int or str, or a CorrelationId-like object in some backends, whose value() is one (an object
+        # without value() is passed on as it is, which the SequenceId type does not cover).
+        sequence_id: SequenceId = (
+            raw_id if isinstance(raw_id, (int, str)) else getattr(raw_id, "value", lambda: raw_id)()  # type: ignore[assignment]
+        )
         return kept, (sequence_id, flags.get("start", False), flags.get("end", False))
 
     def _too_large(self, nbytes: int) -> str:
@@ -465,7 +476,7 @@ class TritonPythonModel:
             "(the limit is TritonConfig.max_request_bytes on the server)"
         )
 
-    def _reject(self, requests: List[Any], rejected: Dict[int, str]) -> Optional[List[object]]:
+    def _reject(self, requests: List[PbRequest], rejected: Dict[int, str]) -> Optional[List[object]]:
         """Answer the oversized requests with their error and run the rest of the batch as usual."""
         kept = [request for index, request in enumerate(requests) if index not in rejected]
         errors = {
@@ -505,7 +516,7 @@ class TritonPythonModel:
         if isinstance(final, (Ok, Error, _messages.End)) and final.retire:
             self._arena.close()  # the next batch gets a fresh segment; the kept arrays keep the old one
 
-    def execute(self, requests: List[object]) -> Optional[List[Any]]:
+    def execute(self, requests: List[PbRequest]) -> Optional[List[object]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
         self._releaser.enter()  # no arena memory is released while a batch is in flight
         self._metrics.enter(len(requests))
@@ -515,7 +526,7 @@ class TritonPythonModel:
             self._metrics.leave()
             self._releaser.leave()
 
-    def _execute(self, requests: List[Any]) -> Optional[List[object]]:
+    def _execute(self, requests: List[PbRequest]) -> Optional[List[object]]:
         self._batch = requests  # what an ASK is about (_answer)
         trace = _stub_trace.collect(requests) if self._trace else None
         if self._single_output:
@@ -552,7 +563,7 @@ class TritonPythonModel:
         self._stream(requests, requested, reply)
         return None
 
-    def _stream(self, requests: List[Any], requested: List[Optional[List[str]]], reply: Message) -> None:
+    def _stream(self, requests: List[PbRequest], requested: List[Optional[List[str]]], reply: Message) -> None:
         """Send each streamed chunk to its clients as it arrives, then the final flag.
 
         A client that cancelled (checked at every acknowledgement, each ``STREAM_WINDOW`` chunks at
@@ -596,7 +607,7 @@ class TritonPythonModel:
                 pass
 
     @staticmethod
-    def _send(senders: List[Any], live: List[bool], responses: Sequence[object]) -> None:
+    def _send(senders: List[PbResponseSender], live: List[bool], responses: Sequence[object]) -> None:
         """Send one response per live client; a client whose response Triton refuses is dropped."""
         for index, (sender, response) in enumerate(zip(senders, responses)):
             if live[index]:
@@ -605,7 +616,7 @@ class TritonPythonModel:
                 except Exception:
                     live[index] = False
 
-    def _fail(self, requests: List[Any], message: str) -> Optional[List[object]]:
+    def _fail(self, requests: List[PbRequest], message: str) -> Optional[List[object]]:
         responses = _errors(message, requests)
         if not self._decoupled:
             return responses

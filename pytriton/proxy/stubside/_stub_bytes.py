@@ -42,11 +42,20 @@ from __future__ import annotations
 import ctypes
 import sys
 import types
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _tensors
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ._pb_types import PbBytesCodec, PbTensorFactory
+
+    # The C-level function behind PyArray_NewFromDescr, as ctypes calls it: it returns the address of
+    # the new array object (None for NULL).
+    _NewFromDescr = Callable[..., Optional[int]]
 
 NUMPY2 = int(np.__version__.split(".")[0]) >= 2
 UNAVAILABLE: Optional[str] = None  # why string tensors cannot work in this stub, if they cannot
@@ -67,14 +76,21 @@ _NEW_FROM_DESCR_SIG = (
     ctypes.c_void_p,  # obj
 )
 
-_state: Dict[str, Any] = {"table_used": False}
-_pending: Dict[int, Any] = {}  # id(placeholder) -> payload array, while pb_utils.Tensor runs
+_state: Dict[str, bool] = {"table_used": False}
+_pending: Dict[int, npt.NDArray[np.generic]] = {}  # id(placeholder) -> payload array, while pb_utils.Tensor runs
 
 
-def _fixed_strides_new_from_descr(real: Any) -> Any:
+def _fixed_strides_new_from_descr(real: _NewFromDescr) -> _NewFromDescr:
     def new_from_descr(
-        subtype: object, descr: object, nd: int, dims: object, strides: Any, data: object, flags: int, obj: object
-    ) -> Any:
+        subtype: object,
+        descr: object,
+        nd: int,
+        dims: object,
+        strides: Optional[ctypes._Pointer[ctypes.c_ssize_t]],
+        data: object,
+        flags: int,
+        obj: object,
+    ) -> Optional[int]:
         _state["table_used"] = True
         if data and strides and nd > 0 and not any(strides[axis] for axis in range(nd)):
             strides = None  # pybind11 computed them from an item size it read as 0
@@ -83,7 +99,7 @@ def _fixed_strides_new_from_descr(real: Any) -> Any:
     return new_from_descr
 
 
-def patched_api_table(capsule: object) -> Tuple[Any, Any]:
+def patched_api_table(capsule: object) -> Tuple[object, object]:
     """A copy of the numpy C-API table in ``capsule`` with the stride fix, and a capsule for it.
 
     Both returned objects (and the callback inside) must stay alive as long as anything may use
@@ -146,7 +162,7 @@ def _install_numpy2() -> None:
     sys.modules["numpy.core.multiarray"] = module
 
 
-def install(pb_utils: Any) -> None:
+def install(pb_utils: PbBytesCodec) -> None:
     """Route the stub's BYTES (de)serialisation through this module (once per stub process)."""
     global UNAVAILABLE
     if NUMPY2:
@@ -159,7 +175,7 @@ def install(pb_utils: Any) -> None:
             )
     original_serialize = pb_utils.serialize_byte_tensor
 
-    def serialize_byte_tensor(array: object) -> Any:
+    def serialize_byte_tensor(array: object) -> object:
         payload = _pending.get(id(array))
         if payload is None:
             return original_serialize(array)
@@ -167,14 +183,14 @@ def install(pb_utils: Any) -> None:
             ctypes.c_uint64.from_address(id(payload.dtype) + _FLAGS_OFFSET).value = 1
         return payload
 
-    def deserialize_bytes_tensor(encoded: Any) -> Any:
+    def deserialize_bytes_tensor(encoded: npt.NDArray[np.uint8]) -> _tensors.SerializedBytes:
         return _tensors.SerializedBytes(encoded, (len(encoded),), valid=not NUMPY2 or _state["table_used"])
 
     pb_utils.serialize_byte_tensor = serialize_byte_tensor
     pb_utils.deserialize_bytes_tensor = deserialize_bytes_tensor
 
 
-def input_payload(value: object) -> Any:
+def input_payload(value: object) -> _tensors.SerializedBytes:
     """The :class:`_tensors.SerializedBytes` behind ``Tensor.as_numpy()`` of a BYTES input."""
     carrier = value[()] if isinstance(value, np.ndarray) else value
     if not isinstance(carrier, _tensors.SerializedBytes):
@@ -188,7 +204,9 @@ def input_payload(value: object) -> Any:
     return carrier
 
 
-def output_tensor(pb_utils: Any, name: str, payload: Any, shape: Tuple[int, ...]) -> Any:
+def output_tensor(
+    pb_utils: PbTensorFactory, name: str, payload: Union[bytes, memoryview], shape: Tuple[int, ...]
+) -> object:
     """``pb_utils.Tensor`` of BYTES ``shape`` whose serialized content is ``payload`` (a buffer)."""
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)

@@ -34,9 +34,12 @@ import itertools
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._messages import End, Error, Message, Ok
+
+if TYPE_CHECKING:
+    from ._pb_types import PbMetric
 
 FLUSH_INTERVAL_S = 1.0
 # Upper bounds (seconds) of the duration buckets: 100 us to 1 min in 1-2.5-5 steps, then +Inf.
@@ -162,7 +165,7 @@ class StubMetrics(NullMetrics):
         # The flusher's side: one (metric, is_gauge) per series, in the order of _values(), and what
         # each series was last given.
         self._families: List[object] = []
-        self._series: List[Tuple[Any, bool]] = []
+        self._series: List[Tuple[PbMetric, bool]] = []
         self._pushed: List[float] = []
         self._failed = False
         self._lock = threading.Lock()  # the flusher thread and close() never push at once
@@ -290,7 +293,7 @@ class StubMetrics(NullMetrics):
             self._families.clear()
 
 
-def create(pb_utils: Any, enabled: bool, **series: Any) -> NullMetrics:
+def create(pb_utils: ModuleType, enabled: bool, **series: Any) -> NullMetrics:
     """The started metrics of one instance, or :data:`NULL` if off or unsupported (logged once).
 
     ``series``: the keyword arguments of :class:`StubMetrics` (``model``, ``version``,

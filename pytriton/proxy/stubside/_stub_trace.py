@@ -17,10 +17,13 @@ Unit tests: tests/unit/test_tracing.py.
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from ._pb_types import PbRequest
 
 
-def collect(requests: Sequence[Any]) -> Optional[Tuple[int, List[Optional[str]]]]:
+def collect(requests: Sequence[PbRequest]) -> Optional[Tuple[int, List[Optional[str]]]]:
     """``(now in ns since the epoch, [context or None per request])``, or None if no request is traced.
 
     A context is what the Python backend's ``request.trace().get_context()`` returns: a JSON object
