@@ -339,7 +339,13 @@ class InlineRunner:
         return inspect.isgenerator(result)
 
     def close_stream(self, stream: Generator[object, NoReturn, object]) -> None:
-        """Close a generator now, so its ``finally`` blocks run; errors are logged."""
+        """Close a generator now, so its ``finally`` blocks run; errors are logged.
+
+        A decoupled callable that returned one plain result is streamed as ``iter([result])``: a list
+        iterator has nothing to close, so only generators are closed.
+        """
+        if not inspect.isgenerator(stream):
+            return
         try:
             stream.close()
         except BaseException:  # noqa: BLE001

@@ -58,6 +58,14 @@ def counting(requests):
         yield [{"y": np.array([[step]], np.float32)}]
 
 
+def one_plain_result(requests):
+    return [{"y": request["x"]} for request in requests]
+
+
+def names_type(requests):
+    return [{"y": np.array([[float(isinstance(request.requested_output_names, list))]], np.float32)} for request in requests]
+
+
 def generator_then_error(requests):
     yield [{"y": np.array([[1]], np.float32)}]
     raise RuntimeError("stream broke")
@@ -301,6 +309,24 @@ def test_a_generator_streams_each_result_then_the_final_flag(setup, inline):  # 
     assert model.execute([FakeRequest(_x(3), sender=sender)]) is None
     assert [response.outputs()["y"][0, 0] for response in sender.responses] == [0, 1, 2]
     assert sender.sent[-1] == (None, FINAL)
+
+
+def test_a_decoupled_callable_may_return_one_plain_result_without_an_error_log(setup, inline, caplog):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, one_plain_result, decoupled=True)
+    sender = FakeSender()
+    assert model.execute([FakeRequest(_x(7), sender=sender)]) is None
+    assert [response.outputs()["y"][0, 0] for response in sender.responses] == [7]
+    assert sender.sent[-1] == (None, FINAL)
+    assert "closing the generator failed" not in caplog.text  # a list iterator has nothing to close
+
+
+def test_requested_output_names_reach_the_callable_as_a_list(setup, inline):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, names_type, outputs=("y", "pid"))
+    # Triton gives a set (tests/unit/test_stub.py); the thread and process kinds see a list.
+    (response,) = model.execute([FakeRequest(_x(1), requested={"y"})])
+    assert response.outputs()["y"][0, 0] == 1.0
 
 
 def test_a_stream_that_fails_ends_with_the_error_and_the_final_flag(setup, inline):  # noqa: F811

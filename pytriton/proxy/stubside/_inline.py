@@ -148,7 +148,8 @@ class InlineModel(_stub.TritonPythonModel):
         if self._single_output:
             requested: List[Requested] = [None] * len(requests)
         else:
-            requested = [request.requested_output_names() or None for request in requests]
+            # Triton gives a set of names (or an empty one): a list, as the proxy path gives, or None for all.
+            requested = [list(request.requested_output_names() or ()) or None for request in requests]
         rejected: Dict[int, str] = {}
         batch: List[object] = []
         for index, request in enumerate(requests):
