@@ -63,7 +63,9 @@ def one_plain_result(requests):
 
 
 def names_type(requests):
-    return [{"y": np.array([[float(isinstance(request.requested_output_names, list))]], np.float32)} for request in requests]
+    return [
+        {"y": np.array([[float(isinstance(request.requested_output_names, list))]], np.float32)} for request in requests
+    ]
 
 
 def generator_then_error(requests):
