@@ -63,7 +63,7 @@ from pytriton.proxy import _process
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy._worker import InstanceWorker, error_text
+from pytriton.proxy._worker import InstanceWorker, error_text, wire_request
 from pytriton.proxy.stubside._backend_page import Page
 from pytriton.proxy.types import Request
 
@@ -278,18 +278,7 @@ class InlineRunner:
         timeout_s: float = 0.0,
     ) -> Request:
         """One ``Request`` as the callable of any kind sees it."""
-        if sequence is None:
-            return Request(data, parameters, requested_output_names=requested, timeout_s=timeout_s or None)
-        sequence_id, start, end = sequence
-        return Request(
-            data,
-            parameters,
-            requested_output_names=requested,
-            sequence_id=sequence_id,
-            sequence_start=start,
-            sequence_end=end,
-            timeout_s=timeout_s or None,
-        )
+        return wire_request(data, parameters, requested, sequence, timeout_s)
 
     @staticmethod
     def attach_cancellation(requests: List[Request], triton_requests: Sequence[PbRequest]) -> None:

@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +31,18 @@ from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _stub_watch, _tracing
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire, _zmq_channel
-from pytriton.proxy.stubside._messages import Chunk, End, Error, FinalReply, Hello, Infer, Message, Ok, Tensors
+from pytriton.proxy.stubside._messages import (
+    Chunk,
+    End,
+    Error,
+    FinalReply,
+    Hello,
+    Infer,
+    Message,
+    Ok,
+    SequenceFields,
+    Tensors,
+)
 from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
@@ -204,6 +215,34 @@ class _Session:
         self.arena.close()
         self.reader.close()
         self.drop_loop()
+
+
+_Parameter = TypeVar("_Parameter")  # a request parameter's value type (wire or Triton's): any, kept as it is
+
+
+def wire_request(
+    data: Dict[str, npt.NDArray[np.generic]],
+    parameters: Optional[Dict[str, _Parameter]],
+    requested: Optional[List[str]],
+    sequence: Optional[SequenceFields],
+    timeout_s: Optional[float],
+) -> Request:
+    """One ``Request`` as the callable of any kind sees it, from a request's decoded fields.
+
+    Shared by the worker (thread and process instances) and backend instances (proxy/_backend_kind.py).
+    """
+    if sequence is None:
+        return Request(data, parameters, requested_output_names=requested, timeout_s=timeout_s or None)
+    sequence_id, start, end = sequence
+    return Request(
+        data,
+        parameters,
+        requested_output_names=requested,
+        sequence_id=sequence_id,
+        sequence_start=start,
+        sequence_end=end,
+        timeout_s=timeout_s or None,
+    )
 
 
 class InstanceWorker:
@@ -591,25 +630,10 @@ class InstanceWorker:
                 entry.sequence,
                 entry.timeout_s,
             )
-            if sequence is None and not timeout_s:
+            if sequence is None and not timeout_s:  # the common case, inline: no extra call per request
                 requests.append(Request(data, parameters, requested_output_names=requested))
-            elif sequence is None:
-                requests.append(
-                    Request(data, parameters, requested_output_names=requested, timeout_s=timeout_s or None)
-                )
             else:
-                sequence_id, start, end = sequence
-                requests.append(
-                    Request(
-                        data,
-                        parameters,
-                        requested_output_names=requested,
-                        sequence_id=sequence_id,
-                        sequence_start=start,
-                        sequence_end=end,
-                        timeout_s=timeout_s or None,
-                    )
-                )
+                requests.append(wire_request(data, parameters, requested, sequence, timeout_s))
         if session.channel is not None:  # Request.is_cancelled() asks the stub over this connection
             probe = session.probe = CancelProbe(session.channel, len(requests))
             for index, request in enumerate(requests):
