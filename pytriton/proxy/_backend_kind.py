@@ -249,6 +249,9 @@ class InlineRunner:
 
     def __init__(self, func: Callable[[List[Request]], object], config: TritonModelConfig, strict: bool):
         self.func = func
+        # The stub's short path builds requests and their cancellation probe with these directly (_inline.py).
+        self.request_type = Request
+        self.probe_type = _CancelProbe
         self.config = config
         self.decoupled = bool(config.decoupled)
         self._checker = OutputChecker(config, strict)
@@ -296,8 +299,10 @@ class InlineRunner:
         for a generator from a model that is not decoupled.
         """
         result = self.func(requests)
-        if type(result) is list:
-            return result
+        return result if type(result) is list else self.resolve(result)
+
+    def resolve(self, result: object) -> object:
+        """What :meth:`call` returns for a callable's ``result`` that is not a list (a coroutine, a generator, ...)."""
         if inspect.iscoroutine(result):
             result = self._event_loop().run_until_complete(result)
         if inspect.isasyncgen(result):

@@ -102,7 +102,7 @@ class Request:
         sequence_end: bool = False,
         timeout_s: Optional[float] = None,
     ):
-        if requested_output_names is None and isinstance(span, (list, tuple)):
+        if span is not None and requested_output_names is None and isinstance(span, (list, tuple)):
             span, requested_output_names = None, list(span)  # the earlier 3-argument order
         self.data = data
         self.parameters = parameters

@@ -372,6 +372,91 @@ def test_requests_over_the_size_limit_fail_alone(setup, inline):  # noqa: F811
     assert "limit" in large.error.message()
 
 
+def _answers(responses):
+    """What clients get from a list of responses: outputs, or the error text."""
+    return [
+        ("error", response.error.message())
+        if response.error is not None
+        else {name: array.tolist() for name, array in response.outputs().items()}
+        for response in responses
+    ]
+
+
+def _batches():
+    """Batches that exercise the short path's branches (a fresh list of requests per call)."""
+    return [
+        [FakeRequest(_x(1, 2))],
+        [FakeRequest(_x(1), parameters={"p": 1}), FakeRequest(_x(2), timeout_us=5_000_000)],
+        [FakeRequest(_x(3), requested=["y"]), FakeRequest({"x": np.zeros((1, 64), np.float32)})],  # 2nd: over 64 B
+    ]
+
+
+@pytest.mark.parametrize("func", [with_pid, failing, wrong_dtype, doubled], ids=lambda f: f.__name__)
+def test_the_short_path_answers_as_the_general_path_does(setup, inline, func):  # noqa: F811
+    """The common case's one-function path (``_execute_short``) against the path every model can take."""
+    setup.worker()
+    outputs = ("y", "pid") if func is with_pid else ("y",)
+    model = _model(setup, inline, func, outputs=outputs, max_request_bytes=64)
+    assert model._short
+    for index in range(len(_batches())):
+        short = _answers(model._execute_short(_batches()[index]))
+        general = _answers(model._counted(_batches()[index]))
+        assert short == general
+
+
+def test_the_short_path_hands_unusual_batches_to_the_general_path(setup, inline, monkeypatch):  # noqa: F811
+    setup.worker()
+    model = _model(setup, inline, identity, max_request_bytes=16)
+    calls = []
+    general = model._counted
+    monkeypatch.setattr(model, "_counted", lambda requests: calls.append(len(requests)) or general(requests))
+    # An input over the limit: the whole batch goes to the general path, which answers that one alone.
+    small, large = model.execute([FakeRequest(_x(1)), FakeRequest({"x": np.zeros((1, 64), np.float32)})])
+    np.testing.assert_array_equal(small.outputs()["y"], [[1]])
+    assert "limit" in large.error.message() and calls == [2]
+    # A request Triton cannot give the inputs of: the general path names the problem.
+    broken = FakeRequest(_x(1))
+    broken.inputs = lambda: (_ for _ in ()).throw(RuntimeError("tensor gone"))
+    (response,) = model.execute([broken])
+    assert "could not read the request" in response.error.message() and "tensor gone" in response.error.message()
+    assert calls == [2, 1]
+    # An ordinary batch stays on the short path.
+    np.testing.assert_array_equal(model.execute([FakeRequest(_x(5))])[0].outputs()["y"], [[5]])
+    assert calls == [2, 1]
+
+
+def test_only_the_common_case_takes_the_short_path(setup, inline):  # noqa: F811
+    setup.worker()
+    assert _model(setup, inline, identity)._short
+    assert not _model(setup, inline, counting, decoupled=True)._short
+
+
+def test_the_short_path_counts_the_metrics_the_general_path_counts(setup, inline):  # noqa: F811
+    import triton_python_backend_utils as pb_utils
+
+    from pytriton.proxy.stubside import _stub_metrics
+
+    setup.worker()
+    counts = {}
+    for path in ("_execute_short", "_counted"):
+        for func in (identity, failing):
+            model = _model(setup, inline, func)
+            metrics = _stub_metrics.StubMetrics(pb_utils, model="Unit", version="1", instance=0, max_batch_size=8)
+            model._metrics = metrics
+            getattr(model, path)([FakeRequest(_x(1)), FakeRequest(_x(2))])
+            getattr(model, path)([FakeRequest(_x(3))])
+            counts[path, func.__name__] = (
+                metrics.size_counts,
+                metrics.size_sum,
+                sum(metrics.duration_counts),
+                metrics.errors,
+                metrics.in_flight,
+            )
+            setup.finalize(model)
+    assert counts["_execute_short", "identity"] == counts["_counted", "identity"] == ([1, 1, 0, 0, 0], 3, 2, 0, 0)
+    assert counts["_execute_short", "failing"] == counts["_counted", "failing"] == ([1, 1, 0, 0, 0], 3, 2, 2, 0)
+
+
 def test_numpy_scalar_types_travel_by_dtype_code_not_by_name():
     """numpy 2 pickles ``np.bool_`` as ``numpy.bool``, which the stub's numpy 1.x lacks."""
     import pickle

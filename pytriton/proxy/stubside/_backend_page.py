@@ -15,8 +15,10 @@ mapped by both sides:
   text (at most 1 KiB), which the user's process polls (``BackendInstance``) to stop the server as
   it does for the other kinds.
 
-A batch costs two writes into the mapping and one read of the flag; the lock is taken only while
-draining. The file is created 0600 by the user's process (``create``) before Triton loads the model
+A batch costs two writes into the mapping and one read of the flag, each a single item of a
+``memoryview`` over the mapping (no ``struct`` call: the stub's request path is short, see
+``_inline.py``); the lock is taken only while draining. Numbers are in the machine's own byte order
+(both sides run on the same host). The file is created 0600 by the user's process (``create``) before Triton loads the model
 and removed with the endpoint directory.
 
 Runs in the stub too: standard library only. Unit tests: tests/unit/test_backend_kind.py.
@@ -32,10 +34,14 @@ import time
 from typing import Optional
 
 PAGE_NAME = "backend.page"
-_HEADER = struct.Struct("<qqq")  # draining (0/1), budget left, length of the unrecoverable error's text
+_HEADER = struct.Struct("=qqq")  # draining (0/1), budget left, length of the unrecoverable error's text
 _MESSAGE = 1024  # bytes for that text, after the header
-_SLOT = struct.Struct("<qd")  # busy (0/1), last_active
+_SLOT = struct.Struct("=qd")  # busy (0/1), last_active
 _SLOTS_AT = _HEADER.size + _MESSAGE
+# The same fields as 8-byte items of the mapping: the draining flag is item 0, slot n's busy flag
+# item _FIRST_SLOT + 2n and its last_active the item after it.
+_FIRST_SLOT = _SLOTS_AT // 8
+assert _SLOTS_AT % 8 == 0 and _SLOT.size == 16  # every field on its own 8-byte item
 
 
 class Page:
@@ -45,6 +51,9 @@ class Page:
         self._fd = fd
         self.slots = slots
         self._map = mmap.mmap(fd, _SLOTS_AT + _SLOT.size * slots)
+        # Views for the per-batch fields; released in close() (an mmap with views cannot be closed).
+        self._ints = memoryview(self._map).cast("q")
+        self._floats = memoryview(self._map).cast("d")
 
     @classmethod
     def create(cls, path: str, slots: int) -> Page:
@@ -68,14 +77,18 @@ class Page:
     # -- the stub -------------------------------------------------------------------------------
     def enter(self, slot: int) -> None:
         """A batch starts on ``slot``."""
-        _SLOT.pack_into(self._map, _SLOTS_AT + _SLOT.size * slot, 1, time.monotonic())
+        item = _FIRST_SLOT + 2 * slot
+        self._floats[item + 1] = time.monotonic()
+        self._ints[item] = 1
 
     def leave(self, slot: int) -> None:
         """The batch of ``slot`` is answered."""
-        _SLOT.pack_into(self._map, _SLOTS_AT + _SLOT.size * slot, 0, time.monotonic())
+        item = _FIRST_SLOT + 2 * slot
+        self._floats[item + 1] = time.monotonic()
+        self._ints[item] = 0
 
     def draining(self) -> bool:
-        return bool(_HEADER.unpack_from(self._map, 0)[0])
+        return self._ints[0] != 0
 
     def admit(self, requests: int) -> bool:
         """While draining: take ``requests`` from the budget; False once it is spent (a batch that
@@ -110,11 +123,11 @@ class Page:
         return bytes(self._map[_HEADER.size : _HEADER.size + length]).decode("utf-8", "replace")
 
     def busy(self, slot: int) -> bool:
-        return bool(_SLOT.unpack_from(self._map, _SLOTS_AT + _SLOT.size * slot)[0])
+        return self._ints[_FIRST_SLOT + 2 * slot] != 0
 
     def last_active(self, slot: int) -> float:
         """``time.monotonic()`` when ``slot`` last started or finished a batch (0.0: never)."""
-        return float(_SLOT.unpack_from(self._map, _SLOTS_AT + _SLOT.size * slot)[1])
+        return float(self._floats[_FIRST_SLOT + 2 * slot + 1])
 
     def refuse(self, budget: int) -> None:
         """Start draining with ``budget`` more requests admitted; later calls change nothing."""
@@ -127,5 +140,7 @@ class Page:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
+        self._ints.release()
+        self._floats.release()
         self._map.close()
         os.close(self._fd)

@@ -111,6 +111,9 @@ class NullMetrics:
     def reconnected(self) -> None:
         pass
 
+    def batch(self, n_requests: int, duration_s: float, failed: bool) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -198,6 +201,18 @@ class StubMetrics(NullMetrics):
     def reconnected(self) -> None:
         """The stub abandoned a batch at its execution timeout and reconnects to its worker."""
         self.reconnects += 1
+
+    def batch(self, n_requests: int, duration_s: float, failed: bool) -> None:
+        """A whole batch counted at its end, in one call: what :meth:`enter`, :meth:`leave` and
+        :meth:`settled` count together. For the backend kind's short path (``_inline.py``), which
+        sets ``in_flight`` itself when the batch starts."""
+        self.size_counts[bisect.bisect_left(self.size_bounds, n_requests)] += 1
+        self.size_sum += n_requests
+        self.duration_counts[bisect.bisect_left(DURATION_BOUNDS, duration_s)] += 1
+        self.duration_sum += duration_s
+        if failed:
+            self.errors += 1
+        self.in_flight = 0
 
     # -- the flusher ----------------------------------------------------------------------------
     def start(self) -> None:
