@@ -501,7 +501,8 @@ class InstanceWorker:
                 reply = None
             finally:
                 session.busy = False
-                self.last_active = time.monotonic()
+                if type(message) is not Hello:  # a connection is not work: stop() right after run() need not wait
+                    self.last_active = time.monotonic()
             if session.abandoned:
                 LOGGER.warning(
                     "Model %s: instance %s finished a batch after its stub had stopped waiting (execution timeout); "

@@ -105,6 +105,20 @@ def _exception_records(caplog, kind):
     return [r for r in caplog.records if r.exc_info and r.exc_info[1] is not None and type(r.exc_info[1]) is kind]
 
 
+def test_only_batches_count_as_work_not_the_hello(make_worker):
+    # Triton.stop() waits longer after recent work (RESPONSE_SETTLE_S); a stub that just connected
+    # did none, so a stop right after run() must not wait for it.
+    worker, _ = make_worker(lambda requests: [{"y": request["k"]} for request in requests])
+    sock, channel = _connect(worker)
+    try:
+        assert worker.last_active == 0.0
+        before = time.monotonic()
+        assert _value(_infer(channel, 5)) == 5
+        assert wait_for(lambda: worker.last_active >= before, 10.0)
+    finally:
+        sock.close()
+
+
 def test_error_text_survives_a_broken_str():
     assert error_text(BadStr()) == "BadStr (its message could not be printed)"
     assert error_text(SystemExit(3)) == "SystemExit: 3"
