@@ -1,4 +1,8 @@
-"""Decorators through a live server, called with raw tritonclient."""
+"""Decorators through a live server, called with raw tritonclient.
+
+Every model is served by each instance kind whose callable sees the decorators' work: ``thread``
+(in this process) and ``backend`` (in the server's stub, which imports this module by name).
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,6 @@ from pytriton.decorators import (
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
-
-SEEN_BATCH_SIZES: list = []
 
 
 @batch
@@ -53,8 +55,8 @@ def scaled(x, scale):
 @batch
 @pad_batch
 def padded(x):
-    SEEN_BATCH_SIZES.append(len(x))
-    return {"y": x}
+    # The batch size the callable saw, as an output: a backend instance runs in another process.
+    return {"y": x, "seen": np.full((len(x), 1), len(x), np.int32)}
 
 
 @triton_context
@@ -68,28 +70,38 @@ def _t(name, shape=(1,), dtype=np.float32, optional=False):
     return Tensor(name=name, shape=shape, dtype=dtype, optional=optional)
 
 
-@pytest.fixture(scope="module")
-def url():
+@pytest.fixture(scope="module", params=["thread", "backend"])
+def url(request):
     ports = triton_ports()
     with Triton(config=TritonConfig(**ports)) as triton:
-        triton.bind("Linear", linear, [_t("x"), _t("w")], [_t("y")])
+        kind = request.param
+        triton.bind("Linear", linear, [_t("x"), _t("w")], [_t("y")], instance_kind=kind)
         triton.bind(
             "Ragged",
             ragged,
             [_t("width", dtype=np.int32)],
             [_t("y", (-1,), np.int32)],
             config=ModelConfig(max_batch_size=8, batcher=DynamicBatcher(max_queue_delay_microseconds=200000)),
+            instance_kind=kind,
         )
-        triton.bind("Default", with_default, [_t("x"), _t("bias", optional=True)], [_t("y")])
-        triton.bind("Scaled", scaled, [_t("x"), _t("scale")], [_t("y")])
+        triton.bind("Default", with_default, [_t("x"), _t("bias", optional=True)], [_t("y")], instance_kind=kind)
+        triton.bind("Scaled", scaled, [_t("x"), _t("scale")], [_t("y")], instance_kind=kind)
         triton.bind(
             "Padded",
             padded,
             [_t("x")],
-            [_t("y")],
+            [_t("y"), _t("seen", dtype=np.int32)],
             config=ModelConfig(max_batch_size=16, batcher=DynamicBatcher(preferred_batch_size=[4, 8])),
+            instance_kind=kind,
         )
-        triton.bind("Context", reads_config, [_t("x")], [_t("info", dtype=bytes)], config=ModelConfig(max_batch_size=2))
+        triton.bind(
+            "Context",
+            reads_config,
+            [_t("x")],
+            [_t("info", dtype=bytes)],
+            config=ModelConfig(max_batch_size=2),
+            instance_kind=kind,
+        )
         triton.run()
         yield f"127.0.0.1:{ports['http_port']}"
 
@@ -129,10 +141,10 @@ def test_first_value(url):
 
 
 def test_pad_batch_model_sees_padded_size(url):
-    SEEN_BATCH_SIZES.clear()
     x = np.arange(3, dtype=np.float32).reshape(3, 1)
-    assert call(url, "Padded", x=x).as_numpy("y").tolist() == [[0.0], [1.0], [2.0]]
-    assert SEEN_BATCH_SIZES == [4]
+    result = call(url, "Padded", x=x)
+    assert result.as_numpy("y").tolist() == [[0.0], [1.0], [2.0]]
+    assert result.as_numpy("seen").tolist() == [[4], [4], [4]]  # padded to the preferred batch size
 
 
 def test_triton_context_reads_model_config(url):
