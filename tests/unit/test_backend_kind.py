@@ -425,6 +425,29 @@ def test_the_short_path_hands_unusual_batches_to_the_general_path(setup, inline,
     assert calls == [2, 1]
 
 
+def test_a_response_that_cannot_be_built_fails_the_batch_on_both_paths(setup, inline, monkeypatch):  # noqa: F811
+    import triton_python_backend_utils as pb_utils
+
+    setup.worker()
+    model = _model(setup, inline, identity)
+    real = pb_utils.Tensor
+
+    class Refusing:  # pb_utils.Tensor refusing the array (both ways a tensor is made: numpy 1.x and DLPack)
+        def __init__(self, name, array):
+            raise ValueError("tensor refused")
+
+        @staticmethod
+        def from_dlpack(name, array):
+            raise ValueError("tensor refused")
+
+    monkeypatch.setattr(pb_utils, "Tensor", Refusing)
+    for path in (model._execute_short, model._counted):
+        (response,) = path([FakeRequest(_x(1))])
+        assert response.error.message() == "ValueError: tensor refused"
+    monkeypatch.setattr(pb_utils, "Tensor", real)
+    np.testing.assert_array_equal(model.execute([FakeRequest(_x(2))])[0].outputs()["y"], [[2]])
+
+
 def test_only_the_common_case_takes_the_short_path(setup, inline):  # noqa: F811
     setup.worker()
     assert _model(setup, inline, identity)._short

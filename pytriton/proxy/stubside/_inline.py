@@ -161,6 +161,7 @@ class InlineModel(_stub.TritonPythonModel):
         batch: List[object] = []
         requested: List[Requested] = []
         probe = runner.probe_type(requests)  # Request.is_cancelled() asks Triton's request through it
+        unusual = False
         try:
             for request in requests:
                 data = {}
@@ -170,7 +171,8 @@ class InlineModel(_stub.TritonPythonModel):
                     data[tensor.name()] = array
                     nbytes += array.nbytes
                 if limit and nbytes > limit:
-                    return self._counted(requests)
+                    unusual = True
+                    break
                 raw_parameters = request.parameters()
                 names = None if single else (list(request.requested_output_names() or ()) or None)
                 requested.append(names)
@@ -184,6 +186,8 @@ class InlineModel(_stub.TritonPythonModel):
                 built._index = len(batch)
                 batch.append(built)
         except Exception:  # noqa: BLE001 - a malformed request: the full path names it
+            unusual = True
+        if unusual:  # outside the try: the callable must never run twice for one batch
             return self._counted(requests)
         metrics = self._metrics
         counted = metrics is not _stub_metrics.NULL
@@ -197,17 +201,16 @@ class InlineModel(_stub.TritonPythonModel):
             if type(result) is not list:
                 result = runner.resolve(result)
             groups = runner.outputs(result, n_requests, None if single else requested)
+            if single and self._plain_outputs:
+                response, tensor, contiguous = pb_utils.InferenceResponse, pb_utils.Tensor, np.ascontiguousarray
+                return [response([tensor(name, contiguous(array)) for name, array in group]) for group in groups]
+            return [self._response(group, names) for group, names in zip(groups, requested)]
         except BaseException as exc:  # noqa: BLE001 - every exception fails this batch only
             failed = True
             return self._fail(requests, runner.failure(exc))
         finally:
             if counted:
                 metrics.batch(n_requests, time.perf_counter() - started, failed)
-        response, tensor = pb_utils.InferenceResponse, pb_utils.Tensor
-        if single and self._plain_outputs:
-            contiguous = np.ascontiguousarray
-            return [response([tensor(name, contiguous(array)) for name, array in group]) for group in groups]
-        return [self._response(group, names) for group, names in zip(groups, requested)]
 
     def _counted(self, requests: List[PbRequest]) -> Optional[List[object]]:
         metrics = self._metrics
