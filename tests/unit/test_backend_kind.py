@@ -460,10 +460,11 @@ def test_the_short_path_counts_the_metrics_the_general_path_counts(setup, inline
     from pytriton.proxy.stubside import _stub_metrics
 
     setup.worker()
+    model = _model(setup, inline, identity)
     counts = {}
     for path in ("_execute_short", "_counted"):
         for func in (identity, failing):
-            model = _model(setup, inline, func)
+            model._runner.func = func  # one model: a new one would wait for the slot the last one held
             metrics = _stub_metrics.StubMetrics(pb_utils, model="Unit", version="1", instance=0, max_batch_size=8)
             model._metrics = metrics
             getattr(model, path)([FakeRequest(_x(1)), FakeRequest(_x(2))])
@@ -475,7 +476,7 @@ def test_the_short_path_counts_the_metrics_the_general_path_counts(setup, inline
                 metrics.errors,
                 metrics.in_flight,
             )
-            setup.finalize(model)
+    model._metrics = _stub_metrics.NULL
     assert counts["_execute_short", "identity"] == counts["_counted", "identity"] == ([1, 1, 0, 0, 0], 3, 2, 0, 0)
     assert counts["_execute_short", "failing"] == counts["_counted", "failing"] == ([1, 1, 0, 0, 0], 3, 2, 2, 0)
 
