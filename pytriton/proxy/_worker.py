@@ -690,7 +690,7 @@ class InstanceWorker:
             if session.probe is not None:  # before the final reply: no ASK may follow it
                 session.probe.close()
                 session.probe = None
-        retire = any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
+        retire = bool(views) and any(sys.getrefcount(views[index]) > 2 for index in range(len(views)))
         if self._metrics and session.call_started:
             return reply.settled(retire, session.call_ended - session.call_started)
         return reply.settled(retire, None) if retire else reply

@@ -365,3 +365,43 @@ def test_sweep_dead_owners_removes_regions_of_dead_in_process_servers():
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(_arena.SHM_DIR, name))
+
+
+@pytest.mark.parametrize("code", ["|O", "O", "O,<i4"])
+@pytest.mark.parametrize("copy", [False, True])
+def test_an_inline_tensor_of_python_objects_is_refused(code, copy):
+    """Raw bytes read as object pointers would crash the reader (or worse): a peer's code is checked."""
+    meta = _messages.TensorMeta("x", code, (1,), _messages.INLINE, b"\x01" * 16, 0, 16)
+    with pytest.raises(ValueError, match="Python objects"):
+        _tensors.read_tensor(None, meta, copy)
+
+
+@pytest.mark.parametrize("copy", [False, True])
+@pytest.mark.parametrize("shape", [(1,), (3,), ("a",), (10**18,)])
+def test_an_inline_tensor_whose_bytes_do_not_match_its_shape_is_refused(shape, copy):
+    meta = _messages.TensorMeta("x", "<f4", shape, _messages.INLINE, b"\x00" * 8, 0, 8)
+    with pytest.raises(ValueError, match="do not hold shape"):
+        _tensors.read_tensor(None, meta, copy)
+
+
+def test_an_inline_copy_is_writable_memory_of_its_own():
+    data = np.arange(6, dtype=">i2").reshape(2, 3)  # a non-native byte order keeps its own dtype string
+    _, (metas,) = _tensors.write_tensors(None, [[("x", data)]])
+    assert metas[0].dtype == ">i2"
+    view = _tensors.read_tensor(None, metas[0], False)
+    copy = _tensors.read_tensor(None, metas[0], True)
+    assert not view.flags.writeable and copy.flags.writeable and copy.dtype == data.dtype
+    copy[0, 0] = 99
+    np.testing.assert_array_equal(view, data)  # the message's bytes are untouched
+    np.testing.assert_array_equal(_tensors.read_tensor(None, metas[0], True), data)
+
+
+def test_a_polling_read_sees_the_peer_close():
+    left, right = socket.socketpair()
+    with right:
+        receiver = _wire.SocketChannel(right, poll_s=5.0)
+        threading.Timer(0.05, left.close).start()
+        started = time.monotonic()
+        with pytest.raises(EOFError):
+            receiver.recv()
+        assert time.monotonic() - started < 4.0  # seen while polling, not after the window

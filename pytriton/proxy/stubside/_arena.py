@@ -215,7 +215,8 @@ class IdleReleaser:
     owner has been idle (no :meth:`enter` without its :meth:`leave`) for ``idle_s`` and, if so,
     calls ``release(keep)`` once on every arena ``arenas()`` returns; traffic that keeps coming
     keeps its arenas hot and pays nothing. :meth:`enter` waits while a release runs (a few ms per
-    hundred MiB), so memory is never released under a message in flight.
+    hundred MiB), so memory is never released under a message in flight. The owner calls
+    :meth:`enter` and :meth:`leave` from one thread (the stub's execute thread).
 
     Lifetime: the thread starts with the object and ends at :meth:`close` (or with the process).
     """
@@ -246,10 +247,14 @@ class IdleReleaser:
             self._pending = True
 
     def leave(self) -> None:
-        """The owner is done with the message; the idle clock starts."""
-        with self._lock:
-            self._active -= 1
-            self._last = time.monotonic()
+        """The owner is done with the message; the idle clock starts.
+
+        No lock: only the owner's thread writes these two fields, and the clock is set before the
+        count falls, so the releasing thread (which reads both under the lock) sees either the batch
+        still active or a fresh clock; either way it releases nothing.
+        """
+        self._last = time.monotonic()
+        self._active -= 1
 
     def _run(self) -> None:
         while not self._closed.wait(self._idle_s / 2):

@@ -433,14 +433,14 @@ class TritonPythonModel:
                     rejected[index] = self._too_large(nbytes)
             groups.append(tensors)
             raw_parameters = request.parameters()
-            entries.append((json.loads(raw_parameters) if raw_parameters != "{}" else None, names))
+            # The request's timeout is the client's ``timeout`` parameter, in microseconds (0: none).
+            parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
+            entries.append((parameters, names, request.timeout() / 1e6))
         if rejected:
             raise RequestsTooLarge(rejected)
         segment, metas = _tensors.write_tensors(self._arena, groups)
-        # Each request's timeout (the client's ``timeout`` parameter, microseconds; 0: none).
-        timeouts = [request.timeout() / 1e6 for request in requests]
         sequence_of = sequences or [None] * len(requests)
-        bodies = [Entry(m, p, n, q, t) for m, (p, n), q, t in zip(metas, entries, sequence_of, timeouts)]
+        bodies = [Entry(m, p, n, q, t) for m, (p, n, t), q in zip(metas, entries, sequence_of)]
         return Infer(segment, bodies, trace)
 
     def _sequence_fields(self, request: PbRequest, tensors: Inputs) -> Tuple[Inputs, Optional[SequenceFields]]:
