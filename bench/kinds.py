@@ -11,9 +11,11 @@ model:
 
 * sequential p50 over HTTP and over gRPC, ``[1,16]`` fp32, one client measuring every model in
   alternating blocks of 50 requests (``bench.load.latency_interleaved``);
-* server CPU per sequential request: the CPU time (user + system) of this process and of every
-  process under it except the load generator (the server, its stubs, worker processes) over a
-  block of sequential HTTP requests to one model, divided by the requests;
+* server CPU per sequential request: the CPU time of this process and of every process under it
+  except the load generator (the server, its stubs, worker processes), read from
+  ``/proc/<pid>/schedstat`` (nanoseconds) by the load generator before and after each block of
+  200 sequential HTTP requests, the models alternating block by block
+  (``bench.load.cpu_interleaved``), divided by the requests;
 * throughput with 32 requests in flight from one raw gRPC asyncio client (``bench.load.throughput``);
 * 1 MiB and 16 MiB identity over HTTP, MB/s at p50 (``bench.load.large_http``).
 
@@ -114,20 +116,6 @@ def _descendants(root: int) -> List[int]:
     return found
 
 
-def _cpu_seconds(pids: List[int]) -> float:
-    """User + system CPU seconds of ``pids`` (processes that are gone count 0)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / tick
-
-
 def _server_side_pids() -> List[int]:
     """This process and everything under it except load generators (``bench.load``)."""
     pids = []
@@ -140,17 +128,6 @@ def _server_side_pids() -> List[int]:
             continue
         pids.append(pid)
     return pids
-
-
-def _cpu_per_request(http_port: int, model: str, count: int) -> float:
-    """Microseconds of server-side CPU per sequential HTTP request to ``model``."""
-    load({"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "models": [model],
-          "count": 50, "warmup": 50, "max_s": 30.0})  # fmt: skip
-    pids = _server_side_pids()
-    before = _cpu_seconds(pids)
-    load({"scenario": "latency_interleaved", "protocol": "http", "port": http_port, "models": [model],
-          "count": count, "warmup": 0, "max_s": 120.0}, timeout_s=200.0)  # fmt: skip
-    return (_cpu_seconds(pids) - before) / count * 1e6
 
 
 def _round(ports: Dict[str, int], quick: bool, reverse: bool) -> Dict[str, Dict[str, float]]:
@@ -166,8 +143,13 @@ def _round(ports: Dict[str, int], quick: bool, reverse: bool) -> Dict[str, Dict[
         )  # fmt: skip
         for model in small:
             figures[model][f"{protocol}_p50_ms"] = measured[model]["p50_ms"]
+    measured = load(
+        {"scenario": "cpu_interleaved", "protocol": "http", "port": ports["http"], "models": small,
+         "pids": _server_side_pids(), "count": count, "block": 200, "warmup": 50, "max_s": 200.0},
+        timeout_s=300.0,
+    )  # fmt: skip
     for model in small:
-        figures[model]["cpu_us_per_request"] = _cpu_per_request(ports["http"], model, count)
+        figures[model]["cpu_us_per_request"] = measured[model]["cpu_us_per_request"]
     for model in small:
         measured = load(
             {"scenario": "throughput", "protocol": "grpc", "port": ports["grpc"], "model": model, "concurrency": 32,

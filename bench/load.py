@@ -90,6 +90,50 @@ def latency_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
     return {model: _percentiles(s) for model, s in samples.items()}
 
 
+def _cpu_ns(pids: List[int]) -> int:
+    """CPU time (ns, every thread) the processes ``pids`` have run so far (``schedstat``; gone: 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat", "rb") as stat:
+                total += int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def cpu_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Server-side CPU per sequential request of several models, measured in alternating blocks.
+
+    ``pids``: the server's processes (tritonserver, its stubs, the user's process and its worker
+    processes). Before and after each block of ``block`` requests to one model this process reads
+    their CPU time (``/proc/<pid>/schedstat``, nanoseconds) and charges the difference to that
+    model; models alternate (in reversed order every other pass), so a VM whose speed drifts
+    charges the drift to every model alike, as in :func:`latency_interleaved`. The load generator
+    itself is not among the pids. Returns microseconds of CPU per request for each model.
+    """
+    pids = [int(pid) for pid in spec["pids"]]
+    calls = {model: _sequential_call(spec.get("protocol", "http"), spec["port"], model) for model in spec["models"]}
+    for call in calls.values():
+        for _ in range(spec.get("warmup", 50)):
+            call()
+    spent = {model: 0 for model in calls}
+    done = {model: 0 for model in calls}
+    order = list(calls)
+    block, count = spec.get("block", 200), spec.get("count", 2000)
+    deadline = time.monotonic() + spec.get("max_s", 120.0)
+    while min(done.values()) < count and time.monotonic() < deadline:
+        for model in order:
+            call = calls[model]
+            before = _cpu_ns(pids)
+            for _ in range(block):
+                call()
+            spent[model] += _cpu_ns(pids) - before
+            done[model] += block
+        order.reverse()
+    return {model: {"cpu_us_per_request": spent[model] / done[model] / 1e3, "count": done[model]} for model in calls}
+
+
 def large_http(spec: Dict[str, Any]) -> Dict[str, Any]:
     size = spec["bytes"]
     array = np.random.default_rng(0).integers(0, 255, size=(1, size), dtype=np.uint8)
@@ -227,6 +271,7 @@ def client_overhead(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 SCENARIOS = {
     "client_overhead": client_overhead,
+    "cpu_interleaved": cpu_interleaved,
     "latency_interleaved": latency_interleaved,
     "large_http": large_http,
     "throughput": throughput,

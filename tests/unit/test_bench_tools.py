@@ -88,6 +88,41 @@ def test_sequential_latency_alternates_blocks_between_models(monkeypatch) -> Non
     assert result["a"]["count"] == result["b"]["count"] == 15
 
 
+def test_cpu_per_request_charges_each_block_to_its_model_in_alternating_order(monkeypatch) -> None:
+    from bench import load
+
+    order: list = []
+    clock = {"ns": 0}
+    cost_ns = {"a": 1000, "b": 3000}  # what one request to each model costs the server
+
+    def call_of(protocol, port, model):
+        def call():
+            order.append(model)
+            clock["ns"] += cost_ns[model]
+
+        return call
+
+    monkeypatch.setattr(load, "_sequential_call", call_of)
+    monkeypatch.setattr(load, "_cpu_ns", lambda pids: clock["ns"] if pids == [11, 12] else -1)
+    result = load.cpu_interleaved(
+        {"port": 1, "models": ["a", "b"], "pids": ["11", "12"], "warmup": 2, "block": 4, "count": 8}
+    )
+    blocks = [order[4:][i : i + 4] for i in range(0, len(order) - 4, 4)]
+    assert [block[0] for block in blocks] == ["a", "b", "b", "a"] and all(len(set(b)) == 1 for b in blocks)
+    assert result == {"a": {"cpu_us_per_request": 1.0, "count": 8}, "b": {"cpu_us_per_request": 3.0, "count": 8}}
+
+
+def test_cpu_time_comes_from_schedstat_in_nanoseconds_and_ignores_gone_processes() -> None:
+    import os
+
+    from bench import load
+
+    own = load._cpu_ns([os.getpid()])
+    sum(range(200_000))  # some CPU
+    assert load._cpu_ns([os.getpid()]) > own > 0
+    assert load._cpu_ns([2**22 + 12345]) == 0  # no such process
+
+
 def test_memory_probe_reads_rss_and_sees_a_shared_segment() -> None:
     import mmap
     import os
