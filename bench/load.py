@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import statistics
 import sys
 import time
@@ -91,14 +92,24 @@ def latency_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _cpu_ns(pids: List[int]) -> int:
-    """CPU time (ns, every thread) the processes ``pids`` have run so far (``schedstat``; gone: 0)."""
+    """CPU time (ns) the live threads of the processes ``pids`` have run so far (gone: 0).
+
+    Per thread: ``/proc/<pid>/schedstat`` is the main thread's alone, and tritonserver works in
+    its other threads. A thread that ends within a block loses its time (the servers measured here
+    keep their threads).
+    """
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/schedstat", "rb") as stat:
-                total += int(stat.read().split()[0])
-        except (OSError, ValueError, IndexError):
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
             continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as stat:
+                    total += int(stat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
     return total
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from bench import report, trace_request
 
 # A hand-written tracefs excerpt for one pytriton request: client (pid 100) -> Triton (pid 200)
@@ -114,12 +116,28 @@ def test_cpu_per_request_charges_each_block_to_its_model_in_alternating_order(mo
 
 def test_cpu_time_comes_from_schedstat_in_nanoseconds_and_ignores_gone_processes() -> None:
     import os
+    import pathlib
+    import threading
 
     from bench import load
 
     own = load._cpu_ns([os.getpid()])
-    sum(range(200_000))  # some CPU
-    assert load._cpu_ns([os.getpid()]) > own > 0
+    sum(range(200_000))  # some CPU in the main thread
+    after_main = load._cpu_ns([os.getpid()])
+    assert after_main > own > 0
+    # ... and in another thread, which a main-thread-only reading would miss.
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (sum(range(2_000_000)), done.wait(10)))
+    worker.start()
+    try:
+        main_before = int(pathlib.Path(f"/proc/{os.getpid()}/schedstat").read_text().split()[0])
+        time.sleep(0.3)
+        grown = load._cpu_ns([os.getpid()]) - after_main
+        main_grown = int(pathlib.Path(f"/proc/{os.getpid()}/schedstat").read_text().split()[0]) - main_before
+        assert grown > main_grown
+    finally:
+        done.set()
+        worker.join(10)
     assert load._cpu_ns([2**22 + 12345]) == 0  # no such process
 
 
