@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -91,26 +91,33 @@ def latency_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
     return {model: _percentiles(s) for model, s in samples.items()}
 
 
-def _cpu_ns(pids: List[int]) -> int:
-    """CPU time (ns) the live threads of the processes ``pids`` have run so far (gone: 0).
+class _CpuClock:
+    """CPU time (ns) the threads of the processes ``pids`` have run, as read so far.
 
-    Per thread: ``/proc/<pid>/schedstat`` is the main thread's alone, and tritonserver works in
-    its other threads. A thread that ends within a block loses its time (the servers measured here
-    keep their threads).
+    Per thread (``/proc/<pid>/task/<tid>/schedstat``): a process's own ``schedstat`` is its main
+    thread's alone, and tritonserver works in its other threads. A thread that ends keeps the time
+    last read for it, so its earlier work never vanishes from the total (gRPC's thread pools start
+    and end threads between blocks); only what it ran after the last reading is lost.
     """
-    total = 0
-    for pid in pids:
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for task in tasks:
+
+    def __init__(self, pids: List[int]):
+        self._pids = pids
+        self._threads: Dict[Tuple[int, str], int] = {}
+
+    def read(self) -> int:
+        threads = self._threads
+        for pid in self._pids:
             try:
-                with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as stat:
-                    total += int(stat.read().split()[0])
-            except (OSError, ValueError, IndexError):
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
                 continue
-    return total
+            for task in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as stat:
+                        threads[pid, task] = int(stat.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+        return sum(threads.values())
 
 
 def cpu_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -123,7 +130,7 @@ def cpu_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
     charges the drift to every model alike, as in :func:`latency_interleaved`. The load generator
     itself is not among the pids. Returns microseconds of CPU per request for each model.
     """
-    pids = [int(pid) for pid in spec["pids"]]
+    clock = _CpuClock([int(pid) for pid in spec["pids"]])
     calls = {model: _sequential_call(spec.get("protocol", "http"), spec["port"], model) for model in spec["models"]}
     for call in calls.values():
         for _ in range(spec.get("warmup", 50)):
@@ -136,10 +143,10 @@ def cpu_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
     while min(done.values()) < count and time.monotonic() < deadline:
         for model in order:
             call = calls[model]
-            before = _cpu_ns(pids)
+            before = clock.read()
             for _ in range(block):
                 call()
-            spent[model] += _cpu_ns(pids) - before
+            spent[model] += clock.read() - before
             done[model] += block
         order.reverse()
     return {model: {"cpu_us_per_request": spent[model] / done[model] / 1e3, "count": done[model]} for model in calls}

@@ -104,8 +104,15 @@ def test_cpu_per_request_charges_each_block_to_its_model_in_alternating_order(mo
 
         return call
 
+    class FakeClock:
+        def __init__(self, pids):
+            assert pids == [11, 12]
+
+        def read(self):
+            return clock["ns"]
+
     monkeypatch.setattr(load, "_sequential_call", call_of)
-    monkeypatch.setattr(load, "_cpu_ns", lambda pids: clock["ns"] if pids == [11, 12] else -1)
+    monkeypatch.setattr(load, "_CpuClock", FakeClock)
     result = load.cpu_interleaved(
         {"port": 1, "models": ["a", "b"], "pids": ["11", "12"], "warmup": 2, "block": 4, "count": 8}
     )
@@ -114,31 +121,29 @@ def test_cpu_per_request_charges_each_block_to_its_model_in_alternating_order(mo
     assert result == {"a": {"cpu_us_per_request": 1.0, "count": 8}, "b": {"cpu_us_per_request": 3.0, "count": 8}}
 
 
-def test_cpu_time_comes_from_schedstat_in_nanoseconds_and_ignores_gone_processes() -> None:
+def test_the_cpu_clock_counts_every_thread_and_keeps_the_time_of_threads_that_ended() -> None:
     import os
     import pathlib
     import threading
 
     from bench import load
 
-    own = load._cpu_ns([os.getpid()])
-    sum(range(200_000))  # some CPU in the main thread
-    after_main = load._cpu_ns([os.getpid()])
-    assert after_main > own > 0
-    # ... and in another thread, which a main-thread-only reading would miss.
-    done = threading.Event()
-    worker = threading.Thread(target=lambda: (sum(range(2_000_000)), done.wait(10)))
+    def main_thread_ns():
+        return int(pathlib.Path(f"/proc/{os.getpid()}/schedstat").read_text().split()[0])
+
+    clock = load._CpuClock([os.getpid(), 2**22 + 12345])  # the second: no such process, ignored
+    start, main_start = clock.read(), main_thread_ns()
+    release = threading.Event()
+    worker = threading.Thread(target=lambda: (sum(range(3_000_000)), release.wait(10)))
     worker.start()
     try:
-        main_before = int(pathlib.Path(f"/proc/{os.getpid()}/schedstat").read_text().split()[0])
-        time.sleep(0.3)
-        grown = load._cpu_ns([os.getpid()]) - after_main
-        main_grown = int(pathlib.Path(f"/proc/{os.getpid()}/schedstat").read_text().split()[0]) - main_before
-        assert grown > main_grown
+        time.sleep(0.3)  # the worker has done its sum and waits
+        during = clock.read()
+        assert during - start > main_thread_ns() - main_start  # the worker's time is in it
     finally:
-        done.set()
+        release.set()
         worker.join(10)
-    assert load._cpu_ns([2**22 + 12345]) == 0  # no such process
+    assert clock.read() >= during  # the worker ended: its time stays counted
 
 
 def test_memory_probe_reads_rss_and_sees_a_shared_segment() -> None:
