@@ -550,22 +550,27 @@ def test_the_stub_marks_its_batches_and_refuses_once_the_drain_budget_is_spent(s
         owner.close()
 
 
+def _instance(page, tmp_path, on_unrecoverable=lambda exc: None):
+    """The user's side of slot 0 of a backend model whose status page is ``page`` (not started)."""
+    return _backend_kind.BackendInstance(
+        page=page,
+        slot=0,
+        path=str(tmp_path / "slot-0.sock"),
+        config=_config(),
+        strict=False,
+        shm_prefix="pytriton-unit-backend",
+        on_unrecoverable=on_unrecoverable,
+        name="Unit-0",
+    )
+
+
 def test_a_backend_instance_reads_busy_and_last_active_from_the_page_and_drains_through_it(tmp_path):
     from pytriton.proxy._admission import Admission
     from pytriton.proxy.stubside._backend_page import Page
 
     owner = Page.create(str(tmp_path / "backend.page"), 1)
     peer = Page.open(str(tmp_path / "backend.page"), 1)
-    worker = _backend_kind.BackendInstance(
-        page=owner,
-        slot=0,
-        path=str(tmp_path / "slot-0.sock"),
-        config=_config(),
-        strict=False,
-        shm_prefix="pytriton-unit-backend",
-        on_unrecoverable=lambda exc: None,
-        name="Unit-0",
-    )
+    worker = _instance(owner, tmp_path)
     try:
         peer.enter(0)
         assert not worker.busy  # no peer attached: a flag left by a dead peer does not count
@@ -590,16 +595,7 @@ def test_an_unrecoverable_error_reaches_the_page_and_the_instance_calls_back(set
     setup.worker()
     owner = Page.create(os.path.join(setup.endpoint_dir, PAGE_NAME), 1)
     reported = []
-    worker = _backend_kind.BackendInstance(
-        page=owner,
-        slot=0,
-        path=str(tmp_path / "slot-0.sock"),
-        config=_config(),
-        strict=False,
-        shm_prefix="pytriton-unit-backend",
-        on_unrecoverable=reported.append,
-        name="Unit-0",
-    )
+    worker = _instance(owner, tmp_path, reported.append)
     worker.start()
     try:
         assert owner.unrecoverable() is None
