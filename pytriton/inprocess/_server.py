@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
 
-from pytriton.inprocess import _lib, _pool, _private_modes, _request
+from pytriton.inprocess import _lib, _pool, _private_modes, _request, _stubs
 from pytriton.inprocess._enums import (
     InstanceGroupKind,
     LogFormat,
@@ -635,22 +635,38 @@ class Server:
         polling_interval: float = 0.1,
         timeout: Optional[float] = None,
     ) -> None:
-        """Unload a model (and its dependents); optionally wait (bounded) until it is no longer ready."""
+        """Unload a model (and its dependents); optionally wait (bounded by ``timeout``) until it is gone.
+
+        With ``wait_until_unloaded``, returns once the model is not ready and the stub processes of
+        its old instances have exited, so an immediate ``load()`` of the same model cannot race
+        Triton's destruction of the old ones (see ``_stubs``). Raises ``UnavailableError`` when
+        that takes longer than ``timeout``.
+        """
         lib = self._library()
         handle = self._handle_or_raise()
         name = model.name if isinstance(model, Model) else model
         function = (
             lib.TRITONSERVER_ServerUnloadModelAndDependents if unload_dependents else lib.TRITONSERVER_ServerUnloadModel
         )
+        old = (
+            [stub for stub in _stubs.stubs(self.shm_region_prefix) if stub.serves(name)] if wait_until_unloaded else []
+        )
         lib.check(function(handle, name.encode()))
         if wait_until_unloaded:
-            # Polls readiness, not the model index: on this Triton build, reading the index while a
-            # model unloads crashed the process in about one run in ten.
+            # Polls readiness and the stubs, not the model index: on this Triton build, reading the
+            # index while a model unloads crashed the process in about one run in ten.
             deadline = time.monotonic() + (timeout if timeout is not None else _DEFAULT_READY_TIMEOUT_S)
             while Model(self, name).ready():
                 if time.monotonic() >= deadline:
                     raise UnavailableError(f"Model {name!r} was not unloaded within {timeout} s")
                 time.sleep(polling_interval)
+            alive = _stubs.wait_until_exited(old, deadline, min(polling_interval, 0.02))
+            if alive:
+                pids = ", ".join(str(stub.pid) for stub in alive)
+                raise UnavailableError(
+                    f"Model {name!r} is unloaded but the stub processes of its old instances (pid {pids}) "
+                    f"did not exit within {timeout} s; a load of it now could race their clean-up"
+                )
 
     @_changes_models
     def poll_model_repository(self) -> Server:

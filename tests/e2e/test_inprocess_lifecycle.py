@@ -115,6 +115,43 @@ def test_explicit_control_and_lifecycle(tmp_path):
     assert shm_entries(prefix) == []
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_reloading_in_a_tight_loop_waits_for_the_old_stubs(tmp_path):
+    """``unload(wait_until_unloaded=True)`` returns after the old instances' stubs exited, not just not-ready.
+
+    Triton destroys the old instances on a thread of its own after the model reports not ready; a
+    load of the same model inside that window crashed the process now and then (Triton 2.51,
+    SIGSEGV in ``StopBackendThread``). Each round checks that the stubs seen before the unload are
+    gone when it returns, then loads at once.
+    """
+    repository = write_repository(tmp_path / "repo", ("identity",))
+    options = tritonserver.Options()
+    options.model_control_mode = tritonserver.ModelControlMode.EXPLICIT
+    options.model_repository = str(repository)
+    options.startup_models = ["identity"]
+    server = tritonserver.Server(options)
+    server.start(wait_until_ready=True, timeout=120)
+    try:
+        for _ in range(6):
+            old = child_stubs(f"{repository}/identity/")
+            assert old
+            server.unload("identity", wait_until_unloaded=True, timeout=60)
+            assert not [pid for pid in old if _running(pid)]
+            server.load("identity")
+        (response,) = server.model("identity").infer(inputs={"INPUT0": np.array([[5]], np.float32)})
+        assert float(np.from_dlpack(response.outputs["OUTPUT0"]).flat[0]) == 5
+    finally:
+        server.stop()
+    assert wait_for(lambda: not child_stubs(f"{repository}/identity/"), 20)
+
+
 def test_stub_that_dies(tmp_path):
     server = tritonserver.Server(model_repository=str(write_repository(tmp_path / "repo", ("faulty", "identity"))))
     server.options.exit_timeout = 5  # the dead stub's model cannot unload: Triton waits this long
