@@ -4,7 +4,9 @@ Usage: ``python -m bench.kinds [--rounds N] [--quick] [--out DIR]``. Results: ``
 ``DIR/kinds.md`` (default ``bench/results/``).
 
 One ``Triton`` serves the plain Python-backend identity models (``plain_dynamic``, ``plain_large``:
-``execute`` returns its input, no second process; the physical limit) next to the same identity
+``execute`` returns its input, no second process; the physical limit), the same two again as
+``plain_ref`` and ``plain_ref_large`` (the run's noise floor: their ratio to the plain models is
+what one run can resolve on a shared machine), next to the same identity
 callable bound with ``instance_kind="thread"``, ``"process"`` and ``"backend"`` (``id_<kind>``
 for ``[1,16]`` float32, ``large_<kind>`` for uint8 of any length). Per round, each figure for every
 model:
@@ -44,8 +46,11 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 KINDS = ("thread", "process", "backend")
-SMALL = ["plain_dynamic", *(f"id_{kind}" for kind in KINDS)]
-LARGE = ["plain_large", *(f"large_{kind}" for kind in KINDS)]
+# ``plain_ref``/``plain_ref_large`` are the plain models again under other names, measured like
+# the others: their ratio to the plain model is what this run can resolve (two identical models
+# differed by up to 15% in one run on the 2-core VM), printed next to every kind's ratio.
+SMALL = ["plain_dynamic", "plain_ref", *(f"id_{kind}" for kind in KINDS)]
+LARGE = ["plain_large", "plain_ref_large", *(f"large_{kind}" for kind in KINDS)]
 SIZES = {"1MiB": 1 << 20, "16MiB": 16 << 20}
 # Lower is better for these figures; higher for the others (throughputs).
 LOWER_IS_BETTER = ("http_p50_ms", "grpc_p50_ms", "cpu_us_per_request")
@@ -64,15 +69,23 @@ TARGETS = {
 
 
 def write_plain_dynamic(repository: pathlib.Path) -> None:
-    """``plain_dynamic``: the plain identity model with the dynamic batcher every ``id_<kind>`` model has.
+    """The plain identity models of this benchmark: ``plain_dynamic`` and its twins.
 
-    ``bench.models``' ``plain_identity`` has no dynamic batcher, which with 32 requests in flight
-    measures the batcher rather than the kinds.
+    ``plain_dynamic`` has the dynamic batcher every ``id_<kind>`` model has (``bench.models``'
+    ``plain_identity`` has none, which with 32 requests in flight measures the batcher rather than
+    the kinds); ``plain_ref`` is the same model again, ``plain_ref_large`` the same as
+    ``plain_large``: the run's noise floor.
     """
-    model_dir = repository / "plain_dynamic"
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "1" / "model.py").write_text(_PLAIN_IDENTITY)
-    (model_dir / "config.pbtxt").write_text(_config("plain_dynamic", "16", "TYPE_FP32", 32, "dynamic_batching { }\n"))
+    models = {
+        "plain_dynamic": _config("plain_dynamic", "16", "TYPE_FP32", 32, "dynamic_batching { }\n"),
+        "plain_ref": _config("plain_ref", "16", "TYPE_FP32", 32, "dynamic_batching { }\n"),
+        "plain_ref_large": _config("plain_ref_large", "-1", "TYPE_UINT8", 1),
+    }
+    for name, config in models.items():
+        model_dir = repository / name
+        (model_dir / "1").mkdir(parents=True)
+        (model_dir / "1" / "model.py").write_text(_PLAIN_IDENTITY)
+        (model_dir / "config.pbtxt").write_text(config)
 
 
 def bind_models(triton: Any) -> None:
@@ -206,6 +219,13 @@ def table(results: Dict[str, Any]) -> str:
     lines += ["| model | " + " | ".join(figures) + " |", "| --- | " + " | ".join("---:" for _ in figures) + " |"]
     for model, values in results["summary"]["ratios"].items():
         lines.append(f"| {model} | " + " | ".join(f"{values[f]:.2f}x" for f in figures) + " |")
+    reference = results["summary"]["ratios"].get("plain_ref")
+    if reference is not None:
+        lines += [
+            "",
+            "`plain_ref` is the plain model again under another name: its distance from 1.00x is the noise of",
+            "this run (" + ", ".join(f"{f} {reference[f]:.2f}x" for f in figures) + ").",
+        ]
     lines += ["", "| kind | figure | ratio | target | met |", "| --- | --- | ---: | --- | --- |"]
     for check in results["summary"]["targets"]:
         lines.append(
@@ -232,7 +252,7 @@ def run(rounds: int, quick: bool) -> Dict[str, Any]:
             bind_models(triton)
             started = time.monotonic()
             triton.run()
-            load_plain_models(http_port, ["plain_dynamic", "plain_large"], triton.get_access_token())
+            load_plain_models(http_port, [*SMALL[:2], *LARGE[:2]], triton.get_access_token())
             print(f"serving after {time.monotonic() - started:.1f} s", flush=True)
             for number in range(rounds):
                 before = os.getloadavg()[0]

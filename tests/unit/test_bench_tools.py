@@ -341,3 +341,4 @@ def test_kinds_summary_takes_medians_ratios_to_plain_and_checks_the_targets():
     assert met[("backend", "grpc32_req_s")] and met[("backend", "http_16MiB_mb_s")]  # higher is better
     text = kinds.table({"summary": summary, "rounds": 3, "host": {"cpus": 2, "load_average": [(1.0, 2.0)] * 3}})
     assert "| id_backend |" in text and "1.04x" in text and "1.00/2.00" in text
+    assert "noise of\nthis run (http_p50_ms 1.00x" in text  # plain_ref: the same model again
