@@ -34,7 +34,6 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from pytriton._backend import Registry, StopHooks
-from pytriton._endpoints import ServerEndpoints
 from pytriton._healing import wait_detached
 from pytriton.exceptions import (
     PyTritonBadParameterError,
@@ -46,7 +45,6 @@ from pytriton.model_config.generator import to_dict
 from pytriton.proxy._binding import BindingContext, BoundModel
 from pytriton.proxy.stubside import _zmq_channel
 from pytriton.server.process import TritonServerProcess
-from pytriton.server.security import AccessPolicy, TritonSecurityConfig
 from pytriton.server.settings import Settings
 from pytriton.server.workspace import Workspace
 
@@ -99,10 +97,6 @@ class RemoteBackend:
         self._token = access_token
         self._settings = settings
         self._local_model_store = local_model_store
-        # Per-model trace settings go where TritonConfig says, as they always did for RemoteTriton.
-        self._trace = ServerEndpoints(
-            settings, AccessPolicy(settings.config, TritonSecurityConfig(restricted_endpoints=[]))
-        )
         self._registry: Optional[Registry] = None
         self._running = False
         self.connected = False
@@ -225,7 +219,23 @@ class RemoteBackend:
         return json.dumps(config), files
 
     def send_trace_settings(self, model_name: str, settings: Dict[str, Any]) -> None:
-        self._trace.send_trace_settings(model_name, settings)
+        """Set ``model_name``'s trace settings on the server at ``url``, with the access token.
+
+        They go where the models are loaded: ``TritonConfig``'s ports describe a server this
+        process would start, which a ``RemoteTriton`` never does (sending there reached nothing,
+        or another server on this host).
+        """
+        from tritonclient.utils import InferenceServerException
+
+        client = self._client()
+        try:
+            client.update_trace_settings(model_name=model_name, settings=settings, headers=self._headers())
+        except InferenceServerException as exc:
+            raise PyTritonServerError(
+                f"Triton at {self.url} refused the trace settings {settings} of model {model_name!r}: {exc.message()}"
+            ) from None
+        finally:
+            client.close()
 
     def before_load(self) -> None:
         """The remote server's scratch directory is not ours."""

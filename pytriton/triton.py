@@ -803,9 +803,11 @@ class RemoteTriton(Triton):
             already); ``local_model_store`` picks where the model files go (True: a repository the
             server shares; False: sent with each load request).
             Default: ``TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=False)``.
-        config: ``model_repository`` (with ``local_model_store=True``), ``max_request_bytes`` and
-            ``exit_timeout_secs`` (how long ``stop`` waits for batches in flight) are used; server
-            flags are not (the server is not started here).
+        config: ``model_repository`` (with ``local_model_store=True``), ``max_request_bytes``,
+            ``exit_timeout_secs`` (how long ``stop`` waits for batches in flight) and
+            ``trace_config`` (OpenTelemetry mode, as the server was started: lets ``bind`` take a
+            ``trace_config``, whose settings are set on the server at ``url``) are used; other
+            server flags are not (the server is not started here).
         transport: ``"unix"`` (same host and user) or ``"tcp"`` (ZeroMQ; tensors in the messages).
         tcp_address: the address the TCP transport listens on (``"127.0.0.1"``; ``"0.0.0.0"`` for
             every interface).

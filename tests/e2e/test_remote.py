@@ -77,8 +77,13 @@ def _bind_stream(triton: RemoteTriton, name: str) -> None:
 def _start_server(repository: pathlib.Path, stub_bin: pathlib.Path) -> Tuple[subprocess.Popen, Dict[str, int]]:
     """The server, its output going to ``server.log`` beside ``repository`` (shown when a check fails)."""
     ports = triton_ports()
+    # OpenTelemetry mode with nothing traced unless a model asks (as a server that bind(trace_config=...) needs).
+    tracing = ["mode=opentelemetry", "level=OFF", "opentelemetry,url=http://127.0.0.1:9/v1/traces"]
     argv, env = server_command(
-        repository, TritonConfig(**ports), TritonSecurityConfig(access_token=TOKEN), region_prefix=REGIONS
+        repository,
+        TritonConfig(**ports, trace_config=tracing),
+        TritonSecurityConfig(access_token=TOKEN),
+        region_prefix=REGIONS,
     )
     env["PATH"] = f"{stub_bin}{os.pathsep}{env['PATH']}"
     with open(repository.parent / "server.log", "wb") as log:
@@ -399,3 +404,31 @@ def test_sequences_and_cancellation_over_tcp(remote):
         assert wait_for(lambda: _CANCELLED == [True], 10.0)
     _check_unloaded(remote, "RemoteSum")
     _check_unloaded(remote, "RemoteWatch")
+
+
+def test_trace_settings_are_set_on_the_remote_server(remote, free_tcp_port):
+    """``bind(trace_config=...)`` sets the model's trace settings on the server at ``url`` (with the token).
+
+    ``TritonConfig``'s ports say where a server this process starts would listen: here they point at
+    a closed port, where the settings once went.
+    """
+    config = TritonConfig(
+        http_port=free_tcp_port,
+        trace_config=["mode=opentelemetry", "level=OFF", "opentelemetry,url=http://127.0.0.1:9/v1/traces"],
+    )
+    with RemoteTriton(_url(remote), access_token=TOKEN, config=config) as triton:
+        triton.bind(
+            "RemoteTraced",
+            identity,
+            [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+            [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+            trace_config=["level=TIMESTAMPS", "rate=1"],
+        )
+        triton.run()
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{remote['ports']['http_port']}")
+        try:
+            settings = client.get_trace_settings(model_name="RemoteTraced", headers=HEADERS)
+        finally:
+            client.close()
+        assert settings["trace_level"] == ["TIMESTAMPS"] and settings["trace_rate"] == "1", settings
+    _check_unloaded(remote, "RemoteTraced")

@@ -143,3 +143,40 @@ def test_cli_prints_the_server_command(monkeypatch, tmp_path, capsys):
     assert _cli.main(argv) == 0
     generated = capsys.readouterr().err.split(": ")[-1].strip()
     assert len(generated) >= 32
+
+
+class _FakeTraceClient:
+    """The tritonclient client RemoteBackend makes: records update_trace_settings, fails when told."""
+
+    def __init__(self, calls, refuse=False):
+        self.calls, self.refuse = calls, refuse
+
+    def update_trace_settings(self, model_name=None, settings=None, headers=None):
+        from tritonclient.utils import InferenceServerException
+
+        self.calls.append((model_name, settings, headers))
+        if self.refuse:
+            raise InferenceServerException("[StatusCode.PERMISSION_DENIED] needs the token")
+
+    def close(self):
+        self.calls.append("closed")
+
+
+@pytest.mark.parametrize("url", ["http://triton.example:8000", "grpc://triton.example:8001"])
+def test_trace_settings_go_to_the_remote_server_with_the_token(monkeypatch, url):
+    """Per-model trace settings reach the server at ``url``, not TritonConfig's local ports (which they once did)."""
+    calls = []
+    with RemoteTriton(url, access_token="tok", config=TritonConfig(http_port=1, grpc_port=2)) as triton:
+        backend = triton._remote
+        monkeypatch.setattr(backend, "_client", lambda: _FakeTraceClient(calls))
+        backend.send_trace_settings("Traced", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        ((name, settings, headers), closed) = calls
+        assert (name, settings, closed) == ("Traced", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}, "closed")
+        assert headers and "tok" in headers.values()
+        calls.clear()
+        monkeypatch.setattr(backend, "_client", lambda: _FakeTraceClient(calls, refuse=True))
+        with pytest.raises(
+            PyTritonServerError, match="Triton at .*triton.example.* refused the trace settings.*Traced.*token"
+        ):
+            backend.send_trace_settings("Traced", {"trace_level": None})
+        assert calls[-1] == "closed"
