@@ -50,20 +50,14 @@ from pytriton.inprocess._errors import (
     UnknownError,
     UnsupportedError,
 )
+from pytriton.inprocess._options import ModelLoadDeviceLimit, Options, RateLimiterResource
 from pytriton.inprocess._request import (
     AsyncResponseIterator,
     InferenceRequest,
     InferenceResponse,
     ResponseIterator,
 )
-from pytriton.inprocess._server import (
-    Model,
-    ModelDictionary,
-    ModelLoadDeviceLimit,
-    Options,
-    RateLimiterResource,
-    Server,
-)
+from pytriton.inprocess._server import Model, ModelDictionary, Server
 from pytriton.inprocess._tensor import MemoryAllocator, MemoryBuffer, Tensor
 
 __all__ = [

@@ -6,7 +6,8 @@ finalizes the instance, which ends its stub. Loading the same model again inside
 raced the destruction in Triton 2.51 and crashed the whole process (SIGSEGV in
 ``TritonBackendThread::StopBackendThread``, about one reload loop in ten under load). A stub that
 has exited is the first sign visible from outside that its instance got past that point, so
-``Server.unload(wait_until_unloaded=True)`` waits for the stubs it saw before the unload.
+``Server.unload(wait_until_unloaded=True)`` waits for the stubs it saw before the unload (until
+each is a zombie or gone; a reused pid is told apart by its start time).
 
 A stub is recognised by its command line (``triton_python_backend_stub <model.py> <region> ...
 <instance name> ...``): its region name starts with the server's prefix, and its model file lies
@@ -35,6 +36,16 @@ class Stub:
     model_file: str
     region: str
     instance: str
+    started: int  # the process's start time (clock ticks after boot): a reused pid has another
+
+    def alive(self, proc: str = "/proc") -> bool:
+        """Whether this process has not exited yet.
+
+        Read from its ``stat`` alone: an exiting process's ``cmdline`` reads empty once its memory
+        is released, before it has finished exiting.
+        """
+        fields = _stat_fields(pathlib.Path(proc) / str(self.pid))
+        return fields is not None and fields[0] != "Z" and fields[19] == str(self.started)
 
     def serves(self, model: str) -> bool:
         """Whether this stub runs an instance of ``model`` (by its directory or its instance name)."""
@@ -43,20 +54,30 @@ class Stub:
         return re.fullmatch(re.escape(model) + r"_\d+_\d+", self.instance) is not None
 
 
-def _read_stub(entry: pathlib.Path, parent: int, region_prefix: str) -> Optional[Stub]:
+def _stat_fields(entry: pathlib.Path) -> Optional[List[str]]:
+    """``/proc/<pid>/stat`` from the state on (``[0]`` state, ``[1]`` parent, ``[19]`` start time), or None.
+
+    Split after the last ``)``: the command name before it may hold spaces and parentheses.
+    """
     try:
-        stat = (entry / "stat").read_text()
-        cmdline = (entry / "cmdline").read_bytes()
+        fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
     except OSError:  # ended between the listing and the read
         return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    # fields[0] is the state, fields[1] the parent: a zombie ("Z") has exited already.
-    if len(fields) < 2 or fields[0] == "Z" or fields[1] != str(parent):
+    return fields if len(fields) >= 20 else None
+
+
+def _read_stub(entry: pathlib.Path, parent: int, region_prefix: str) -> Optional[Stub]:
+    fields = _stat_fields(entry)
+    # A zombie ("Z") has exited already.
+    if fields is None or fields[0] == "Z" or fields[1] != str(parent):
         return None
-    argv = cmdline.decode(errors="replace").split("\0")
+    try:
+        argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
     if len(argv) < 9 or os.path.basename(argv[0]) != STUB_EXECUTABLE or not argv[2].startswith(region_prefix):
         return None
-    return Stub(int(entry.name), argv[1], argv[2], argv[8])
+    return Stub(int(entry.name), argv[1], argv[2], argv[8], int(fields[19]))
 
 
 def stubs(region_prefix: str, parent: Optional[int] = None, proc: str = "/proc") -> List[Stub]:
@@ -72,23 +93,16 @@ def stubs(region_prefix: str, parent: Optional[int] = None, proc: str = "/proc")
 
 
 def wait_until_exited(
-    old: Iterable[Stub],
-    deadline: float,
-    interval_s: float = 0.02,
-    parent: Optional[int] = None,
-    proc: str = "/proc",
+    old: Iterable[Stub], deadline: float, interval_s: float = 0.02, proc: str = "/proc"
 ) -> List[Stub]:
-    """Wait until none of ``old`` is alive (a stub is the same one if its pid and region match).
+    """Wait until none of ``old`` is alive; returns the ones still alive at ``deadline`` (``time.monotonic()``), or ``[]``.
 
-    Returns the ones still alive at ``deadline`` (``time.monotonic()``), or ``[]``. Reads ``/proc``
-    at most once per ``interval_s``.
+    Reads ``/proc`` at most once per ``interval_s``.
     """
-    waiting = {(stub.pid, stub.region): stub for stub in old}
-    prefix = os.path.commonprefix([stub.region for stub in waiting.values()])
+    waiting = list(old)
     while waiting:
-        alive = {(stub.pid, stub.region) for stub in stubs(prefix, parent, proc)}
-        waiting = {key: stub for key, stub in waiting.items() if key in alive}
+        waiting = [stub for stub in waiting if stub.alive(proc)]
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(interval_s)
-    return list(waiting.values())
+    return waiting

@@ -385,10 +385,10 @@ def test_array_address_matches_numpy_for_every_layout():
 
 def test_gpu_metrics_stay_off_without_an_nvidia_driver_unless_verbose(monkeypatch):
     # DCGM prints "Error: Failed to initialize NVML" to the process's stderr where no driver answers.
-    from pytriton.inprocess import _server
+    from pytriton.inprocess import _options
 
     def gpu_metrics_flag(available: bool, **options: Any) -> Any:
-        monkeypatch.setattr(_server, "nvml_available", lambda: available)
+        monkeypatch.setattr(_options, "nvml_available", lambda: available)
         fake = FakeCDLL()
         tritonserver.Options(model_repository="r", **options)._apply(_lib.Library(fake), 1, "p-")
         ((_, flag),) = fake.called("TRITONSERVER_ServerOptionsSetGpuMetrics")
@@ -401,13 +401,13 @@ def test_gpu_metrics_stay_off_without_an_nvidia_driver_unless_verbose(monkeypatc
 
 
 def test_nvml_probe_answers_once(monkeypatch):
-    from pytriton.inprocess import _server
+    from pytriton.inprocess import _options
 
-    monkeypatch.setattr(_server, "_NVML", [])
-    first = _server.nvml_available()
+    monkeypatch.setattr(_options, "_NVML", [])
+    first = _options.nvml_available()
     assert isinstance(first, bool)
-    assert _server.nvml_available() is first
-    assert len(_server._NVML) == 1
+    assert _options.nvml_available() is first
+    assert len(_options._NVML) == 1
 
 
 def test_error_log_quotes_each_model_that_did_not_load():
