@@ -43,7 +43,7 @@ from pytriton.exceptions import (
     PyTritonServerError,
 )
 from pytriton.model_config.generator import to_dict
-from pytriton.proxy._binding import BindingContext, BoundModel
+from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts
 from pytriton.proxy.stubside import _zmq_channel
 from pytriton.server.process import TritonServerProcess
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig
@@ -178,9 +178,15 @@ class RemoteBackend:
         return dataclasses.replace(context, tcp=self.hub)
 
     def start(
-        self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
+        self,
+        repository: pathlib.Path,
+        startup_models: List[str],
+        has_models: bool,
+        socket_dir: pathlib.Path,
+        workers: WorkerStarts,
     ) -> bool:
-        self._running = True  # nothing to start: run() loads the models next
+        workers.wait()  # nothing to start here: run() loads the models next, and their stubs need the workers
+        self._running = True
         return True
 
     def started(self) -> None:

@@ -61,7 +61,7 @@ from pytriton.exceptions import (
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy._binding import BindingContext, BoundModel, short_socket_dir, validate_model_name
+from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, short_socket_dir, validate_model_name
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy.stubside import _segments, _stub_bytes
 from pytriton.server._restarts import RestartPolicy
@@ -492,7 +492,13 @@ class Triton:
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
-        """Start the server with every bound model and return once all of them are ready."""
+        """Start the server with every bound model and return once all of them are ready.
+
+        Worker processes (``instance_kind="process"``) load their callables while the server starts.
+        On any failure this ``Triton`` is stopped (the server, workers, sockets and segments are gone)
+        before the error is raised; a worker process that cannot load its callable raises
+        ``pytriton.proxy._process.WorkerStartError`` (a ``PyTritonBadParameterError``) as soon as it fails.
+        """
         with self._lock:
             if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError(
@@ -510,8 +516,11 @@ class Triton:
             self._repository.mkdir(parents=True, exist_ok=True)
             for name in self._model_names():
                 self._write_name(name)
+            # Worker processes load their callables while the server starts (WorkerStarts): the
+            # backend's wait for the server also fails at once for a worker that could not.
+            workers = WorkerStarts(list(self._models.values()))
             for model in self._models.values():
-                model.start_workers()
+                model.start_workers(wait=False)
             # Models with a warmup are loaded through the repository API once the server is up, not
             # with --load-model: when a warmup fails at start-up, Triton 2.51 sometimes crashes on its
             # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
@@ -526,7 +535,8 @@ class Triton:
             if self._backend.offers_pipelines:
                 _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
             try:
-                came_up = self._backend.start(self._repository, startup, bool(self._models), self._socket_dir)
+                came_up = self._backend.start(self._repository, startup, bool(self._models), self._socket_dir, workers)
+                workers.wait()  # at once for the start-up models (their stubs said hello); the later ones load next
                 if came_up:  # else it died right after it came up: the supervisor restarts it (_launched.py)
                     for name in later:
                         self._request_load(name)

@@ -317,11 +317,13 @@ class BoundModel:
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
 
-    def start_workers(self) -> None:
+    def start_workers(self, wait: bool = True) -> None:
         """Start one worker per instance slot (before Triton loads the model).
 
         Process instances start in parallel; if one cannot load its callable, every worker started
-        here is stopped again and ``_process.WorkerStartError`` says why.
+        here is stopped again and ``_process.WorkerStartError`` says why. ``wait=False`` returns as
+        soon as every worker process is launched (``Triton.run()`` starts the server meanwhile): then
+        :meth:`wait_workers` waits for them and :meth:`worker_failure` tells a failure without waiting.
         """
         if self._workers:
             return
@@ -356,12 +358,33 @@ class BoundModel:
                     worker = InstanceWorker(infer_func=func, **common)
                     worker.start()
                     self._workers.append(worker)
+        except BaseException:
+            self.stop_workers()
+            raise
+        if wait:
+            self.wait_workers()
+
+    def wait_workers(self) -> None:
+        """Wait until every worker process has loaded its callable (at once for thread and backend instances).
+
+        Raises ``_process.WorkerStartError`` (after stopping every worker of this model) if one could not.
+        """
+        try:
             for started in self._workers:
                 if isinstance(started, _process.ProcessInstance):
                     started.wait_ready()
         except BaseException:
             self.stop_workers()
             raise
+
+    def worker_failure(self) -> Optional[_process.WorkerStartError]:
+        """Without waiting: why a worker process of this model could not load its callable, or None."""
+        for started in self._workers:
+            if isinstance(started, _process.ProcessInstance):
+                error = started.start_failure()
+                if error is not None:
+                    return error
+        return None
 
     def _stub_lost(self, generation: int, server_pid: int) -> None:
         callback = self._context.on_stub_lost
@@ -443,6 +466,35 @@ class BoundModel:
     def remove_files(self, repository: pathlib.Path) -> None:
         """Delete the model's repository directory."""
         shutil.rmtree(repository / self.name, ignore_errors=True)
+
+
+class WorkerStarts:
+    """The workers of the models ``Triton.run()`` starts, launched without waiting while the server starts.
+
+    A worker process imports the user's modules (hundreds of milliseconds at least) and the server
+    loads its models meanwhile: their stubs connect to the slots' sockets, which listen from the
+    launch on, and their hello waits there until the worker process serves it. A server backend that
+    polls while the server comes up calls :meth:`check` on each poll, so a worker that cannot load its
+    callable fails ``run()`` at once, not after the server's start-up timeout (its stub would wait
+    forever); one that cannot poll (the in-process server loads its models inside one library call)
+    calls :meth:`wait` before starting the server. Owns nothing: the models' workers are stopped by
+    their ``BoundModel`` (``Triton.stop()`` after a failed ``run()``).
+    """
+
+    def __init__(self, models: Sequence[BoundModel]) -> None:
+        self._models = list(models)
+
+    def check(self) -> None:
+        """Raise the first ``_process.WorkerStartError`` known now; return at once otherwise."""
+        for model in self._models:
+            error = model.worker_failure()
+            if error is not None:
+                raise error
+
+    def wait(self) -> None:
+        """Wait until every worker process has loaded its callable; raise ``WorkerStartError`` if one could not."""
+        for model in self._models:
+            model.wait_workers()
 
 
 def _write_private(path: pathlib.Path, content: bytes) -> None:
