@@ -9,7 +9,7 @@ the user's main module as ``__mp_main__`` (``multiprocessing``'s spawn rules). T
 exactly that in a fresh interpreter of the stub's own environment (the real stub embeds the same
 Python with the same environment, but reads no ``PYTHON*`` variable, so ``-X importtime`` cannot be
 switched on inside it): the copied package and ``model.py`` as ``bind`` writes them, the server's real
-``triton_python_backend_utils.py``, and a payload packed as ``bind`` packs it, for
+``triton_python_backend_utils.py``, the package's bytecode from pytriton's cache, and a payload packed as ``bind`` packs it, for
 ``bench.models.identity`` with ``--main`` (default ``bench.startup_child``, which imports
 ``pytriton.triton``; ``--main ''`` for none) as the main module. The handshake with the user's
 process and the stub's own start are not in it.
@@ -38,7 +38,7 @@ from bench.__main__ import ROOT
 from bench.models import identity
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.proxy import _backend_kind, _binding, _process
-from pytriton.server.distribution import find_server, stub_environment
+from pytriton.server.distribution import find_server, pytriton_home, stub_environment
 
 _REPLAY = """
 import importlib, importlib.util, json, pickle, sys, time
@@ -92,7 +92,7 @@ def replay(repeats: int, main: Optional[str], importtime: bool = False) -> Dict[
         root = pathlib.Path(tmp)
         version_dir = root / "repo" / "proxy_identity" / "1"
         version_dir.mkdir(parents=True)
-        _binding.write_stub_package(version_dir)
+        _binding.write_stub_package(version_dir, pytriton_home() / "bytecode")  # as Triton.bind writes it
         backend = root / "backend"
         backend.mkdir()
         (backend / utils.name).write_bytes(utils.read_bytes())

@@ -226,7 +226,8 @@ class RemoteBackend:
         files = {
             f"file:{path.relative_to(model_dir).as_posix()}": path.read_bytes()
             for path in sorted(model_dir.rglob("*"))
-            if path.is_file() and path.name != "config.pbtxt"
+            # Bytecode stays here: a server elsewhere may run another Python, and it compiles what it lacks.
+            if path.is_file() and path.name != "config.pbtxt" and "__pycache__" not in path.parts
         }
         return json.dumps(config), files
 

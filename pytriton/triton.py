@@ -42,11 +42,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from pytriton import _registry, inprocess
+from pytriton import _registry
 from pytriton._backend import ServerBackend, State
-from pytriton._embedded import EmbeddedBackend, check_embedded_flag
 from pytriton._endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
 from pytriton._healing import Supervisor, wait_detached
 from pytriton._launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
@@ -65,7 +64,7 @@ from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, sh
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy.stubside import _segments, _stub_bytes
 from pytriton.server._restarts import RestartPolicy
-from pytriton.server.distribution import check_python_supported
+from pytriton.server.distribution import check_python_supported, pytriton_home
 from pytriton.server.security import (  # noqa: F401  (the constants are importable from here, as in NVIDIA PyTriton)
     DEFAULT_PROTECTED_ENDPOINTS,
     TRITON_ACCESS_HEADER,
@@ -77,6 +76,9 @@ from pytriton.server.settings import EXIT_TIMEOUT_S, RECYCLE_BYTE_SIZE, RECYCLE_
 from pytriton.server.settings import resolve as resolve_settings
 from pytriton.server.triton_config import TritonConfig
 from pytriton.server.workspace import Workspace
+
+if TYPE_CHECKING:
+    from pytriton import inprocess
 
 __all__ = ["RemoteTriton", "Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
 
@@ -168,7 +170,12 @@ class Triton:
             raise PyTritonBadParameterError(
                 f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(triton_lifecycle_policy).__name__}."
             )
-        embedded = check_embedded_flag(embedded)
+        if embedded is not False:
+            # The in-process server's modules only where it is asked for: a program that launches the
+            # binary (and its stubs and worker processes, which import this module again) skips them.
+            from pytriton._embedded import check_embedded_flag
+
+            embedded = check_embedded_flag(embedded)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
             raise PyTritonBadParameterError(
                 f"security_config must be a TritonSecurityConfig, got {type(security_config).__name__}."
@@ -180,7 +187,11 @@ class Triton:
         access = AccessPolicy(settings.config, security)  # also validates the config's own restrictions
 
         def backend(site: Site) -> ServerBackend:
-            return EmbeddedBackend(site, access) if embedded else LaunchedBackend(site, access, security.access_token)
+            if not embedded:
+                return LaunchedBackend(site, access, security.access_token)
+            from pytriton._embedded import EmbeddedBackend
+
+            return EmbeddedBackend(site, access)
 
         self._setup(
             settings,
@@ -254,6 +265,7 @@ class Triton:
                 polling=self._settings.polling,
                 metrics=self._settings.callable_metrics,
                 tracing=self._traces.enabled,
+                bytecode_dir=pytriton_home() / "bytecode",  # the stub package's, kept between runs
             )
         )
 
@@ -744,6 +756,8 @@ class Triton:
         Raises:
             PyTritonInvalidOperationError: not embedded, not running, or no model of that name is bound.
         """
+        from pytriton import inprocess
+
         self.model(model_name)  # the same checks
         return inprocess.InProcessModelClient(self.inprocess_server, model_name, model_version)
 

@@ -22,7 +22,7 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
-from pytriton.proxy import _backend_kind, _process, _stub_model, stubside
+from pytriton.proxy import _backend_kind, _bytecode, _process, _stub_model, stubside
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._worker import InstanceWorker
 from pytriton.proxy.stubside import _backend_page, _segments, _stub_exit, _wire, _zmq_channel
@@ -131,6 +131,8 @@ class BindingContext:
     # The TCP transport's endpoint in this process (RemoteTriton(transport="tcp")); None: Unix sockets.
     tcp: Optional[_zmq_channel.Hub] = None
     metrics: bool = False  # the callables' metrics on Triton's /metrics (TritonConfig.callable_metrics)
+    # Where the stub package's bytecode is kept between runs (proxy/_bytecode.py); None: none is written.
+    bytecode_dir: Optional[pathlib.Path] = None
     tracing: bool = False  # the server traces in OpenTelemetry mode (proxy/_tracing.py)
 
 
@@ -291,7 +293,7 @@ class BoundModel:
             _write_private(payload, _backend_kind.pack(self._payloads, self.config, self.strict))
         elif payload.exists():
             payload.unlink()
-        write_stub_package(version_dir)
+        write_stub_package(version_dir, self._context.bytecode_dir)
 
     def run_direct_warmup(self) -> None:
         """Hand each callable the warmup batches Triton cannot send (``direct_warmup``), in order.
@@ -505,26 +507,28 @@ def _write_private(path: pathlib.Path, content: bytes) -> None:
         file.write(content)
 
 
-def copy_stub_package(version_dir: pathlib.Path) -> pathlib.Path:
+def copy_stub_package(version_dir: pathlib.Path, bytecode_dir: Optional[pathlib.Path] = None) -> pathlib.Path:
     """Copy the stub-side package whole into ``version_dir``; return the copy's directory.
 
     Every module of ``pytriton/proxy/stubside`` goes to ``_pytriton_stubside/`` (0700; files 0600,
     like everything pytriton writes into the repository: docs/security.md); the package is flat, so
-    its ``*.py`` files are all of it (``__pycache__`` stays behind). Files overwrite an earlier
-    copy, which a running stub has already imported.
+    its ``*.py`` files are all of it. With ``bytecode_dir`` each comes with its bytecode
+    (``_bytecode``, cached there), so the stub does not compile the package before its first request.
+    Files overwrite an earlier copy, which a running stub has already imported.
     """
     package_dir = version_dir / _stub_model.PACKAGE
     package_dir.mkdir(mode=0o700, exist_ok=True)
     os.chmod(package_dir, 0o700)
     for source in sorted(pathlib.Path(stubside.__file__).parent.glob("*.py")):
-        _write_private(package_dir / source.name, source.read_bytes())
+        _bytecode.copy_with_bytecode(source, package_dir / source.name, _write_private, bytecode_dir)
     return package_dir
 
 
-def write_stub_package(version_dir: pathlib.Path) -> None:
+def write_stub_package(version_dir: pathlib.Path, bytecode_dir: Optional[pathlib.Path] = None) -> None:
     """The stub side of a model version: the package (:func:`copy_stub_package`) and ``model.py`` that loads it."""
-    copy_stub_package(version_dir)
-    _write_private(version_dir / "model.py", pathlib.Path(_stub_model.__file__).read_bytes())
+    copy_stub_package(version_dir, bytecode_dir)
+    model = pathlib.Path(_stub_model.__file__)
+    _bytecode.copy_with_bytecode(model, version_dir / "model.py", _write_private, bytecode_dir)
 
 
 def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatcher]:

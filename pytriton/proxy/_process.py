@@ -60,7 +60,6 @@ import types
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
-import wrapt
 
 from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
@@ -99,10 +98,22 @@ def check_instance_kind(value: object, model: str) -> str:
 
 # -- the callable's way to the worker process -------------------------------------------------
 _CONTEXT_ID = "pytriton.TritonContext"
+
+
 # wrapt's type stubs declare nothing for Python 3.9 (see pytriton/decorators.py), which CI type-checks
 # too: the wrapper classes are used untyped.
-_wrapt: Any = wrapt
-_WRAPPERS = (_wrapt.FunctionWrapper, _wrapt.BoundFunctionWrapper)
+def _wrapt() -> Any:
+    """``wrapt``, imported when first needed: it imports asyncio and importlib.metadata (~35 ms here), which a
+    stub or worker process loading an undecorated callable need not pay before its first request."""
+    import wrapt
+
+    return wrapt
+
+
+def _is_wrapper(kind: type) -> bool:
+    """True for wrapt's wrapper classes; no object can be one while wrapt was never imported."""
+    wrapt = sys.modules.get("wrapt")
+    return wrapt is not None and issubclass(kind, (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper))
 
 
 def _resolve(module: str, qualname: str, depth: int = 0) -> object:
@@ -136,7 +147,7 @@ def reduce_numpy_type(obj: object) -> object:
 
 def _rewrap(wrapped: object, wrapper: object, enabled: object) -> object:
     """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
-    return _wrapt.FunctionWrapper(wrapped, wrapper, enabled)
+    return _wrapt().FunctionWrapper(wrapped, wrapper, enabled)
 
 
 def _named(obj: object) -> Optional[Tuple[str, str, int]]:
@@ -174,7 +185,7 @@ class _CallablePickler(pickle.Pickler):
         if isinstance(obj, type) and issubclass(obj, np.generic):
             return reduce_numpy_type(obj)
         kind = type(obj)  # not isinstance: a wrapt proxy reports the class of what it wraps
-        wrapper = issubclass(kind, _WRAPPERS)
+        wrapper = _is_wrapper(kind)
         if not (wrapper or issubclass(kind, (types.FunctionType, type))):
             return NotImplemented
         named = _named(obj)
@@ -189,17 +200,17 @@ class _CallablePickler(pickle.Pickler):
             return _resolve, named
         if not wrapper:
             return NotImplemented  # plain pickle: a function or class by name (or its own error)
-        if issubclass(kind, _wrapt.BoundFunctionWrapper):
+        if issubclass(kind, _wrapt().BoundFunctionWrapper):
             owner, name = obj._self_instance, getattr(obj, "__name__", None)
             if owner is not None and isinstance(name, str) and _same_method(getattr(owner, name, None), obj):
                 return getattr, (owner, name)
-        if kind is _wrapt.FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
+        if kind is _wrapt().FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
             return _rewrap, (obj.__wrapped__, obj._self_wrapper, obj._self_enabled)
         raise pickle.PicklingError(f"cannot pickle the decorated callable {obj!r}")
 
 
 def _same_method(found: Any, bound: Any) -> bool:
-    return issubclass(type(found), _wrapt.BoundFunctionWrapper) and found.__wrapped__ == bound.__wrapped__
+    return issubclass(type(found), _wrapt().BoundFunctionWrapper) and found.__wrapped__ == bound.__wrapped__
 
 
 def _main_importable() -> bool:
