@@ -3,8 +3,9 @@
 Usage: ``python -m bench.start_stop [--repeats N] [--kinds thread,process,backend] [--tree DIR ...]``.
 
 Each repeat starts, for every kind in turn (the order rotates from repeat to repeat), a fresh
-``python -m bench.startup_child`` that binds the ``[16]`` float32 identity with that
-``instance_kind``, times ``run()`` and then ``stop()`` inside its own process, and reports both; then
+``bench/startup_child.py`` (run by path) that binds the ``[16]`` float32 identity with that
+``instance_kind``, times ``run()`` and then ``stop()`` inside its own process, and reports both with
+the CPU time the model's stub had used when ``run()`` returned (less disturbed by a busy host); then
 a plain ``tritonserver`` with one Python-backend identity model is launched and timed from launch to
 ready, and from SIGINT to exit (``bench.__main__.startup_plain``): the floor a bound model's start is
 compared with. Prints one JSON object: per kind the median ``run_s`` and ``stop_s`` over the repeats
@@ -14,8 +15,8 @@ load average before and after.
 ``--tree DIR`` (repeatable; ``.`` is this checkout) runs the children against another checkout's
 ``pytriton`` (and ``bench.models``), e.g. an export of ``main`` for a before/after comparison in the
 same run: every repeat times each tree for each kind, alternating which goes first. The child's code
-is this tree's ``bench/startup_child.py``, run with ``DIR`` as its working directory, so ``DIR`` comes
-first on its ``sys.path``. Timings on the shared 2-core machine are noisy: compare medians of one run, and say
+is this tree's ``bench/startup_child.py``, run by path with ``DIR`` as its working directory, so ``DIR`` comes
+first on its ``sys.path`` (``PYTHONPATH``; this checkout is run the same way). Timings on the shared 2-core machine are noisy: compare medians of one run, and say
 what else was running.
 """
 
@@ -39,22 +40,27 @@ CHILD_TIMEOUT_S = 120.0
 
 
 def one_start(kind: str, tree: Optional[pathlib.Path] = None) -> Dict[str, float]:
-    """Start one child serving a model of ``kind``; ``{"run_s", "stop_s"}`` as the child timed them."""
+    """Start one child serving a model of ``kind``; ``{"run_s", "stop_s", "stub_cpu_s"}`` as the child measured them."""
     ports = [str(port) for port in free_ports(3)]
-    command = (
-        [sys.executable, "-c", CHILD.read_text(), *ports, kind]
-        if tree is not None
-        else [sys.executable, "-m", "bench.startup_child", *ports, kind]
-    )
+    root = tree or ROOT
+    # This tree's child script by path, for every tree alike: the tree's pytriton and bench.models come
+    # first on sys.path (PYTHONPATH), and worker processes and backend stubs rerun the script by path
+    # as their main module, as they would a user's script.
+    env = dict(os.environ, PYTHONPATH=str(root))
     child = subprocess.Popen(  # noqa: S603
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree or ROOT
+        [sys.executable, str(CHILD), *ports, kind],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env=env,
     )
     assert child.stdout is not None and child.stdin is not None
     try:
         words = child.stdout.readline().split()
-        if words[:1] != ["ready"] or len(words) != 2:
+        if words[:1] != ["ready"] or len(words) != 3:
             raise RuntimeError(f"start-up child ({kind}) failed: {words!r}")
-        run_s = float(words[1])
+        run_s, stub_cpu_s = float(words[1]), float(words[2])
         child.stdin.write("stop\n")
         child.stdin.flush()
         stop_s = float(child.stdout.readline())
@@ -63,7 +69,7 @@ def one_start(kind: str, tree: Optional[pathlib.Path] = None) -> Dict[str, float
         if child.poll() is None:
             child.kill()
             child.wait()
-    return {"run_s": run_s, "stop_s": stop_s}
+    return {"run_s": run_s, "stop_s": stop_s, "stub_cpu_s": stub_cpu_s}
 
 
 def _summary(rows: List[Dict[str, float]], plain_ready_s: float) -> Dict[str, Any]:
@@ -71,9 +77,11 @@ def _summary(rows: List[Dict[str, float]], plain_ready_s: float) -> Dict[str, An
     return {
         "run_s": round(run_s, 3),
         "stop_s": round(statistics.median(row["stop_s"] for row in rows), 3),
+        "stub_cpu_s": round(statistics.median(row["stub_cpu_s"] for row in rows), 3),
         "run_to_plain_ready": round(run_s / plain_ready_s, 2),
         "run_samples": [round(row["run_s"], 3) for row in rows],
         "stop_samples": [round(row["stop_s"], 3) for row in rows],
+        "stub_cpu_samples": [round(row["stub_cpu_s"], 3) for row in rows],
     }
 
 

@@ -14,7 +14,9 @@ switched on inside it): the copied package and ``model.py`` as ``bind`` writes t
 ``pytriton.triton``; ``--main ''`` for none) as the main module. The handshake with the user's
 process and the stub's own start are not in it.
 
-Prints one JSON object: the median seconds of the package load and of the ``initialize`` imports
+Prints one JSON object: the median seconds of the package load (``model.py`` and the stub package,
+numpy and ``triton_python_backend_utils`` already imported, as in the stub; ``--no-bytecode``: copied
+without its bytecode, as before ``proxy/_bytecode.py``) and of the ``initialize`` imports
 over the repeats (each in a new interpreter), and the modules the ``initialize`` step imported
 beyond the package load, grouped by top-level name. ``--importtime`` prints Python's
 ``-X importtime`` report of one more run instead (on stderr).
@@ -26,6 +28,7 @@ import argparse
 import json
 import pathlib
 import pickle
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +47,7 @@ _REPLAY = """
 import importlib, importlib.util, json, pickle, sys, time
 version_dir, backend_dir, params_file, payload_file = sys.argv[1:5]
 sys.path.append(backend_dir)  # where the stub finds triton_python_backend_utils
+import numpy, triton_python_backend_utils  # the stub has both before it loads model.py
 started = time.perf_counter()
 spec = importlib.util.spec_from_file_location("model", version_dir + "/model.py")
 model = importlib.util.module_from_spec(spec)
@@ -84,7 +88,7 @@ def _payload(main: Optional[str]) -> bytes:
         _process.preparation_data = real  # type: ignore[assignment]
 
 
-def replay(repeats: int, main: Optional[str], importtime: bool = False) -> Dict[str, Any]:
+def replay(repeats: int, main: Optional[str], importtime: bool = False, bytecode: bool = True) -> Dict[str, Any]:
     """Replay the stub's imports ``repeats`` times (fresh interpreters); medians and the modules of the last run."""
     python = stub_environment().bin_dir / "python3"
     utils = find_server().backend_dir / "python" / "triton_python_backend_utils.py"
@@ -92,7 +96,6 @@ def replay(repeats: int, main: Optional[str], importtime: bool = False) -> Dict[
         root = pathlib.Path(tmp)
         version_dir = root / "repo" / "proxy_identity" / "1"
         version_dir.mkdir(parents=True)
-        _binding.write_stub_package(version_dir, pytriton_home() / "bytecode")  # as Triton.bind writes it
         backend = root / "backend"
         backend.mkdir()
         (backend / utils.name).write_bytes(utils.read_bytes())
@@ -104,6 +107,11 @@ def replay(repeats: int, main: Optional[str], importtime: bool = False) -> Dict[
         flags = ["-X", "importtime"] if importtime else []
         runs: List[Dict[str, Any]] = []
         for _ in range(1 if importtime else repeats):
+            # A fresh copy each time, as each model load gets (the interpreter writes its own bytecode
+            # of what it compiled): as Triton.bind writes it; without bytecode as before.
+            for cache in version_dir.rglob("__pycache__"):
+                shutil.rmtree(cache)
+            _binding.write_stub_package(version_dir, pytriton_home() / "bytecode" if bytecode else None)
             done = subprocess.run(
                 [str(python), "-I", *flags, "-c", _REPLAY, *argv],
                 capture_output=True, text=True, timeout=120, cwd=root, check=False,
@@ -120,6 +128,7 @@ def replay(repeats: int, main: Optional[str], importtime: bool = False) -> Dict[
     return {
         "repeats": len(runs),
         "main": main,
+        "bytecode": bytecode,
         "package_s": round(statistics.median(run["package_s"] for run in runs), 4),
         "initialize_s": round(statistics.median(run["initialize_s"] for run in runs), 4),
         "initialize_samples": [round(run["initialize_s"], 4) for run in runs],
@@ -135,10 +144,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--main", default="bench.startup_child", help="the user's main module ('' for none)")
     parser.add_argument("--importtime", action="store_true", help="print -X importtime of one run on stderr")
     parser.add_argument("--modules", action="store_true", help="list every module initialize imported")
+    parser.add_argument("--no-bytecode", action="store_true", help="copy the stub package without its bytecode")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats takes a positive count")
-    result = replay(args.repeats, args.main or None, args.importtime)
+    result = replay(args.repeats, args.main or None, args.importtime, not args.no_bytecode)
     if not args.modules:
         result.pop("modules")
     print(json.dumps(result, indent=2))
