@@ -119,7 +119,7 @@ def startup_project(repeats: int) -> Dict[str, Any]:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         assert child.stdout is not None and child.stdin is not None
-        if child.stdout.readline().strip() != "ready":
+        if child.stdout.readline().split()[:1] != ["ready"]:  # "ready <run() seconds>"
             raise RuntimeError("project start-up child failed")
         ready.append(time.monotonic() - started)
         child.stdin.write("stop\n")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol,
 
 if TYPE_CHECKING:
     from pytriton import inprocess
-    from pytriton.proxy._binding import BindingContext, BoundModel
+    from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts
     from pytriton.server.process import TritonServerProcess
     from pytriton.server.workspace import Workspace
 
@@ -92,7 +92,7 @@ class ServerBackend(Protocol):
     """Where the server runs: start, stop, liveness, URLs, token, scratch space and the hooks self-healing needs.
 
     Lifecycle: ``Triton.run()`` calls :meth:`prepare`, then :meth:`model_store`, writes the model files,
-    starts the workers and calls :meth:`start`; ``Triton.stop()`` calls :meth:`stop` once (the drain), then,
+    launches the workers (without waiting for worker processes) and calls :meth:`start`; ``Triton.stop()`` calls :meth:`stop` once (the drain), then,
     after the workers stopped, :meth:`release`, which frees everything the backend holds. A backend is used
     by one ``Triton`` and never restarted after :meth:`release`.
     """
@@ -134,11 +134,20 @@ class ServerBackend(Protocol):
         """The binding context of a new model, with what this backend adds (the TCP hub of a remote server)."""
 
     def start(
-        self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
+        self,
+        repository: pathlib.Path,
+        startup_models: List[str],
+        has_models: bool,
+        socket_dir: pathlib.Path,
+        workers: WorkerStarts,
     ) -> bool:
         """Start (or connect to) the server with ``startup_models`` loaded and wait until it is ready.
 
         ``socket_dir`` is the ``Triton``'s private socket directory (a watchdog removes it if this process dies).
+        ``workers``: the bound models' workers, launched but perhaps still loading their callables. A backend
+        that polls while the server comes up calls ``workers.check()`` on each poll (the server starts while
+        worker processes import the user's modules); one that cannot calls ``workers.wait()`` before it starts
+        the server or loads a model. Either raises ``WorkerStartError`` for a worker that failed.
 
         Returns True once it is ready; False if it came up (it listened: its start-up models had loaded) and
         died before the readiness probe saw it ready. That is a crash, not a failed start (a request can kill

@@ -384,6 +384,10 @@ class EmbeddedBackend(LocalBackend):
     embedded = True
     can_trace = False
 
+    # Triton's library loads the start-up models inside one call that nothing can interrupt: a stub
+    # waiting for a worker process that failed would hold it forever, so the workers are ready first.
+    starts_beside_workers = False
+
     def _new_server(self, plan: LaunchPlan, env: Dict[str, str]) -> TritonServerProcess:
         # Triton's log goes to the configured file, else to one in the workspace (server_log reads
         # it), not to this process's standard error.

@@ -31,7 +31,7 @@ from pytriton._backend import Registry, StopHooks
 from pytriton._endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
 from pytriton._plan import LaunchPlan
 from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
-from pytriton.proxy._binding import BindingContext, BoundModel, backend_region_prefix
+from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
 from pytriton.proxy.stubside import _segments
 from pytriton.server import _allocator
 from pytriton.server._scratch import ScratchDirTracker
@@ -84,6 +84,16 @@ def server_environment(
     return env
 
 
+def _checked(probe: Callable[[], bool], check: Callable[[], None]) -> Callable[[], bool]:
+    """``probe`` that first calls ``check``, which raises to end the wait (a worker that failed to start)."""
+
+    def probed() -> bool:
+        check()
+        return probe()
+
+    return probed
+
+
 @dataclasses.dataclass(frozen=True)
 class Site:
     """Where a ``Triton`` keeps its things: what a backend needs to name and clean them."""
@@ -103,6 +113,9 @@ class LocalBackend:
     region_prefix: Optional[str]
     can_trace = True
     offers_pipelines = True
+    # The server starts while worker processes load their callables (WorkerStarts); False where the
+    # wait for the server cannot look at the workers, so they must be ready before it starts.
+    starts_beside_workers = True
 
     def __init__(self, site: Site, access: AccessPolicy) -> None:
         self._site = site
@@ -167,10 +180,17 @@ class LocalBackend:
         return context
 
     def start(
-        self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
+        self,
+        repository: pathlib.Path,
+        startup_models: List[str],
+        has_models: bool,
+        socket_dir: pathlib.Path,
+        workers: WorkerStarts,
     ) -> bool:
         distribution = self._distribution
         assert distribution is not None and self._stub_bin is not None, "prepare() first"
+        if not self.starts_beside_workers:
+            workers.wait()
         plan = LaunchPlan.build(
             distribution.binary,
             self._config,
@@ -200,7 +220,7 @@ class LocalBackend:
         server.start()
         self._start_watchdog(server, socket_dir)
         try:
-            self.wait_ready(server, "Triton failed to start")
+            self.wait_ready(server, "Triton failed to start", workers.check)
             return True
         except PyTritonServerError as exc:
             # Its start-up models had loaded (Triton listens only after that), so a death now is a crash,
@@ -250,8 +270,9 @@ class LocalBackend:
         if callback is not None:
             callback(returncode)
 
-    def wait_ready(self, server: TritonServerProcess, what: str) -> None:
-        server.wait_until(self._probe(), STARTUP_TIMEOUT_S, what)
+    def wait_ready(self, server: TritonServerProcess, what: str, check: Optional[Callable[[], None]] = None) -> None:
+        probe = self._probe()
+        server.wait_until(probe if check is None else _checked(probe, check), STARTUP_TIMEOUT_S, what)
 
     def server_log(self) -> List[str]:
         return self._server.log_lines if self._server is not None else []

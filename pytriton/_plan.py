@@ -27,13 +27,15 @@ import dataclasses
 import logging
 import math
 import pathlib
-from typing import Container, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Container, Dict, List, Optional, Tuple
 
-from pytriton import inprocess
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.server.command import NOT_FLAGS, LaunchSettings, effective_options
 from pytriton.server.security import AccessPolicy, Restriction
 from pytriton.server.triton_config import TritonConfig
+
+if TYPE_CHECKING:
+    from pytriton import inprocess
 
 LOGGER = logging.getLogger(__name__)
 
@@ -260,6 +262,8 @@ class LaunchPlan:
             PyTritonBadParameterError: a ``metrics_config``/``cache_config`` item is not
                 ``[group,]setting=value``.
         """
+        from pytriton import inprocess  # embedded mode only: the launched server never imports it
+
         if self.trace_config:
             LOGGER.warning("Embedded Triton ignores --trace-config: tracing is not available in embedded mode.")
         options = inprocess.Options(

@@ -42,7 +42,7 @@ from pytriton.exceptions import (
     PyTritonServerError,
 )
 from pytriton.model_config.generator import to_dict
-from pytriton.proxy._binding import BindingContext, BoundModel
+from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts
 from pytriton.proxy.stubside import _zmq_channel
 from pytriton.server.process import TritonServerProcess
 from pytriton.server.settings import Settings
@@ -172,9 +172,15 @@ class RemoteBackend:
         return dataclasses.replace(context, tcp=self.hub)
 
     def start(
-        self, repository: pathlib.Path, startup_models: List[str], has_models: bool, socket_dir: pathlib.Path
+        self,
+        repository: pathlib.Path,
+        startup_models: List[str],
+        has_models: bool,
+        socket_dir: pathlib.Path,
+        workers: WorkerStarts,
     ) -> bool:
-        self._running = True  # nothing to start: run() loads the models next
+        workers.wait()  # nothing to start here: run() loads the models next, and their stubs need the workers
+        self._running = True
         return True
 
     def started(self) -> None:
@@ -214,7 +220,8 @@ class RemoteBackend:
         files = {
             f"file:{path.relative_to(model_dir).as_posix()}": path.read_bytes()
             for path in sorted(model_dir.rglob("*"))
-            if path.is_file() and path.name != "config.pbtxt"
+            # Bytecode stays here: a server elsewhere may run another Python, and it compiles what it lacks.
+            if path.is_file() and path.name != "config.pbtxt" and "__pycache__" not in path.parts
         }
         return json.dumps(config), files
 

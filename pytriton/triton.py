@@ -42,11 +42,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from pytriton import _registry, inprocess
+from pytriton import _registry
 from pytriton._backend import ServerBackend, State
-from pytriton._embedded import EmbeddedBackend, check_embedded_flag
 from pytriton._endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
 from pytriton._healing import Supervisor, wait_detached
 from pytriton._launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
@@ -61,11 +60,11 @@ from pytriton.exceptions import (
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy._binding import BindingContext, BoundModel, short_socket_dir, validate_model_name
+from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, short_socket_dir, validate_model_name
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy.stubside import _segments, _stub_bytes
 from pytriton.server._restarts import RestartPolicy
-from pytriton.server.distribution import check_python_supported
+from pytriton.server.distribution import check_python_supported, pytriton_home
 from pytriton.server.security import (  # noqa: F401  (the constants are importable from here, as in NVIDIA PyTriton)
     DEFAULT_PROTECTED_ENDPOINTS,
     TRITON_ACCESS_HEADER,
@@ -77,6 +76,9 @@ from pytriton.server.settings import EXIT_TIMEOUT_S, RECYCLE_BYTE_SIZE, RECYCLE_
 from pytriton.server.settings import resolve as resolve_settings
 from pytriton.server.triton_config import TritonConfig
 from pytriton.server.workspace import Workspace
+
+if TYPE_CHECKING:
+    from pytriton import inprocess
 
 __all__ = ["RemoteTriton", "Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
 
@@ -168,7 +170,12 @@ class Triton:
             raise PyTritonBadParameterError(
                 f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(triton_lifecycle_policy).__name__}."
             )
-        embedded = check_embedded_flag(embedded)
+        if embedded is not False:
+            # The in-process server's modules only where it is asked for: a program that launches the
+            # binary (and its stubs and worker processes, which import this module again) skips them.
+            from pytriton._embedded import check_embedded_flag
+
+            embedded = check_embedded_flag(embedded)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
             raise PyTritonBadParameterError(
                 f"security_config must be a TritonSecurityConfig, got {type(security_config).__name__}."
@@ -180,7 +187,11 @@ class Triton:
         access = AccessPolicy(settings.config, security)  # also validates the config's own restrictions
 
         def backend(site: Site) -> ServerBackend:
-            return EmbeddedBackend(site, access) if embedded else LaunchedBackend(site, access, security.access_token)
+            if not embedded:
+                return LaunchedBackend(site, access, security.access_token)
+            from pytriton._embedded import EmbeddedBackend
+
+            return EmbeddedBackend(site, access)
 
         self._setup(
             settings,
@@ -254,6 +265,7 @@ class Triton:
                 polling=self._settings.polling,
                 metrics=self._settings.callable_metrics,
                 tracing=self._traces.enabled,
+                bytecode_dir=pytriton_home() / "bytecode",  # the stub package's, kept between runs
             )
         )
 
@@ -492,7 +504,13 @@ class Triton:
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
-        """Start the server with every bound model and return once all of them are ready."""
+        """Start the server with every bound model and return once all of them are ready.
+
+        Worker processes (``instance_kind="process"``) load their callables while the server starts.
+        On any failure this ``Triton`` is stopped (the server, workers, sockets and segments are gone)
+        before the error is raised; a worker process that cannot load its callable raises
+        ``pytriton.proxy._process.WorkerStartError`` (a ``PyTritonBadParameterError``) as soon as it fails.
+        """
         with self._lock:
             if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError(
@@ -510,8 +528,11 @@ class Triton:
             self._repository.mkdir(parents=True, exist_ok=True)
             for name in self._model_names():
                 self._write_name(name)
+            # Worker processes load their callables while the server starts (WorkerStarts): the
+            # backend's wait for the server also fails at once for a worker that could not.
+            workers = WorkerStarts(list(self._models.values()))
             for model in self._models.values():
-                model.start_workers()
+                model.start_workers(wait=False)
             # Models with a warmup are loaded through the repository API once the server is up, not
             # with --load-model: when a warmup fails at start-up, Triton 2.51 sometimes crashes on its
             # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
@@ -526,7 +547,8 @@ class Triton:
             if self._backend.offers_pipelines:
                 _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
             try:
-                came_up = self._backend.start(self._repository, startup, bool(self._models), self._socket_dir)
+                came_up = self._backend.start(self._repository, startup, bool(self._models), self._socket_dir, workers)
+                workers.wait()  # at once for the start-up models (their stubs said hello); the later ones load next
                 if came_up:  # else it died right after it came up: the supervisor restarts it (_launched.py)
                     for name in later:
                         self._request_load(name)
@@ -734,6 +756,8 @@ class Triton:
         Raises:
             PyTritonInvalidOperationError: not embedded, not running, or no model of that name is bound.
         """
+        from pytriton import inprocess
+
         self.model(model_name)  # the same checks
         return inprocess.InProcessModelClient(self.inprocess_server, model_name, model_version)
 

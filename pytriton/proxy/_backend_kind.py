@@ -31,7 +31,6 @@ Unit tests: tests/unit/test_backend_kind.py; with a server: tests/e2e/test_backe
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import io
 import logging
@@ -68,6 +67,7 @@ from pytriton.proxy.stubside._backend_page import Page
 from pytriton.proxy.types import Request
 
 if TYPE_CHECKING:
+    import asyncio
     import socket
 
     from pytriton.proxy.stubside._messages import SequenceFields
@@ -364,6 +364,8 @@ class InlineRunner:
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None or self._loop.is_closed():
+            import asyncio  # only for async callables: the stub imports it when one runs, not before its first request
+
             self._loop = asyncio.new_event_loop()
         return self._loop
 

@@ -22,7 +22,7 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.model_config.warmup import WARMUP_DIR, resolve_warmup
-from pytriton.proxy import _backend_kind, _process, _stub_model, stubside
+from pytriton.proxy import _backend_kind, _bytecode, _process, _stub_model, stubside
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._worker import InstanceWorker
 from pytriton.proxy.stubside import _backend_page, _segments, _stub_exit, _wire, _zmq_channel
@@ -131,6 +131,8 @@ class BindingContext:
     # The TCP transport's endpoint in this process (RemoteTriton(transport="tcp")); None: Unix sockets.
     tcp: Optional[_zmq_channel.Hub] = None
     metrics: bool = False  # the callables' metrics on Triton's /metrics (TritonConfig.callable_metrics)
+    # Where the stub package's bytecode is kept between runs (proxy/_bytecode.py); None: none is written.
+    bytecode_dir: Optional[pathlib.Path] = None
     tracing: bool = False  # the server traces in OpenTelemetry mode (proxy/_tracing.py)
 
 
@@ -291,7 +293,7 @@ class BoundModel:
             _write_private(payload, _backend_kind.pack(self._payloads, self.config, self.strict))
         elif payload.exists():
             payload.unlink()
-        write_stub_package(version_dir)
+        write_stub_package(version_dir, self._context.bytecode_dir)
 
     def run_direct_warmup(self) -> None:
         """Hand each callable the warmup batches Triton cannot send (``direct_warmup``), in order.
@@ -317,11 +319,13 @@ class BoundModel:
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
 
-    def start_workers(self) -> None:
+    def start_workers(self, wait: bool = True) -> None:
         """Start one worker per instance slot (before Triton loads the model).
 
         Process instances start in parallel; if one cannot load its callable, every worker started
-        here is stopped again and ``_process.WorkerStartError`` says why.
+        here is stopped again and ``_process.WorkerStartError`` says why. ``wait=False`` returns as
+        soon as every worker process is launched (``Triton.run()`` starts the server meanwhile): then
+        :meth:`wait_workers` waits for them and :meth:`worker_failure` tells a failure without waiting.
         """
         if self._workers:
             return
@@ -356,12 +360,33 @@ class BoundModel:
                     worker = InstanceWorker(infer_func=func, **common)
                     worker.start()
                     self._workers.append(worker)
+        except BaseException:
+            self.stop_workers()
+            raise
+        if wait:
+            self.wait_workers()
+
+    def wait_workers(self) -> None:
+        """Wait until every worker process has loaded its callable (at once for thread and backend instances).
+
+        Raises ``_process.WorkerStartError`` (after stopping every worker of this model) if one could not.
+        """
+        try:
             for started in self._workers:
                 if isinstance(started, _process.ProcessInstance):
                     started.wait_ready()
         except BaseException:
             self.stop_workers()
             raise
+
+    def worker_failure(self) -> Optional[_process.WorkerStartError]:
+        """Without waiting: why a worker process of this model could not load its callable, or None."""
+        for started in self._workers:
+            if isinstance(started, _process.ProcessInstance):
+                error = started.start_failure()
+                if error is not None:
+                    return error
+        return None
 
     def _stub_lost(self, generation: int, server_pid: int) -> None:
         callback = self._context.on_stub_lost
@@ -445,6 +470,35 @@ class BoundModel:
         shutil.rmtree(repository / self.name, ignore_errors=True)
 
 
+class WorkerStarts:
+    """The workers of the models ``Triton.run()`` starts, launched without waiting while the server starts.
+
+    A worker process imports the user's modules (hundreds of milliseconds at least) and the server
+    loads its models meanwhile: their stubs connect to the slots' sockets, which listen from the
+    launch on, and their hello waits there until the worker process serves it. A server backend that
+    polls while the server comes up calls :meth:`check` on each poll, so a worker that cannot load its
+    callable fails ``run()`` at once, not after the server's start-up timeout (its stub would wait
+    forever); one that cannot poll (the in-process server loads its models inside one library call)
+    calls :meth:`wait` before starting the server. Owns nothing: the models' workers are stopped by
+    their ``BoundModel`` (``Triton.stop()`` after a failed ``run()``).
+    """
+
+    def __init__(self, models: Sequence[BoundModel]) -> None:
+        self._models = list(models)
+
+    def check(self) -> None:
+        """Raise the first ``_process.WorkerStartError`` known now; return at once otherwise."""
+        for model in self._models:
+            error = model.worker_failure()
+            if error is not None:
+                raise error
+
+    def wait(self) -> None:
+        """Wait until every worker process has loaded its callable; raise ``WorkerStartError`` if one could not."""
+        for model in self._models:
+            model.wait_workers()
+
+
 def _write_private(path: pathlib.Path, content: bytes) -> None:
     """Write ``path`` with mode 0600, also when it existed with other bits."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -453,26 +507,28 @@ def _write_private(path: pathlib.Path, content: bytes) -> None:
         file.write(content)
 
 
-def copy_stub_package(version_dir: pathlib.Path) -> pathlib.Path:
+def copy_stub_package(version_dir: pathlib.Path, bytecode_dir: Optional[pathlib.Path] = None) -> pathlib.Path:
     """Copy the stub-side package whole into ``version_dir``; return the copy's directory.
 
     Every module of ``pytriton/proxy/stubside`` goes to ``_pytriton_stubside/`` (0700; files 0600,
     like everything pytriton writes into the repository: docs/security.md); the package is flat, so
-    its ``*.py`` files are all of it (``__pycache__`` stays behind). Files overwrite an earlier
-    copy, which a running stub has already imported.
+    its ``*.py`` files are all of it. With ``bytecode_dir`` each comes with its bytecode
+    (``_bytecode``, cached there), so the stub does not compile the package before its first request.
+    Files overwrite an earlier copy, which a running stub has already imported.
     """
     package_dir = version_dir / _stub_model.PACKAGE
     package_dir.mkdir(mode=0o700, exist_ok=True)
     os.chmod(package_dir, 0o700)
     for source in sorted(pathlib.Path(stubside.__file__).parent.glob("*.py")):
-        _write_private(package_dir / source.name, source.read_bytes())
+        _bytecode.copy_with_bytecode(source, package_dir / source.name, _write_private, bytecode_dir)
     return package_dir
 
 
-def write_stub_package(version_dir: pathlib.Path) -> None:
+def write_stub_package(version_dir: pathlib.Path, bytecode_dir: Optional[pathlib.Path] = None) -> None:
     """The stub side of a model version: the package (:func:`copy_stub_package`) and ``model.py`` that loads it."""
-    copy_stub_package(version_dir)
-    _write_private(version_dir / "model.py", pathlib.Path(_stub_model.__file__).read_bytes())
+    copy_stub_package(version_dir, bytecode_dir)
+    model = pathlib.Path(_stub_model.__file__)
+    _bytecode.copy_with_bytecode(model, version_dir / "model.py", _write_private, bytecode_dir)
 
 
 def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatcher]:

@@ -55,11 +55,11 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import types
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
-import wrapt
 
 from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
@@ -98,10 +98,22 @@ def check_instance_kind(value: object, model: str) -> str:
 
 # -- the callable's way to the worker process -------------------------------------------------
 _CONTEXT_ID = "pytriton.TritonContext"
+
+
 # wrapt's type stubs declare nothing for Python 3.9 (see pytriton/decorators.py), which CI type-checks
 # too: the wrapper classes are used untyped.
-_wrapt: Any = wrapt
-_WRAPPERS = (_wrapt.FunctionWrapper, _wrapt.BoundFunctionWrapper)
+def _wrapt() -> Any:
+    """``wrapt``, imported when first needed: it imports asyncio and importlib.metadata (~35 ms here), which a
+    stub or worker process loading an undecorated callable need not pay before its first request."""
+    import wrapt
+
+    return wrapt
+
+
+def _is_wrapper(kind: type) -> bool:
+    """True for wrapt's wrapper classes; no object can be one while wrapt was never imported."""
+    wrapt = sys.modules.get("wrapt")
+    return wrapt is not None and issubclass(kind, (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper))
 
 
 def _resolve(module: str, qualname: str, depth: int = 0) -> object:
@@ -135,7 +147,7 @@ def reduce_numpy_type(obj: object) -> object:
 
 def _rewrap(wrapped: object, wrapper: object, enabled: object) -> object:
     """A ``wrapt.FunctionWrapper`` again (used when unpickling; the class itself is not importable by name)."""
-    return _wrapt.FunctionWrapper(wrapped, wrapper, enabled)
+    return _wrapt().FunctionWrapper(wrapped, wrapper, enabled)
 
 
 def _named(obj: object) -> Optional[Tuple[str, str, int]]:
@@ -173,7 +185,7 @@ class _CallablePickler(pickle.Pickler):
         if isinstance(obj, type) and issubclass(obj, np.generic):
             return reduce_numpy_type(obj)
         kind = type(obj)  # not isinstance: a wrapt proxy reports the class of what it wraps
-        wrapper = issubclass(kind, _WRAPPERS)
+        wrapper = _is_wrapper(kind)
         if not (wrapper or issubclass(kind, (types.FunctionType, type))):
             return NotImplemented
         named = _named(obj)
@@ -188,17 +200,17 @@ class _CallablePickler(pickle.Pickler):
             return _resolve, named
         if not wrapper:
             return NotImplemented  # plain pickle: a function or class by name (or its own error)
-        if issubclass(kind, _wrapt.BoundFunctionWrapper):
+        if issubclass(kind, _wrapt().BoundFunctionWrapper):
             owner, name = obj._self_instance, getattr(obj, "__name__", None)
             if owner is not None and isinstance(name, str) and _same_method(getattr(owner, name, None), obj):
                 return getattr, (owner, name)
-        if kind is _wrapt.FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
+        if kind is _wrapt().FunctionWrapper:  # a decorator applied at bind time: the same again, around the copy
             return _rewrap, (obj.__wrapped__, obj._self_wrapper, obj._self_enabled)
         raise pickle.PicklingError(f"cannot pickle the decorated callable {obj!r}")
 
 
 def _same_method(found: Any, bound: Any) -> bool:
-    return issubclass(type(found), _wrapt.BoundFunctionWrapper) and found.__wrapped__ == bound.__wrapped__
+    return issubclass(type(found), _wrapt().BoundFunctionWrapper) and found.__wrapped__ == bound.__wrapped__
 
 
 def _main_importable() -> bool:
@@ -361,7 +373,8 @@ class ProcessInstance:
 
     Lifetime: :meth:`launch` creates the listening socket, the status page and the monitor thread,
     which starts the first worker process; :meth:`wait_ready` returns once it has loaded the
-    callable (or raises :class:`WorkerStartError`); :meth:`stop` ends the worker process and
+    callable (or raises :class:`WorkerStartError`), and :meth:`start_failure` tells the same without
+    waiting (``Triton.run()`` starts the server meanwhile); :meth:`stop` ends the worker process and
     releases everything. A worker process that dies is logged and replaced (after a backoff when it
     died before being ready; after ``MAX_START_FAILURES`` such deaths in a row the instance gives up
     and closes its socket, so its stub's requests fail at once).
@@ -400,6 +413,7 @@ class ProcessInstance:
         self._gave_up = False
         self._wake = threading.Event()
         self._ready = threading.Event()  # the first worker process loaded the callable (or failed to)
+        self._launched_at = 0.0  # time.monotonic() at launch(): the first worker's READY_TIMEOUT_S counts from it
         self._start_error: Optional[str] = None
         self._orphan = 0  # pid of the stub a dead worker process served, until it connects again
         self._replies: Dict[int, concurrent.futures.Future[Optional[_control.ReplyValue]]] = {}
@@ -485,20 +499,41 @@ class ProcessInstance:
         except BaseException:
             self._close()
             raise
+        self._launched_at = time.monotonic()
         self._thread = threading.Thread(target=self._monitor, name=f"pytriton-{self._name}-process", daemon=True)
         self._thread.start()
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Wait until the first worker process has loaded the callable; raise ``WorkerStartError`` if it failed."""
-        if not self._ready.wait(timeout_s):
+        """Wait until the first worker process has loaded the callable; raise ``WorkerStartError`` if it failed.
+
+        ``timeout_s`` counts from :meth:`launch`, so a wait after :meth:`start_failure` polls gives the
+        worker the same time in all.
+        """
+        if not self._ready.wait(max(0.0, self._launched_at + timeout_s - time.monotonic())):
             self._start_error = f"it did not report ready within {timeout_s:g} s"
-        if self._start_error is not None:
-            raise WorkerStartError(
-                f"Model {self._model!r}: the worker process of instance {self._name} could not load the inference "
-                f"callable: {self._start_error}. Its module must be importable in a fresh Python process (the same "
-                'sys.path is used), with the code that starts Triton under `if __name__ == "__main__":`; '
-                "or bind it with instance_kind='thread'."
-            )
+        error = self._failure()
+        if error is not None:
+            raise error
+
+    def start_failure(self, timeout_s: float = READY_TIMEOUT_S) -> Optional[WorkerStartError]:
+        """Without waiting: the ``WorkerStartError`` :meth:`wait_ready` would raise, once the first worker
+        process failed (or ``timeout_s`` passed since :meth:`launch` without it being ready); None while it
+        loads, and once it is ready."""
+        if not self._ready.is_set():
+            if time.monotonic() - self._launched_at < timeout_s:
+                return None
+            self._start_error = f"it did not report ready within {timeout_s:g} s"
+        return self._failure()
+
+    def _failure(self) -> Optional[WorkerStartError]:
+        if self._start_error is None:
+            return None
+        return WorkerStartError(
+            f"Model {self._model!r}: the worker process of instance {self._name} could not load the inference "
+            f"callable: {self._start_error}. Its module must be importable in a fresh Python process (the same "
+            'sys.path is used), with the code that starts Triton under `if __name__ == "__main__":`; '
+            "or bind it with instance_kind='thread'."
+        )
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop the worker process (killing it after ``timeout_s``) and release everything. Idempotent."""

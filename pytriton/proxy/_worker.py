@@ -11,7 +11,6 @@ instance instead (``_process.py``, ``_process_child.py``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import ctypes
@@ -46,6 +45,8 @@ from pytriton.proxy.stubside._messages import (
 from pytriton.proxy.types import CURRENT_BATCH, Request
 
 if TYPE_CHECKING:
+    import asyncio
+
     from pytriton.proxy._admission import Admission
 
 LOGGER = logging.getLogger(__name__)
@@ -190,6 +191,8 @@ class _Session:
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
+            import asyncio  # only for async callables: ~20 ms of imports a process need not pay before its first request
+
             self.loop = asyncio.new_event_loop()
         return self.loop
 

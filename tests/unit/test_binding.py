@@ -198,7 +198,7 @@ def test_repository_files(context, tmp_path):
     sources = sorted((proxy / "stubside").glob("*.py"))
     assert "_wire.py" in [source.name for source in sources] and "_stub.py" in [source.name for source in sources]
     copied = version_dir / "_pytriton_stubside"
-    assert sorted(path.name for path in copied.iterdir()) == [source.name for source in sources]
+    assert sorted(path.name for path in copied.iterdir()) == [source.name for source in sources]  # no bytecode_dir
     for source in sources:
         assert (copied / source.name).read_bytes() == source.read_bytes()
         assert (copied / source.name).stat().st_mode & 0o777 == 0o600

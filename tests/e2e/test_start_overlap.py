@@ -1,0 +1,84 @@
+"""``run()`` starts the server while worker processes load their callables, against a real server.
+
+A worker process that cannot load its callable must still fail ``run()`` with ``WorkerStartError`` as
+soon as it fails (its stub waits for it, so the server would otherwise only give up after its start-up
+timeout), and leave nothing behind: server and stubs, sockets, segments, worker processes. Unit tests of
+the ordering: tests/unit/test_start_overlap.py.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from pytriton._endpoints import STARTUP_TIMEOUT_S
+from pytriton.client import ModelClient
+from pytriton.model_config import Tensor
+from pytriton.proxy._process import WorkerStartError
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import process_group_alive, shm_entries, triton_ports, wait_for
+from tests.e2e import process_models
+
+X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+Y = [Tensor(name="y", shape=(-1,), dtype=np.float32)]
+
+
+def _worker_processes() -> list:
+    """Worker processes of this test process (their command line runs ``_process_child``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes()
+            status = pathlib.Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = status.rsplit(b")", 1)[1].split()
+        if b"_process_child" in cmdline and int(fields[1]) == os.getpid() and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
+
+
+def test_a_worker_that_cannot_load_its_callable_fails_run_at_once_and_leaves_nothing(monkeypatch):
+    module = types.ModuleType("pytriton_e2e_ghost")  # importable in this process only, not in a worker
+    exec("def infer(requests):\n    return [{'y': r['x']} for r in requests]\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    triton = Triton(config=TritonConfig(**triton_ports()))
+    try:
+        triton.bind("Thread", process_models.doubled, X, Y)  # a healthy model beside it is stopped too
+        triton.bind("Ghost", module.infer, X, Y, instance_kind="process")
+        socket_dir = triton._socket_dir
+        started = time.monotonic()
+        with pytest.raises(WorkerStartError, match="pytriton_e2e_ghost"):
+            triton.run()
+        elapsed = time.monotonic() - started
+        server = triton._backend.server
+        assert server is not None and server.pid is not None  # the server had been started beside the worker
+        assert elapsed < STARTUP_TIMEOUT_S / 2, f"run() failed only after {elapsed:.0f} s"
+        assert wait_for(lambda: not process_group_alive(server.pid), 10), "server or stub processes left behind"
+        assert wait_for(lambda: not _worker_processes(), 10), "a worker process was left behind"
+        assert wait_for(lambda: not shm_entries(triton._shm_prefix), 10), shm_entries(triton._shm_prefix)
+        assert socket_dir is not None and not socket_dir.exists()
+        assert not pathlib.Path(triton._workspace.path).exists()
+        assert triton.stop() is False  # run() stopped it already
+    finally:
+        triton.stop()
+
+
+def test_process_and_thread_models_started_together_serve(monkeypatch):
+    with Triton(config=TritonConfig(**triton_ports())) as triton:
+        triton.bind("Proc", [process_models.doubled] * 2, X, Y, instance_kind="process")
+        triton.bind("Thread", process_models.doubled, X, Y)
+        triton.run()
+        assert triton.is_alive()
+        for name in ("Proc", "Thread"):
+            with ModelClient(triton.http_url, name) as client:
+                result = client.infer_batch(x=np.ones((1, 3), dtype=np.float32))
+            np.testing.assert_array_equal(result["y"], np.full((1, 3), 2.0, dtype=np.float32))
