@@ -19,6 +19,8 @@ from pytriton.exceptions import PyTritonUnrecoverableError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import DTYPES, triton_ports, wait_for
+from tests.e2e._kinds import bind_kinds
+from tests.e2e._kinds import model as _m
 from tests.e2e.data_path_models import (
     Scaler,
     add_sub,
@@ -144,18 +146,8 @@ def _t(name, shape=(-1,), dtype=F32, optional=False):
 
 
 # Models bound a second time as ``<name>_backend`` with instance_kind="backend"; the tests taking
-# the ``kind`` fixture run on both (tests/e2e/test_backend_instances.py covers that kind on its own).
+# the ``kind`` fixture (tests/e2e/_kinds.py) run on both (tests/e2e/test_backend_instances.py covers that kind on its own).
 BACKEND_TWINS = {"AllTypes", "AddSub", "NoBatch", "Dynamic", "Params", "Object", "Async", "Stream", "Fails", "Strict"}
-
-
-@pytest.fixture(params=["thread", "backend"])
-def kind(request):
-    return request.param
-
-
-def _m(name, kind):
-    """The model ``name`` as bound with instance ``kind``."""
-    return f"{name}_backend" if kind == "backend" else name
 
 
 @pytest.fixture(scope="module")
@@ -164,9 +156,10 @@ def server():
     triton = Triton(config=TritonConfig(**ports))
 
     def bind(name, *args, **kwargs):
-        triton.bind(name, *args, **kwargs)
         if name in BACKEND_TWINS:  # the same model again, run inside its stub (see _m)
-            triton.bind(f"{name}_backend", *args, instance_kind="backend", **kwargs)
+            bind_kinds(triton, name, *args, **kwargs)
+        else:
+            triton.bind(name, *args, **kwargs)
 
     type_inputs = [_t(f"in_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("in_bytes", (-1,), bytes)]
     bind(
