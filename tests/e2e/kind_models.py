@@ -9,11 +9,12 @@ call's outputs or in files (the stub does not share this process's memory).
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
 
-from pytriton.decorators import batch, current_requests
+from pytriton.decorators import batch, batch_cancelled, current_requests
 
 # tests/e2e/test_clients.py
 
@@ -47,3 +48,52 @@ def fails(requests):
 def tokens(n):
     for step in range(int(n[0, 0])):
         yield {"token": np.full((len(n), 1), step, dtype=np.int32)}
+
+
+# tests/e2e/test_cancellation.py: the callables write what they saw into files of ``directory``
+# (``<tag>.started`` when called, ``<tag>.seen`` holding ``[time.monotonic(), Request.timeout_s]``
+# when they saw the cancellation; CLOCK_MONOTONIC is the same in every process of the host).
+
+CANCEL_CAP_S = 10.0  # no callable here runs longer than this, whatever happens
+
+
+def _note(directory, tag, suffix, value=None):
+    path = f"{directory}/{tag}.{suffix}"
+    with open(path + ".tmp", "w") as file:
+        json.dump(value, file)
+    os.replace(path + ".tmp", path)  # whole or absent for the reader
+
+
+class Watch:
+    """Polls ``is_cancelled()`` until it turns true (or CANCEL_CAP_S); output 1 if it did."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def __call__(self, requests):
+        request = requests[0]
+        tag = int(request["tag"].flat[0])
+        _note(self.directory, tag, "started")
+        deadline = time.monotonic() + CANCEL_CAP_S
+        while time.monotonic() < deadline:
+            if request.is_cancelled():
+                _note(self.directory, tag, "seen", [time.monotonic(), request.timeout_s])
+                return [{"seen": np.array([1], np.int32)}]
+            time.sleep(0.001)
+        return [{"seen": np.array([0], np.int32)}]
+
+
+class WatchBatch:
+    """Polls ``batch_cancelled()`` (the batch's view) until it turns true (or CANCEL_CAP_S); bound under ``@batch``."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def __call__(self, tag):
+        deadline = time.monotonic() + CANCEL_CAP_S
+        while time.monotonic() < deadline:
+            if batch_cancelled():
+                _note(self.directory, int(tag.flat[0]), "seen", [time.monotonic(), None])
+                break
+            time.sleep(0.001)
+        return {"seen": np.ones_like(tag)}
