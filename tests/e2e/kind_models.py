@@ -97,3 +97,36 @@ class WatchBatch:
                 break
             time.sleep(0.001)
         return {"seen": np.ones_like(tag)}
+
+
+# tests/e2e/test_limits.py
+
+
+def identity(requests):
+    return [dict(request.items()) for request in requests]
+
+
+def float64_out(requests):
+    return [{"y": r["x"].astype(np.float64)} for r in requests]
+
+
+def object_out(requests):
+    return [{"y": r["x"].astype(object)} for r in requests]
+
+
+def extra_dims(requests):
+    return [{"y": r["x"][..., None]} for r in requests]
+
+
+def widened(requests):
+    return [{"y": r["x"].astype(np.int16)} for r in requests]
+
+
+def only_first(requests):
+    # Returns only the first output the client asked for (Triton lists all when it named none).
+    return [{sorted(r.requested_output_names or ["a", "b"])[0]: r["x"]} for r in requests]
+
+
+def stream_identity(requests):
+    yield [{"x": r["x"]} for r in requests]
+    yield [{"x": r["x"] + 1} for r in requests]
