@@ -130,3 +130,24 @@ def only_first(requests):
 def stream_identity(requests):
     yield [{"x": r["x"]} for r in requests]
     yield [{"x": r["x"] + 1} for r in requests]
+
+
+# tests/e2e/test_metrics.py
+
+
+class Metered:
+    """Doubles ``x`` (bound under ``@batch``); raises on a negative input; for the input 7 creates
+    ``running`` in ``directory`` and waits (30 s at most) until ``release`` exists there."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def __call__(self, x):
+        if (x < 0).any():
+            raise ValueError("negative input")
+        if (x == 7).any():
+            _note(self.directory, "state", "running")
+            deadline = time.monotonic() + 30
+            while not os.path.exists(f"{self.directory}/state.release") and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return {"y": x * 2}
