@@ -151,3 +151,16 @@ class Metered:
             while not os.path.exists(f"{self.directory}/state.release") and time.monotonic() < deadline:
                 time.sleep(0.005)
         return {"y": x * 2}
+
+
+# tests/e2e/test_versions.py
+
+
+class Constant:
+    """Answers ``value`` for each ``x`` (bound under ``@batch``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, x):
+        return {"y": np.full_like(x, self.value)}
