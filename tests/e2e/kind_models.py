@@ -8,13 +8,15 @@ call's outputs or in files (the stub does not share this process's memory).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import pathlib
 import time
 
 import numpy as np
 
-from pytriton.decorators import batch, batch_cancelled, current_requests
+from pytriton.decorators import batch, batch_cancelled, current_requests, fill_optionals, first_value, pad_batch
 
 # tests/e2e/test_clients.py
 
@@ -164,3 +166,76 @@ class Constant:
 
     def __call__(self, x):
         return {"y": np.full_like(x, self.value)}
+
+
+# tests/e2e/test_warmup.py
+
+
+def _ready(http_url, path):
+    host, port = http_url[len("http://") :].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status == 200
+    except OSError:  # endpoints not open yet
+        return False
+    finally:
+        connection.close()
+
+
+def _texts(array):
+    return [
+        [item.decode("latin-1") if isinstance(item, bytes) else str(item) for item in row] for row in array.tolist()
+    ]
+
+
+class Recorder:
+    """A decorated callable that notes every batch, and whether model ``name`` was ready while it
+    ran, as ``call-<n>.json`` in ``directory`` (read back by :func:`recorded`)."""
+
+    def __init__(self, http_url, name, directory):
+        self.http_url = http_url
+        self.name = name
+        self.directory = directory
+        self.count = 0
+
+    @fill_optionals(scale=np.array([2.0], dtype=np.float32))
+    @batch
+    @pad_batch
+    @first_value("scale")
+    def __call__(self, x, label, scale):
+        ready = _ready(self.http_url, f"/v2/models/{self.name}/ready")
+        call = {"x": x.tolist(), "label": _texts(label), "scale": float(scale), "ready": ready}
+        if ready is False:
+            call["server_ready"] = _ready(self.http_url, "/v2/health/ready")
+        self.count += 1
+        _note(self.directory, f"call-{self.count:04d}", "json", call)
+        return {"y": x * scale}
+
+
+class EchoRecorder:
+    """Echoes each input as ``<name>_out`` (bound under ``@batch``) and notes the inputs of every
+    batch as ``call-<n>.json`` in ``directory``."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.count = 0
+
+    def __call__(self, **inputs):
+        self.count += 1
+        _note(
+            self.directory, f"call-{self.count:04d}", "json", {name: array.tolist() for name, array in inputs.items()}
+        )
+        return {f"{name}_out": array for name, array in inputs.items()}
+
+
+def recorded(directory):
+    """The calls a :class:`Recorder` or :class:`EchoRecorder` noted in ``directory``, in order."""
+    calls = []
+    for path in sorted(pathlib.Path(directory).glob("call-*.json")):
+        calls.append(json.loads(path.read_text()))
+    return calls
+
+
+def refuses(requests):
+    raise ValueError("cannot warm up: weights missing")
