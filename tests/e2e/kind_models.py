@@ -239,3 +239,68 @@ def recorded(directory):
 
 def refuses(requests):
     raise ValueError("cannot warm up: weights missing")
+
+
+# tests/e2e/test_tracing.py
+
+SPANS_FILE = "spans.jsonl"  # in a Traced's directory: one finished span a line (see Traced)
+
+
+@batch
+def _doubled(k):
+    return {"y": k * 2}
+
+
+class Traced:
+    """Opens a span of its own (``user_work``) for each request and doubles ``k``.
+
+    Unpickled (in a backend instance's stub) into a process without a tracer provider, it sets one
+    that writes every finished span of that process as a JSON line into ``directory``/SPANS_FILE:
+    the test's in-memory exporter only sees the spans of the test's own process."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        from opentelemetry import trace
+
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            trace.set_tracer_provider(_file_provider(os.path.join(self.directory, SPANS_FILE)))
+
+    def __call__(self, requests):
+        for request in requests:
+            with request.traced_span("user_work"):
+                pass
+        return _doubled(requests)
+
+
+def untraced(requests):
+    return [{"y": request["k"] * 2} for request in requests]
+
+
+def _file_provider(path):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class FileExporter(SpanExporter):
+        def export(self, spans):
+            with open(path, "a") as file:
+                for span in spans:
+                    file.write(json.dumps(span_record(span)) + "\n")
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(FileExporter()))
+    return provider
+
+
+def span_record(span):
+    """What the tracing tests check of a finished span, as plain data."""
+    return {
+        "name": span.name,
+        "trace_id": f"{span.context.trace_id:032x}",
+        "span_id": f"{span.context.span_id:016x}",
+        "parent_span_id": None if span.parent is None else f"{span.parent.span_id:016x}",
+        "model_name": (span.attributes or {}).get("pytriton.model_name"),
+    }
