@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import time
+import uuid
 
 import numpy as np
 
@@ -304,3 +305,38 @@ def span_record(span):
         "parent_span_id": None if span.parent is None else f"{span.parent.span_id:016x}",
         "model_name": (span.attributes or {}).get("pytriton.model_name"),
     }
+
+
+# tests/e2e/test_drain.py: a gate is a file; its callable waits (``wait_s`` at most) until it exists.
+
+
+def _wait_for_file(path, wait_s):
+    deadline = time.monotonic() + wait_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+class Gate:
+    """Bound under ``@batch``: notes each batch's size as ``entered-<id>.json`` in ``directory``, waits
+    for the gate file ``open`` there, and echoes ``x``."""
+
+    def __init__(self, directory, wait_s):
+        self.directory = directory
+        self.wait_s = wait_s
+
+    def __call__(self, x):
+        _note(self.directory, f"entered-{uuid.uuid4().hex}", "json", len(x))
+        _wait_for_file(os.path.join(self.directory, "open"), self.wait_s)
+        return {"x": x}
+
+
+class Hold:
+    """Waits for the gate file ``hold`` in ``directory``, and echoes its requests."""
+
+    def __init__(self, directory, wait_s):
+        self.directory = directory
+        self.wait_s = wait_s
+
+    def __call__(self, requests):
+        _wait_for_file(os.path.join(self.directory, "hold"), self.wait_s)
+        return [dict(request.items()) for request in requests]
