@@ -340,3 +340,31 @@ class Hold:
     def __call__(self, requests):
         _wait_for_file(os.path.join(self.directory, "hold"), self.wait_s)
         return [dict(request.items()) for request in requests]
+
+
+# tests/e2e/test_openai.py
+
+SLOW_TOKENS = 500
+
+
+class SlowStream:
+    """Streams SLOW_TOKENS tokens, 10 ms apart (bound under ``@batch``); when its generator is closed,
+    notes how many it had yielded as ``<tag>.closed`` in ``directory`` (the tag: the last message)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def __call__(self, messages):
+        tag = json.loads(messages[0, 0])[-1]["content"]
+        produced = 0
+        try:
+            for produced in range(SLOW_TOKENS):
+                time.sleep(0.01)
+                yield {"text": np.array([[f"t{produced} ".encode()]], dtype=object)}
+        finally:
+            _note(self.directory, tag, "closed", produced)
+
+
+@batch
+def gives_up(messages):
+    raise ValueError("the model gave up")
