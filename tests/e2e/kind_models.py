@@ -368,3 +368,15 @@ class SlowStream:
 @batch
 def gives_up(messages):
     raise ValueError("the model gave up")
+
+
+# tests/e2e/test_pipeline.py
+
+
+def outer_naming_the_url(requests, url):
+    """A process or backend instance has no Triton of its own: it names the server (and gets a clear error if not)."""
+    from pytriton import pipeline
+
+    x = requests[0]["x"]
+    handle = pipeline.model("Inner") if float(x.flat[0]) < -100 else pipeline.model("Inner", url=url)
+    return [{"y": handle.infer_sample(x)["y"]}]
