@@ -380,3 +380,63 @@ def outer_naming_the_url(requests, url):
     x = requests[0]["x"]
     handle = pipeline.model("Inner") if float(x.flat[0]) < -100 else pipeline.model("Inner", url=url)
     return [{"y": handle.infer_sample(x)["y"]}]
+
+
+# tests/e2e/test_memory.py
+
+
+def fresh_copy(requests):
+    return [{"x": request["x"].copy()} for request in requests]
+
+
+# tests/e2e/test_clients_compat.py
+
+
+@batch
+def ticks(n):
+    for step in range(int(n[0, 0])):
+        time.sleep(0.1)
+        yield {"token": np.full((len(n), 1), step, dtype=np.int32)}
+
+
+@batch
+def breaks(n):
+    yield {"token": np.zeros((len(n), 1), dtype=np.int32)}
+    if int(n[0, 0]) < 0:
+        raise RuntimeError("generator broke on purpose")
+    yield {"token": np.ones((len(n), 1), dtype=np.int32)}
+
+
+# tests/e2e/test_healing.py
+
+
+class CustomBase(BaseException):
+    pass
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("this exception cannot be printed")
+
+
+RAISES = [
+    ("SystemExit", lambda: SystemExit(3)),
+    ("KeyboardInterrupt", lambda: KeyboardInterrupt("pressed inside")),
+    ("GeneratorExit", lambda: GeneratorExit("closed inside")),
+    ("CustomBase", lambda: CustomBase("a custom BaseException")),
+    ("BadStr", BadStr),
+]
+
+
+def raiser(requests):
+    kind = int(requests[0]["k"].flat[0])
+    if kind >= 0:
+        raise RAISES[kind][1]()
+    return [{"y": r["k"]} for r in requests]
+
+
+def raising_stream(requests):
+    yield [{"y": r["k"]} for r in requests]
+    kind = int(requests[0]["k"].flat[0])
+    if kind >= 0:
+        raise RAISES[kind][1]()
