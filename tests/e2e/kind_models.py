@@ -440,3 +440,15 @@ def raising_stream(requests):
     kind = int(requests[0]["k"].flat[0])
     if kind >= 0:
         raise RAISES[kind][1]()
+
+
+# tests/e2e/test_remote.py
+
+
+def identity_to_y(requests):
+    return [{"y": request["x"]} for request in requests]
+
+
+def counting_stream(requests):
+    for step in range(20):  # more than one streaming window of inline chunks
+        yield [{"y": request["x"] + step} for request in requests]
