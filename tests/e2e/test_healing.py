@@ -437,9 +437,9 @@ CRASHING_BODIES = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(CRASHING_BODIES))
-def test_a_request_that_crashes_the_server_is_survived(ports, caplog, kind):
-    body, evidence = CRASHING_BODIES[kind]
+@pytest.mark.parametrize("crash", sorted(CRASHING_BODIES))
+def test_a_request_that_crashes_the_server_is_survived(ports, caplog, crash):
+    body, evidence = CRASHING_BODIES[crash]
     caplog.set_level(logging.ERROR, logger="pytriton._healing")
     triton = Triton(config=TritonConfig(**ports))
     try:
