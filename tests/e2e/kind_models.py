@@ -452,3 +452,18 @@ def identity_to_y(requests):
 def counting_stream(requests):
     for step in range(20):  # more than one streaming window of inline chunks
         yield [{"y": request["x"] + step} for request in requests]
+
+
+# tests/e2e/test_unresponsive.py
+
+
+class HangsOnOne:
+    """Echoes ``x``; a batch holding the value 1 first waits (60 s at most) until ``release`` exists in ``directory``."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def __call__(self, requests):
+        if any(float(request["x"].flat[0]) == 1.0 for request in requests):
+            _wait_for_file(os.path.join(self.directory, "release"), 60)
+        return [{"y": request["x"]} for request in requests]

@@ -4,11 +4,11 @@ One server in OpenTelemetry trace mode, exporting to a small OTLP/HTTP receiver 
 (Triton 2.51 posts OTLP as JSON to ``/v1/traces``), with tracing off server-wide (``level=OFF``)
 and switched on for one model by ``bind(..., trace_config=...)`` (sent through the restricted
 ``trace`` endpoint with pytriton's access token). The user's process exports its spans to an
-in-memory exporter, the callable of a backend instance (tests/e2e/_kinds.py) to a file of its
-stub's (``Traced`` in tests/e2e/kind_models.py); the tests check, for each instance kind, the chain client -> ``InferRequest`` -> model span (Triton's)
--> ``proxy_inference_callable`` -> ``batch`` and the user's own span (pytriton's), and that a
-server restarted after a crash traces the model again, and that a model bound again under the
-same name without ``trace_config`` is no longer traced.
+in-memory exporter; a backend instance's stub (tests/e2e/_kinds.py) to a file (``Traced`` in
+tests/e2e/kind_models.py). For each instance kind the tests check the chain client ->
+``InferRequest`` -> model span (Triton's) -> ``proxy_inference_callable`` -> ``batch`` and the
+user's own span (pytriton's), that a server restarted after a crash traces the model again, and
+that a model bound again under the same name without ``trace_config`` is no longer traced.
 """
 
 from __future__ import annotations
