@@ -1,6 +1,7 @@
 import pytest
 
 from pytriton.server.distribution import find_server
+from tests.e2e._kinds import KINDS
 
 
 def pytest_collection_modifyitems(config, items):
@@ -12,3 +13,9 @@ def pytest_collection_modifyitems(config, items):
 def _server_installed():
     # The e2e suite needs the real server: fail loudly (never skip) if it is missing.
     find_server()
+
+
+@pytest.fixture(params=KINDS)
+def kind(request):
+    """The instance kind a test runs on: ``thread`` or ``backend`` (tests/e2e/_kinds.py)."""
+    return request.param

@@ -58,3 +58,32 @@ def failing(requests):
 
 def strict_bad_dtype(requests):
     return [{"y": r["x"].astype(np.float64)} for r in requests]
+
+
+def large_layouts(requests):
+    """Large outputs in every layout: the input itself, a slice of it, Fortran order, strided, strings."""
+    results = []
+    for r in requests:
+        x = r["x"]
+        results.append({
+            "same": x,
+            "tail": x[:, x.shape[1] // 2 :],
+            "fortran": np.asfortranarray(np.repeat(x * 2, 2, axis=0)[: len(x)]),
+            "strided": x[:, ::2],
+            "text": np.array([[b"%d" % int(v) for v in row[:20_000]] for row in x], dtype=object),
+        })  # fmt: skip
+    return results
+
+
+def wrong_type(requests):
+    return {"y": requests[0]["x"]}
+
+
+def wrong_count(requests):
+    return [{"y": r["x"]} for r in requests] + [{"y": requests[0]["x"]}]
+
+
+def in_place(requests):
+    for r in requests:
+        r["x"] += 1
+    return [{"y": r["x"]} for r in requests]

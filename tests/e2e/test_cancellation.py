@@ -1,13 +1,16 @@
 """Cancellation, deadlines and the execution timeout through a live server (docs/cancellation.md).
 
 A callable polls ``Request.is_cancelled()``; it must see a gRPC cancel, a gRPC deadline and a
-request timeout (HTTP and gRPC). A call that runs past the model's execution timeout fails at the
+request timeout (HTTP and gRPC), on a thread and on a backend instance (tests/e2e/_kinds.py; the
+callables, in tests/e2e/kind_models.py, note what they saw in files). A call that runs past the model's execution timeout fails at the
 client with a clear error, and the instance is recovered: a thread instance's pure-Python call is
-interrupted (its thread ends), a process instance's worker process is replaced.
+interrupted (its thread ends), a process instance's worker process is replaced (``bind`` refuses an
+execution timeout for a backend instance).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -19,39 +22,14 @@ import tritonclient.http as httpclient
 
 from pytriton.client import ModelClient
 from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientTimeoutError
-from pytriton.decorators import batch, batch_cancelled
+from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
+from tests.e2e._kinds import KINDS, model
+from tests.e2e.kind_models import CANCEL_CAP_S, Watch, WatchBatch
 
-CAP_S = 10.0  # no callable here runs longer than this, whatever happens
-SEEN = {}  # tag -> (monotonic time the callable saw the cancellation, Request.timeout_s)
-STARTED = {}  # tag -> threading.Event set when the callable starts
-
-
-def watch(requests):
-    """Polls is_cancelled() until it turns true (or CAP_S); output 1 if it did."""
-    request = requests[0]
-    tag = int(request["tag"].flat[0])
-    STARTED.setdefault(tag, threading.Event()).set()
-    deadline = time.monotonic() + CAP_S
-    while time.monotonic() < deadline:
-        if request.is_cancelled():
-            SEEN[tag] = (time.monotonic(), request.timeout_s)
-            return [{"seen": np.array([1], np.int32)}]
-        time.sleep(0.001)
-    return [{"seen": np.array([0], np.int32)}]
-
-
-@batch
-def watch_batch(tag):
-    deadline = time.monotonic() + CAP_S
-    while time.monotonic() < deadline:
-        if batch_cancelled():
-            SEEN[int(tag.flat[0])] = (time.monotonic(), None)
-            break
-        time.sleep(0.001)
-    return {"seen": np.ones_like(tag)}
+CAP_S = CANCEL_CAP_S  # no callable here runs longer than this, whatever happens
 
 
 def spin(requests):
@@ -72,16 +50,25 @@ def sleep_in_native_code(requests):
 
 
 @pytest.fixture(scope="module")
-def urls():
+def urls(tmp_path_factory):
     ports = triton_ports()
     tensors = dict(
         inputs=[Tensor(name="tag", shape=(1,), dtype=np.int32)],
         outputs=[Tensor(name="seen", shape=(1,), dtype=np.int32)],
     )
     plain = ModelConfig(batching=False)
+    notes = {kind: tmp_path_factory.mktemp(f"cancel-{kind}") for kind in KINDS}  # what each kind's callables saw
     with Triton(config=TritonConfig(**ports)) as triton:
-        triton.bind("Watch", [watch, watch], config=plain, **tensors)
-        triton.bind("WatchBatch", watch_batch, config=ModelConfig(max_batch_size=4), **tensors)
+        for kind in KINDS:  # the watching models on each instance kind (tests/e2e/_kinds.py)
+            watch = Watch(str(notes[kind]))
+            triton.bind(model("Watch", kind), [watch, watch], config=plain, instance_kind=kind, **tensors)
+            triton.bind(
+                model("WatchBatch", kind),
+                batch(WatchBatch(str(notes[kind]))),
+                config=ModelConfig(max_batch_size=4),
+                instance_kind=kind,
+                **tensors,
+            )
         triton.bind("Spin", spin, config=ModelConfig(batching=False, execution_timeout_s=0.5), **tensors)
         triton.bind(
             "SleepProcess",
@@ -91,7 +78,13 @@ def urls():
             **tensors,
         )
         triton.run()
-        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}"}
+        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}", "notes": notes}
+
+
+def _seen(urls, kind, tag):
+    """``[monotonic time, Request.timeout_s]`` of the cancellation the callable saw for ``tag``, or None."""
+    path = urls["notes"][kind] / f"{tag}.seen"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _tag_input(lib, tag, batched=False):
@@ -101,55 +94,56 @@ def _tag_input(lib, tag, batched=False):
     return [tensor]
 
 
-def test_a_grpc_cancel_reaches_the_callable(urls):
+def test_a_grpc_cancel_reaches_the_callable(urls, kind):
     client = grpcclient.InferenceServerClient(urls["grpc"])
-    STARTED[101] = threading.Event()
     try:
-        call = client.async_infer("Watch", _tag_input(grpcclient, 101), callback=lambda result, error: None)
-        assert STARTED[101].wait(CAP_S)
+        call = client.async_infer(
+            model("Watch", kind), _tag_input(grpcclient, 101), callback=lambda result, error: None
+        )
+        assert wait_for(lambda: (urls["notes"][kind] / "101.started").exists(), CAP_S)
         time.sleep(0.05)
         cancelled_at = time.monotonic()
         call.cancel()
-        assert wait_for(lambda: 101 in SEEN, CAP_S), "the callable never saw the cancellation"
+        assert wait_for(lambda: _seen(urls, kind, 101), CAP_S), "the callable never saw the cancellation"
     finally:
         client.close()
-    print(f"gRPC cancel seen by the callable after {(SEEN[101][0] - cancelled_at) * 1e3:.2f} ms")
+    print(f"gRPC cancel seen by the callable after {(_seen(urls, kind, 101)[0] - cancelled_at) * 1e3:.2f} ms")
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_client_timeout_travels_to_the_callable(urls, protocol):
+def test_a_client_timeout_travels_to_the_callable(urls, protocol, kind):
     tag = 200 if protocol == "http" else 201
-    with ModelClient(f"{protocol}://{urls[protocol]}", "Watch", inference_timeout_s=0.5) as client:
+    with ModelClient(f"{protocol}://{urls[protocol]}", model("Watch", kind), inference_timeout_s=0.5) as client:
         client.wait_for_model(CAP_S)
         sent = time.monotonic()
         with pytest.raises(PyTritonClientTimeoutError):
             client.infer_sample(np.array([tag], np.int32))
-    assert wait_for(lambda: tag in SEEN, CAP_S), "the callable never saw its request's deadline pass"
-    seen_at, timeout_s = SEEN[tag]
+    assert wait_for(lambda: _seen(urls, kind, tag), CAP_S), "the callable never saw its request's deadline pass"
+    seen_at, timeout_s = _seen(urls, kind, tag)
     assert timeout_s == pytest.approx(0.5)
     print(f"{protocol}: client timeout 0.5 s, the callable stopped {seen_at - sent:.3f} s after the request was sent")
 
 
 @pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
-def test_raw_tritonclient_request_timeout_reaches_the_callable(urls, lib):
+def test_raw_tritonclient_request_timeout_reaches_the_callable(urls, lib, kind):
     tag = 300 if lib is httpclient else 301
     client = lib.InferenceServerClient(urls["http" if lib is httpclient else "grpc"])
     try:
-        result = client.infer("Watch", _tag_input(lib, tag), timeout=300_000)  # microseconds
+        result = client.infer(model("Watch", kind), _tag_input(lib, tag), timeout=300_000)  # microseconds
     finally:
         client.close()
     assert int(result.as_numpy("seen")[0]) == 1  # the callable stopped early, and answered
-    assert SEEN[tag][1] == pytest.approx(0.3)
+    assert _seen(urls, kind, tag)[1] == pytest.approx(0.3)
 
 
-def test_batch_cancelled_is_the_batch_view(urls):
+def test_batch_cancelled_is_the_batch_view(urls, kind):
     client = grpcclient.InferenceServerClient(urls["grpc"])
     try:
         with pytest.raises(Exception, match="(?i)deadline"):
-            client.infer("WatchBatch", _tag_input(grpcclient, 400, batched=True), client_timeout=0.3)
+            client.infer(model("WatchBatch", kind), _tag_input(grpcclient, 400, batched=True), client_timeout=0.3)
     finally:
         client.close()
-    assert wait_for(lambda: 400 in SEEN, CAP_S)
+    assert wait_for(lambda: _seen(urls, kind, 400), CAP_S)
 
 
 def _session_threads(model):

@@ -1,10 +1,9 @@
-"""pytriton's clients against a live server, over HTTP and gRPC."""
+"""pytriton's clients against a live server, over HTTP and gRPC, served by each instance kind (tests/e2e/_kinds.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import numpy as np
 import pytest
@@ -25,41 +24,11 @@ from pytriton.client.exceptions import (
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
-from pytriton.decorators import batch, current_requests
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
-
-
-@batch
-def add_sub(a, b):
-    return {"add": a + b, "sub": a - b}
-
-
-@batch
-def params_echo(x):
-    encoded = [json.dumps(r.parameters or {}, sort_keys=True).encode() for r in current_requests()]
-    return {"params": np.array([[e] for e in encoded], dtype=object)}
-
-
-def no_batch(requests):
-    return [{"y": r["x"] * 2} for r in requests]
-
-
-@batch
-def slow(x):
-    time.sleep(float(x[0, 0]))
-    return {"y": x}
-
-
-def fails(requests):
-    raise KeyError("missing vocabulary entry")
-
-
-@batch
-def tokens(n):
-    for step in range(int(n[0, 0])):
-        yield {"token": np.full((len(n), 1), step, dtype=np.int32)}
+from tests.e2e._kinds import bind_kinds, model
+from tests.e2e.kind_models import add_sub, fails, no_batch, params_echo, slow, tokens
 
 
 def _t(name, shape=(-1,), dtype=np.float32):
@@ -71,16 +40,18 @@ def urls():
     ports = triton_ports()
     config = TritonConfig(http_header_forward_pattern="x-.*", grpc_header_forward_pattern="x-.*", **ports)
     with Triton(config=config) as triton:
-        triton.bind(
-            "AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")], config=ModelConfig(max_batch_size=64)
+        # Each model twice, as "<name>" (thread instances) and "<name>_backend" (tests/e2e/_kinds.py).
+        bind_kinds(
+            triton, "AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")], config=ModelConfig(max_batch_size=64)
         )
-        triton.bind("Params", params_echo, [_t("x")], [_t("params", (1,), bytes)])
-        triton.bind("NoBatch", no_batch, [_t("x", (3,))], [_t("y", (3,))], config=ModelConfig(batching=False))
-        triton.bind("Slow", slow, [_t("x", (1,))], [_t("y", (1,))])
+        bind_kinds(triton, "Params", params_echo, [_t("x")], [_t("params", (1,), bytes)])
+        bind_kinds(triton, "NoBatch", no_batch, [_t("x", (3,))], [_t("y", (3,))], config=ModelConfig(batching=False))
+        bind_kinds(triton, "Slow", slow, [_t("x", (1,))], [_t("y", (1,))])
         # A model of its own for the queue test, so it never waits behind the timeout tests' sleeps.
         triton.bind("QueueProbe", slow, [_t("x", (1,))], [_t("y", (1,))])
-        triton.bind("Fails", fails, [_t("x")], [_t("y")])
-        triton.bind(
+        bind_kinds(triton, "Fails", fails, [_t("x")], [_t("y")])
+        bind_kinds(
+            triton,
             "Tokens",
             tokens,
             [_t("n", (1,), np.int32)],
@@ -104,16 +75,16 @@ A = np.array([1.0, 2.0, 3.0], dtype=np.float32)
 B = np.array([0.5, 0.5, 0.5], dtype=np.float32)
 
 
-def test_infer_sample_adds_and_removes_batch_axis(url):
-    with ModelClient(url, "AddSub") as client:
+def test_infer_sample_adds_and_removes_batch_axis(url, kind):
+    with ModelClient(url, model("AddSub", kind)) as client:
         result = client.infer_sample(A, B)
         assert result["add"].shape == (3,)
         np.testing.assert_array_equal(result["add"], A + B)
         np.testing.assert_array_equal(client.infer_sample(a=A, b=B)["sub"], A - B)
 
 
-def test_infer_batch_and_config(url):
-    with ModelClient(url, "AddSub", lazy_init=False) as client:
+def test_infer_batch_and_config(url, kind):
+    with ModelClient(url, model("AddSub", kind), lazy_init=False) as client:
         assert client.is_batching_supported
         config = client.model_config
         assert config.max_batch_size == 64 and [o.name for o in config.outputs] == ["add", "sub"]
@@ -131,8 +102,8 @@ def test_mixing_positional_and_named_inputs_is_rejected(url):
         client.infer_sample(A, b=B)
 
 
-def test_parameters_and_headers_reach_the_model(url):
-    with ModelClient(url, "Params") as client:
+def test_parameters_and_headers_reach_the_model(url, kind):
+    with ModelClient(url, model("Params", kind)) as client:
         result = client.infer_sample(
             np.ones(1, np.float32), parameters={"mode": "fast", "k": 2}, headers={"x-trace": "abc", "other": "no"}
         )
@@ -140,16 +111,16 @@ def test_parameters_and_headers_reach_the_model(url):
         assert json.loads(result["params"][0]) == {"k": 2, "mode": "fast", "x-trace": "abc"}
 
 
-def test_non_batching_model(url):
-    with ModelClient(url, "NoBatch") as client:
+def test_non_batching_model(url, kind):
+    with ModelClient(url, model("NoBatch", kind)) as client:
         assert not client.is_batching_supported
         np.testing.assert_array_equal(client.infer_sample(x=A)["y"], A * 2)
         with pytest.raises(PyTritonClientModelDoesntSupportBatchingError):
             client.infer_batch(x=np.stack([A]))
 
 
-def test_server_error_reaches_the_caller(url):
-    with ModelClient(url, "Fails") as client, pytest.raises(PyTritonClientInferenceServerError) as info:
+def test_server_error_reaches_the_caller(url, kind):
+    with ModelClient(url, model("Fails", kind)) as client, pytest.raises(PyTritonClientInferenceServerError) as info:
         client.infer_sample(A)
     assert "KeyError" in str(info.value) and "missing vocabulary entry" in str(info.value)
 
@@ -214,7 +185,7 @@ def test_misspelt_model_name_fails_fast(url, attempt):
 
 def test_misspelt_model_name_with_the_access_token_lists_the_models(url, urls):
     # With the token the client may read the repository index, and the error names what is there.
-    expected = r"no model 'AddSubb' \(its models: 'AddSub', 'Fails', .*'Tokens'\)"
+    expected = r"no model 'AddSubb' \(its models: 'AddSub', 'AddSub_backend', 'Fails', .*'Tokens_backend'\)"
     with ModelClient(url, "AddSubb", access_token=urls["token"], init_timeout_s=_HOUR) as client:
         with pytest.raises(PyTritonClientModelUnavailableError, match=expected):
             client.infer_sample(A, B)
@@ -244,24 +215,24 @@ def test_wait_for_model(url):
         client.wait_for_model(600.0)
 
 
-def test_inference_timeout_sync(url):
-    with ModelClient(url, "Slow", inference_timeout_s=0.5) as client:
+def test_inference_timeout_sync(url, kind):
+    with ModelClient(url, model("Slow", kind), inference_timeout_s=0.5) as client:
         client.wait_for_model(5.0)
         # The 3 s reply would have returned a result: the timeout error is the check, no clock needed.
         with pytest.raises(PyTritonClientTimeoutError):
             client.infer_sample(np.array([3.0], np.float32))
 
 
-def test_inference_timeout_futures(url):
-    with FuturesModelClient(url, "Slow", inference_timeout_s=0.5) as client:
+def test_inference_timeout_futures(url, kind):
+    with FuturesModelClient(url, model("Slow", kind), inference_timeout_s=0.5) as client:
         future = client.infer_sample(np.array([2.0], np.float32))
         with pytest.raises(PyTritonClientTimeoutError):
             future.result(timeout=10)
 
 
-def test_inference_timeout_asyncio(url):
+def test_inference_timeout_asyncio(url, kind):
     async def main():
-        async with AsyncioModelClient(url, "Slow", inference_timeout_s=0.5) as client:
+        async with AsyncioModelClient(url, model("Slow", kind), inference_timeout_s=0.5) as client:
             await client.wait_for_model(5.0)
             with pytest.raises(PyTritonClientTimeoutError):
                 await client.infer_sample(np.array([2.0], np.float32))
@@ -269,8 +240,8 @@ def test_inference_timeout_asyncio(url):
     asyncio.run(main())
 
 
-def test_many_concurrent_futures(url):
-    with FuturesModelClient(url, "AddSub", max_workers=8) as client:
+def test_many_concurrent_futures(url, kind):
+    with FuturesModelClient(url, model("AddSub", kind), max_workers=8) as client:
         assert client.model_config().result(10).max_batch_size == 64
         client.wait_for_model(5.0).result(10)
         futures = [(i, client.infer_sample(A * i, B)) for i in range(200)]
@@ -297,9 +268,9 @@ def test_closed_sync_client(url):
         client.infer_sample(A, B)
 
 
-def test_asyncio_client(url):
+def test_asyncio_client(url, kind):
     async def main():
-        async with AsyncioModelClient(url, "AddSub", lazy_init=False) as client:
+        async with AsyncioModelClient(url, model("AddSub", kind), lazy_init=False) as client:
             assert (await client.model_config).max_batch_size == 64
             results = await asyncio.gather(*(client.infer_sample(A * i, B) for i in range(20)))
             for i, result in enumerate(results):
@@ -312,21 +283,21 @@ def test_asyncio_client(url):
     asyncio.run(main())
 
 
-def test_decoupled_clients_stream(urls):
-    with DecoupledModelClient(urls["grpc"], "Tokens") as client:
+def test_decoupled_clients_stream(urls, kind):
+    with DecoupledModelClient(urls["grpc"], model("Tokens", kind)) as client:
         steps = [int(out["token"][0]) for out in client.infer_sample(np.array([4], np.int32))]
     assert steps == [0, 1, 2, 3]
 
     async def main():
-        async with AsyncioDecoupledModelClient(urls["grpc"], "Tokens", lazy_init=False) as client:
+        async with AsyncioDecoupledModelClient(urls["grpc"], model("Tokens", kind), lazy_init=False) as client:
             return [int(out["token"][0]) async for out in client.infer_sample(n=np.array([3], np.int32))]
 
     assert asyncio.run(main()) == [0, 1, 2]
 
 
-def test_decoupled_client_errors(urls):
-    with DecoupledModelClient(urls["http"], "Tokens") as client:  # HTTP streams through generate_stream
+def test_decoupled_client_errors(urls, kind):
+    with DecoupledModelClient(urls["http"], model("Tokens", kind)) as client:  # HTTP streams through generate_stream
         assert [int(out["token"][0]) for out in client.infer_sample(np.array([2], np.int32))] == [0, 1]
-    with DecoupledModelClient(urls["grpc"], "AddSub", lazy_init=False) as client:
+    with DecoupledModelClient(urls["grpc"], model("AddSub", kind), lazy_init=False) as client:
         with pytest.raises(PyTritonClientInferenceServerError, match="not decoupled"):
             list(client.infer_sample(A, B))

@@ -41,6 +41,8 @@ from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
+from tests.e2e._kinds import bind_kinds, model
+from tests.e2e.kind_models import breaks, ticks
 
 A = np.array([1.0, 2.0, 3.0], dtype=np.float32)
 B = np.array([0.5, 0.5, 0.5], dtype=np.float32)
@@ -49,21 +51,6 @@ B = np.array([0.5, 0.5, 0.5], dtype=np.float32)
 @batch
 def add_sub(a, b):
     return {"add": a + b, "sub": a - b}
-
-
-@batch
-def ticks(n):
-    for step in range(int(n[0, 0])):
-        time.sleep(0.1)
-        yield {"token": np.full((len(n), 1), step, dtype=np.int32)}
-
-
-@batch
-def breaks(n):
-    yield {"token": np.zeros((len(n), 1), dtype=np.int32)}
-    if int(n[0, 0]) < 0:
-        raise RuntimeError("generator broke on purpose")
-    yield {"token": np.ones((len(n), 1), dtype=np.int32)}
 
 
 @batch
@@ -76,9 +63,14 @@ def _t(name, shape=(-1,), dtype=np.float32):
     return Tensor(name=name, shape=shape, dtype=dtype)
 
 
-def _stream_model(triton, name, function):
-    triton.bind(
-        name, function, [_t("n", (1,), np.int32)], [_t("token", (1,), np.int32)], config=ModelConfig(decoupled=True)
+def _stream_model(triton, name, function, bind=Triton.bind):
+    bind(
+        triton,
+        name,
+        function,
+        [_t("n", (1,), np.int32)],
+        [_t("token", (1,), np.int32)],
+        config=ModelConfig(decoupled=True),
     )
 
 
@@ -88,8 +80,9 @@ def server():
     with Triton(config=TritonConfig(**ports)) as triton:
         triton.bind("AddSub", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")], config=ModelConfig(max_batch_size=8))
         triton.bind("Reloadable", add_sub, [_t("a"), _t("b")], [_t("add"), _t("sub")])
-        _stream_model(triton, "Ticks", ticks)
-        _stream_model(triton, "Breaks", breaks)
+        # The streams the tests taking ``kind`` read, on each instance kind (tests/e2e/_kinds.py).
+        _stream_model(triton, "Ticks", ticks, bind_kinds)
+        _stream_model(triton, "Breaks", breaks, bind_kinds)
         _stream_model(triton, "Stalls", stalls)
         triton.run()
         yield {
@@ -145,9 +138,9 @@ def test_create_client_from_url(url):
     asyncio.run(main())
 
 
-def test_stream_with_short_inference_timeout_completes(url):
+def test_stream_with_short_inference_timeout_completes(url, kind):
     # Responses 0.1 s apart with inference_timeout_s=0.1: the timeout does not bound the stream.
-    with DecoupledModelClient(url, "Ticks", inference_timeout_s=0.1) as client:
+    with DecoupledModelClient(url, model("Ticks", kind), inference_timeout_s=0.1) as client:
         steps = [int(out["token"][0]) for out in client.infer_sample(np.array([2], np.int32))]
     assert steps == [0, 1]
 
@@ -170,8 +163,8 @@ def test_decoupled_client_on_coupled_model_raises_server_error(url):
             client.infer_sample(np.array([1], np.int32))
 
 
-def test_next_stream_works_after_a_model_raised_mid_stream(url):
-    with DecoupledModelClient(url, "Breaks") as client:
+def test_next_stream_works_after_a_model_raised_mid_stream(url, kind):
+    with DecoupledModelClient(url, model("Breaks", kind)) as client:
         for _ in range(2):
             received = []
             with pytest.raises(PyTritonClientInferenceServerError, match="broke on purpose"):
@@ -181,7 +174,7 @@ def test_next_stream_works_after_a_model_raised_mid_stream(url):
             assert [int(o["token"][0]) for o in client.infer_sample(np.array([1], np.int32))] == [0, 1]
 
     async def main():
-        async with AsyncioDecoupledModelClient(url, "Breaks") as client:
+        async with AsyncioDecoupledModelClient(url, model("Breaks", kind)) as client:
             with pytest.raises(PyTritonClientInferenceServerError, match="broke on purpose"):
                 async for _ in client.infer_sample(np.array([-1], np.int32)):
                     pass

@@ -19,6 +19,8 @@ from pytriton.exceptions import PyTritonUnrecoverableError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import DTYPES, triton_ports, wait_for
+from tests.e2e._kinds import bind_kinds
+from tests.e2e._kinds import model as _m
 from tests.e2e.data_path_models import (
     Scaler,
     add_sub,
@@ -27,8 +29,12 @@ from tests.e2e.data_path_models import (
     failing,
     identity,
     identity_renamed,
+    in_place,
+    large_layouts,
     streamer,
     strict_bad_dtype,
+    wrong_count,
+    wrong_type,
 )
 
 BIG_BYTES = 256 * 1024 * 1024
@@ -63,21 +69,6 @@ def big_streamer(requests):
         yield [{"chunk": np.full((1, 100_000), step, dtype=np.float32)} for _ in requests]
 
 
-def large_layouts(requests):
-    """Large outputs in every layout: the input itself, a slice of it, Fortran order, strided, strings."""
-    results = []
-    for r in requests:
-        x = r["x"]
-        results.append({
-            "same": x,
-            "tail": x[:, x.shape[1] // 2 :],
-            "fortran": np.asfortranarray(np.repeat(x * 2, 2, axis=0)[: len(x)]),
-            "strided": x[:, ::2],
-            "text": np.array([[b"%d" % int(v) for v in row[:20_000]] for row in x], dtype=object),
-        })  # fmt: skip
-    return results
-
-
 CANCELLABLE = {"steps": 0, "closed": False}
 
 
@@ -92,14 +83,6 @@ def cancellable_stream(requests):
         CANCELLABLE["closed"] = True
 
 
-def wrong_type(requests):
-    return {"y": requests[0]["x"]}
-
-
-def wrong_count(requests):
-    return [{"y": r["x"]} for r in requests] + [{"y": requests[0]["x"]}]
-
-
 def retaining(requests):
     RETAINED.extend(r["x"] for r in requests)
     return [{"y": r["x"]} for r in requests]
@@ -110,12 +93,6 @@ RETAINED_LARGE: list = []
 
 def retaining_large(requests):
     RETAINED_LARGE.extend(r["x"][::2] for r in requests)  # a view of the input is enough to retain it
-    return [{"y": r["x"]} for r in requests]
-
-
-def in_place(requests):
-    for r in requests:
-        r["x"] += 1
     return [{"y": r["x"]} for r in requests]
 
 
@@ -144,18 +121,11 @@ def _t(name, shape=(-1,), dtype=F32, optional=False):
 
 
 # Models bound a second time as ``<name>_backend`` with instance_kind="backend"; the tests taking
-# the ``kind`` fixture run on both (tests/e2e/test_backend_instances.py covers that kind on its own).
-BACKEND_TWINS = {"AllTypes", "AddSub", "NoBatch", "Dynamic", "Params", "Object", "Async", "Stream", "Fails", "Strict"}
-
-
-@pytest.fixture(params=["thread", "backend"])
-def kind(request):
-    return request.param
-
-
-def _m(name, kind):
-    """The model ``name`` as bound with instance ``kind``."""
-    return f"{name}_backend" if kind == "backend" else name
+# the ``kind`` fixture (tests/e2e/_kinds.py) run on both (tests/e2e/test_backend_instances.py covers that kind on its own).
+BACKEND_TWINS = {
+    "AllTypes", "AddSub", "NoBatch", "Dynamic", "Params", "Object", "Async", "Stream", "Fails", "Strict",
+    "Layouts", "WrongType", "WrongCount", "InPlace",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -164,9 +134,10 @@ def server():
     triton = Triton(config=TritonConfig(**ports))
 
     def bind(name, *args, **kwargs):
-        triton.bind(name, *args, **kwargs)
         if name in BACKEND_TWINS:  # the same model again, run inside its stub (see _m)
-            triton.bind(f"{name}_backend", *args, instance_kind="backend", **kwargs)
+            bind_kinds(triton, name, *args, **kwargs)
+        else:
+            triton.bind(name, *args, **kwargs)
 
     type_inputs = [_t(f"in_{np.dtype(d).name}", (-1,), d) for d in DTYPES] + [_t("in_bytes", (-1,), bytes)]
     bind(
@@ -354,9 +325,9 @@ def test_user_error_reaches_client_without_traceback(client, kind):
 
 
 @pytest.mark.parametrize("model, fragment", [("WrongType", "must return a list"), ("WrongCount", "2 results for 1")])
-def test_bad_callable_results_are_explained(client, model, fragment):
+def test_bad_callable_results_are_explained(client, model, fragment, kind):
     with pytest.raises(InferenceServerException, match=fragment):
-        infer(client, model, {"x": np.ones((1, 1), F32)})
+        infer(client, _m(model, kind), {"x": np.ones((1, 1), F32)})
 
 
 def test_strict_mode_checks_output_dtype(client, kind):
@@ -405,10 +376,10 @@ def test_retained_large_inputs_keep_their_values(client):
     assert all((array == array[0, 0]).all() for array in RETAINED_LARGE)
 
 
-def test_large_inputs_modified_in_place(client):
+def test_large_inputs_modified_in_place(client, kind):
     for value in range(3):
         x = np.full((2, 200_000), value, F32)
-        np.testing.assert_array_equal(infer(client, "InPlace", {"x": x}).as_numpy("y"), x + 1)
+        np.testing.assert_array_equal(infer(client, _m("InPlace", kind), {"x": x}).as_numpy("y"), x + 1)
 
 
 def test_instances_serve_concurrently(server):
@@ -611,11 +582,11 @@ def test_large_streamed_chunks_arrive_intact(server):
         assert (chunk == step).all(), f"chunk {step} was overwritten"
 
 
-def test_large_outputs_in_every_layout(client):
+def test_large_outputs_in_every_layout(client, kind):
     rng = np.random.default_rng(7)
     for _ in range(3):  # repeated: the arenas are reused between requests
         x = rng.integers(0, 1000, size=(1, 120_000)).astype(F32)
-        result = infer(client, "Layouts", {"x": x})
+        result = infer(client, _m("Layouts", kind), {"x": x})
         np.testing.assert_array_equal(result.as_numpy("same"), x)
         np.testing.assert_array_equal(result.as_numpy("tail"), x[:, 60_000:])
         np.testing.assert_array_equal(result.as_numpy("fortran"), x * 2)
@@ -626,7 +597,7 @@ def test_large_outputs_in_every_layout(client):
             and text[0, 5] == b"%d" % int(x[0, 5])
             and text[0, -1] == b"%d" % int(x[0, 19_999])
         )
-    subset = infer(client, "Layouts", {"x": x}, outputs=["tail", "strided"])
+    subset = infer(client, _m("Layouts", kind), {"x": x}, outputs=["tail", "strided"])
     np.testing.assert_array_equal(subset.as_numpy("tail"), x[:, 60_000:])
     assert subset.as_numpy("same") is None
 

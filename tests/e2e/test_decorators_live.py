@@ -1,7 +1,8 @@
 """Decorators through a live server, called with raw tritonclient.
 
-Every model is served by each instance kind whose callable sees the decorators' work: ``thread``
-(in this process) and ``backend`` (in the server's stub, which imports this module by name).
+Every model is served by each instance kind whose callable sees the decorators' work, in one
+server (tests/e2e/_kinds.py): ``thread`` (in this process) and ``backend`` (in the server's stub,
+which imports this module by name).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pytriton.decorators import (
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
+from tests.e2e._kinds import bind_kinds, model
 
 
 @batch
@@ -59,49 +61,56 @@ def padded(x):
     return {"y": x, "seen": np.full((len(x), 1), len(x), np.int32)}
 
 
-@triton_context
-def reads_config(requests, triton_context):
-    config = triton_context.model_configs[reads_config]
+def _config_info(requests, config):
     text = f"{config.model_name}:{config.max_batch_size}:{[o.name for o in config.outputs]}".encode()
     return [{"info": np.array([[text]] * len(r["x"]), dtype=object)} for r in requests]
+
+
+@triton_context
+def reads_config(requests, triton_context):
+    return _config_info(requests, triton_context.model_configs[reads_config])
+
+
+# The same for the backend model: model_configs is keyed by the callable, and each bind() records
+# its model's config under it in this process too, so one callable bound under two names would
+# read the config of the name bound last.
+@triton_context
+def reads_config_too(requests, triton_context):
+    return _config_info(requests, triton_context.model_configs[reads_config_too])
 
 
 def _t(name, shape=(1,), dtype=np.float32, optional=False):
     return Tensor(name=name, shape=shape, dtype=dtype, optional=optional)
 
 
-@pytest.fixture(scope="module", params=["thread", "backend"])
-def url(request):
+@pytest.fixture(scope="module")
+def url():
     ports = triton_ports()
     with Triton(config=TritonConfig(**ports)) as triton:
-        kind = request.param
-        triton.bind("Linear", linear, [_t("x"), _t("w")], [_t("y")], instance_kind=kind)
-        triton.bind(
+        # Each model twice, as "<name>" and "<name>_backend" (tests/e2e/_kinds.py).
+        bind_kinds(triton, "Linear", linear, [_t("x"), _t("w")], [_t("y")])
+        bind_kinds(
+            triton,
             "Ragged",
             ragged,
             [_t("width", dtype=np.int32)],
             [_t("y", (-1,), np.int32)],
             config=ModelConfig(max_batch_size=8, batcher=DynamicBatcher(max_queue_delay_microseconds=200000)),
-            instance_kind=kind,
         )
-        triton.bind("Default", with_default, [_t("x"), _t("bias", optional=True)], [_t("y")], instance_kind=kind)
-        triton.bind("Scaled", scaled, [_t("x"), _t("scale")], [_t("y")], instance_kind=kind)
-        triton.bind(
+        bind_kinds(triton, "Default", with_default, [_t("x"), _t("bias", optional=True)], [_t("y")])
+        bind_kinds(triton, "Scaled", scaled, [_t("x"), _t("scale")], [_t("y")])
+        bind_kinds(
+            triton,
             "Padded",
             padded,
             [_t("x")],
             [_t("y"), _t("seen", dtype=np.int32)],
             config=ModelConfig(max_batch_size=16, batcher=DynamicBatcher(preferred_batch_size=[4, 8])),
-            instance_kind=kind,
         )
-        triton.bind(
-            "Context",
-            reads_config,
-            [_t("x")],
-            [_t("info", dtype=bytes)],
-            config=ModelConfig(max_batch_size=2),
-            instance_kind=kind,
-        )
+        for kind, infer_func in (("thread", reads_config), ("backend", reads_config_too)):
+            config = ModelConfig(max_batch_size=2)
+            context_io = ([_t("x")], [_t("info", dtype=bytes)])
+            triton.bind(model("Context", kind), infer_func, *context_io, config=config, instance_kind=kind)
         triton.run()
         yield f"127.0.0.1:{ports['http_port']}"
 
@@ -118,35 +127,41 @@ def call(url, model, **arrays):
     return result
 
 
-def test_batch(url):
+def test_batch(url, kind):
     x = np.array([[1.0], [2.0]], np.float32)
-    assert call(url, "Linear", x=x, w=np.full((2, 1), 3.0, np.float32)).as_numpy("y").tolist() == [[3.0], [6.0]]
+    assert call(url, model("Linear", kind), x=x, w=np.full((2, 1), 3.0, np.float32)).as_numpy("y").tolist() == [
+        [3.0],
+        [6.0],
+    ]
 
 
-def test_group_by_values_with_padding(url):
+def test_group_by_values_with_padding(url, kind):
     width = np.array([[1], [3], [1]], dtype=np.int32)
-    y = call(url, "Ragged", width=width).as_numpy("y")
+    y = call(url, model("Ragged", kind), width=width).as_numpy("y")
     assert y.tolist() == [[0, -1, -1], [0, 1, 2], [1, -1, -1]]
 
 
-def test_fill_optionals_with_absent_input(url):
+def test_fill_optionals_with_absent_input(url, kind):
     x = np.array([[1.0]], np.float32)
-    assert call(url, "Default", x=x).as_numpy("y").tolist() == [[101.0]]
-    assert call(url, "Default", x=x, bias=np.array([[1.0]], np.float32)).as_numpy("y").tolist() == [[2.0]]
+    assert call(url, model("Default", kind), x=x).as_numpy("y").tolist() == [[101.0]]
+    assert call(url, model("Default", kind), x=x, bias=np.array([[1.0]], np.float32)).as_numpy("y").tolist() == [[2.0]]
 
 
-def test_first_value(url):
+def test_first_value(url, kind):
     x = np.array([[1.0], [2.0]], np.float32)
-    assert call(url, "Scaled", x=x, scale=np.full((2, 1), 0.5, np.float32)).as_numpy("y").tolist() == [[0.5], [1.0]]
+    assert call(url, model("Scaled", kind), x=x, scale=np.full((2, 1), 0.5, np.float32)).as_numpy("y").tolist() == [
+        [0.5],
+        [1.0],
+    ]
 
 
-def test_pad_batch_model_sees_padded_size(url):
+def test_pad_batch_model_sees_padded_size(url, kind):
     x = np.arange(3, dtype=np.float32).reshape(3, 1)
-    result = call(url, "Padded", x=x)
+    result = call(url, model("Padded", kind), x=x)
     assert result.as_numpy("y").tolist() == [[0.0], [1.0], [2.0]]
     assert result.as_numpy("seen").tolist() == [[4], [4], [4]]  # padded to the preferred batch size
 
 
-def test_triton_context_reads_model_config(url):
-    info = call(url, "Context", x=np.ones((1, 1), np.float32)).as_numpy("info")
-    assert info[0, 0] == b"Context:2:['info']"
+def test_triton_context_reads_model_config(url, kind):
+    info = call(url, model("Context", kind), x=np.ones((1, 1), np.float32)).as_numpy("info")
+    assert info[0, 0] == f"{model('Context', kind)}:2:['info']".encode()

@@ -1,4 +1,9 @@
-"""Graceful drain (Triton.stop, SIGTERM to serve()): in-flight requests finish, later ones are refused cleanly."""
+"""Graceful drain (Triton.stop, SIGTERM to serve()): in-flight requests finish, later ones are refused cleanly.
+
+The drain of ``stop()`` is tested on thread and on backend instances (the ``kind`` fixture,
+tests/e2e/conftest.py): a server each, since the drain ends it. The gated callables
+(tests/e2e/kind_models.py) wait for files, so that one test drives both kinds.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
+from tests.e2e.kind_models import Gate, Hold
 
 CHILD = pathlib.Path(__file__).with_name("serve_child.py")
 REPO = pathlib.Path(__file__).parents[2]
@@ -55,47 +61,61 @@ def _grpc_infer(client, value):
         return "status", exc.status()
 
 
-def _hold_model(triton, hold):
-    def held(requests):
-        hold.wait(TIMEOUT_S)
-        return [dict(request.items()) for request in requests]
+class Gates:
+    """The gates of the Gate and Hold models (files in ``directory``, tests/e2e/kind_models.py), from the test's side."""
 
+    def __init__(self, directory):
+        self.directory = directory
+
+    def open(self, name="open"):
+        (self.directory / name).touch()
+
+    def close(self, name="open"):
+        (self.directory / name).unlink(missing_ok=True)
+
+    def entered(self):
+        """How many requests reached the Gate's callable (since :meth:`forget`)."""
+        return sum(json.loads(path.read_text()) for path in self.directory.glob("entered-*.json"))
+
+    def forget(self):
+        for path in self.directory.glob("entered-*.json"):
+            path.unlink()
+
+
+def _hold_model(triton, gates, kind="thread"):
     tensor = Tensor(name="x", shape=(2,), dtype=np.float32)
-    triton.bind("Hold", held, [tensor], [tensor], config=ModelConfig(batching=False))
+    hold = Hold(str(gates.directory), TIMEOUT_S)
+    triton.bind("Hold", hold, [tensor], [tensor], config=ModelConfig(batching=False), instance_kind=kind)
 
 
-def _gate_model(triton, gate, entered):
-    @batch
-    def gated(x):
-        entered.append(len(x))
-        gate.wait(TIMEOUT_S)
-        return {"x": x}
-
+def _gate_model(triton, gates, kind="thread"):
+    gated = batch(Gate(str(gates.directory), TIMEOUT_S))
     triton.bind(
         "Gate",
         [gated, gated],
         [Tensor(name="x", shape=(2,), dtype=np.float32)],
         [Tensor(name="x", shape=(2,), dtype=np.float32)],
         config=ModelConfig(max_batch_size=IN_FLIGHT, batcher=DynamicBatcher()),
+        instance_kind=kind,
     )
 
 
-def test_stop_drains_in_flight_requests_and_refuses_later_ones_cleanly():
+def test_stop_drains_in_flight_requests_and_refuses_later_ones_cleanly(kind, tmp_path):
     ports = triton_ports()
-    gate, entered, hold = threading.Event(), [], threading.Event()
+    gates = Gates(tmp_path)
     triton = Triton(config=TritonConfig(**ports, exit_timeout_secs=EXIT_TIMEOUT_S))
-    _gate_model(triton, gate, entered)
-    _hold_model(triton, hold)  # one request held there keeps the drain open for the late requests
+    _gate_model(triton, gates, kind)
+    _hold_model(triton, gates, kind)  # one request held there keeps the drain open for the late requests
     triton.run()
     http_port = ports["http_port"]
     grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
     late_http = http.client.HTTPConnection("127.0.0.1", http_port, timeout=TIMEOUT_S)
     late_grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
     try:
-        gate.set()  # warm the keep-alive connection and channel used after the drain began
+        gates.open()  # warm the keep-alive connection and channel used after the drain began
         assert _http_infer(late_http, 0.5)[0] == "ok" and _grpc_infer(late_grpc, 0.5)[0] == "ok"
-        gate.clear()
-        entered.clear()
+        gates.close()
+        gates.forget()
         results = {}
 
         def send(index):
@@ -120,9 +140,9 @@ def test_stop_drains_in_flight_requests_and_refuses_later_ones_cleanly():
             sender.start()
         # Every request reached Triton: two in the callables (one per instance), the rest queued.
         deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline and _queued(ports) + sum(entered) < IN_FLIGHT:
+        while time.monotonic() < deadline and _queued(ports) + gates.entered() < IN_FLIGHT:
             time.sleep(0.02)
-        assert _queued(ports) + sum(entered) == IN_FLIGHT, "the requests did not all reach the server"
+        assert _queued(ports) + gates.entered() == IN_FLIGHT, "the requests did not all reach the server"
         assert _wait(lambda: triton._models[("Hold", 1)].busy), "the held request did not reach its callable"
 
         stopped = {}
@@ -130,7 +150,7 @@ def test_stop_drains_in_flight_requests_and_refuses_later_ones_cleanly():
         stopper.start()
         model = triton._models[("Gate", 1)]
         assert _wait(lambda: all(worker.admission is not None for worker in model._workers)), "refusal not armed"
-        gate.set()  # the requests in the callables and those Triton had queued are served ...
+        gates.open()  # the requests in the callables and those Triton had queued are served ...
         assert _wait(lambda: len(results) == IN_FLIGHT), "the requests in flight did not finish"
         # ... and those sent after the drain began are refused: a new connection gets no response,
         # a kept connection HTTP 503, gRPC UNAVAILABLE (while the held request keeps the drain open).
@@ -138,13 +158,13 @@ def test_stop_drains_in_flight_requests_and_refuses_later_ones_cleanly():
         late = {"fresh": _http_infer(fresh, 7.0), "kept": _http_infer(late_http, 7.0)}
         late["grpc"] = _grpc_infer(late_grpc, 7.0)
         fresh.close()
-        hold.set()
+        gates.open("hold")
         for thread in (*senders, stopper):
             thread.join(TIMEOUT_S + EXIT_TIMEOUT_S)
             assert not thread.is_alive(), "a request or the stop hung"
     finally:
-        gate.set()
-        hold.set()
+        gates.open()
+        gates.open("hold")
         triton.stop()
         for closable in (late_http, grpc_client, late_grpc):
             closable.close()
@@ -177,22 +197,22 @@ def _queued(ports):
     return pending_requests("127.0.0.1", ports["metrics_port"]).get(("Gate", "1"), 0)
 
 
-def test_exit_timeout_bounds_a_drain_whose_callable_never_returns():
+def test_exit_timeout_bounds_a_drain_whose_callable_never_returns(tmp_path):
     ports = triton_ports()
-    gate, entered = threading.Event(), []
+    gates = Gates(tmp_path)
     triton = Triton(config=TritonConfig(**ports, exit_timeout_secs=1))
-    _gate_model(triton, gate, entered)
+    _gate_model(triton, gates)
     triton.run()
     outcome = {}
     connection = http.client.HTTPConnection("127.0.0.1", ports["http_port"], timeout=TIMEOUT_S)
     request = threading.Thread(target=lambda: outcome.update(r=_http_infer(connection, 1.0)))
     try:
         request.start()
-        assert _wait(lambda: entered), "the request did not reach the callable"
+        assert _wait(gates.entered), "the request did not reach the callable"
         stop_s = _timed(triton.stop)
         request.join(TIMEOUT_S)
     finally:
-        gate.set()
+        gates.open()
         triton.stop()
         connection.close()
     assert not request.is_alive()
@@ -200,12 +220,12 @@ def test_exit_timeout_bounds_a_drain_whose_callable_never_returns():
     assert stop_s < 1 + 5.0, f"stop() took {stop_s:.1f} s with exit_timeout_secs=1"
 
 
-def test_drain_delay_keeps_serving_while_not_ready():
+def test_drain_delay_keeps_serving_while_not_ready(tmp_path):
     ports = triton_ports()
-    gate, entered = threading.Event(), []
-    gate.set()
+    gates = Gates(tmp_path)
+    gates.open()
     triton = Triton(config=TritonConfig(**ports, drain_delay_secs=1))
-    _gate_model(triton, gate, entered)
+    _gate_model(triton, gates)
     triton.run()
     kept = http.client.HTTPConnection("127.0.0.1", ports["http_port"], timeout=TIMEOUT_S)
     during = {}

@@ -4,7 +4,9 @@
   serving program then exits non-zero; nothing is left behind either way;
 - a killed stub is replaced and its model serves again;
 - a callable raising any ``BaseException`` (or an exception whose ``__str__`` raises) fails that
-  request only, with the traceback in the log;
+  request only, with the traceback in the log, on a thread and on a backend instance
+  (tests/e2e/_kinds.py; the other tests here are about thread instances, the user's process or
+  the server: a backend instance's dead stub is tests/e2e/test_backend_instances.py's);
 - a callable running past ``execution_timeout_s`` fails cleanly, the next request is served, and
   ``stop()`` does not wait for the hung call.
 """
@@ -34,46 +36,16 @@ from pytriton.exceptions import PyTritonServerError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import owned_resources, process_group_alive, shm_entries, triton_ports, wait_for
+from tests.e2e._kinds import bind_kinds, model
+from tests.e2e.kind_models import RAISES, raiser, raising_stream
 
 CHILD = pathlib.Path(__file__).with_name("healing_child.py")
 REPO = pathlib.Path(__file__).parents[2]
 HANG = threading.Event()  # set at teardown: lets the deliberately hung callables return
 
 
-class CustomBase(BaseException):
-    pass
-
-
-class BadStr(Exception):
-    def __str__(self):
-        raise RuntimeError("this exception cannot be printed")
-
-
-RAISES = [
-    ("SystemExit", lambda: SystemExit(3)),
-    ("KeyboardInterrupt", lambda: KeyboardInterrupt("pressed inside")),
-    ("GeneratorExit", lambda: GeneratorExit("closed inside")),
-    ("CustomBase", lambda: CustomBase("a custom BaseException")),
-    ("BadStr", BadStr),
-]
-
-
 def echo(requests):
     return [dict(r.items()) for r in requests]
-
-
-def raiser(requests):
-    kind = int(requests[0]["k"].flat[0])
-    if kind >= 0:
-        raise RAISES[kind][1]()
-    return [{"y": r["k"]} for r in requests]
-
-
-def raising_stream(requests):
-    yield [{"y": r["k"]} for r in requests]
-    kind = int(requests[0]["k"].flat[0])
-    if kind >= 0:
-        raise RAISES[kind][1]()
 
 
 def sleeper(requests):
@@ -99,8 +71,9 @@ X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
 
 def _bind_all(triton):
     triton.bind("Echo2", [echo, echo], X, X)
-    triton.bind("Raiser", raiser, K, Y)
-    triton.bind("RaisingStream", raising_stream, K, Y, config=ModelConfig(decoupled=True))
+    # The raising models on each instance kind (tests/e2e/_kinds.py).
+    bind_kinds(triton, "Raiser", raiser, K, Y)
+    bind_kinds(triton, "RaisingStream", raising_stream, K, Y, config=ModelConfig(decoupled=True))
     triton.bind("Slow", sleeper, K, Y, config=ModelConfig(execution_timeout_s=1.0))
     triton.bind("SlowStream", slow_stream, K, Y, config=ModelConfig(decoupled=True, execution_timeout_s=1.0))
 
@@ -196,20 +169,35 @@ def _error_records(caplog, type_name):
 
 # -- BaseException in the callable ---------------------------------------------------------------
 @pytest.mark.parametrize("index", range(len(RAISES)), ids=[name for name, _ in RAISES])
-def test_base_exception_fails_only_its_request(server, caplog, index):
+def test_base_exception_fails_only_its_request(server, caplog, index, kind):
     triton, ports = server
     name = RAISES[index][0]
     caplog.set_level(logging.ERROR, logger="pytriton.proxy")
-    status, text = _k(ports, "Raiser", index)
+    caplog.set_level(logging.DEBUG, logger="pytriton.server.log")  # the stub's log, for a backend instance
+    status, text = _k(ports, model("Raiser", kind), index)
     assert status == "error" and name in text, text
     assert "closed the connection" not in text
     for value in (-1, -2, -3):  # the instance keeps serving
-        assert _k(ports, "Raiser", value) == ("ok", value)
-    records = _error_records(caplog, name)
-    assert records, f"no log record with the {name} traceback"
-    formatted = logging.Formatter().formatException(records[0].exc_info)
+        assert _k(ports, model("Raiser", kind), value) == ("ok", value)
+    formatted = _logged_traceback(caplog, kind, name)
     assert "Traceback" in formatted and "in raiser" in formatted
     assert triton.is_alive()
+
+
+def _logged_traceback(caplog, kind, name):
+    """The traceback of ``name`` that the failed call logged: in this process for a thread instance,
+    in the server's output (its stub's stderr, re-logged here by ``pytriton.server.log`` at DEBUG)
+    for a backend instance."""
+    if kind == "thread":
+        records = _error_records(caplog, name)
+        assert records, f"no log record with the {name} traceback"
+        return logging.Formatter().formatException(records[0].exc_info)
+
+    def server_lines():
+        return [record.getMessage() for record in caplog.records if record.name == "pytriton.server.log"]
+
+    assert wait_for(lambda: any(name in line for line in server_lines()), 10), f"no {name} in the server's log"
+    return "\n".join(server_lines())
 
 
 def _stream(ports, model, value):
@@ -239,14 +227,15 @@ def _stream(ports, model, value):
 
 
 @pytest.mark.parametrize("index", range(len(RAISES)), ids=[name for name, _ in RAISES])
-def test_base_exception_in_a_generator_fails_only_its_stream(server, caplog, index):
+def test_base_exception_in_a_generator_fails_only_its_stream(server, caplog, index, kind):
     _, ports = server
     name = RAISES[index][0]
     caplog.set_level(logging.ERROR, logger="pytriton.proxy")
-    values, errors = _stream(ports, "RaisingStream", index)
+    caplog.set_level(logging.DEBUG, logger="pytriton.server.log")  # the stub's log, for a backend instance
+    values, errors = _stream(ports, model("RaisingStream", kind), index)
     assert values == [index] and len(errors) == 1 and name in errors[0], (values, errors)
-    assert _stream(ports, "RaisingStream", -5) == ([-5], [])
-    assert _error_records(caplog, name), f"no log record with the {name} traceback"
+    assert _stream(ports, model("RaisingStream", kind), -5) == ([-5], [])
+    assert "Traceback" in _logged_traceback(caplog, kind, name)
 
 
 # -- execution timeout ---------------------------------------------------------------------------
@@ -448,9 +437,9 @@ CRASHING_BODIES = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(CRASHING_BODIES))
-def test_a_request_that_crashes_the_server_is_survived(ports, caplog, kind):
-    body, evidence = CRASHING_BODIES[kind]
+@pytest.mark.parametrize("crash", sorted(CRASHING_BODIES))
+def test_a_request_that_crashes_the_server_is_survived(ports, caplog, crash):
+    body, evidence = CRASHING_BODIES[crash]
     caplog.set_level(logging.ERROR, logger="pytriton._healing")
     triton = Triton(config=TritonConfig(**ports))
     try:

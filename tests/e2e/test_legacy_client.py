@@ -20,7 +20,7 @@ import pytest
 
 import tensorrtserver.shared_memory as shm
 from pytriton._launched import server_environment as _server_environment
-from pytriton.decorators import batch, current_requests
+from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy._binding import copy_stub_package
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
@@ -41,6 +41,7 @@ from tensorrtserver.api import (
     SharedMemoryControlContext,
 )
 from tests.conftest import free_ports, shm_entries, triton_ports
+from tests.e2e.kind_models import add_sub, params_echo
 
 RAW = InferContext.ResultFormat.RAW
 CLASS = InferContext.ResultFormat.CLASS
@@ -681,17 +682,6 @@ def test_shared_memory_inputs_and_outputs(proto):
 
 
 # -- a Triton-bound model -------------------------------------------------------------------------
-@batch
-def add_sub(a, b):
-    return {"add": a + b, "sub": a - b}
-
-
-@batch
-def params_echo(x):
-    encoded = [json.dumps(r.parameters or {}, sort_keys=True).encode() for r in current_requests()]
-    return {"params": np.array([[e] for e in encoded], dtype=object)}
-
-
 @batch
 def shout(text):
     return {"loud": np.array([[v.upper() for v in row] for row in text], dtype=object)}

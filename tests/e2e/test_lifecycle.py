@@ -24,30 +24,29 @@ from pytriton.model_config import Tensor
 from pytriton.server import distribution
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import owned_resources, process_group_alive, shm_entries, triton_ports, wait_for
+from tests.e2e._kinds import model
+from tests.e2e.kind_models import identity
 
 CHILD = pathlib.Path(__file__).with_name("serve_child.py")
 REPO = pathlib.Path(__file__).parents[2]
 
 
-def _echo(requests):
-    return [dict(r.items()) for r in requests]
-
-
-def _bind_echo(triton, name="Echo"):
+def _bind_echo(triton, name="Echo", kind="thread"):
     triton.bind(
         name,
-        _echo,
+        identity,
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        instance_kind=kind,
     )
 
 
-def _call(port, model="Echo"):
+def _call(port, name="Echo"):
     client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     x = np.arange(4, dtype=np.float32)[None]
     tensor = httpclient.InferInput("x", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
-    result = client.infer(model, [tensor]).as_numpy("x")
+    result = client.infer(name, [tensor]).as_numpy("x")
     client.close()
     np.testing.assert_array_equal(result, x)
 
@@ -75,10 +74,12 @@ def test_start_serve_stop_leaves_nothing(ports, stop_at_teardown):
     triton = Triton(config=TritonConfig(**ports))
     stop_at_teardown(triton)
     _bind_echo(triton)
+    _bind_echo(triton, model("Echo", "backend"), "backend")  # its stub, payload and page go too
     triton.run()
     ready_s = time.monotonic() - started
     assert triton.is_alive()
     _call(ports["http_port"])
+    _call(ports["http_port"], model("Echo", "backend"))
     # A client holding a keep-alive connection must not delay the stop.
     client = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http_port']}")
     assert client.is_server_live()

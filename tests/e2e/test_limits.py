@@ -1,7 +1,8 @@
 """End to end: output checks without strict mode and the request-size limit, on a real tritonserver.
 
 Clients are raw tritonclient (HTTP and gRPC) and plain ``http.client`` / gRPC stubs for requests
-tritonclient refuses to build.
+tritonclient refuses to build. The tests of a model's output checks and of its request limit run on
+thread and on backend instances (tests/e2e/_kinds.py).
 """
 
 from __future__ import annotations
@@ -22,39 +23,11 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
+from tests.e2e._kinds import bind_kinds, model
+from tests.e2e.kind_models import extra_dims, float64_out, identity, object_out, only_first, stream_identity, widened
 
 LIMIT = 1 << 20  # 1 MiB of inputs per request
 F32 = np.float32
-
-
-def identity(requests):
-    return [dict(request.items()) for request in requests]
-
-
-def float64_out(requests):
-    return [{"y": r["x"].astype(np.float64)} for r in requests]
-
-
-def object_out(requests):
-    return [{"y": r["x"].astype(object)} for r in requests]
-
-
-def extra_dims(requests):
-    return [{"y": r["x"][..., None]} for r in requests]
-
-
-def widened(requests):
-    return [{"y": r["x"].astype(np.int16)} for r in requests]
-
-
-def only_first(requests):
-    # Returns only the first output the client asked for (Triton lists all when it named none).
-    return [{sorted(r.requested_output_names or ["a", "b"])[0]: r["x"]} for r in requests]
-
-
-def stream_identity(requests):
-    yield [{"x": r["x"]} for r in requests]
-    yield [{"x": r["x"] + 1} for r in requests]
 
 
 def _t(name, shape=(-1,), dtype=F32):
@@ -66,20 +39,27 @@ def server():
     ports = triton_ports()
     triton = Triton(config=TritonConfig(max_request_bytes=LIMIT, **ports))
     triton.bind("Plain", identity, [_t("x")], [_t("x")])
-    triton.bind("Float64Out", float64_out, [_t("x")], [_t("y")])
-    triton.bind("ObjectOut", object_out, [_t("x")], [_t("y")])
-    triton.bind("ExtraDims", extra_dims, [_t("x")], [_t("y")])
-    triton.bind("Widened", widened, [_t("x", dtype=np.int16)], [_t("y")])
-    triton.bind("Pair", only_first, [_t("x")], [_t("a"), _t("b")])
-    triton.bind(
+    # The models the tests taking ``kind`` call, on each instance kind (tests/e2e/_kinds.py).
+    bind_kinds(triton, "Float64Out", float64_out, [_t("x")], [_t("y")])
+    bind_kinds(triton, "ObjectOut", object_out, [_t("x")], [_t("y")])
+    bind_kinds(triton, "ExtraDims", extra_dims, [_t("x")], [_t("y")])
+    bind_kinds(triton, "Widened", widened, [_t("x", dtype=np.int16)], [_t("y")])
+    bind_kinds(triton, "Pair", only_first, [_t("x")], [_t("a"), _t("b")])
+    bind_kinds(
+        triton,
         "Echo",
         identity,
         [_t("x"), _t("s", dtype=bytes)],
         [_t("x"), _t("s", dtype=bytes)],
         config=ModelConfig(max_batch_size=8, batcher=DynamicBatcher(max_queue_delay_microseconds=200_000)),
     )
-    triton.bind(
-        "StreamEcho", stream_identity, [_t("x")], [_t("x")], config=ModelConfig(max_batch_size=1, decoupled=True)
+    bind_kinds(
+        triton,
+        "StreamEcho",
+        stream_identity,
+        [_t("x")],
+        [_t("x")],
+        config=ModelConfig(max_batch_size=1, decoupled=True),
     )
     triton.run()
     yield triton, ports
@@ -115,53 +95,54 @@ def _echo_inputs(floats: int, text: bytes = b"t"):
 
 
 @pytest.mark.parametrize(
-    "model, fragment",
+    "name, fragment",
     [
         ("Float64Out", "output 'y' of result 0 has dtype float64, declared float32"),
         ("ObjectOut", "output 'y' of result 0 has dtype object, declared float32"),
         ("ExtraDims", "output 'y' of result 0 has shape (1, 3, 1), declared (-1,) after the batch axis"),
     ],
 )
-def test_incompatible_outputs_are_clean_errors_without_strict(client, model, fragment):
+def test_incompatible_outputs_are_clean_errors_without_strict(client, name, fragment, kind):
     with pytest.raises(InferenceServerException) as info:
-        infer(client, model, {"x": np.ones((1, 3), F32)})
-    assert f"Model '{model}'" in info.value.message() and fragment in info.value.message()
+        infer(client, model(name, kind), {"x": np.ones((1, 3), F32)})
+    assert f"Model '{model(name, kind)}'" in info.value.message() and fragment in info.value.message()
 
 
-def test_lossless_conversion_reaches_the_client_as_the_declared_dtype(client):
+def test_lossless_conversion_reaches_the_client_as_the_declared_dtype(client, kind):
     x = np.array([[-32768, 0, 32767]], dtype=np.int16)
-    y = infer(client, "Widened", {"x": x}).as_numpy("y")
+    y = infer(client, model("Widened", kind), {"x": x}).as_numpy("y")
     assert y.dtype == F32 and y.tolist() == [[-32768.0, 0.0, 32767.0]]
 
 
-def test_a_missing_output_is_a_clean_error_not_a_client_crash(client):
+def test_a_missing_output_is_a_clean_error_not_a_client_crash(client, kind):
     x = np.ones((1, 2), F32)
-    with pytest.raises(InferenceServerException, match=r"Model 'Pair': result 0 lacks output\(s\) \['b'\]"):
-        infer(client, "Pair", {"x": x})
+    pair = model("Pair", kind)
+    with pytest.raises(InferenceServerException, match=rf"Model '{pair}': result 0 lacks output\(s\) \['b'\]"):
+        infer(client, pair, {"x": x})
     # Asking for one output only is fine when the callable returns that one.
-    result = infer(client, "Pair", {"x": x}, outputs=["b"])
+    result = infer(client, pair, {"x": x}, outputs=["b"])
     np.testing.assert_array_equal(result.as_numpy("b"), x)
 
 
-def test_a_request_over_the_limit_gets_a_clean_error(client):
+def test_a_request_over_the_limit_gets_a_clean_error(client, kind):
     floats = LIMIT // 4  # plus the string input: just over the limit
     with pytest.raises(InferenceServerException) as info:
-        infer(client, "Echo", _echo_inputs(floats))
+        infer(client, model("Echo", kind), _echo_inputs(floats))
     message = info.value.message()
-    assert "model 'Echo' holds 1.0 MiB (1048581 bytes) of inputs" in message
+    assert f"model '{model('Echo', kind)}' holds 1.0 MiB (1048581 bytes) of inputs" in message
     assert "limit of 1.0 MiB (1048576 bytes)" in message and "max_request_bytes" in message
     # Exactly at the limit passes, bit-exact.
     inputs = _echo_inputs(floats - 2, b"x" * 3)  # 1048568 + 4 + 3 bytes
-    result = infer(client, "Echo", inputs)
+    result = infer(client, model("Echo", kind), inputs)
     np.testing.assert_array_equal(result.as_numpy("x"), inputs["x"])
 
 
-def test_strings_count_towards_the_limit(client):
+def test_strings_count_towards_the_limit(client, kind):
     with pytest.raises(InferenceServerException, match="holds 1.0 MiB"):
-        infer(client, "Echo", _echo_inputs(1, b"s" * LIMIT))
+        infer(client, model("Echo", kind), _echo_inputs(1, b"s" * LIMIT))
 
 
-def test_only_the_oversized_request_of_a_batch_fails(server):
+def test_only_the_oversized_request_of_a_batch_fails(server, kind):
     # The batcher waits up to 200 ms, so these two usually share a batch; either way only the
     # oversized one may fail.
     _, ports = server
@@ -171,7 +152,7 @@ def test_only_the_oversized_request_of_a_batch_fails(server):
 
     def send(key, floats):
         try:
-            outcome[key] = infer(c, "Echo", _echo_inputs(floats)).as_numpy("x").shape
+            outcome[key] = infer(c, model("Echo", kind), _echo_inputs(floats)).as_numpy("x").shape
         except InferenceServerException as exc:
             outcome[key] = exc.message()
 
@@ -185,7 +166,7 @@ def test_only_the_oversized_request_of_a_batch_fails(server):
     assert "more than the server's limit" in outcome["big"]
 
 
-def test_a_streamed_request_over_the_limit_ends_with_an_error(server):
+def test_a_streamed_request_over_the_limit_ends_with_an_error(server, kind):
     _, ports = server
     results: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
@@ -194,7 +175,7 @@ def test_a_streamed_request_over_the_limit_ends_with_an_error(server):
         for floats in (LIMIT, 4):
             tensor = grpcclient.InferInput("x", [1, floats], "FP32")
             tensor.set_data_from_numpy(np.full((1, floats), 2.0, F32))
-            c.async_stream_infer("StreamEcho", [tensor])
+            c.async_stream_infer(model("StreamEcho", kind), [tensor])
         _, error = results.get(timeout=30)
         assert error is not None and "more than the server's limit" in str(error)
         steps = [results.get(timeout=30) for _ in range(2)]

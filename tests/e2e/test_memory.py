@@ -1,4 +1,8 @@
-"""End to end: the arenas give their memory back after a large request, once the instance is idle."""
+"""End to end: the arenas give their memory back after a large request, once the instance is idle.
+
+The Python backend's regions are recycled for a model on each instance kind; the arenas are those
+of thread (and process) instances: a backend instance has none.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,10 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.stubside import _arena
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
+from tests.e2e._kinds import KINDS, bind_kinds, model
+from tests.e2e.kind_models import fresh_copy
 
 MIB = 1 << 20
-
-
-def fresh_copy(requests):
-    return [{"x": request["x"].copy()} for request in requests]
 
 
 def _shared_mib(pid: int) -> float:
@@ -72,10 +74,13 @@ def _backend_region_kib(prefix: str) -> int:
 
 
 def test_grown_backend_regions_are_recycled_once_the_model_is_idle(caplog):
+    # The model on each instance kind (tests/e2e/_kinds.py) in one server: each grows its regions
+    # and is reloaded once idle (a backend instance's callable is unpickled again by its new stub).
     ports = triton_ports()
     config = TritonConfig(python_backend_shm_recycle_idle_secs=1, **ports)
     with Triton(config=config) as triton:
-        triton.bind(
+        bind_kinds(
+            triton,
             "Copy",
             [fresh_copy, fresh_copy],
             [Tensor(name="x", shape=(-1,), dtype=np.uint8)],
@@ -91,21 +96,26 @@ def test_grown_backend_regions_are_recycled_once_the_model_is_idle(caplog):
             tensor = grpcclient.InferInput("x", list(x.shape), "UINT8")
             tensor.set_data_from_numpy(x)
             with caplog.at_level("INFO", logger="pytriton._healing"):
-                assert np.array_equal(client.infer("Copy", [tensor]).as_numpy("x"), x)
+                for kind in KINDS:
+                    assert np.array_equal(client.infer(model("Copy", kind), [tensor]).as_numpy("x"), x), kind
                 grown = _backend_region_kib(prefix)
-                assert grown - before > 64 * 1024, (before, grown)  # input and output passed through it
-                # Once idle, the model is reloaded: new stubs, new small regions, the grown one removed.
+                assert grown - before > 2 * 64 * 1024, (before, grown)  # inputs and outputs passed through them
+                # Once idle, the models are reloaded: new stubs, new small regions, the grown ones removed.
                 assert wait_for(lambda: _backend_region_kib(prefix) <= before * 1.2, timeout_s=60, interval_s=0.2), (
                     before,
                     _backend_region_kib(prefix),
                 )
-            assert any("to give it back" in record.getMessage() for record in caplog.records)
-            # The model serves on, bit-exact, from its new instances.
+            given_back = [record.getMessage() for record in caplog.records if "to give it back" in record.getMessage()]
+            assert all(any(f"Model {model('Copy', kind)}:" in text for text in given_back) for kind in KINDS), (
+                given_back
+            )
+            # The models serve on, bit-exact, from their new instances.
             small = x[:, : 4 * MIB]
             tensor = grpcclient.InferInput("x", list(small.shape), "UINT8")
             tensor.set_data_from_numpy(small)
             for _ in range(4):
-                assert np.array_equal(client.infer("Copy", [tensor]).as_numpy("x"), small)
+                for kind in KINDS:
+                    assert np.array_equal(client.infer(model("Copy", kind), [tensor]).as_numpy("x"), small), kind
             assert triton.is_alive()
         finally:
             client.close()

@@ -2,7 +2,9 @@
 httpx, over gRPC to a launched server and in-process to an embedded one.
 
 Models: those of examples/openai_chat.py (an ordinary and a decoupled chat model, an embedding
-model) plus a slow streaming model that records when its generator is closed, and one that fails.
+model) plus a slow streaming model that records when its generator is closed, and one that fails;
+the chat, slow and failing models also on backend instances (the tests taking ``kind``,
+tests/e2e/_kinds.py).
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import json
 import pathlib
 import shutil
 import subprocess
-import threading
-import time
 import uuid
 
 import httpx
@@ -22,11 +22,14 @@ import numpy as np
 import openai
 import pytest
 
+from examples import openai_chat as importable
 from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.openai import ChatModel, OpenAIFrontend
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import needs_stub_strings, triton_ports, wait_for
+from tests.e2e._kinds import KINDS, model
+from tests.e2e.kind_models import SLOW_TOKENS, SlowStream, gives_up
 
 pytestmark = needs_stub_strings
 
@@ -38,51 +41,52 @@ _spec.loader.exec_module(example)
 
 KEY = "test-key-" + uuid.uuid4().hex
 MESSAGES = [{"role": "user", "content": "one two three"}]
-SLOW_TOKENS = 500
-# tag (the last message's content) -> how many tokens the slow generator had yielded when it was closed
-CLOSED: dict = {}
-CLOSED_LOCK = threading.Lock()
+# The callables run on each instance kind (tests/e2e/_kinds.py): the chat model as "tiny-chat" and
+# "tiny-chat_backend", the others as "<name>" and "<name>_backend".
+KIND_MODELS = ("slow", "fails")
 
 
-@batch
-def slow_stream(messages):
-    tag = json.loads(messages[0, 0])[-1]["content"]
-    produced = 0
-    try:
-        for produced in range(SLOW_TOKENS):
-            time.sleep(0.01)
-            yield {"text": np.array([[f"t{produced} ".encode()]], dtype=object)}
-    finally:
-        with CLOSED_LOCK:
-            CLOSED[tag] = produced
-
-
-@batch
-def fails(messages):
-    raise ValueError("the model gave up")
-
-
-def _bind(triton: Triton):
+def _bind(triton: Triton, notes: pathlib.Path):
     models = example.bind_models(triton)
     messages = [Tensor(name="messages", shape=(1,), dtype=bytes)]
     text = [Tensor(name="text", shape=(1,), dtype=bytes)]
-    triton.bind("slow", slow_stream, messages, text, config=ModelConfig(max_batch_size=1, decoupled=True))
-    triton.bind("fails", fails, messages, text, config=ModelConfig(max_batch_size=1))
-    triton.bind("gone", fails, messages, text, config=ModelConfig(max_batch_size=1))  # unbound by the last test
-    return [*models, ChatModel("slow", "slow"), ChatModel("fails", "fails"), ChatModel("gone", "gone")]
+    # The example's chat models again on backend instances: its stubs import them as examples.openai_chat.
+    chat = ChatModel("tiny-chat_backend", model="chat_backend", stream_model="chat_stream_backend")
+    for name, infer_func, max_batch_size in (("chat", importable.chat, 8), ("chat_stream", importable.chat_stream, 1)):
+        config = ModelConfig(max_batch_size=max_batch_size, decoupled=name == "chat_stream")
+        triton.bind(
+            model(name, "backend"), infer_func, messages, example.TEXT_OUTPUTS, config=config, instance_kind="backend"
+        )
+    for kind in KINDS:
+        config = ModelConfig(max_batch_size=1, decoupled=True)
+        slow = batch(SlowStream(str(notes)))
+        triton.bind(model("slow", kind), slow, messages, text, config=config, instance_kind=kind)
+        config = ModelConfig(max_batch_size=1)
+        triton.bind(model("fails", kind), gives_up, messages, text, config=config, instance_kind=kind)
+    triton.bind("gone", gives_up, messages, text, config=ModelConfig(max_batch_size=1))  # unbound by the last test
+    own = [ChatModel(model(name, kind), model(name, kind)) for name in KIND_MODELS for kind in KINDS]
+    return [*models, chat, *own, ChatModel("gone", "gone")]
+
+
+def _closed(frontend, tag):
+    """How many tokens the slow generator of ``tag`` had yielded when it was closed; None while it is not."""
+    path = frontend.notes / f"{tag}.closed"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 @pytest.fixture(scope="module", params=["grpc", "inprocess"])
-def frontend(request):
+def frontend(request, tmp_path_factory):
     """One Triton per backend (launched: gRPC; embedded: in-process), with a keyed frontend in front."""
     embedded = request.param == "inprocess"
     triton = Triton(embedded=True) if embedded else Triton(config=TritonConfig(**triton_ports()))
+    notes = tmp_path_factory.mktemp("openai")  # where the slow generators note their closing
     try:
-        models = _bind(triton)
+        models = _bind(triton, notes)
         triton.run()
         with OpenAIFrontend(triton, models, port=0, api_key=KEY) as served:
             served.triton = triton
             served.models = models
+            served.notes = notes
             yield served
     finally:
         triton.stop()
@@ -98,26 +102,28 @@ def _tag() -> str:
 
 def test_model_list(frontend):
     client = _client(frontend)
-    assert sorted(model.id for model in client.models.list()) == ["fails", "gone", "slow", "tiny-chat", "tiny-embed"]
+    assert sorted(model.id for model in client.models.list()) == [
+        "fails", "fails_backend", "gone", "slow", "slow_backend", "tiny-chat", "tiny-chat_backend", "tiny-embed"
+    ]  # fmt: skip
     assert client.models.retrieve("tiny-chat").owned_by == "pytriton"
 
 
-def test_chat_sync(frontend):
+def test_chat_sync(frontend, kind):
     client = _client(frontend)
-    answer = client.chat.completions.create(model="tiny-chat", messages=MESSAGES)
+    answer = client.chat.completions.create(model=model("tiny-chat", kind), messages=MESSAGES)
     assert answer.choices[0].message.content == "You said: one two three"
     assert answer.choices[0].finish_reason == "stop"
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (3, 5)
-    short = client.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=2, n=2)
+    short = client.chat.completions.create(model=model("tiny-chat", kind), messages=MESSAGES, max_tokens=2, n=2)
     assert [c.message.content for c in short.choices] == ["You said: ", "You said: "]
     assert {c.finish_reason for c in short.choices} == {"length"}
 
 
-def test_chat_stream_sync(frontend):
+def test_chat_stream_sync(frontend, kind):
     client = _client(frontend)
     chunks = list(
         client.chat.completions.create(
-            model="tiny-chat", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+            model=model("tiny-chat", kind), messages=MESSAGES, stream=True, stream_options={"include_usage": True}
         )
     )
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
@@ -263,7 +269,7 @@ def test_n_choices_streamed(frontend):
     assert texts == {0: "You said: a b", 1: "You said: a b", 2: "You said: c", 3: "You said: c"}
 
 
-def test_errors_through_the_openai_client(frontend):
+def test_errors_through_the_openai_client(frontend, kind):
     client = _client(frontend)
     with pytest.raises(openai.NotFoundError) as not_found:
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)
@@ -274,11 +280,11 @@ def test_errors_through_the_openai_client(frontend):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=frontend.url, api_key="wrong", max_retries=0).models.list()
     with pytest.raises(openai.InternalServerError) as failed:
-        client.chat.completions.create(model="fails", messages=MESSAGES)
+        client.chat.completions.create(model=model("fails", kind), messages=MESSAGES)
     assert "ValueError: the model gave up" in failed.value.message
     assert "Traceback" not in failed.value.response.text and ".py" not in failed.value.response.text
     with pytest.raises(openai.InternalServerError):
-        list(client.chat.completions.create(model="fails", messages=MESSAGES, stream=True))
+        list(client.chat.completions.create(model=model("fails", kind), messages=MESSAGES, stream=True))
 
 
 def test_overload_is_429(frontend):
@@ -299,23 +305,25 @@ def test_overload_is_429(frontend):
                 assert (status, error["type"]) == (429, "rate_limit_error")
         finally:
             stream.close()
-        assert wait_for(lambda: tag in CLOSED, 10)
+        assert wait_for(lambda: _closed(frontend, tag) is not None, 10)
         assert client.chat.completions.create(model="tiny-chat", messages=MESSAGES).choices[0].message.content
 
 
-def test_a_stream_cancelled_halfway_closes_the_generator(frontend):
+def test_a_stream_cancelled_halfway_closes_the_generator(frontend, kind):
     client = _client(frontend)
     tag = _tag()
-    stream = client.chat.completions.create(model="slow", messages=[{"role": "user", "content": tag}], stream=True)
+    stream = client.chat.completions.create(
+        model=model("slow", kind), messages=[{"role": "user", "content": tag}], stream=True
+    )
     received = 0
     for chunk in stream:
         received += bool(chunk.choices and chunk.choices[0].delta.content)
         if received == 5:
             break
     stream.close()  # the client disconnects
-    assert wait_for(lambda: tag in CLOSED, 10), "the model's generator was not closed"
+    assert wait_for(lambda: _closed(frontend, tag) is not None, 10), "the model's generator was not closed"
     # Closed early (GeneratorExit at a yield), not run to its end: a window of responses at most.
-    assert 5 <= CLOSED[tag] < SLOW_TOKENS - 1
+    assert 5 <= _closed(frontend, tag) < SLOW_TOKENS - 1
 
 
 def test_raw_httpx_stream_format_and_errors(frontend):

@@ -2,7 +2,8 @@
 
 Checks the results over HTTP and gRPC (sync and ``async def`` callers), that the inner model's
 error reaches the client with its message, that a cancelled outer request cancels the inner call,
-that the outer deadline travels, and that Triton's spans of the inner request nest under the outer
+that the outer deadline travels, that a process or a backend instance (no Triton of its own) calls
+through the URL it names, and that Triton's spans of the inner request nest under the outer
 request's span. An embedded ``Triton`` takes the in-process path: tests/e2e/test_pipeline.py's
 last test.
 """
@@ -25,6 +26,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy import _tracing
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
+from tests.e2e.kind_models import outer_naming_the_url
 from tests.e2e.test_tracing import _Receiver, _triton_spans, receiver  # noqa: F401 - the fixture
 from tests.otel_memory import memory_exporter
 
@@ -63,13 +65,6 @@ async def outer_async(requests):
     return [{"y": (await handle.async_infer_batch(request["x"] + 1))["y"]} for request in requests]
 
 
-def outer_in_process(requests, url):
-    """A process instance has no Triton of its own: it names the server (and gets a clear error if not)."""
-    x = requests[0]["x"]
-    handle = pipeline.model("Inner") if float(x.flat[0]) < -100 else pipeline.model("Inner", url=url)
-    return [{"y": handle.infer_sample(x)["y"]}]
-
-
 def outer_slow(requests):
     return [{"y": pipeline.model("InnerSlow").infer_sample(requests[0]["x"])["y"]}]
 
@@ -97,13 +92,14 @@ def server(receiver):  # noqa: F811
         triton.bind("Inner", inner, config=ModelConfig(max_batch_size=8), **tensors, **traced)
         triton.bind("Outer", outer, config=ModelConfig(max_batch_size=8), **tensors, **traced)
         triton.bind("OuterAsync", outer_async, config=ModelConfig(max_batch_size=8), **tensors)
-        triton.bind(
-            "OuterProcess",
-            functools.partial(outer_in_process, url=f"grpc://127.0.0.1:{ports['grpc_port']}"),
-            config=plain,
-            instance_kind="process",
-            **tensors,
-        )
+        for kind in ("process", "backend"):  # instances without a Triton of their own
+            triton.bind(
+                f"Outer{kind.capitalize()}",
+                functools.partial(outer_naming_the_url, url=f"grpc://127.0.0.1:{ports['grpc_port']}"),
+                config=plain,
+                instance_kind=kind,
+                **tensors,
+            )
         triton.bind("InnerSlow", [inner_slow, inner_slow], config=plain, **tensors)
         triton.bind("OuterSlow", [outer_slow, outer_slow], config=plain, **tensors)
         triton.run()
@@ -121,8 +117,9 @@ def test_a_callable_calls_another_bound_model(server, protocol, model):
             client.infer_sample(np.array([-5.0], np.float32))
 
 
-def test_a_process_instance_calls_through_the_url_it_names(server):
-    with ModelClient(server["grpc"], "OuterProcess") as client:
+@pytest.mark.parametrize("model", ["OuterProcess", "OuterBackend"])
+def test_a_process_or_backend_instance_calls_through_the_url_it_names(server, model):
+    with ModelClient(server["grpc"], model) as client:
         assert client.infer_sample(np.array([3.0], np.float32))["y"].tolist() == [30.0]
         with pytest.raises(PyTritonClientInferenceServerError, match="pass url="):
             client.infer_sample(np.array([-500.0], np.float32))

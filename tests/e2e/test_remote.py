@@ -37,6 +37,7 @@ from pytriton.model_config import ModelConfig, SequenceBatcher, Tensor
 from pytriton.proxy.stubside import _segments
 from pytriton.triton import RemoteTriton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 from tests.conftest import shm_entries, triton_ports, wait_for
+from tests.e2e.kind_models import counting_stream, identity_to_y
 
 TOKEN = "remote-test-token"
 REGIONS = f"pytriton-rtest-{os.getpid()}-"  # the hand-started servers' Python-backend regions
@@ -46,31 +47,24 @@ LARGE = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: the shared-memory path of
 STREAMS = 40  # test_streams_closed_at_their_final_response_let_the_model_unload
 
 
-def identity(requests):
-    return [{"y": request["x"]} for request in requests]
-
-
-def stream(requests):
-    for step in range(20):  # more than one streaming window of inline chunks
-        yield [{"y": request["x"] + step} for request in requests]
-
-
-def _bind(triton: RemoteTriton, name: str) -> None:
+def _bind(triton: RemoteTriton, name: str, kind: str = "thread") -> None:
     triton.bind(
         name,
-        identity,
+        identity_to_y,
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+        instance_kind=kind,
     )
 
 
-def _bind_stream(triton: RemoteTriton, name: str) -> None:
+def _bind_stream(triton: RemoteTriton, name: str, kind: str = "thread") -> None:
     triton.bind(
         name,
-        stream,
+        counting_stream,
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
         config=ModelConfig(decoupled=True),
+        instance_kind=kind,
     )
 
 
@@ -205,9 +199,12 @@ def _check_unloaded(remote, name: str) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("transport", ["unix", "tcp", "tcp-clear"])
+# "unix-backend": backend instances (tests/e2e/_kinds.py), which a remote server's stubs run from
+# this host's modules; bind refuses them over tcp (tests/unit/test_backend_kind.py).
+@pytest.mark.parametrize("transport", ["unix", "unix-backend", "tcp", "tcp-clear"])
 def test_bind_serve_and_unload(remote, transport):
     name = f"Remote_{transport.replace('-', '_')}"
+    kind = "backend" if transport == "unix-backend" else "thread"
     triton = RemoteTriton(
         _url(remote),
         access_token=TOKEN,
@@ -216,7 +213,7 @@ def test_bind_serve_and_unload(remote, transport):
     )
     assert not triton.is_connected()
     with triton:
-        _bind(triton, name)
+        _bind(triton, name, kind)
         triton.run()
         assert triton.is_connected() and triton.is_alive()
         # The server chose its region prefix, not pytriton: each stub closes its own region to others.
@@ -224,13 +221,13 @@ def test_bind_serve_and_unload(remote, transport):
         assert modes and set(modes.values()) == {0o600}, modes
         segments = shm_entries(triton._shm_prefix)
         _check_served(remote, name)
-        if transport != "unix":
+        if not transport.startswith("unix"):
             assert triton.tcp_endpoint is not None and triton.tcp_endpoint.startswith("tcp://127.0.0.1:")
             assert shm_entries(triton._shm_prefix) == segments == []  # nothing through shared memory
         socket_dir = triton._socket_dir
         assert socket_dir is not None and socket_dir.exists()
         # A model bound while connected is loaded before bind() returns; here, a decoupled one.
-        _bind_stream(triton, f"{name}_late")
+        _bind_stream(triton, f"{name}_late", kind)
         with DecoupledModelClient(_url(remote, "grpc"), f"{name}_late") as client:
             chunks = [chunk["y"] for chunk in client.infer_sample(x=LARGE)]
         assert len(chunks) == 20

@@ -41,12 +41,10 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.stubside import _arena
 from pytriton.triton import VALID_TRITON_ENDPOINTS, Triton, TritonConfig, TritonSecurityConfig
 from tests.conftest import triton_ports, wait_for
+from tests.e2e._kinds import model
+from tests.e2e.kind_models import identity_to_y
 
 X = np.arange(6, dtype=np.float32)
-
-
-def identity(requests):
-    return [{"y": request["x"]} for request in requests]
 
 
 def stream(requests):
@@ -54,13 +52,14 @@ def stream(requests):
         yield [{"y": request["x"] + step} for request in requests]
 
 
-def _bind_identity(triton: Triton, name: str = "Identity") -> None:
+def _bind_identity(triton: Triton, name: str = "Identity", kind: str = "thread") -> None:
     triton.bind(
         name,
-        identity,
+        identity_to_y,
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
         config=ModelConfig(batching=False),
+        instance_kind=kind,
     )
 
 
@@ -88,9 +87,14 @@ class Server:
         return create_auth_headers(self.triton.get_access_token(), "http")
 
 
-def _serve(config: TritonConfig, security: Optional[TritonSecurityConfig], ports: Dict[str, int]) -> Iterator[Server]:
+def _serve(
+    config: TritonConfig, security: Optional[TritonSecurityConfig], ports: Dict[str, int], kinds: Tuple[str, ...] = ()
+) -> Iterator[Server]:
+    """A server with models Identity and Stream, and Identity on each of ``kinds`` too (tests/e2e/_kinds.py)."""
     with Triton(config=config, security_config=security) as triton:
         _bind_identity(triton)
+        for kind in kinds:
+            _bind_identity(triton, model("Identity", kind), kind)
         triton.bind(
             "Stream",
             stream,
@@ -106,7 +110,7 @@ def _serve(config: TritonConfig, security: Optional[TritonSecurityConfig], ports
 def secured() -> Iterator[Server]:
     """The default configuration: nothing about security is set."""
     ports = triton_ports()
-    yield from _serve(TritonConfig(**ports), None, ports)
+    yield from _serve(TritonConfig(**ports), None, ports, kinds=("backend",))
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +298,7 @@ def test_a_reload_through_the_repository_api_is_prompt_and_leaves_no_extra_stub(
     triton = secured.triton
     triton.bind(
         "ApiReloaded",
-        [identity, identity],  # two instances: two slots to share with the old load
+        [identity_to_y, identity_to_y],  # two instances: two slots to share with the old load
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
         config=ModelConfig(batching=False),
@@ -444,9 +448,9 @@ def test_inference_health_metadata_and_config_stay_open_to_raw_clients(secured):
         grpc_client.close()
 
 
-def test_public_model_config_holds_no_pid_path_or_prefix(secured):
+def test_public_model_config_holds_no_pid_path_or_prefix(secured, kind):
     triton = secured.triton
-    status, body = secured.request("GET", "/v2/models/Identity/config")
+    status, body = secured.request("GET", f"/v2/models/{model('Identity', kind)}/config")
     assert status == 200
     config = json.loads(body)
     # only the stub generation, an integer (a raised value makes Triton reload the model)
@@ -485,10 +489,10 @@ def _mapped_segments(pid: int, prefix: str) -> Dict[str, int]:
     return modes
 
 
-def test_shared_memory_has_no_group_or_other_bits(secured):
+def test_shared_memory_has_no_group_or_other_bits(secured, kind):
     triton = secured.triton
     big = np.ones(3 << 20, dtype=np.float32)  # 12 MiB: grows the backend's 4 MiB region
-    with ModelClient(secured.http_url, "Identity") as client:
+    with ModelClient(secured.http_url, model("Identity", kind)) as client:
         np.testing.assert_array_equal(client.infer_sample(x=X)["y"], X)
         np.testing.assert_array_equal(client.infer_sample(x=big)["y"], big)
     named = {
@@ -503,7 +507,7 @@ def test_shared_memory_has_no_group_or_other_bits(secured):
     mapped: Dict[str, int] = {}
     for pid in [os.getpid(), *_children(triton._backend.server.pid)]:
         mapped.update(_mapped_segments(pid, triton._shm_prefix))
-    if os.geteuid() == 0:  # map_files is readable to root: check the arenas (unlinked once mapped) as well
+    if os.geteuid() == 0 and kind == "thread":  # map_files is readable to root: the arenas (unlinked once mapped)
         assert any("-m" in name for name in mapped), mapped
     assert all(mode & 0o077 == 0 for mode in mapped.values()), {name: oct(mode) for name, mode in mapped.items()}
 

@@ -20,6 +20,7 @@ from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTri
 from pytriton.model_config import ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
+from tests.e2e._kinds import model
 
 IDLE_S = 0.5
 
@@ -99,6 +100,22 @@ def urls():
             instance_kind="process",
             **tensors,
         )
+        # Sum and SumOldest on backend instances too (tests/e2e/_kinds.py): the running totals live in
+        # the stub, so the tests check what the answers say (what RunningSum records is this process's).
+        sum_backend = ModelConfig(
+            max_batch_size=4, sequence_batcher=SequenceBatcher(max_sequence_idle_microseconds=idle)
+        )
+        triton.bind(
+            model("Sum", "backend"), process_running_sum, config=sum_backend, instance_kind="backend", **tensors
+        )
+        oldest_backend = ModelConfig(max_batch_size=4, sequence_batcher=oldest)
+        triton.bind(
+            model("SumOldest", "backend"),
+            process_running_sum,
+            config=oldest_backend,
+            instance_kind="backend",
+            **tensors,
+        )
         triton.bind(
             "SumBackend",
             process_running_sum,
@@ -123,12 +140,12 @@ def _steps(client, sequence_id, values):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_concurrent_sequences_keep_their_own_state(urls, protocol):
+def test_concurrent_sequences_keep_their_own_state(urls, protocol, kind):
     base = 1000 if protocol == "http" else 2000
     totals = {}
 
     def run(sequence_id):
-        with ModelClient(urls[protocol], "Sum") as client:
+        with ModelClient(urls[protocol], model("Sum", kind)) as client:
             totals[sequence_id] = _steps(client, sequence_id, [float(sequence_id - base)] * 6)
 
     threads = [threading.Thread(target=run, args=(base + n,)) for n in range(1, 7)]
@@ -137,6 +154,8 @@ def test_concurrent_sequences_keep_their_own_state(urls, protocol):
     for thread in threads:
         thread.join(60)
     assert totals == {base + n: 6.0 * n for n in range(1, 7)}
+    if kind == "backend":
+        return  # what the callable saw stays in its stub; the totals above are per sequence
     mine = [entry for entry in DIRECT.seen if base < entry[0] < base + 100]
     assert len(mine) == 36
     assert sorted(entry for entry in mine if entry[1]) == [(base + n, True, False) for n in range(1, 7)]
@@ -145,15 +164,15 @@ def test_concurrent_sequences_keep_their_own_state(urls, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_futures_and_asyncio_clients_send_sequences(urls, protocol):
+def test_futures_and_asyncio_clients_send_sequences(urls, protocol, kind):
     sid = 3000 if protocol == "http" else 3100
-    with FuturesModelClient(urls[protocol], "Sum") as client:
+    with FuturesModelClient(urls[protocol], model("Sum", kind)) as client:
         first = client.infer_sample(np.array([2.0], np.float32), sequence_id=sid, sequence_start=True).result(30)
         last = client.infer_sample(np.array([3.0], np.float32), sequence_id=sid, sequence_end=True).result(30)
     assert (float(first["total"][0]), float(last["total"][0])) == (2.0, 5.0)
 
     async def steps():
-        async with AsyncioModelClient(urls[protocol], "Sum") as client:
+        async with AsyncioModelClient(urls[protocol], model("Sum", kind)) as client:
             await client.infer_sample(np.array([1.0], np.float32), sequence_id=sid + 1, sequence_start=True)
             out = await client.infer_sample(np.array([4.0], np.float32), sequence_id=sid + 1, sequence_end=True)
         return float(out["total"][0])
@@ -162,7 +181,7 @@ def test_futures_and_asyncio_clients_send_sequences(urls, protocol):
 
 
 @pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
-def test_raw_tritonclient_with_string_ids_and_the_oldest_strategy(urls, lib):
+def test_raw_tritonclient_with_string_ids_and_the_oldest_strategy(urls, lib, kind):
     address = urls["http" if lib is httpclient else "grpc"].split("://")[1]
     client = lib.InferenceServerClient(address)
     names = [f"{lib.__name__}-a", f"{lib.__name__}-b"]
@@ -172,11 +191,17 @@ def test_raw_tritonclient_with_string_ids_and_the_oldest_strategy(urls, lib):
                 tensor = lib.InferInput("value", [1, 1], "FP32")
                 tensor.set_data_from_numpy(np.array([[index + 1.0]], np.float32))
                 result = client.infer(
-                    "SumOldest", [tensor], sequence_id=name, sequence_start=step == 0, sequence_end=step == 2
+                    model("SumOldest", kind),
+                    [tensor],
+                    sequence_id=name,
+                    sequence_start=step == 0,
+                    sequence_end=step == 2,
                 )
                 assert float(result.as_numpy("total")[0, 0]) == (index + 1.0) * (step + 1)
     finally:
         client.close()
+    if kind == "backend":
+        return  # what the callable saw stays in its stub; the totals above are per sequence
     starts = {entry[0] for entry in OLDEST.seen if entry[1] and entry[0] in names}
     assert starts == set(names)
     assert all(isinstance(entry[0], str) for entry in OLDEST.seen)
@@ -184,6 +209,7 @@ def test_raw_tritonclient_with_string_ids_and_the_oldest_strategy(urls, lib):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_sequence_idle_too_long_is_ended_by_triton(urls, protocol):
+    # Thread instances only: Triton's sequence batcher ends the sequence, whatever runs the callable.
     sid = 4000 if protocol == "http" else 4100
     with ModelClient(urls[protocol], "Sum") as client:
         client.infer_sample(np.array([1.0], np.float32), sequence_id=sid, sequence_start=True)

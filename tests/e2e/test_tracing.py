@@ -4,10 +4,11 @@ One server in OpenTelemetry trace mode, exporting to a small OTLP/HTTP receiver 
 (Triton 2.51 posts OTLP as JSON to ``/v1/traces``), with tracing off server-wide (``level=OFF``)
 and switched on for one model by ``bind(..., trace_config=...)`` (sent through the restricted
 ``trace`` endpoint with pytriton's access token). The user's process exports its spans to an
-in-memory exporter; the tests check the chain client -> ``InferRequest`` -> model span (Triton's)
--> ``proxy_inference_callable`` -> ``batch`` and the user's own span (pytriton's), and that a
-server restarted after a crash traces the model again, and that a model bound again under the
-same name without ``trace_config`` is no longer traced.
+in-memory exporter; a backend instance's stub (tests/e2e/_kinds.py) to a file (``Traced`` in
+tests/e2e/kind_models.py). For each instance kind the tests check the chain client ->
+``InferRequest`` -> model span (Triton's) -> ``proxy_inference_callable`` -> ``batch`` and the
+user's own span (pytriton's), that a server restarted after a crash traces the model again, and
+that a model bound again under the same name without ``trace_config`` is no longer traced.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import http.client
 import http.server
 import json
 import os
+import pathlib
 import signal
 import threading
 from typing import Any, Dict, Iterator, List
@@ -23,14 +25,15 @@ from typing import Any, Dict, Iterator, List
 import numpy as np
 import pytest
 
-from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy import _tracing
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
-from tests.otel_memory import by_name, memory_exporter
+from tests.e2e._kinds import KINDS, model
+from tests.e2e.kind_models import SPANS_FILE, Traced, span_record, untraced
+from tests.otel_memory import memory_exporter
 
-CLIENT_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_TRACE_IDS = {"thread": "0af7651916cd43dd8448eb211c80319c", "backend": "0af7651916cd43dd8448eb211c80319d"}
 CLIENT_SPAN_ID = "b7ad6b7169203331"
 
 
@@ -75,24 +78,38 @@ def receiver() -> Iterator[int]:
         thread.join(10)
 
 
-@batch
-def _doubled(k):
-    return {"y": k * 2}
+TENSORS = ([Tensor(name="k", shape=(1,), dtype=np.int32)], [Tensor(name="y", shape=(1,), dtype=np.int32)])
 
 
-def traced(requests):
-    for request in requests:
-        with request.traced_span("user_work"):
-            pass
-    return _doubled(requests)
+class Server:
+    """The module's server and where the spans of each instance kind's callables end up."""
+
+    def __init__(self, port: int, triton: Triton, exporter: Any, notes: Dict[str, pathlib.Path]):
+        self.port, self.triton, self.exporter, self.notes = port, triton, exporter, notes
+
+    def spans(self, kind: str) -> List[Dict[str, Any]]:
+        """The finished spans (``span_record``) of the process where instances of ``kind`` run."""
+        if kind == "thread":
+            return [span_record(span) for span in self.exporter.get_finished_spans()]
+        path = self.notes[kind] / SPANS_FILE
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def clear(self, kind: str) -> None:
+        if kind == "thread":
+            self.exporter.clear()
+        else:
+            (self.notes[kind] / SPANS_FILE).write_text("")
 
 
-def untraced(requests):
-    return [{"y": request["k"] * 2} for request in requests]
+def _named(spans: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    named: Dict[str, List[Dict[str, Any]]] = {}
+    for span in spans:
+        named.setdefault(span["name"], []).append(span)
+    return named
 
 
 @pytest.fixture(scope="module")
-def server(receiver):
+def server(receiver, tmp_path_factory):
     exporter = memory_exporter()
     ports = triton_ports()
     config = TritonConfig(
@@ -104,18 +121,22 @@ def server(receiver):
             "opentelemetry,bsp_schedule_delay=50",  # export within 50 ms (default 5 s)
         ],
     )
-    tensors = ([Tensor(name="k", shape=(1,), dtype=np.int32)], [Tensor(name="y", shape=(1,), dtype=np.int32)])
+    notes = {kind: tmp_path_factory.mktemp(f"spans-{kind}") for kind in KINDS}
     with Triton(config=config) as triton:
-        triton.bind(
-            "Traced",
-            traced,
-            *tensors,
-            config=ModelConfig(max_batch_size=4),
-            trace_config=["level=TIMESTAMPS", "rate=1"],
-        )
-        triton.bind("Untraced", untraced, *tensors, config=ModelConfig(max_batch_size=4))
+        for kind in KINDS:  # each instance kind (tests/e2e/_kinds.py)
+            triton.bind(
+                model("Traced", kind),
+                Traced(str(notes[kind])),
+                *TENSORS,
+                config=ModelConfig(max_batch_size=4),
+                trace_config=["level=TIMESTAMPS", "rate=1"],
+                instance_kind=kind,
+            )
+            triton.bind(
+                model("Untraced", kind), untraced, *TENSORS, config=ModelConfig(max_batch_size=4), instance_kind=kind
+            )
         triton.run()
-        yield ports["http_port"], exporter, triton
+        yield Server(ports["http_port"], triton, exporter, notes)
     exporter.shutdown()
 
 
@@ -138,57 +159,58 @@ def _triton_spans(trace_id: str) -> Dict[str, Dict[str, Any]]:
         return {span["name"]: span for span in _Receiver.spans if span["traceId"] == trace_id}
 
 
-def test_the_users_span_continues_the_clients_trace_through_triton(server):
-    port, exporter = server[:2]
-    _infer(port, "Traced", {"traceparent": f"00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-01"})
-    trace_id = int(CLIENT_TRACE_ID, 16)
-    assert wait_for(lambda: any(span.context.trace_id == trace_id for span in exporter.get_finished_spans()), 10)
-    mine = by_name([span for span in exporter.get_finished_spans() if span.context.trace_id == trace_id])
+def test_the_users_span_continues_the_clients_trace_through_triton(server, kind):
+    trace_id = CLIENT_TRACE_IDS[kind]
+    traced = model("Traced", kind)
+    _infer(server.port, traced, {"traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01"})
+    assert wait_for(lambda: any(span["trace_id"] == trace_id for span in server.spans(kind)), 10)
+    mine = _named([span for span in server.spans(kind) if span["trace_id"] == trace_id])
     (proxy,), (work,), (batched,) = mine[_tracing.REQUEST_SPAN], mine["user_work"], mine[_tracing.BATCH_SPAN]
-    assert work.parent.span_id == proxy.context.span_id and batched.parent.span_id == proxy.context.span_id
+    assert work["parent_span_id"] == proxy["span_id"] and batched["parent_span_id"] == proxy["span_id"]
     # Triton's side of the same trace, as it exported it.
-    assert wait_for(lambda: {"InferRequest", "Traced"} <= set(_triton_spans(CLIENT_TRACE_ID)), 10)
-    theirs = _triton_spans(CLIENT_TRACE_ID)
+    assert wait_for(lambda: {"InferRequest", traced} <= set(_triton_spans(trace_id)), 10)
+    theirs = _triton_spans(trace_id)
     assert theirs["InferRequest"]["parentSpanId"] == CLIENT_SPAN_ID
-    assert theirs["Traced"]["parentSpanId"] == theirs["InferRequest"]["spanId"]
-    assert f"{proxy.parent.span_id:016x}" == theirs["Traced"]["spanId"]  # the proxy's span hangs off Triton's
-    assert proxy.attributes["pytriton.model_name"] == "Traced"
+    assert theirs[traced]["parentSpanId"] == theirs["InferRequest"]["spanId"]
+    assert proxy["parent_span_id"] == theirs[traced]["spanId"]  # the proxy's span hangs off Triton's
+    assert proxy["model_name"] == traced
 
 
-def test_tritons_own_trace_id_reaches_the_user_and_untraced_models_stay_untraced(server):
-    port, exporter = server[:2]
-    exporter.clear()
-    _infer(port, "Untraced", {})
-    _infer(port, "Traced", {})
-    assert wait_for(lambda: by_name(exporter.get_finished_spans()).get(_tracing.REQUEST_SPAN), 10)
-    (proxy,) = by_name(exporter.get_finished_spans())[_tracing.REQUEST_SPAN]  # none for "Untraced"
-    assert proxy.attributes["pytriton.model_name"] == "Traced"
-    trace_id = f"{proxy.context.trace_id:032x}"
-    assert trace_id != CLIENT_TRACE_ID
-    assert wait_for(lambda: "Traced" in _triton_spans(trace_id), 10)
-    assert _triton_spans(trace_id)["Traced"]["spanId"] == f"{proxy.parent.span_id:016x}"
+def test_tritons_own_trace_id_reaches_the_user_and_untraced_models_stay_untraced(server, kind):
+    traced = model("Traced", kind)
+    server.clear(kind)
+    _infer(server.port, model("Untraced", kind), {})
+    _infer(server.port, traced, {})
+    assert wait_for(lambda: _named(server.spans(kind)).get(_tracing.REQUEST_SPAN), 10)
+    (proxy,) = _named(server.spans(kind))[_tracing.REQUEST_SPAN]  # none for "Untraced"
+    assert proxy["model_name"] == traced
+    trace_id = proxy["trace_id"]
+    assert trace_id not in CLIENT_TRACE_IDS.values()
+    assert wait_for(lambda: traced in _triton_spans(trace_id), 10)
+    assert _triton_spans(trace_id)[traced]["spanId"] == proxy["parent_span_id"]
     with _Receiver.lock:
-        assert not [span for span in _Receiver.spans if span["name"] == "Untraced"]
+        assert not [span for span in _Receiver.spans if span["name"] == model("Untraced", kind)]
 
 
 def test_a_restarted_server_gets_the_model_trace_settings_again(server):
-    port, exporter, triton = server
-    os.kill(triton._backend.server.pid, signal.SIGKILL)
+    os.kill(server.triton._backend.server.pid, signal.SIGKILL)
     # The restart counts once the new server is ready, its models loaded and their settings sent.
-    assert wait_for(lambda: triton.server_restarts == 1, 60), "the server was not restarted"
-    exporter.clear()
-    _infer(port, "Traced", {})
-    assert [span.name for span in exporter.get_finished_spans()].count(_tracing.REQUEST_SPAN) == 1
+    assert wait_for(lambda: server.triton.server_restarts == 1, 60), "the server was not restarted"
+    for kind in KINDS:
+        server.clear(kind)
+        _infer(server.port, model("Traced", kind), {})
+        assert wait_for(lambda kind=kind: _named(server.spans(kind)).get(_tracing.REQUEST_SPAN), 10), kind
+        assert len(_named(server.spans(kind))[_tracing.REQUEST_SPAN]) == 1, kind
 
 
-def test_a_model_bound_again_without_trace_config_is_not_traced(server):
-    port, exporter = server[:2]
-    triton = server[2]
-    triton.unbind("Traced")
-    tensors = ([Tensor(name="k", shape=(1,), dtype=np.int32)], [Tensor(name="y", shape=(1,), dtype=np.int32)])
-    triton.bind("Traced", untraced, *tensors, config=ModelConfig(max_batch_size=4))
-    exporter.clear()
-    _infer(port, "Traced", {})
-    # The proxy's span ends before the reply leaves the user's process: none means none was opened
+def test_a_model_bound_again_without_trace_config_is_not_traced(server, kind):
+    traced = model("Traced", kind)
+    server.triton.unbind(traced)
+    # The same callable (for a backend instance, it sets up its stub's span export again).
+    callable_ = Traced(str(server.notes[kind]))
+    server.triton.bind(traced, callable_, *TENSORS, config=ModelConfig(max_batch_size=4), instance_kind=kind)
+    server.clear(kind)
+    _infer(server.port, traced, {})
+    # The proxy's span ends before the reply leaves the callable's process: none means none was opened
     # (Triton keeps a model's trace settings across an unload; unbind cleared them).
-    assert not exporter.get_finished_spans()
+    assert not server.spans(kind)

@@ -6,7 +6,8 @@ readiness answered 200 until its replacement. Now, once every instance has been
 in one call for ``PYTRITON_UNRESPONSIVE_AFTER_S`` (1 s here), the model is unloaded from Triton:
 readiness says not ready and new requests fail at once; the hung call and the requests already
 queued are still answered when it returns; then the model is loaded again and serves, with no
-server restart.
+server restart. That test runs on thread and on backend instances (tests/e2e/_kinds.py; the hung
+callable waits for a file); the others need an execution timeout, which a backend instance refuses.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import pathlib
 import signal
 import threading
 import time
@@ -25,35 +27,44 @@ import pytest
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
+from tests.e2e._kinds import bind_kinds, model
+from tests.e2e.kind_models import HangsOnOne
 from tests.e2e.test_healing import _stubs
 
-RELEASE = threading.Event()
 
+class Release:
+    """The hung callables' gate: a file they wait for (tests/e2e/kind_models.py), for every instance kind."""
 
-def _hangs_on_one(requests):
-    if any(float(request["x"].flat[0]) == 1.0 for request in requests):
-        RELEASE.wait(60)  # bounded: the test releases it long before
-    return [{"y": request["x"]} for request in requests]
+    def __init__(self, directory: pathlib.Path):
+        self.directory = directory
+
+    def set(self) -> None:
+        (self.directory / "release").touch()
+
+    def clear(self) -> None:
+        (self.directory / "release").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
-def server(request) -> Iterator[Tuple[Triton, Dict[str, int]]]:
+def server(tmp_path_factory) -> Iterator[Tuple[Triton, Dict[str, int], Release]]:
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setenv("PYTRITON_UNRESPONSIVE_AFTER_S", "1")
     ports = triton_ports()
     triton = Triton(config=TritonConfig(**ports))
+    release = Release(tmp_path_factory.mktemp("release"))
+    hangs_on_one = HangsOnOne(str(release.directory))
     spec = dict(
         inputs=[Tensor(name="x", shape=(-1,), dtype=np.float32)],
         outputs=[Tensor(name="y", shape=(-1,), dtype=np.float32)],
     )
-    triton.bind("Hangs", _hangs_on_one, config=ModelConfig(max_batch_size=4), **spec)
-    triton.bind("Bounded", _hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
-    triton.bind("Pausable", _hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
+    bind_kinds(triton, "Hangs", hangs_on_one, config=ModelConfig(max_batch_size=4), **spec)  # tests/e2e/_kinds.py
+    triton.bind("Bounded", hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
+    triton.bind("Pausable", hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
     try:
         triton.run()
-        yield triton, ports
+        yield triton, ports, release
     finally:
-        RELEASE.set()
+        release.set()
         triton.stop()
         monkeypatch.undo()
 
@@ -80,50 +91,51 @@ def _in_background(function, *args) -> Tuple[threading.Thread, Dict[str, Any]]:
     return thread, result
 
 
-def test_a_hung_callable_makes_the_model_not_ready_and_it_recovers(server):
-    triton, ports = server
-    RELEASE.clear()
-    assert _http(ports, "/v2/models/Hangs/ready")[0] == 200
-    hung, hung_result = _in_background(_infer, ports, "Hangs", 1.0)
+def test_a_hung_callable_makes_the_model_not_ready_and_it_recovers(server, kind):
+    triton, ports, release = server
+    hangs = model("Hangs", kind)
+    release.clear()
+    assert _http(ports, f"/v2/models/{hangs}/ready")[0] == 200
+    hung, hung_result = _in_background(_infer, ports, hangs, 1.0)
     time.sleep(0.3)
-    queued, queued_result = _in_background(_infer, ports, "Hangs", 2.0)  # waits in Triton's queue behind it
+    queued, queued_result = _in_background(_infer, ports, hangs, 2.0)  # waits in Triton's queue behind it
     try:
-        assert wait_for(lambda: _http(ports, "/v2/models/Hangs/ready")[0] != 200, 10, 0.1), "readiness stayed 200"
+        assert wait_for(lambda: _http(ports, f"/v2/models/{hangs}/ready")[0] != 200, 10, 0.1), "readiness stayed 200"
         assert _http(ports, "/v2/health/ready")[0] != 200  # strict readiness (the default)
         started = time.monotonic()
-        status, body = _infer(ports, "Hangs", 3.0)
+        status, body = _infer(ports, hangs, 3.0)
         assert status != 200 and time.monotonic() - started < 5, (status, body)  # fails at once, not queued
-        assert b"Hangs" in body, body
+        assert hangs.encode() in body, body
         assert _infer(ports, "Bounded", 4.0)[0] == 200  # other models serve on
     finally:
-        RELEASE.set()
+        release.set()
     hung.join(60)
     queued.join(60)
     assert hung_result["value"][0] == 200 and queued_result["value"][0] == 200  # both answered when it returned
-    assert wait_for(lambda: _http(ports, "/v2/models/Hangs/ready")[0] == 200, 30, 0.1), "not loaded again"
+    assert wait_for(lambda: _http(ports, f"/v2/models/{hangs}/ready")[0] == 200, 30, 0.1), "not loaded again"
     assert _http(ports, "/v2/health/ready")[0] == 200
-    status, body = _infer(ports, "Hangs", 5.0)
+    status, body = _infer(ports, hangs, 5.0)
     assert status == 200 and json.loads(body)["outputs"][0]["data"] == [5.0]
     assert triton.server_restarts == 0
 
 
 def test_a_model_with_an_execution_timeout_stays_loaded_while_busy(server):
     """Its calls are bounded by the timeout: the watch leaves it alone."""
-    triton, ports = server
-    RELEASE.clear()
+    triton, ports, release = server
+    release.clear()
     call, result = _in_background(_infer, ports, "Bounded", 1.0)
     try:
         time.sleep(2.5)  # well past the 1 s limit
         assert _http(ports, "/v2/models/Bounded/ready")[0] == 200
     finally:
-        RELEASE.set()
+        release.set()
     call.join(60)
     assert result["value"][0] == 200
 
 
 def test_a_stopped_stub_makes_the_model_not_ready_until_it_is_replaced(server):
     """A stub stopped for 0.5 s: not ready at once, whatever the execution timeout; ready once replaced (2 s kill)."""
-    triton, ports = server
+    triton, ports, _ = server
     (stub,) = _stubs(triton._backend.server.pid, "Pausable")
     os.kill(stub, signal.SIGSTOP)
     try:

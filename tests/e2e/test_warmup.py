@@ -1,20 +1,25 @@
-"""Model warmup (issue 15, item 2): Triton runs it through the proxy before the model is ready."""
+"""Model warmup (issue 15, item 2): Triton runs it through the proxy before the model is ready.
+
+The warmups run on thread and on backend instances (tests/e2e/_kinds.py); the callables, in
+tests/e2e/kind_models.py, note their calls in files. A failing warmup at ``run()`` is tested on
+thread instances only: it needs a server of its own.
+"""
 
 from __future__ import annotations
-
-import http.client
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
 from pytriton.client import ModelClient
-from pytriton.decorators import batch, fill_optionals, first_value, pad_batch
+from pytriton.decorators import batch
 from pytriton.exceptions import PyTritonModelConfigError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
+from tests.e2e._kinds import KINDS, model
+from tests.e2e.kind_models import EchoRecorder, Recorder, recorded, refuses
 
 INPUTS = [
     Tensor(name="x", shape=(3,), dtype=np.float32),
@@ -22,37 +27,6 @@ INPUTS = [
     Tensor(name="scale", shape=(1,), dtype=np.float32, optional=True),
 ]
 OUTPUTS = [Tensor(name="y", shape=(3,), dtype=np.float32)]
-
-
-class Recorder:
-    """A decorated callable that notes every batch and whether the model was ready while it ran."""
-
-    def __init__(self, http_url):
-        self.http_url = http_url
-        self.calls = []
-        self.server_ready_during_warmup = []
-
-    def _ready(self, path):
-        host, port = self.http_url[len("http://") :].split(":")
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            connection.request("GET", path)
-            return connection.getresponse().status == 200
-        except OSError:  # endpoints not open yet
-            return False
-        finally:
-            connection.close()
-
-    @fill_optionals(scale=np.array([2.0], dtype=np.float32))
-    @batch
-    @pad_batch
-    @first_value("scale")
-    def __call__(self, x, label, scale):
-        ready = self._ready("/v2/models/Warm/ready")
-        self.calls.append({"x": x.copy(), "label": label.tolist(), "scale": scale, "ready": ready})
-        if ready is False:
-            self.server_ready_during_warmup.append(self._ready("/v2/health/ready"))
-        return {"y": x * scale}
 
 
 def _warmups(data_file):
@@ -87,46 +61,56 @@ def _warmups(data_file):
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
+def server(tmp_path_factory):
     data_file = tmp_path_factory.mktemp("warmup") / "x.npy"
     np.save(data_file, np.array([1.0, 2.0, 3.0]))
+    notes = {kind: tmp_path_factory.mktemp(f"warm-{kind}") for kind in KINDS}  # what each kind's Recorder saw
     with Triton(config=TritonConfig(**triton_ports())) as triton:
-        recorder = Recorder(triton.http_url)
         config = ModelConfig(
             max_batch_size=4,
             batcher=DynamicBatcher(preferred_batch_size=[4]),
             model_warmup=_warmups(data_file),
         )
-        triton.bind("Warm", recorder, INPUTS, OUTPUTS, config=config)
+        for kind in KINDS:  # the model on each instance kind (tests/e2e/_kinds.py)
+            recorder = Recorder(triton.http_url, model("Warm", kind), str(notes[kind]))
+            triton.bind(model("Warm", kind), recorder, INPUTS, OUTPUTS, config=config, instance_kind=kind)
         triton.run()
-        yield triton, recorder
+        yield triton, notes
 
 
-def test_warmup_runs_through_the_decorators_before_ready(warm):
-    triton, recorder = warm
+@pytest.fixture
+def warm(server, kind):
+    """The server, and the directory where the Recorder of model ``Warm`` on instance ``kind`` notes its calls."""
+    triton, notes = server
+    return triton, notes[kind]
+
+
+def test_warmup_runs_through_the_decorators_before_ready(warm, kind):
+    triton, notes = warm
     assert triton.get_access_token()  # management endpoints restricted (the default)
-    warmup_calls = list(recorder.calls)
+    warmup_calls = recorded(notes)
     assert len(warmup_calls) == 4  # zeros twice, random once, file once
     assert not any(call["ready"] for call in warmup_calls)
     # Nor is the server ready (a load balancer's probe) while a model still warms up.
-    assert recorder.server_ready_during_warmup == [False] * 4
+    assert [call["server_ready"] for call in warmup_calls] == [False] * 4
     zeros, _, random_call, from_file = warmup_calls
     # @pad_batch padded 3 to the preferred 4; @fill_optionals gave the absent scale; @first_value took it.
-    assert zeros["x"].shape == (4, 3) and not zeros["x"].any()
-    assert zeros["label"] == [[b""]] * 4 and float(zeros["scale"]) == 2.0
-    assert random_call["x"].shape == (4, 3) and float(random_call["scale"]) == 0.0
+    assert np.shape(zeros["x"]) == (4, 3) and not np.any(zeros["x"])
+    assert zeros["label"] == [[""]] * 4 and zeros["scale"] == 2.0
+    assert np.shape(random_call["x"]) == (4, 3) and random_call["scale"] == 0.0
     np.testing.assert_array_equal(from_file["x"][0], [1.0, 2.0, 3.0])
-    data_files = list((triton._repository / "Warm" / "warmup").iterdir())
+    data_files = list((triton._repository / model("Warm", kind) / "warmup").iterdir())
     assert data_files and all(path.stat().st_mode & 0o777 == 0o600 for path in data_files)
 
 
-def test_model_serves_after_warmup(warm):
-    triton, recorder = warm
-    before = len(recorder.calls)
-    with ModelClient(triton.http_url, "Warm") as client:
+def test_model_serves_after_warmup(warm, kind):
+    triton, notes = warm
+    before = len(recorded(notes))
+    with ModelClient(triton.http_url, model("Warm", kind)) as client:
         result = client.infer_sample(x=np.ones(3, np.float32), label=np.array([b"a"]))
     np.testing.assert_array_equal(result["y"], [2.0, 2.0, 2.0])
-    assert len(recorder.calls) == before + 1 and recorder.calls[-1]["ready"]
+    calls = recorded(notes)
+    assert len(calls) == before + 1 and calls[-1]["ready"]
 
 
 # -- warmups Triton cannot express, accepted as NVIDIA PyTriton 0.7 accepts them --------------------
@@ -136,17 +120,12 @@ PAIR_INPUTS = [Tensor(name="a", shape=(-1,), dtype=np.int64), Tensor(name="b", s
 PAIR_OUTPUTS = [Tensor(name="a_out", shape=(-1,), dtype=np.int64), Tensor(name="b_out", shape=(-1,), dtype=np.int64)]
 
 
-def test_warmup_for_some_inputs_and_a_whole_batch_file_reach_the_callable(warm, tmp_path):
-    triton, _ = warm
+def test_warmup_for_some_inputs_and_a_whole_batch_file_reach_the_callable(server, kind, tmp_path):
+    triton, _ = server
     positions = np.arange(15, dtype=np.int64).reshape(3, 5)
     np.save(tmp_path / "positions.npy", positions)
-    calls = []
-
-    @batch
-    def echo(**inputs):
-        calls.append({name: array.copy() for name, array in inputs.items()})
-        return {f"{name}_out": array for name, array in inputs.items()}
-
+    notes = tmp_path / "calls"
+    notes.mkdir()
     warmups = [
         ModelWarmup("only_a", 2, {"a": WarmupInput(np.int64, (4,), zero_data=True)}),
         ModelWarmup(
@@ -158,38 +137,34 @@ def test_warmup_for_some_inputs_and_a_whole_batch_file_reach_the_callable(warm, 
             },
         ),
     ]
-    triton.bind("Partial", echo, PAIR_INPUTS, PAIR_OUTPUTS, config=ModelConfig(max_batch_size=4, model_warmup=warmups))
+    name = model("Partial", kind)
+    config = ModelConfig(max_batch_size=4, model_warmup=warmups)
+    triton.bind(name, batch(EchoRecorder(str(notes))), PAIR_INPUTS, PAIR_OUTPUTS, config=config, instance_kind=kind)
+    calls = recorded(notes)
     assert [sorted(call) for call in calls] == [["a"], ["a", "b"]]
-    assert calls[0]["a"].shape == (2, 4) and not calls[0]["a"].any()
+    assert np.shape(calls[0]["a"]) == (2, 4) and not np.any(calls[0]["a"])
     np.testing.assert_array_equal(calls[1]["a"], positions)
-    assert calls[1]["b"].shape == (3, 2)
-    with ModelClient(triton.grpc_url, "Partial") as client:
+    assert np.shape(calls[1]["b"]) == (3, 2)
+    with ModelClient(triton.grpc_url, name) as client:
         result = client.infer_sample(a=np.arange(2), b=np.arange(3))
     np.testing.assert_array_equal(result["b_out"], [0, 1, 2])
 
 
-def test_failing_warmup_pytriton_sends_is_reported_and_not_served(warm):
-    triton, _ = warm
-
-    def refuses(requests):
-        raise ValueError("cannot warm up: weights missing")
-
+def test_failing_warmup_pytriton_sends_is_reported_and_not_served(server, kind):
+    triton, _ = server
     warmups = [ModelWarmup("partial", 1, {"a": WarmupInput(np.int64, (2,), zero_data=True)})]
     config = ModelConfig(max_batch_size=4, model_warmup=warmups)
+    name = model("PartialCold", kind)
     with pytest.raises(PyTritonModelConfigError, match="warmup 'partial' failed in the callable: ValueError: cannot"):
-        triton.bind("PartialCold", refuses, PAIR_INPUTS, PAIR_OUTPUTS, config=config)
+        triton.bind(name, refuses, PAIR_INPUTS, PAIR_OUTPUTS, config=config, instance_kind=kind)
     client = httpclient.InferenceServerClient(triton.http_url[len("http://") :])
     try:
-        assert not client.is_model_ready("PartialCold")
+        assert not client.is_model_ready(name)
     finally:
         client.close()
 
 
 FAILED_WARMUP = "warmup sample 'smoke'.*weights missing|died while loading it.*warmup fails"
-
-
-def _failing(requests):
-    raise ValueError("cannot warm up: weights missing")
 
 
 def _zeros_warmup():
@@ -205,24 +180,27 @@ def _zeros_warmup():
     ]
 
 
-def test_failing_warmup_on_a_live_bind_is_reported_and_not_served(warm):
-    triton, _ = warm
+def test_failing_warmup_on_a_live_bind_is_reported_and_not_served(server, kind):
+    triton, _ = server
+    name = model("Cold", kind)
     # Triton 2.51 reports the warmup's error, or (about one load in ten here) crashes on the failed
     # instance; pytriton then says so and restarts the server with the models that loaded.
     with pytest.raises(PyTritonModelConfigError, match=FAILED_WARMUP):
-        triton.bind("Cold", _failing, INPUTS, OUTPUTS, config=ModelConfig(model_warmup=_zeros_warmup()))
+        triton.bind(
+            name, refuses, INPUTS, OUTPUTS, config=ModelConfig(model_warmup=_zeros_warmup()), instance_kind=kind
+        )
     assert wait_for(triton.is_alive, 60)
     client = httpclient.InferenceServerClient(triton.http_url[len("http://") :])
     try:
-        assert not client.is_model_ready("Cold")
-        assert client.is_model_ready("Warm")
+        assert not client.is_model_ready(name)
+        assert client.is_model_ready("Warm") and client.is_model_ready("Warm_backend")
     finally:
         client.close()
 
 
 def test_failing_warmup_at_startup_fails_run_clearly():
     with Triton(config=TritonConfig(**triton_ports())) as triton:
-        triton.bind("Cold", _failing, INPUTS, OUTPUTS, config=ModelConfig(model_warmup=_zeros_warmup()))
+        triton.bind("Cold", refuses, INPUTS, OUTPUTS, config=ModelConfig(model_warmup=_zeros_warmup()))
         with pytest.raises(PyTritonModelConfigError, match=FAILED_WARMUP):
             triton.run()
         assert not triton.is_alive()
