@@ -416,7 +416,7 @@ def test_trace_settings_are_set_on_the_remote_server(remote, free_tcp_port):
     with RemoteTriton(_url(remote), access_token=TOKEN, config=config) as triton:
         triton.bind(
             "RemoteTraced",
-            identity,
+            identity_to_y,
             [Tensor(name="x", shape=(-1,), dtype=np.float32)],
             [Tensor(name="y", shape=(-1,), dtype=np.float32)],
             trace_config=["level=TIMESTAMPS", "rate=1"],
