@@ -128,7 +128,7 @@ def test_reloading_in_a_tight_loop_waits_for_the_old_stubs(tmp_path):
 
     Triton destroys the old instances on a thread of its own after the model reports not ready; a
     load of the same model inside that window crashed the process now and then (Triton 2.51,
-    SIGSEGV in ``StopBackendThread``). Each round checks that the stubs seen before the unload are
+    SIGSEGV in ``StopBackendThread``). Each of three rounds checks that the stubs seen before the unload are
     gone when it returns, then loads at once.
     """
     repository = write_repository(tmp_path / "repo", ("identity",))
@@ -139,7 +139,7 @@ def test_reloading_in_a_tight_loop_waits_for_the_old_stubs(tmp_path):
     server = tritonserver.Server(options)
     server.start(wait_until_ready=True, timeout=120)
     try:
-        for _ in range(6):
+        for _ in range(3):
             old = child_stubs(f"{repository}/identity/")
             assert old
             server.unload("identity", wait_until_unloaded=True, timeout=60)
