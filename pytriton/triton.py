@@ -431,7 +431,15 @@ class Triton:
             model.write_repository(self._repository, numbers)
 
     def _attach_context(self, model: BoundModel) -> None:
-        """Let decorators find the model config: ``__triton_context__`` on each callable (or its instance)."""
+        """Let decorators find the model config: ``__triton_context__`` on each callable (or its instance).
+
+        Thread instances only: a process or backend instance's callable runs elsewhere and gets its
+        context there (``_process_child``, ``_backend_kind``). The context is keyed by the callable,
+        so recording those here too let binding one callable on another kind change the config its
+        thread-instance model's decorators read.
+        """
+        if model.instance_kind != "thread":
+            return
         for func in model.infer_funcs:
             attach_context(func, self.triton_context, model.config)
 

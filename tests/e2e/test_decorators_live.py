@@ -71,14 +71,6 @@ def reads_config(requests, triton_context):
     return _config_info(requests, triton_context.model_configs[reads_config])
 
 
-# The same for the backend model: model_configs is keyed by the callable, and each bind() records
-# its model's config under it in this process too, so one callable bound under two names would
-# read the config of the name bound last.
-@triton_context
-def reads_config_too(requests, triton_context):
-    return _config_info(requests, triton_context.model_configs[reads_config_too])
-
-
 def _t(name, shape=(1,), dtype=np.float32, optional=False):
     return Tensor(name=name, shape=shape, dtype=dtype, optional=optional)
 
@@ -107,10 +99,11 @@ def url():
             [_t("y"), _t("seen", dtype=np.int32)],
             config=ModelConfig(max_batch_size=16, batcher=DynamicBatcher(preferred_batch_size=[4, 8])),
         )
-        for kind, infer_func in (("thread", reads_config), ("backend", reads_config_too)):
-            config = ModelConfig(max_batch_size=2)
-            context_io = ([_t("x")], [_t("info", dtype=bytes)])
-            triton.bind(model("Context", kind), infer_func, *context_io, config=config, instance_kind=kind)
+        # One callable under both names: the thread model's decorators must read its own config,
+        # not the one the backend bind gives the same callable (pytriton/triton.py, _attach_context).
+        bind_kinds(
+            triton, "Context", reads_config, [_t("x")], [_t("info", dtype=bytes)], config=ModelConfig(max_batch_size=2)
+        )
         triton.run()
         yield f"127.0.0.1:{ports['http_port']}"
 

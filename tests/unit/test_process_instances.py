@@ -313,3 +313,24 @@ def test_stop_kills_a_worker_process_that_does_not_stop(make_instance):
     os.kill(pid, signal.SIGSTOP)  # cannot answer "stop"
     instance.stop(timeout_s=0.2)
     assert not _running(pid)
+
+
+@pytest.mark.parametrize("other_kind", ["process", "backend"])
+def test_binding_a_callable_on_another_kind_leaves_the_thread_models_config(other_kind):
+    """The decorators of a thread instance read the config its bind recorded in this process.
+
+    A process or backend instance gets its context where it runs; recording it here too (keyed by
+    the callable) made a later bind of the same callable on that kind replace the thread model's.
+    """
+    from pytriton.model_config import ModelConfig
+    from pytriton.triton import Triton
+
+    x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+    triton = Triton()
+    try:
+        triton.bind("Threaded", calls.doubled, x, x, config=ModelConfig(max_batch_size=4))
+        triton.bind("Elsewhere", calls.doubled, x, x, config=ModelConfig(max_batch_size=8), instance_kind=other_kind)
+        config = triton.triton_context.model_configs[calls.doubled]
+        assert (config.model_name, config.max_batch_size) == ("Threaded", 4)
+    finally:
+        triton.stop()
