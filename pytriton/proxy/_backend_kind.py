@@ -58,7 +58,7 @@ import numpy.typing as npt
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _process
+from pytriton.proxy import _process, _tracing
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._outputs import OutputChecker
@@ -102,13 +102,20 @@ def check_backend_binding(model: str, *, tcp: bool, execution_timeout_s: Optiona
 def pack(callables: Sequence[bytes], config: TritonModelConfig, strict: bool) -> bytes:
     """The payload of :data:`PAYLOAD_FILE`: the callables pickled at ``bind()``
     (``_process.dump_callable(..., kind="backend")``, whose errors say what to fix), the model's
-    final configuration (the output checks and the decorators read it) and the import settings."""
+    final configuration (the output checks and the decorators read it), the import settings and
+    where pytriton's spans are exported (``_tracing.configure_export``)."""
     payload = {
         "format": _FORMAT,
         "callables": list(callables),
         "config": config,
         "strict": strict,
         "preparation": _process.preparation_data(),
+        # Where this process would export pytriton's spans (TritonConfig.trace_config, in OpenTelemetry
+        # mode): the stub makes this instance's spans and exports them there too, unless the callable's
+        # modules configured a tracer provider of their own.
+        "trace_export": (_tracing.State.export_url, dict(_tracing.State.export_resource))
+        if _tracing.State.export_url
+        else None,
     }
     buffer = io.BytesIO()
     _PayloadPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(payload)
@@ -266,6 +273,9 @@ class InlineRunner:
         if payload.get("format") != _FORMAT:
             raise RuntimeError("pytriton: the model's payload was written by another pytriton version; bind it again")
         prepare_imports(payload["preparation"])
+        export = payload.get("trace_export")
+        if export is not None:
+            _tracing.State.export_url, _tracing.State.export_resource = export[0], dict(export[1])
         callables = payload["callables"]
         context = TritonContext()
         func = _process.load_callable(callables[slot % len(callables)], context)

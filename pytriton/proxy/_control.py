@@ -23,7 +23,7 @@ import pickle
 import socket
 import struct
 import threading
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, TypedDict, Union
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple, TypedDict, Union
 
 from pytriton.model_config.triton_model_config import TritonModelConfig
 
@@ -48,12 +48,15 @@ class WorkerOptions(TypedDict):
 
 class Start(NamedTuple):
     """What the worker process starts from: the pickled callable, its worker's options, the parent's
-    imports (``multiprocessing``'s preparation data) and log levels (see ``_process.ProcessInstance``)."""
+    imports (``multiprocessing``'s preparation data), log levels (see ``_process.ProcessInstance``)
+    and where the parent exports pytriton's spans (``_tracing.configure_export``: URL and resource
+    attributes), if it does."""
 
     payload: bytes
     worker: WorkerOptions
     preparation: Dict[str, object]
     levels: Dict[str, int]
+    trace_export: Optional[Tuple[str, Dict[str, str]]] = None
 
 
 class Ready(NamedTuple):

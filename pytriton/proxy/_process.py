@@ -64,7 +64,7 @@ import numpy as np
 from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy import _control, _stub_watch
+from pytriton.proxy import _control, _stub_watch, _tracing
 from pytriton.proxy._context import TritonContext
 from pytriton.proxy._worker import _process_running
 from pytriton.proxy.stubside import _arena
@@ -623,7 +623,10 @@ class ProcessInstance:
             self._child, self._link = child, link
         ready = False
         try:
-            link.send(_control.Start(self._payload, self._worker_options, preparation_data(), _log_levels()))
+            export = (
+                (_tracing.State.export_url, dict(_tracing.State.export_resource)) if _tracing.State.export_url else None
+            )
+            link.send(_control.Start(self._payload, self._worker_options, preparation_data(), _log_levels(), export))
             while True:
                 message = link.recv()
                 if type(message) is _control.Ready:

@@ -35,7 +35,7 @@ import threading
 import traceback
 from typing import Any, Dict, List, Union
 
-from pytriton.proxy import _control, _process
+from pytriton.proxy import _control, _process, _tracing
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._control import ControlLink, ControlMessage
@@ -165,6 +165,8 @@ def _load(start: _control.Start) -> object:
     """Import the user's modules as the parent has them and unpickle the callable."""
     _process.IN_WORKER_PROCESS = True  # a main module that starts Triton again gets a clear error
     multiprocessing.spawn.prepare(start.preparation)
+    if start.trace_export is not None:  # spans made here are exported where the parent's are
+        _tracing.State.export_url, _tracing.State.export_resource = start.trace_export[0], dict(start.trace_export[1])
     context = TritonContext()
     func = _process.load_callable(start.payload, context)
     attach_context(func, context, start.worker["config"])

@@ -35,6 +35,28 @@ from tests.otel_memory import memory_exporter
 
 CLIENT_TRACE_IDS = {"thread": "0af7651916cd43dd8448eb211c80319c", "backend": "0af7651916cd43dd8448eb211c80319d"}
 CLIENT_SPAN_ID = "b7ad6b7169203331"
+EXPORTED = {"StubExported": "backend", "WorkerExported": "process"}  # model name -> instance kind
+EXPORTED_TRACE_IDS = {
+    "StubExported": "0af7651916cd43dd8448eb211c80319e",
+    "WorkerExported": "0af7651916cd43dd8448eb211c80319f",
+}
+
+
+def _protobuf_spans(body: bytes) -> List[Dict[str, Any]]:
+    """OTLP/HTTP protobuf spans in the JSON shape Triton posts (hex ids), with the service name."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest.FromString(body)
+    found = []
+    for resource in request.resource_spans:
+        service = {a.key: a.value.string_value for a in resource.resource.attributes}.get("service.name")
+        for scope in resource.scope_spans:
+            for span in scope.spans:
+                found.append(
+                    {"name": span.name, "traceId": span.trace_id.hex(), "spanId": span.span_id.hex(),
+                     "parentSpanId": span.parent_span_id.hex(), "service": service}
+                )  # fmt: skip
+    return found
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
@@ -45,16 +67,19 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        try:
-            document = json.loads(body)
-        except ValueError:
-            document = {}
-        found = [
-            span
-            for resource in document.get("resourceSpans", [])
-            for scope in resource.get("scopeSpans", [])
-            for span in scope.get("spans", [])
-        ]
+        if self.headers.get("Content-Type") == "application/x-protobuf":  # the OTLP exporter of a stub
+            found = _protobuf_spans(body)
+        else:
+            try:
+                document = json.loads(body)
+            except ValueError:
+                document = {}
+            found = [
+                span
+                for resource in document.get("resourceSpans", [])
+                for scope in resource.get("scopeSpans", [])
+                for span in scope.get("spans", [])
+            ]
         with self.lock:
             type(self).spans.extend(found)
         self.send_response(200)
@@ -122,6 +147,8 @@ def server(receiver, tmp_path_factory):
         ],
     )
     notes = {kind: tmp_path_factory.mktemp(f"spans-{kind}") for kind in KINDS}
+    # The stubs inherit it: a backend stub that exports pytriton's spans itself does so within 100 ms.
+    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "100"
     with Triton(config=config) as triton:
         for kind in KINDS:  # each instance kind (tests/e2e/_kinds.py)
             triton.bind(
@@ -135,8 +162,20 @@ def server(receiver, tmp_path_factory):
             triton.bind(
                 model("Untraced", kind), untraced, *TENSORS, config=ModelConfig(max_batch_size=4), instance_kind=kind
             )
+        # A callable that sets up no OpenTelemetry of its own, in a process of its own: the stub (a
+        # backend instance) or the worker process (a process instance) exports where Triton does.
+        for name, kind in EXPORTED.items():
+            triton.bind(
+                name,
+                untraced,
+                *TENSORS,
+                config=ModelConfig(max_batch_size=4),
+                trace_config=["level=TIMESTAMPS", "rate=1"],
+                instance_kind=kind,
+            )
         triton.run()
         yield Server(ports["http_port"], triton, exporter, notes)
+    os.environ.pop("OTEL_BSP_SCHEDULE_DELAY", None)
     exporter.shutdown()
 
 
@@ -190,6 +229,18 @@ def test_tritons_own_trace_id_reaches_the_user_and_untraced_models_stay_untraced
     assert _triton_spans(trace_id)[traced]["spanId"] == proxy["parent_span_id"]
     with _Receiver.lock:
         assert not [span for span in _Receiver.spans if span["name"] == model("Untraced", kind)]
+
+
+@pytest.mark.parametrize("name", list(EXPORTED))
+def test_a_stub_or_worker_exports_its_spans_where_triton_exports_when_nothing_else_is_configured(server, name):
+    """``TritonConfig.trace_config``'s collector reaches the stub with the payload (``_backend_kind.pack``)
+    and the worker process with its start message (``_control.Start``)."""
+    trace_id = EXPORTED_TRACE_IDS[name]
+    _infer(server.port, name, {"traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01"})
+    assert wait_for(lambda: {_tracing.REQUEST_SPAN, name} <= set(_triton_spans(trace_id)), 20)
+    spans = _triton_spans(trace_id)
+    proxy = spans[_tracing.REQUEST_SPAN]
+    assert proxy["service"] == "pytriton" and proxy["parentSpanId"] == spans[name]["spanId"]
 
 
 def test_a_restarted_server_gets_the_model_trace_settings_again(server):

@@ -258,6 +258,26 @@ def test_the_runner_attaches_the_model_config_for_decorators():
     np.testing.assert_array_equal(groups[1][0][1], np.array([[6, 8]], np.float32))
 
 
+def test_the_payload_carries_where_spans_are_exported(monkeypatch):
+    """A stub of an unconfigured process exports the instance's spans where the user's process would."""
+    from pytriton.proxy import _tracing
+
+    monkeypatch.setattr(_tracing.State, "export_url", None)
+    monkeypatch.setattr(_tracing.State, "export_resource", {})
+    config = _config()
+    untraced = _backend_kind.pack([_process.dump_callable(doubled, "Unit", 0, "backend")], config, strict=False)
+    _tracing.configure_export(["mode=opentelemetry", "opentelemetry,url=http://collector:4318/v1/traces",
+                               "opentelemetry,resource=service.name=scorer"])  # fmt: skip
+    traced = _backend_kind.pack([_process.dump_callable(doubled, "Unit", 0, "backend")], config, strict=False)
+    monkeypatch.setattr(_tracing.State, "export_url", None)  # the stub: a fresh process
+    monkeypatch.setattr(_tracing.State, "export_resource", {})
+    _backend_kind.InlineRunner.load(untraced, 0)
+    assert _tracing.State.export_url is None
+    _backend_kind.InlineRunner.load(traced, 0)
+    assert _tracing.State.export_url == "http://collector:4318/v1/traces"
+    assert _tracing.State.export_resource == {"service.name": "scorer"}
+
+
 # -- stub side ------------------------------------------------------------------------------------
 
 
