@@ -64,15 +64,21 @@ def test_syntax_error_in_model_py_is_quoted_in_the_start_error(tmp_path):
     server.stop()
 
 
-def test_explicit_control_and_lifecycle(tmp_path):
-    repository = write_repository(tmp_path / "repo", ("add_sub", "identity"))
-    extra = write_repository(tmp_path / "extra", ("faulty",))
+def _explicit_server(repository: pathlib.Path, *startup: str) -> tritonserver.Server:
+    """A started server with EXPLICIT model control over ``repository``, ``startup`` models loaded."""
     options = tritonserver.Options()
     options.model_control_mode = tritonserver.ModelControlMode.EXPLICIT
     options.model_repository = str(repository)
-    options.startup_models = ["add_sub"]
+    options.startup_models = list(startup)
     server = tritonserver.Server(options)
     server.start(wait_until_ready=True, timeout=120)
+    return server
+
+
+def test_explicit_control_and_lifecycle(tmp_path):
+    repository = write_repository(tmp_path / "repo", ("add_sub", "identity"))
+    extra = write_repository(tmp_path / "extra", ("faulty",))
+    server = _explicit_server(repository, "add_sub")
     prefix = server.shm_region_prefix
     assert child_stubs(prefix)
     try:
@@ -128,16 +134,11 @@ def test_reloading_in_a_tight_loop_waits_for_the_old_stubs(tmp_path):
 
     Triton destroys the old instances on a thread of its own after the model reports not ready; a
     load of the same model inside that window crashed the process now and then (Triton 2.51,
-    SIGSEGV in ``StopBackendThread``). Each of three rounds checks that the stubs seen before the unload are
-    gone when it returns, then loads at once.
+    SIGSEGV in ``StopBackendThread``). Each of three rounds checks that the stubs seen before the
+    unload are gone when it returns, then loads at once.
     """
     repository = write_repository(tmp_path / "repo", ("identity",))
-    options = tritonserver.Options()
-    options.model_control_mode = tritonserver.ModelControlMode.EXPLICIT
-    options.model_repository = str(repository)
-    options.startup_models = ["identity"]
-    server = tritonserver.Server(options)
-    server.start(wait_until_ready=True, timeout=120)
+    server = _explicit_server(repository, "identity")
     try:
         for _ in range(3):
             old = child_stubs(f"{repository}/identity/")
