@@ -80,6 +80,10 @@ from pytriton.server.workspace import Workspace
 if TYPE_CHECKING:
     from pytriton import inprocess
 
+# What importing pytriton.inprocess sets (see there): Triton(embedded=True) imports it only when
+# constructed, which may come after the program's first gRPC call; this module comes before it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 __all__ = ["RemoteTriton", "Triton", "TritonConfig", "TritonLifecyclePolicy", "TritonSecurityConfig", "Workspace"]
 
 LOGGER = logging.getLogger(__name__)  # "pytriton.triton", a documented name

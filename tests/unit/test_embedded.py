@@ -59,3 +59,18 @@ def test_the_embedded_flag_and_the_network_only_names():
             plain.client("m")
     finally:
         plain.stop()
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "false"), ("true", "true")])
+def test_importing_pytriton_triton_turns_grpc_fork_support_off_unless_set(given, expected):
+    """Triton(embedded=True) imports pytriton.inprocess only when constructed, possibly after a gRPC call."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "GRPC_ENABLE_FORK_SUPPORT"}
+    if given is not None:
+        env["GRPC_ENABLE_FORK_SUPPORT"] = given
+    code = "import os, sys, pytriton.triton; assert 'pytriton.inprocess' not in sys.modules; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)  # noqa: S603
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
