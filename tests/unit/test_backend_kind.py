@@ -631,3 +631,15 @@ def test_an_unrecoverable_error_reaches_the_page_and_the_instance_calls_back(set
     finally:
         worker.stop()
         owner.close()
+
+
+def test_read_only_inputs_are_copied_so_the_callable_may_change_them(inline):
+    """Under numpy 2 the stub's inputs come through DLPack, which numpy may import read-only."""
+    read_only = np.arange(4, dtype=np.float32)
+    read_only.flags.writeable = False
+    copied = inline._writable(read_only)
+    assert copied.flags.writeable and copied is not read_only
+    np.testing.assert_array_equal(copied, read_only)
+    writable = np.arange(4, dtype=np.float32)
+    assert inline._writable(writable) is writable  # no copy where none is needed
+    assert inline._input_array(read_only).flags.writeable

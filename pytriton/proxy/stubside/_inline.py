@@ -60,12 +60,22 @@ def _user_path(params: Dict[str, Any]) -> None:
 
 
 def _input_array(value: _stub.InputValue) -> npt.NDArray[np.generic]:
-    """A numpy array from ``_stub._read_input``'s result (BYTES arrive serialized)."""
+    """A numpy array from ``_stub._read_input``'s result (BYTES arrive serialized), writable."""
     if isinstance(value, _tensors.SerializedBytes):
         raw = value.data
         data = (memoryview(raw) if isinstance(raw, bytes) else raw.data).cast("B")  # ndarray.data: its memoryview
         return _tensors.deserialize_bytes(data, 0, data.nbytes, tuple(value.shape))
-    return value
+    return _writable(value)
+
+
+def _writable(array: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+    """``array``, or a copy of it where it is read-only.
+
+    Why: a callable may change its inputs in place (``Request``'s contract). With numpy 2 in the stub
+    the inputs come through DLPack, and numpy marks what it imports read-only when the exporter says
+    so; only then is the input copied. Inputs read with ``as_numpy`` (numpy 1.x) are writable.
+    """
+    return array if array.flags.writeable else array.copy()
 
 
 def _output_tensor(name: str, array: npt.NDArray[np.generic]) -> object:
@@ -167,7 +177,7 @@ class InlineModel(_stub.TritonPythonModel):
                 data = {}
                 nbytes = 0
                 for tensor in request.inputs():
-                    array = np.from_dlpack(tensor) if numpy2 else tensor.as_numpy()  # type: ignore[arg-type]
+                    array = _writable(np.from_dlpack(tensor)) if numpy2 else tensor.as_numpy()  # type: ignore[arg-type]
                     data[tensor.name()] = array
                     nbytes += array.nbytes
                 if limit and nbytes > limit:
@@ -281,7 +291,7 @@ class InlineModel(_stub.TritonPythonModel):
             data = {}
             for tensor in request.inputs():
                 value = _stub._read_input(tensor)
-                data[tensor.name()] = value if type(value) is not _tensors.SerializedBytes else _input_array(value)
+                data[tensor.name()] = _input_array(value)
             raw_parameters = request.parameters()
             parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
             return self._runner.request(data, parameters, names, None, request.timeout() / 1e6)
