@@ -231,20 +231,26 @@ def prepare_imports(preparation: Dict[str, Any]) -> None:
 class _CancelProbe:
     """``Request.is_cancelled`` for a batch in the stub: asks Triton's request object (``is_cancelled()``) directly."""
 
+    __slots__ = ("_requests", "_known")
+
     def __init__(self, triton_requests: Sequence[PbRequest]):
         self._requests = triton_requests
-        self._known = [False] * len(triton_requests)
+        # Made at the first ask: most callables never ask, and every batch creates a probe.
+        self._known: Optional[List[bool]] = None
 
     def __call__(self, index: int) -> bool:
-        if not self._known[index]:
+        known = self._known
+        if known is None:
+            known = self._known = [False] * len(self._requests)
+        if not known[index]:
             try:
-                self._known[index] = bool(self._requests[index].is_cancelled())
+                known[index] = bool(self._requests[index].is_cancelled())
             except Exception:  # noqa: BLE001 - a request Triton already released: nobody waits for it
-                self._known[index] = True
-        return self._known[index]
+                known[index] = True
+        return known[index]
 
     def known(self, index: int) -> bool:
-        return self._known[index]
+        return self._known is not None and self._known[index]
 
 
 class InlineRunner:
@@ -261,7 +267,7 @@ class InlineRunner:
         self.probe_type = _CancelProbe
         self.config = config
         self.decoupled = bool(config.decoupled)
-        self._checker = OutputChecker(config, strict)
+        self.checker = OutputChecker(config, strict)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         # The text of a PyTritonUnrecoverableError the callable raised, until the stub reports it.
         self.unrecoverable: Optional[str] = None
@@ -359,7 +365,7 @@ class InlineRunner:
         self, result: object, n_requests: int, requested: Optional[Sequence[Optional[List[str]]]] = None
     ) -> List[List[Tuple[str, npt.NDArray[np.generic]]]]:
         """Checked outputs per request (``OutputChecker``): ``[(name, array), ...]``."""
-        return self._checker.check(result, n_requests, requested)
+        return self.checker.check(result, n_requests, requested)
 
     def failure(self, exc: BaseException) -> str:
         """Log a failed batch with its traceback (to the server's log); the text clients get."""

@@ -240,7 +240,7 @@ def test_bind_writes_the_payload_and_the_users_path_and_the_shim_picks_the_inlin
     private = json.loads((version_dir / _wire.PRIVATE_FILE).read_text())
     assert os.getcwd() in private["backend_path"]
     runner = _backend_kind.InlineRunner.load(payload.read_bytes(), 1)
-    assert runner.func is doubled and runner.config.instance_count == 2 and runner._checker._strict
+    assert runner.func is doubled and runner.config.instance_count == 2 and runner.checker._strict
     assert "BACKEND_PAYLOAD" in dir(_stub_model) and _stub_model.BACKEND_PAYLOAD == _backend_kind.PAYLOAD_FILE
     # Bound again as a thread model under the same directory: the payload goes, model.py proxies again.
     bound.instance_kind = "thread"
@@ -489,6 +489,7 @@ def test_the_short_path_counts_the_metrics_the_general_path_counts(setup, inline
             model._metrics = metrics
             getattr(model, path)([FakeRequest(_x(1)), FakeRequest(_x(2))])
             getattr(model, path)([FakeRequest(_x(3))])
+            metrics.counted()  # what the flusher does before each push (the short path only appends)
             counts[path, func.__name__] = (
                 metrics.size_counts,
                 metrics.size_sum,
@@ -594,7 +595,13 @@ def test_a_backend_instance_reads_busy_and_last_active_from_the_page_and_drains_
     try:
         peer.enter(0)
         assert not worker.busy  # no peer attached: a flag left by a dead peer does not count
+        assert worker.last_active == 0.0  # when the last batch finished: none has yet
+        peer.leave(0)
         assert worker.last_active > 0.0
+        ints, floats, item = peer.views(0)  # what the short path writes inline (_inline.py)
+        ints[item] = 1
+        floats[item + 1] = 12.5
+        assert owner.busy(0) and worker.last_active == 12.5
         worker.admission = Admission(3)
         assert peer.draining() and worker.admission is not None
     finally:

@@ -159,3 +159,45 @@ def test_unknown_outputs_and_bad_containers_are_explained():
         checker.check([{}, {}], 1)
     with pytest.raises(PyTritonRuntimeError, match="result 0 is tuple, expected a dict"):
         checker.check([()], 1)
+
+
+# -- OutputChecker.responses: check() and the building of responses in one pass (backend kind) ----
+
+
+TWO = [Tensor(name="y", shape=(-1,), dtype=np.float32), Tensor(name="z", shape=(2,), dtype=np.int64)]
+
+
+def _build(checker, result, n_requests, requested):
+    """``responses`` with plain Python stand-ins for Triton's Tensor and InferenceResponse."""
+    return checker.responses(
+        lambda name, array: (name, array), list, np.ascontiguousarray, result, n_requests, requested
+    )
+
+
+def test_responses_are_built_in_one_pass_with_the_outputs_each_request_asked_for():
+    y, z = np.ones((1, 3), np.float32), np.zeros((1, 2), np.int64)
+    built = _build(_checker(TWO), [{"y": y, "z": z}, {"y": y, "z": z}], 2, [None, ["z"]])
+    assert built is not None
+    assert [[name for name, _ in response] for response in built] == [["y", "z"], ["z"]]
+    assert built[0][0][1] is y  # an exact, contiguous array goes as it is
+    transposed = np.ones((3, 1), np.float32).T  # not C-contiguous
+    ((name, array),) = _build(_checker(F32), [{"y": transposed}], 1, [None])[0:1][0]
+    assert array.flags.c_contiguous and np.array_equal(array, transposed)
+
+
+@pytest.mark.parametrize(
+    "result, n_requests",
+    [
+        ([{"y": np.ones((1, 3), np.float64), "z": np.zeros((1, 2), np.int64)}], 1),  # a conversion: check() converts it
+        ([{"y": np.ones((1, 3), np.float32)}], 1),  # z missing: check() names it
+        ([{"y": np.ones((1, 3), np.float32), "z": np.zeros((1, 3), np.int64)}], 1),  # z's fixed size differs
+        ([{"y": np.ones((1, 3), np.float32), "z": [[1, 2]]}], 1),  # not an ndarray
+        ([{"y": np.ones((1, 3), np.float32), "q": np.zeros((1, 2), np.int64)}], 1),  # an undeclared name
+        ({"y": np.ones((1, 3), np.float32)}, 1),  # a @batch-shaped dict, not a list
+        ((), 0),  # a tuple: check() accepts it, the one-pass way does not
+        ([], 1),  # too few results
+        (["text"], 1),
+    ],
+)
+def test_anything_but_the_common_case_is_left_to_check(result, n_requests):
+    assert _build(_checker(TWO), result, n_requests, [None] * n_requests) is None

@@ -91,6 +91,31 @@ class FakeMetricApi:
         return (name, tuple(sorted({**LABELS, **labels}.items()))) in self.values
 
 
+def test_batches_the_short_path_appended_are_counted_at_the_flush_and_bounded():
+    """The backend kind's short path appends ``(requests, seconds, failed)`` and nothing else."""
+    api = FakeMetricApi()
+    metrics = _started(api)
+    try:
+        created = api.calls
+        metrics.finished.append((2, 0.003, False))
+        metrics.finished.append((1, 0.2, True))
+        assert api.calls == created and metrics.size_sum == 0  # nothing counted, nothing pushed yet
+        metrics.flush()
+        assert not metrics.finished
+        assert api.value(_stub_metrics.BATCH_SIZE + "_sum") == 3
+        assert api.value(_stub_metrics.BATCH_SIZE + "_count") == 2
+        assert api.value(_stub_metrics.DURATION + "_sum") == pytest.approx(0.203)
+        assert api.value(_stub_metrics.DURATION + "_bucket", le="0.005") == 1
+        assert api.value(_stub_metrics.ERRORS) == 1
+        # A flusher that stopped (metrics off after an API failure) lets no list grow without end.
+        for _ in range(_stub_metrics._FINISHED_MAX + 10):
+            metrics.finished.append((1, 0.001, False))
+        assert len(metrics.finished) == _stub_metrics._FINISHED_MAX
+    finally:
+        metrics.close()
+    assert not metrics.finished  # close() counted and pushed the rest
+
+
 def _started(api, **kwargs):
     metrics = _stub_metrics.StubMetrics(
         api, model="Unit", version="1", instance=0, interval_s=3600, **{"max_batch_size": 4, **kwargs}

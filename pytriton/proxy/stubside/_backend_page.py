@@ -4,8 +4,8 @@ A backend instance runs its batches inside the stub, so the user's process canno
 worker's connection. Instead each model has one small file in its private endpoint directory,
 mapped by both sides:
 
-- per slot, written by the slot's stub at each batch start and end: ``busy`` and ``last_active``
-  (``time.monotonic()``, a system-wide clock on Linux, so the two processes agree): ``stop()``,
+- per slot, written by the slot's stub: ``busy`` at each batch start and end, ``last_active`` at
+  its end (``time.monotonic()``, a system-wide clock on Linux, so the two processes agree): ``stop()``,
   ``unbind()`` and the recycling read them as they read a thread worker's state;
 - model-wide, written by the user's process when ``stop()`` drains: the ``draining`` flag and the
   admission budget (how many requests Triton had queued), which each stub takes from under an
@@ -15,7 +15,7 @@ mapped by both sides:
   text (at most 1 KiB), which the user's process polls (``BackendInstance``) to stop the server as
   it does for the other kinds.
 
-A batch costs two writes into the mapping and one read of the flag, each a single item of a
+A batch costs three writes into the mapping and one read of the flag, each a single item of a
 ``memoryview`` over the mapping (no ``struct`` call: the stub's request path is short, see
 ``_inline.py``); the lock is taken only while draining. Numbers are in the machine's own byte order
 (both sides run on the same host). The file is created 0600 by the user's process (``create``) before Triton loads the model
@@ -31,7 +31,7 @@ import mmap
 import os
 import struct
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 PAGE_NAME = "backend.page"
 _HEADER = struct.Struct("=qqq")  # draining (0/1), budget left, length of the unrecoverable error's text
@@ -77,15 +77,22 @@ class Page:
     # -- the stub -------------------------------------------------------------------------------
     def enter(self, slot: int) -> None:
         """A batch starts on ``slot``."""
-        item = _FIRST_SLOT + 2 * slot
-        self._floats[item + 1] = time.monotonic()
-        self._ints[item] = 1
+        self._ints[_FIRST_SLOT + 2 * slot] = 1
 
-    def leave(self, slot: int) -> None:
-        """The batch of ``slot`` is answered."""
+    def leave(self, slot: int, now: Optional[float] = None) -> None:
+        """The batch of ``slot`` is answered (``now``: ``time.monotonic()``, if the caller has it)."""
         item = _FIRST_SLOT + 2 * slot
-        self._floats[item + 1] = time.monotonic()
+        self._floats[item + 1] = time.monotonic() if now is None else now
         self._ints[item] = 0
+
+    def views(self, slot: int) -> Tuple[memoryview[int], memoryview[float], int]:
+        """``(ints, floats, item)``: what :meth:`draining`, :meth:`enter` and :meth:`leave` write, for
+        the backend kind's short path, which writes it inline. Why: a request spends a few hundred
+        microseconds in the whole server and the stub's Python runs cold, so each method call per
+        batch shows (docs/performance.md, "Backend instances"). ``ints[0]``: draining;
+        ``ints[item]``: the slot's busy flag; ``floats[item + 1]``: its ``last_active``. Valid until
+        :meth:`close`."""
+        return self._ints, self._floats, _FIRST_SLOT + 2 * slot
 
     def draining(self) -> bool:
         return self._ints[0] != 0
@@ -126,7 +133,7 @@ class Page:
         return self._ints[_FIRST_SLOT + 2 * slot] != 0
 
     def last_active(self, slot: int) -> float:
-        """``time.monotonic()`` when ``slot`` last started or finished a batch (0.0: never)."""
+        """``time.monotonic()`` when ``slot`` last finished a batch (0.0: never); while it runs one, :meth:`busy`."""
         return float(self._floats[_FIRST_SLOT + 2 * slot + 1])
 
     def refuse(self, budget: int) -> None:

@@ -30,7 +30,7 @@ import os
 import site
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Collection, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -130,6 +130,19 @@ class InlineModel(_stub.TritonPythonModel):
         # Outputs that become Triton tensors as they are (numeric, numpy 1.x); else _output_tensor.
         self._plain_outputs = not _stub._NUMPY2 and "TYPE_STRING" not in out_types
         self._request_type = self._runner.request_type
+        # The short path's state, looked up once: outputs checked and built in one pass where they
+        # become Triton tensors as they are; the page's views (it writes them inline).
+        self._fused: Optional[Callable[..., Optional[List[object]]]] = None
+        if self._plain_outputs:
+            self._fused = self._runner.checker.responses
+        self._page_ints: Optional[memoryview[int]] = None
+        self._page_floats: Optional[memoryview[float]] = None
+        self._page_item = 0
+        if self._page is not None:
+            self._page_ints, self._page_floats, self._page_item = self._page.views(self._slot)
+        if self._short:
+            # Triton calls model.execute: the short path is the instance's execute, one call less per batch.
+            self.execute = self._execute_short  # type: ignore[method-assign]
 
     def finalize(self) -> None:
         runner = getattr(self, "_runner", None)
@@ -137,90 +150,125 @@ class InlineModel(_stub.TritonPythonModel):
             runner.close()
         page = getattr(self, "_page", None)
         if page is not None:
+            self._page_ints = self._page_floats = None  # the page's views: close() releases them
             page.close()
             self._page = None
         super().finalize()
 
     def execute(self, requests: List[PbRequest]) -> Optional[List[object]]:
-        """Run one batch through the callable here; refused with UNAVAILABLE once a drain has spent its budget."""
+        """Run one batch through the callable here; refused with UNAVAILABLE once a drain has spent its budget.
+
+        A model on the short path never comes here: ``initialize`` makes ``_execute_short`` its
+        ``execute``, which does the same in one function.
+        """
         page = self._page
         if page is None:
-            return self._execute_short(requests) if self._short else self._counted(requests)
+            return self._counted(requests)
         if page.draining() and not page.admit(len(requests)):
             return self._fail(requests, _messages.UNAVAILABLE_TEXT)
         page.enter(self._slot)
         try:
-            return self._execute_short(requests) if self._short else self._counted(requests)
+            return self._counted(requests)
         finally:
             page.leave(self._slot)
-            if self._runner.unrecoverable is not None:  # the user's process stops the server (BackendInstance)
-                page.report_unrecoverable(self._runner.unrecoverable)
-                self._runner.unrecoverable = None
+            self._report_unrecoverable()
+
+    def _report_unrecoverable(self) -> None:
+        """Hand a ``PyTritonUnrecoverableError`` of the callable to the user's process (``BackendInstance``), which stops the server."""
+        text = self._runner.unrecoverable
+        if text is not None and self._page is not None:
+            self._page.report_unrecoverable(text)
+            self._runner.unrecoverable = None
 
     def _execute_short(self, requests: List[PbRequest]) -> Optional[List[object]]:
-        """What ``_counted`` does, for the common case (``self._short``), in one function.
+        """What ``execute`` does, for the common case (``self._short``), in one function.
+
+        Why one function: the stub's Python runs with caches that the server and the client evicted
+        since the last request, so each call, attribute and intermediate list costs far more than
+        a benchmark loop shows (the whole path took about 25 us more than a plain model's execute,
+        for a few microseconds of warm Python; docs/performance.md). The page is written inline
+        (``Page.views``), the metrics get one append (``StubMetrics.finished``), and the outputs
+        are checked and made into responses in one pass (``OutputChecker.responses``).
 
         Anything unusual (an input over the size limit, a request that cannot be read) hands the
         whole batch to ``_counted`` before the callable is called, which answers it as always.
         """
+        page_ints = self._page_ints
+        item = self._page_item
+        if page_ints is not None:
+            # draining, and its budget is spent (page_ints is set only with a page)
+            if page_ints[0] and not self._page.admit(len(requests)):  # type: ignore[union-attr]
+                return self._fail(requests, _messages.UNAVAILABLE_TEXT)
+            page_ints[item] = 1  # busy
         runner = self._runner
-        request_type = self._request_type
-        limit = self._max_request_bytes
-        single = self._single_output
-        numpy2 = _stub._NUMPY2
-        batch: List[object] = []
-        requested: List[Requested] = []
-        probe = runner.probe_type(requests)  # Request.is_cancelled() asks Triton's request through it
-        unusual = False
-        try:
-            for request in requests:
-                data = {}
-                nbytes = 0
-                for tensor in request.inputs():
-                    array = _writable(np.from_dlpack(tensor)) if numpy2 else tensor.as_numpy()  # type: ignore[arg-type]
-                    data[tensor.name()] = array
-                    nbytes += array.nbytes
-                if limit and nbytes > limit:
-                    unusual = True
-                    break
-                raw_parameters = request.parameters()
-                names = None if single else (list(request.requested_output_names() or ()) or None)
-                requested.append(names)
-                timeout_us = request.timeout()
-                parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
-                if timeout_us:
-                    built = request_type(data, parameters, None, names, timeout_s=timeout_us / 1e6)
-                else:  # positional only: a keyword argument costs a little more on every call
-                    built = request_type(data, parameters, None, names)
-                built._probe = probe
-                built._index = len(batch)
-                batch.append(built)
-        except Exception:  # noqa: BLE001 - a malformed request: the full path names it
-            unusual = True
-        if unusual:  # outside the try: the callable must never run twice for one batch
-            return self._counted(requests)
         metrics = self._metrics
-        counted = metrics is not _stub_metrics.NULL
         n_requests = len(requests)
-        if counted:
-            metrics.in_flight = n_requests  # type: ignore[attr-defined]  # a StubMetrics (the NULL one has none)
-            started = time.perf_counter()
-        failed = False
+        failed: Optional[bool] = None  # None: the callable was not called here
+        started = 0.0
         try:
-            result = runner.func(batch)
-            if type(result) is not list:
-                result = runner.resolve(result)
-            groups = runner.outputs(result, n_requests, None if single else requested)
-            if single and self._plain_outputs:
-                response, tensor, contiguous = pb_utils.InferenceResponse, pb_utils.Tensor, np.ascontiguousarray
-                return [response([tensor(name, contiguous(array)) for name, array in group]) for group in groups]
-            return [self._response(group, names) for group, names in zip(groups, requested)]
-        except BaseException as exc:  # noqa: BLE001 - every exception fails this batch only
+            request_type = self._request_type
+            limit = self._max_request_bytes
+            single = self._single_output
+            numpy2 = _stub._NUMPY2
+            batch: List[object] = []
+            requested: List[Requested] = []
+            probe = runner.probe_type(requests)  # Request.is_cancelled() asks Triton's request through it
+            unusual = False
+            try:
+                for request in requests:
+                    data = {}
+                    for tensor in request.inputs():
+                        array = _writable(np.from_dlpack(tensor)) if numpy2 else tensor.as_numpy()  # type: ignore[arg-type]
+                        data[tensor.name()] = array
+                    if limit and sum(array.nbytes for array in data.values()) > limit:
+                        unusual = True
+                        break
+                    raw_parameters = request.parameters()
+                    names = None if single else (list(request.requested_output_names() or ()) or None)
+                    requested.append(names)
+                    timeout_us = request.timeout()
+                    parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
+                    if timeout_us:
+                        built = request_type(data, parameters, None, names, timeout_s=timeout_us / 1e6)
+                    else:  # positional only: a keyword argument costs a little more on every call
+                        built = request_type(data, parameters, None, names)
+                    built._probe = probe
+                    built._index = len(batch)
+                    batch.append(built)
+            except Exception:  # noqa: BLE001 - a malformed request: the full path names it
+                unusual = True
+            if unusual:  # outside the try: the callable must never run twice for one batch
+                return self._counted(requests)
+            if metrics is not _stub_metrics.NULL:
+                metrics.in_flight = n_requests  # type: ignore[attr-defined]  # a StubMetrics (the NULL one has none)
             failed = True
-            return self._fail(requests, runner.failure(exc))
+            started = time.monotonic()
+            try:
+                result = runner.func(batch)
+                if type(result) is not list:
+                    result = runner.resolve(result)
+                responses = None
+                if self._fused is not None:
+                    responses = self._fused(
+                        pb_utils.Tensor, pb_utils.InferenceResponse, np.ascontiguousarray, result, n_requests, requested
+                    )
+                if responses is None:
+                    groups = runner.outputs(result, n_requests, None if single else requested)
+                    responses = [self._response(group, names) for group, names in zip(groups, requested)]
+                failed = False
+                return responses
+            except BaseException as exc:  # noqa: BLE001 - every exception fails this batch only
+                return self._fail(requests, runner.failure(exc))
         finally:
-            if counted:
-                metrics.batch(n_requests, time.perf_counter() - started, failed)
+            ended = time.monotonic()
+            if page_ints is not None:
+                self._page_floats[item + 1] = ended  # type: ignore[index]  # last_active; set with page_ints
+                page_ints[item] = 0
+            if failed is not None and metrics is not _stub_metrics.NULL:
+                metrics.in_flight = 0  # type: ignore[attr-defined]
+                metrics.finished.append((n_requests, ended - started, failed))  # type: ignore[attr-defined]
+            if runner.unrecoverable is not None:
+                self._report_unrecoverable()
 
     def _counted(self, requests: List[PbRequest]) -> Optional[List[object]]:
         metrics = self._metrics

@@ -30,11 +30,12 @@ pushing), the stub logs it once and carries on without metrics.
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import sys
 import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
 
 from ._messages import End, Error, Message, Ok
 
@@ -47,6 +48,10 @@ DURATION_BOUNDS: Tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
 _MAX_SIZE_BUCKETS = 16
+# StubMetrics.finished: batches between two flushes. A stub answers at most some tens of thousands
+# of batches a second (each costs tens of microseconds at the least), the flusher drains it every
+# FLUSH_INTERVAL_S.
+_FINISHED_MAX = 1 << 17
 
 DURATION = "pytriton_callable_duration_seconds"
 BATCH_SIZE = "pytriton_batch_size"
@@ -165,6 +170,11 @@ class StubMetrics(NullMetrics):
         self.duration_sum = 0.0
         self.size_counts = [0] * (len(self.size_bounds) + 1)
         self.size_sum = 0
+        # Batches the backend kind's short path finished, counted by the flusher: an append is all
+        # that path pays per batch (its Python runs cold, so a call into this object costs several
+        # microseconds there, see _inline.py). Bounded: a flusher that stopped (metrics off after an
+        # API failure) must not let it grow; one flush interval holds far fewer batches.
+        self.finished: Deque[Tuple[int, float, bool]] = collections.deque(maxlen=_FINISHED_MAX)
         # The flusher's side: one (metric, is_gauge) per series, in the order of _values(), and what
         # each series was last given.
         self._families: List[object] = []
@@ -204,15 +214,15 @@ class StubMetrics(NullMetrics):
 
     def batch(self, n_requests: int, duration_s: float, failed: bool) -> None:
         """A whole batch counted at its end, in one call: what :meth:`enter`, :meth:`leave` and
-        :meth:`settled` count together. For the backend kind's short path (``_inline.py``), which
-        sets ``in_flight`` itself when the batch starts."""
+        :meth:`settled` count together. The backend kind's short path (``_inline.py``) appends
+        ``(n_requests, duration_s, failed)`` to :attr:`finished` instead, which the flusher counts
+        through this method (:meth:`counted`); that path sets ``in_flight`` itself."""
         self.size_counts[bisect.bisect_left(self.size_bounds, n_requests)] += 1
         self.size_sum += n_requests
         self.duration_counts[bisect.bisect_left(DURATION_BOUNDS, duration_s)] += 1
         self.duration_sum += duration_s
         if failed:
             self.errors += 1
-        self.in_flight = 0
 
     # -- the flusher ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -258,8 +268,15 @@ class StubMetrics(NullMetrics):
             series.append((name, self._labels))
         return series
 
+    def counted(self) -> None:
+        """Count the batches in :attr:`finished` (the flusher's thread, and tests)."""
+        finished = self.finished
+        while finished:
+            self.batch(*finished.popleft())  # popleft is atomic: the execute thread appends meanwhile
+
     def _values(self) -> List[float]:
         """The current value of every series."""
+        self.counted()
         values: List[float] = []
         for counts, total in ((list(self.duration_counts), self.duration_sum), (list(self.size_counts), self.size_sum)):
             cumulative = list(itertools.accumulate(counts))
