@@ -228,29 +228,30 @@ def prepare_imports(preparation: Dict[str, Any]) -> None:
         multiprocessing.spawn.prepare(main)
 
 
-class _CancelProbe:
-    """``Request.is_cancelled`` for a batch in the stub: asks Triton's request object (``is_cancelled()``) directly."""
+class _CancelProbe(list):  # type: ignore[type-arg]  # of Triton's requests (PbRequest), or True
+    """``Request.is_cancelled`` for a batch in the stub: asks Triton's request object (``is_cancelled()``) directly.
 
-    __slots__ = ("_requests", "_known")
+    The batch's Triton requests, in order; an item becomes ``True`` once that request is known to
+    be cancelled. A list, so that making one per batch runs no Python code (most callables never
+    ask; the stub's request path is short, see ``stubside/_inline.py``).
+    """
 
-    def __init__(self, triton_requests: Sequence[PbRequest]):
-        self._requests = triton_requests
-        # Made at the first ask: most callables never ask, and every batch creates a probe.
-        self._known: Optional[List[bool]] = None
+    __slots__ = ()
 
     def __call__(self, index: int) -> bool:
-        known = self._known
-        if known is None:
-            known = self._known = [False] * len(self._requests)
-        if not known[index]:
-            try:
-                known[index] = bool(self._requests[index].is_cancelled())
-            except Exception:  # noqa: BLE001 - a request Triton already released: nobody waits for it
-                known[index] = True
-        return known[index]
+        request = self[index]
+        if request is True:
+            return True
+        try:
+            cancelled = bool(request.is_cancelled())
+        except Exception:  # noqa: BLE001 - a request Triton already released: nobody waits for it
+            cancelled = True
+        if cancelled:
+            self[index] = True
+        return cancelled
 
     def known(self, index: int) -> bool:
-        return self._known is not None and self._known[index]
+        return self[index] is True
 
 
 class InlineRunner:

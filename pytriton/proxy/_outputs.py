@@ -26,6 +26,7 @@ output and the problem (the client receives that message).
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,6 +36,7 @@ from pytriton.exceptions import PyTritonRuntimeError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 
 _TEXT_KINDS = frozenset("SUO")
+_ALL = itertools.repeat(None)  # every request asked for every output (zip stops at the batch's end)
 
 
 class _Declared:
@@ -135,45 +137,44 @@ class OutputChecker:
         self,
         tensor: Callable[[str, npt.NDArray[np.generic]], object],
         response: Callable[[List[object]], object],
-        contiguous: Callable[[npt.NDArray[np.generic]], npt.NDArray[np.generic]],
         result: object,
         n_requests: int,
-        requested: Sequence[Optional[Collection[str]]],
+        requested: Optional[Sequence[Optional[Collection[str]]]],
     ) -> Optional[List[object]]:
         """:meth:`check` and the building of the responses in one pass, for the common case only.
 
-        Returns ``[response([tensor(name, contiguous(array)), ...]), ...]``, one per request, with
-        the outputs each request asked for (``requested[i]``; ``None``: all), when ``result`` is a
-        list of one dict per request holding every declared output, each an ``ndarray`` that
-        passes :meth:`check`'s fast path. Returns ``None`` for anything else; the caller then
-        takes :meth:`check`, which converts or names the problem.
-        Raises what ``tensor`` and ``response`` raise.
+        Returns ``[response([tensor(name, array), ...]), ...]``, one per request, with the outputs
+        each request asked for (``requested[i]``, ``None`` meaning all; ``requested=None``: every
+        request asked for all), when ``result`` is a list of one dict per request holding every
+        declared output, each an ``ndarray`` that passes :meth:`check`'s fast path. Returns
+        ``None`` for anything else; the caller then takes :meth:`check`, which converts or names
+        the problem. Raises what ``tensor`` and ``response`` raise.
 
         Why a second way: the backend kind's stub runs this per batch with cold caches, where each
-        Python call and each intermediate list costs microseconds (``stubside/_inline.py``).
+        Python call and intermediate list costs far more than in a warm loop (``stubside/_inline.py``).
         """
         if type(result) is not list or len(result) != n_requests:
             return None
         declared = self._declared
         complete = self._all
         built = []
-        for outputs, names in zip(result, requested):
+        for outputs, names in zip(result, requested) if requested is not None else zip(result, _ALL):
             if type(outputs) is not dict or len(outputs) != complete:
                 return None
             tensors = []
             for name, value in outputs.items():
                 spec = declared.get(name)
                 # check()'s fast path, the same test
-                if not (
-                    spec is not None
-                    and type(value) is np.ndarray
-                    and value.dtype is spec.dtype
-                    and value.ndim == spec.ndim
-                    and (spec.any_size or value.shape[spec.offset :] == spec.shape)
+                if (
+                    spec is None
+                    or type(value) is not np.ndarray
+                    or value.dtype is not spec.dtype
+                    or value.ndim != spec.ndim
+                    or not (spec.any_size or value.shape[spec.offset :] == spec.shape)
                 ):
                     return None  # what was built is dropped: a Triton tensor holds no resource before it is sent
                 if names is None or name in names:
-                    tensors.append(tensor(name, contiguous(value)))
+                    tensors.append(tensor(name, value))  # Triton's Tensor makes a C-ordered copy where needed
             built.append(response(tensors))
         return built
 

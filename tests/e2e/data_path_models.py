@@ -75,6 +75,11 @@ def large_layouts(requests):
     return results
 
 
+def numeric_layouts(requests):
+    """Small numeric outputs in every layout (no BYTES output: the backend kind's one-pass path)."""
+    return [{"same": r["x"], "strided": r["x"][:, ::2], "fortran": np.asfortranarray(r["x"] * 2)} for r in requests]
+
+
 def wrong_type(requests):
     return {"y": requests[0]["x"]}
 

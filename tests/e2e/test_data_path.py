@@ -31,6 +31,7 @@ from tests.e2e.data_path_models import (
     identity_renamed,
     in_place,
     large_layouts,
+    numeric_layouts,
     streamer,
     strict_bad_dtype,
     wrong_count,
@@ -124,7 +125,7 @@ def _t(name, shape=(-1,), dtype=F32, optional=False):
 # the ``kind`` fixture (tests/e2e/_kinds.py) run on both (tests/e2e/test_backend_instances.py covers that kind on its own).
 BACKEND_TWINS = {
     "AllTypes", "AddSub", "NoBatch", "Dynamic", "Params", "Object", "Async", "Stream", "Fails", "Strict",
-    "Layouts", "WrongType", "WrongCount", "InPlace",
+    "Layouts", "NumericLayouts", "WrongType", "WrongCount", "InPlace",
 }  # fmt: skip
 
 
@@ -195,6 +196,7 @@ def server():
         [_t("same"), _t("tail"), _t("fortran"), _t("strided"), _t("text", (-1,), bytes)],
         config=ModelConfig(max_batch_size=1),
     )
+    bind("NumericLayouts", numeric_layouts, [_t("x")], [_t("same"), _t("strided"), _t("fortran")])
     bind("Fails", failing, [_t("x")], [_t("y")])
     bind("WrongType", wrong_type, [_t("x")], [_t("y")])
     bind("WrongCount", wrong_count, [_t("x")], [_t("y")])
@@ -580,6 +582,15 @@ def test_large_streamed_chunks_arrive_intact(server):
     assert [chunk.shape for chunk in chunks] == [(1, 100_000)] * 6
     for step, chunk in enumerate(chunks):
         assert (chunk == step).all(), f"chunk {step} was overwritten"
+
+
+def test_small_numeric_outputs_in_every_layout(client, kind):
+    """Views and Fortran order as Triton's tensors (for the backend kind: its one-pass output path)."""
+    x = np.arange(2 * 6, dtype=F32).reshape(2, 6)
+    result = infer(client, _m("NumericLayouts", kind), {"x": x})
+    np.testing.assert_array_equal(result.as_numpy("same"), x)
+    np.testing.assert_array_equal(result.as_numpy("strided"), x[:, ::2])
+    np.testing.assert_array_equal(result.as_numpy("fortran"), x * 2)
 
 
 def test_large_outputs_in_every_layout(client, kind):

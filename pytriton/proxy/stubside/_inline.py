@@ -25,12 +25,26 @@ Unit tests: tests/unit/test_backend_kind.py.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import site
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Collection,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -45,6 +59,8 @@ if TYPE_CHECKING:
 
 PAYLOAD_FILE = "pytriton_backend.pkl"  # pytriton.proxy._backend_kind.PAYLOAD_FILE
 _RUNNER_MODULE = "pytriton.proxy._backend_kind"  # imported by name: it lives in the user's environment
+# The outputs requested of a model with one output, for every request: all (zip stops at the batch's end).
+_ALL_OUTPUTS: Iterable[None] = itertools.repeat(None)
 _CHECK_EVERY = _messages.STREAM_WINDOW  # a stream asks Triton whether its clients cancelled every this many chunks
 
 
@@ -211,7 +227,7 @@ class InlineModel(_stub.TritonPythonModel):
             single = self._single_output
             numpy2 = _stub._NUMPY2
             batch: List[object] = []
-            requested: List[Requested] = []
+            per_request: List[Requested] = []  # what each request asked for (models with several outputs)
             probe = runner.probe_type(requests)  # Request.is_cancelled() asks Triton's request through it
             unusual = False
             try:
@@ -224,8 +240,10 @@ class InlineModel(_stub.TritonPythonModel):
                         unusual = True
                         break
                     raw_parameters = request.parameters()
-                    names = None if single else (list(request.requested_output_names() or ()) or None)
-                    requested.append(names)
+                    names = None
+                    if not single:
+                        names = list(request.requested_output_names() or ()) or None
+                        per_request.append(names)
                     timeout_us = request.timeout()
                     parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
                     if timeout_us:
@@ -250,10 +268,11 @@ class InlineModel(_stub.TritonPythonModel):
                 responses = None
                 if self._fused is not None:
                     responses = self._fused(
-                        pb_utils.Tensor, pb_utils.InferenceResponse, np.ascontiguousarray, result, n_requests, requested
+                        pb_utils.Tensor, pb_utils.InferenceResponse, result, n_requests, None if single else per_request
                     )
                 if responses is None:
-                    groups = runner.outputs(result, n_requests, None if single else requested)
+                    groups = runner.outputs(result, n_requests, None if single else per_request)
+                    requested = _ALL_OUTPUTS if single else per_request
                     responses = [self._response(group, names) for group, names in zip(groups, requested)]
                 failed = False
                 return responses
