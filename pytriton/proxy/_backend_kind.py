@@ -64,7 +64,7 @@ from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy._worker import InstanceWorker, error_text, wire_request
 from pytriton.proxy.stubside._backend_page import Page
-from pytriton.proxy.types import Request
+from pytriton.proxy.types import Request, _wire_request
 
 if TYPE_CHECKING:
     import asyncio
@@ -264,7 +264,7 @@ class InlineRunner:
     def __init__(self, func: Callable[[List[Request]], object], config: TritonModelConfig, strict: bool):
         self.func = func
         # The stub's short path builds requests and their cancellation probe with these directly (_inline.py).
-        self.request_type = Request
+        self.new_request = _wire_request  # the short path's Request builder (stubside/_inline.py)
         self.probe_type = _CancelProbe
         self.config = config
         self.decoupled = bool(config.decoupled)

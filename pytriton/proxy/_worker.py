@@ -42,7 +42,7 @@ from pytriton.proxy.stubside._messages import (
     SequenceFields,
     Tensors,
 )
-from pytriton.proxy.types import CURRENT_BATCH, Request
+from pytriton.proxy.types import CURRENT_BATCH, Request, _wire_request
 
 if TYPE_CHECKING:
     import asyncio
@@ -634,8 +634,8 @@ class InstanceWorker:
                 entry.sequence,
                 entry.timeout_s,
             )
-            if sequence is None and not timeout_s:  # the common case, inline: no extra call per request
-                requests.append(Request(data, parameters, requested_output_names=requested))
+            if sequence is None:  # the common case: no Python frame but the builder's
+                requests.append(_wire_request(data, parameters, requested, timeout_s or None, None, 0))
             else:
                 requests.append(wire_request(data, parameters, requested, sequence, timeout_s))
         if session.channel is not None:  # Request.is_cancelled() asks the stub over this connection

@@ -81,6 +81,29 @@ def test_request_positional_order_and_span():
     assert Request(data).span is None
 
 
+@pytest.mark.parametrize("timeout_s", [None, 30.0])
+def test_the_proxy_builds_the_request_init_builds(timeout_s):
+    """``types._wire_request`` sets every slot as ``__init__`` does (a slot added to Request must be set there too)."""
+    from pytriton.proxy.types import _wire_request
+
+    data = {"x": np.ones(2)}
+
+    def probe(index):  # the batch's cancellation probe: nothing is cancelled
+        return False
+
+    fast = _wire_request(data, {"p": 1}, ["y"], timeout_s, probe, 3)
+    slow = Request(data, {"p": 1}, None, ["y"], timeout_s=timeout_s)
+    slow._probe, slow._index = probe, 3
+    for slot in Request.__slots__:
+        if slot == "_deadline":
+            assert (getattr(fast, slot) is None) == (getattr(slow, slot) is None), slot
+            if timeout_s:
+                assert abs(fast._deadline - slow._deadline) < 5.0
+        else:
+            assert getattr(fast, slot) == getattr(slow, slot), slot
+    assert not fast.is_cancelled() and fast["x"] is data["x"]
+
+
 def test_tensor_dtype_object_and_bytes_are_kept_as_given():
     assert Tensor(shape=(1,), dtype=object).dtype is object
     assert Tensor(shape=(1,), dtype=bytes).dtype is bytes

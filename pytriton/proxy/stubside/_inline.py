@@ -145,7 +145,7 @@ class InlineModel(_stub.TritonPythonModel):
         )
         # Outputs that become Triton tensors as they are (numeric, numpy 1.x); else _output_tensor.
         self._plain_outputs = not _stub._NUMPY2 and "TYPE_STRING" not in out_types
-        self._request_type = self._runner.request_type
+        self._new_request = self._runner.new_request
         # The short path's state, looked up once: outputs checked and built in one pass where they
         # become Triton tensors as they are; the page's views (it writes them inline).
         self._fused: Optional[Callable[..., Optional[List[object]]]] = None
@@ -222,7 +222,7 @@ class InlineModel(_stub.TritonPythonModel):
         failed: Optional[bool] = None  # None: the callable was not called here
         started = 0.0
         try:
-            request_type = self._request_type
+            new_request = self._new_request
             limit = self._max_request_bytes
             single = self._single_output
             numpy2 = _stub._NUMPY2
@@ -246,13 +246,11 @@ class InlineModel(_stub.TritonPythonModel):
                         per_request.append(names)
                     timeout_us = request.timeout()
                     parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
-                    if timeout_us:
-                        built = request_type(data, parameters, None, names, timeout_s=timeout_us / 1e6)
-                    else:  # positional only: a keyword argument costs a little more on every call
-                        built = request_type(data, parameters, None, names)
-                    built._probe = probe
-                    built._index = len(batch)
-                    batch.append(built)
+                    batch.append(
+                        new_request(
+                            data, parameters, names, timeout_us / 1e6 if timeout_us else None, probe, len(batch)
+                        )
+                    )
             except Exception:  # noqa: BLE001 - a malformed request: the full path names it
                 unusual = True
             if unusual:  # outside the try: the callable must never run twice for one batch
