@@ -99,7 +99,7 @@ def test_batches_the_short_path_appended_are_counted_at_the_flush_and_bounded():
         created = api.calls
         metrics.finished.append((2, 0.003, False))
         metrics.finished.append((1, 0.2, True))
-        assert api.calls == created and metrics.size_sum == 0  # nothing counted, nothing pushed yet
+        assert api.calls == created and metrics.totals().size_sum == 0  # nothing counted, nothing pushed yet
         metrics.flush()
         assert not metrics.finished
         assert api.value(_stub_metrics.BATCH_SIZE + "_sum") == 3
@@ -111,6 +111,14 @@ def test_batches_the_short_path_appended_are_counted_at_the_flush_and_bounded():
         for _ in range(_stub_metrics._FINISHED_MAX + 10):
             metrics.finished.append((1, 0.001, False))
         assert len(metrics.finished) == _stub_metrics._FINISHED_MAX
+        # Counted by the flusher into counts of its own, added to the request path's.
+        metrics.enter(4)
+        metrics.settled(_final(_messages.ERROR, 0.01))
+        metrics.leave()
+        metrics.counted()
+        totals = metrics.totals()
+        assert totals.size_sum == 3 + 4 + _stub_metrics._FINISHED_MAX and totals.errors == 2
+        assert metrics.size_sum == 4 and metrics.errors == 1  # the request path's own, untouched by the flusher
     finally:
         metrics.close()
     assert not metrics.finished  # close() counted and pushed the rest

@@ -101,6 +101,21 @@ def log(pb_utils: ModuleType, text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+class Counts:
+    """Histogram buckets (per bucket, not cumulative; the last is +Inf), sums and errors."""
+
+    __slots__ = ("duration_counts", "duration_sum", "size_counts", "size_sum", "errors")
+
+    def __init__(
+        self, duration_counts: List[int], duration_sum: float, size_counts: List[int], size_sum: int, errors: int
+    ):
+        self.duration_counts = duration_counts
+        self.duration_sum = duration_sum
+        self.size_counts = size_counts
+        self.size_sum = size_sum
+        self.errors = errors
+
+
 class NullMetrics:
     """The metrics turned off: every call does nothing."""
 
@@ -116,9 +131,6 @@ class NullMetrics:
     def reconnected(self) -> None:
         pass
 
-    def batch(self, n_requests: int, duration_s: float, failed: bool) -> None:
-        pass
-
     def close(self) -> None:
         pass
 
@@ -132,8 +144,10 @@ class StubMetrics(NullMetrics):
     The request-path methods (:meth:`enter`, :meth:`leave`, :meth:`settled`, :meth:`reconnected`)
     are called by the stub's execute thread only and touch plain attributes; the flusher reads
     them (single reads and writes of Python objects are atomic under the GIL), so no lock is
-    taken per batch. A flush may see a batch counted in one series and not yet in another; the
-    next flush completes it.
+    taken per batch. The backend kind's short path only appends to :attr:`finished`, which the
+    flusher counts into counts of its own (:meth:`counted`, :meth:`totals`): no counter has two
+    writers. A flush may see a batch counted in one series and not yet in another; the next flush
+    completes it.
     """
 
     def __init__(
@@ -175,6 +189,7 @@ class StubMetrics(NullMetrics):
         # microseconds there, see _inline.py). Bounded: a flusher that stopped (metrics off after an
         # API failure) must not let it grow; one flush interval holds far fewer batches.
         self.finished: Deque[Tuple[int, float, bool]] = collections.deque(maxlen=_FINISHED_MAX)
+        self._late = Counts([0] * len(self.duration_counts), 0.0, [0] * len(self.size_counts), 0, 0)  # the flusher's
         # The flusher's side: one (metric, is_gauge) per series, in the order of _values(), and what
         # each series was last given.
         self._families: List[object] = []
@@ -212,17 +227,17 @@ class StubMetrics(NullMetrics):
         """The stub abandoned a batch at its execution timeout and reconnects to its worker."""
         self.reconnects += 1
 
-    def batch(self, n_requests: int, duration_s: float, failed: bool) -> None:
-        """A whole batch counted at its end, in one call: what :meth:`enter`, :meth:`leave` and
-        :meth:`settled` count together. The backend kind's short path (``_inline.py``) appends
-        ``(n_requests, duration_s, failed)`` to :attr:`finished` instead, which the flusher counts
-        through this method (:meth:`counted`); that path sets ``in_flight`` itself."""
-        self.size_counts[bisect.bisect_left(self.size_bounds, n_requests)] += 1
-        self.size_sum += n_requests
-        self.duration_counts[bisect.bisect_left(DURATION_BOUNDS, duration_s)] += 1
-        self.duration_sum += duration_s
-        if failed:
-            self.errors += 1
+    def totals(self) -> Counts:
+        """What has been counted so far: the request path's counts and those of :attr:`finished`
+        (after :meth:`counted`), added up."""
+        late = self._late
+        return Counts(
+            [mine + theirs for mine, theirs in zip(self.duration_counts, late.duration_counts)],
+            self.duration_sum + late.duration_sum,
+            [mine + theirs for mine, theirs in zip(self.size_counts, late.size_counts)],
+            self.size_sum + late.size_sum,
+            self.errors + late.errors,
+        )
 
     # -- the flusher ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -269,21 +284,33 @@ class StubMetrics(NullMetrics):
         return series
 
     def counted(self) -> None:
-        """Count the batches in :attr:`finished` (the flusher's thread, and tests)."""
-        finished = self.finished
+        """Count the batches in :attr:`finished` (the flusher's thread, and tests).
+
+        Into counts of the flusher's own: the request path goes on writing its counts meanwhile
+        (a model on the short path still takes the general path for an unusual batch), and two
+        threads adding to one counter could lose an increment.
+        """
+        finished, late, size_bounds = self.finished, self._late, self.size_bounds
         while finished:
-            self.batch(*finished.popleft())  # popleft is atomic: the execute thread appends meanwhile
+            n_requests, duration_s, failed = finished.popleft()  # atomic: the execute thread appends meanwhile
+            late.size_counts[bisect.bisect_left(size_bounds, n_requests)] += 1
+            late.size_sum += n_requests
+            late.duration_counts[bisect.bisect_left(DURATION_BOUNDS, duration_s)] += 1
+            late.duration_sum += duration_s
+            if failed:
+                late.errors += 1
 
     def _values(self) -> List[float]:
         """The current value of every series."""
         self.counted()
+        totals = self.totals()
         values: List[float] = []
-        for counts, total in ((list(self.duration_counts), self.duration_sum), (list(self.size_counts), self.size_sum)):
+        for counts, total in ((totals.duration_counts, totals.duration_sum), (totals.size_counts, totals.size_sum)):
             cumulative = list(itertools.accumulate(counts))
             values.extend(cumulative)
             values.append(float(total))
             values.append(float(cumulative[-1]))
-        values.extend((self.errors, self.reconnects, self.in_flight))
+        values.extend((totals.errors, self.reconnects, self.in_flight))
         return values
 
     def flush(self) -> None:
