@@ -81,7 +81,7 @@ def _payload(main: Optional[str]) -> bytes:
     if main:
         preparation["init_main_from_name"] = main
     real = _process.preparation_data
-    _process.preparation_data = lambda: preparation  # type: ignore[assignment]  # pack() asks it
+    _process.preparation_data = lambda payloads=(): preparation  # type: ignore[assignment]  # pack() asks it
     try:
         return _backend_kind.pack([_process.dump_callable(identity, "proxy_identity", 0, "backend")], config, False)
     finally:

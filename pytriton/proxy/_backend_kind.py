@@ -109,7 +109,7 @@ def pack(callables: Sequence[bytes], config: TritonModelConfig, strict: bool) ->
         "callables": list(callables),
         "config": config,
         "strict": strict,
-        "preparation": _process.preparation_data(),
+        "preparation": _process.preparation_data(callables),
         # Where this process would export pytriton's spans (TritonConfig.trace_config, in OpenTelemetry
         # mode): the stub makes this instance's spans and exports them there too, unless the callable's
         # modules configured a tracer provider of their own.
@@ -205,7 +205,8 @@ def prepare_imports(preparation: Dict[str, Any]) -> None:
     are already imported) stays first; the user's entries follow, site directories through
     ``site.addsitedir`` so that their ``.pth`` files (editable installs) apply. The working
     directory and the main module are those of the user's process, as for a worker process
-    (``multiprocessing``'s spawn rules: the main module runs as ``__mp_main__``).
+    (``multiprocessing``'s spawn rules: the main module runs as ``__mp_main__``, here only when the
+    callable refers to it, ``_process.preparation_data``).
     """
     for entry in preparation.get("sys_path", []):
         if not entry or entry in sys.path:

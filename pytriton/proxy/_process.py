@@ -27,7 +27,8 @@ copy their locks in whatever state they are. *forkserver* would start processes 
 process, which then is their parent, so ``PR_SET_PDEATHSIG`` would no longer tie them to the user's
 process. The child prepares its main module as ``multiprocessing`` does for spawn (the callable's
 module is imported, ``__main__`` is the user's script run as ``__mp_main__``), so the same rules
-apply: the code that starts Triton must sit under ``if __name__ == "__main__":``.
+apply: the code that starts Triton must sit under ``if __name__ == "__main__":``. The script is run
+there only when the callable refers to it (:func:`preparation_data`).
 
 Lifetime: every worker process is started from one long-lived thread (:class:`_Spawner`) and sets
 ``PR_SET_PDEATHSIG`` (the kernel kills it when that thread, i.e. the user's process, dies) and
@@ -57,7 +58,7 @@ import sys
 import threading
 import time
 import types
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -251,15 +252,27 @@ def load_callable(data: bytes, context: TritonContext) -> Callable[..., object]:
     return func
 
 
-def preparation_data() -> Dict[str, Any]:
-    """What a worker process needs to import the callable's modules as this process does.
+def preparation_data(payloads: Sequence[bytes] = ()) -> Dict[str, Any]:
+    """What a worker process (or a backend instance's stub) needs to import the callable's modules as this process does.
 
     The keys of ``multiprocessing.spawn.get_preparation_data`` that concern imports (the child
     applies them with ``multiprocessing.spawn.prepare``); that function itself is not called
     because it would fix this process's multiprocessing start method as a side effect.
+
+    The main module (run there as ``__mp_main__``) is included only when one of the pickled
+    callables (``payloads``, from :func:`dump_callable`) refers to it: a function, class or
+    object of the main script. Unlike ``multiprocessing``'s spawn, a callable imported from a
+    module does not make the worker run the main script again: that script may import or load
+    much more than the callable needs (it is the worker's start-up time, and the stub's), and
+    ``sys.path``, the working directory and the environment come from this process anyway.
     """
     sys_path = [os.getcwd() if entry == "" else entry for entry in sys.path]
     data: Dict[str, object] = {"sys_path": sys_path, "sys_argv": list(sys.argv), "dir": os.getcwd()}
+    # Pickle names a module by its name (a GLOBAL, or the string before a STACK_GLOBAL): a payload
+    # without these bytes refers to nothing in __main__. Any other occurrence only errs towards
+    # running the main module.
+    if not any(b"__main__" in payload for payload in payloads):
+        return data
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
@@ -626,7 +639,11 @@ class ProcessInstance:
             export = (
                 (_tracing.State.export_url, dict(_tracing.State.export_resource)) if _tracing.State.export_url else None
             )
-            link.send(_control.Start(self._payload, self._worker_options, preparation_data(), _log_levels(), export))
+            link.send(
+                _control.Start(
+                    self._payload, self._worker_options, preparation_data([self._payload]), _log_levels(), export
+                )
+            )
             while True:
                 message = link.recv()
                 if type(message) is _control.Ready:

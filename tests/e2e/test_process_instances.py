@@ -264,3 +264,29 @@ def test_stop_drains_process_instances_without_losing_accepted_requests():
         for client in clients:
             client.close()
     assert results == {index: [float(index)] * 2 for index in range(8)}
+
+
+def test_the_main_script_runs_again_only_where_the_callable_lives_in_it(tmp_path):
+    """A worker process or backend stub reruns the main script (as ``__mp_main__``) for a callable
+    defined there, and not for one imported from a module (docs/architecture.md)."""
+    marker = tmp_path / "ran"
+    ports = triton_ports()
+    env = dict(os.environ, PYTRITON_TEST_MAIN_MARKER=str(marker), PYTHONPATH=str(REPO))
+    child = subprocess.run(
+        [sys.executable, str(CHILD.with_name("main_script_child.py")), *map(str, ports.values())],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["answers"]["Square"] == result["answers"]["SquareBackend"] == [[1.0, 4.0, 9.0]]
+    assert result["answers"]["Module"] == [[1.0, 2.0, 3.0]]
+    ran = [int(line) for line in marker.read_text().split()]
+    (square_worker,) = result["workers"]["Square"]
+    (module_worker,) = result["workers"]["Module"]
+    assert result["pid"] in ran and square_worker in ran  # the script, and again where its callable runs
+    assert len(ran) == 3  # ... and in the backend model's stub: nowhere else
+    assert module_worker not in ran  # pid_echo comes from a module: the script did not run there

@@ -100,8 +100,8 @@ def _no_main_module(monkeypatch):
     flag is restored."""
     real = _process.preparation_data
 
-    def without_main():
-        return {key: value for key, value in real().items() if not key.startswith("init_main_from_")}
+    def without_main(payloads=()):
+        return {key: value for key, value in real(payloads).items() if not key.startswith("init_main_from_")}
 
     monkeypatch.setattr(_process, "preparation_data", without_main)
     monkeypatch.setattr(_process, "IN_WORKER_PROCESS", False)

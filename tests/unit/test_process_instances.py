@@ -105,6 +105,24 @@ def test_a_function_of_an_unimportable_main_module_is_refused(monkeypatch):
         _process.dump_callable(infer, "Unit", 0)
 
 
+def test_the_main_module_is_run_in_the_worker_only_for_a_callable_that_refers_to_it(monkeypatch, tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text("def infer(requests):\n    return requests\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    exec(compile(script.read_text(), str(script), "exec"), main.__dict__)  # noqa: S102 - the script, as __main__
+    main.infer.__module__ = "__main__"
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    from_main = _process.dump_callable(main.infer, "Unit", 0)
+    from_module = _process.dump_callable(calls.echo, "Unit", 0)
+    holding_main = _process.dump_callable(functools.partial(calls.Offset, main.infer), "Unit", 0)
+    assert _process.preparation_data([from_main])["init_main_from_path"] == str(script)
+    assert _process.preparation_data([from_module, holding_main])["init_main_from_path"] == str(script)
+    prepared = _process.preparation_data([from_module])
+    assert not any(key.startswith("init_main_from_") for key in prepared)  # the script is not run again
+    assert prepared["sys_path"] and prepared["dir"] == os.getcwd()  # imports still resolve as here
+
+
 def test_instance_kind_is_checked():
     assert _process.check_instance_kind("process", "Unit") == "process"
     with pytest.raises(PyTritonBadParameterError, match="instance_kind must be 'thread'.*or 'process'"):
