@@ -30,6 +30,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -283,6 +284,25 @@ def _plot(report: Dict[str, Any], path: pathlib.Path) -> bool:
     return True
 
 
+_DUMP_LINE = re.compile(r"^(Thread 0x|Current thread 0x|  File |\s*$)")
+
+
+def log_evidence(server_log: str, messages: int = 60, tail: int = 40) -> List[str]:
+    """What a failed soak prints of the serving process's log (the whole log is in ``server.log``).
+
+    pytriton's own last ``messages`` log lines (``soak-server ...``: restarts, replaced stubs), then
+    the last ``tail`` lines, widened to the whole thread dump they end in: a probe that timed out
+    dumps every thread, and the one that matters (the supervisor's) is rarely among the last lines.
+    """
+    lines = server_log.splitlines()
+    start = len(lines)
+    while start > 0 and _DUMP_LINE.match(lines[start - 1]):
+        start -= 1
+    start = min(start, max(0, len(lines) - tail))
+    notes = [line for line in lines[:start] if line.startswith("soak-server ")][-messages:]
+    return [*notes, *(["..."] if notes else []), *lines[start:]]
+
+
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """The whole soak; returns the report (also written to ``args.out``)."""
     out = pathlib.Path(args.out)
@@ -318,7 +338,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             sampler.stop()
             report["stop"] = _stop_server(child, info, seen)
             server_log = log_path.read_text(errors="replace")
-            report["server_log_tail"] = server_log.splitlines()[-40:]
+            report["server_log_tail"] = log_evidence(server_log)
             (out / "server.log").write_text(server_log)  # the whole log, thread dumps included
     report["samples"] = sampler.rows
     failed_requests = report["phases"]["fixed"]["failed"] + report["phases"]["mixed"]["failed"]
