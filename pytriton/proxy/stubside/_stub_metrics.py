@@ -333,6 +333,9 @@ class StubMetrics(NullMetrics):
 
     def _fail(self, reason: str) -> None:
         self._failed = True
+        # Nothing will be pushed again: the short path's appends are dropped from now on (a deque of
+        # length 0 keeps nothing), rather than filling up to its bound.
+        self.finished = collections.deque(maxlen=0)
         log(
             self._pb_utils,
             f"pytriton: the metrics of model {self._model!r} (instance {self._labels['instance']}) are off: the Python "
