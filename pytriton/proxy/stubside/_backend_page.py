@@ -79,10 +79,10 @@ class Page:
         """A batch starts on ``slot``."""
         self._ints[_FIRST_SLOT + 2 * slot] = 1
 
-    def leave(self, slot: int, now: Optional[float] = None) -> None:
-        """The batch of ``slot`` is answered (``now``: ``time.monotonic()``, if the caller has it)."""
+    def leave(self, slot: int) -> None:
+        """The batch of ``slot`` is answered."""
         item = _FIRST_SLOT + 2 * slot
-        self._floats[item + 1] = time.monotonic() if now is None else now
+        self._floats[item + 1] = time.monotonic()
         self._ints[item] = 0
 
     def views(self, slot: int) -> Tuple[memoryview[int], memoryview[float], int]:

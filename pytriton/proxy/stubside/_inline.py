@@ -25,7 +25,6 @@ Unit tests: tests/unit/test_backend_kind.py.
 from __future__ import annotations
 
 import importlib
-import itertools
 import json
 import os
 import site
@@ -37,7 +36,6 @@ from typing import (
     Callable,
     Collection,
     Dict,
-    Iterable,
     Iterator,
     List,
     Optional,
@@ -59,8 +57,6 @@ if TYPE_CHECKING:
 
 PAYLOAD_FILE = "pytriton_backend.pkl"  # pytriton.proxy._backend_kind.PAYLOAD_FILE
 _RUNNER_MODULE = "pytriton.proxy._backend_kind"  # imported by name: it lives in the user's environment
-# The outputs requested of a model with one output, for every request: all (zip stops at the batch's end).
-_ALL_OUTPUTS: Iterable[None] = itertools.repeat(None)
 _CHECK_EVERY = _messages.STREAM_WINDOW  # a stream asks Triton whether its clients cancelled every this many chunks
 
 
@@ -270,7 +266,7 @@ class InlineModel(_stub.TritonPythonModel):
                     )
                 if responses is None:
                     groups = runner.outputs(result, n_requests, None if single else per_request)
-                    requested = _ALL_OUTPUTS if single else per_request
+                    requested = [None] * n_requests if single else per_request  # the rare path: a list is fine
                     responses = [self._response(group, names) for group, names in zip(groups, requested)]
                 failed = False
                 return responses
