@@ -133,6 +133,20 @@ class OutputChecker:
             groups.append(group)
         return groups
 
+    def single(self) -> Optional[Tuple[str, object, int, int, Tuple[int, ...], bool]]:
+        """For a model with exactly one declared output, and a numeric one: ``(name, dtype, ndim,
+        offset, shape, any_size)``, what :meth:`check`'s fast path tests; else ``None``.
+
+        The backend kind's short path (``stubside/_inline.py``) runs that test inline on each
+        result, and hands anything that fails it to :meth:`check`.
+        """
+        if len(self._declared) != 1:
+            return None
+        spec = next(iter(self._declared.values()))
+        if spec.is_bytes:
+            return None
+        return (spec.name, spec.dtype, spec.ndim, spec.offset, spec.shape, spec.any_size)
+
     def responses(
         self,
         tensor: Callable[[str, npt.NDArray[np.generic]], object],

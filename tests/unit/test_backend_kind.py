@@ -397,7 +397,7 @@ def _answers(responses):
     return [
         ("error", response.error.message())
         if response.error is not None
-        else {name: array.tolist() for name, array in response.outputs().items()}
+        else {name: (str(array.dtype), array.tolist()) for name, array in response.outputs().items()}
         for response in responses
     ]
 
@@ -422,6 +422,48 @@ def test_the_short_path_answers_as_the_general_path_does(setup, inline, func):  
         short = _answers(model._execute_short(_batches()[index]))
         general = _answers(model._counted(_batches()[index]))
         assert short == general
+
+
+# Results that take each branch of the short path's inline test for a model with one output.
+_ONE_OUTPUT_RESULTS = {
+    "exact": lambda x: [{"y": x}],
+    "float16, converted": lambda x: [{"y": x.astype(np.float16)}],
+    "float64, refused": lambda x: [{"y": x.astype(np.float64)}],
+    "a list, not an array": lambda x: [{"y": x.tolist()}],
+    "a numpy scalar": lambda x: [{"y": np.float32(1)}],
+    "one axis too many": lambda x: [{"y": x[..., None]}],
+    "three columns": lambda x: [{"y": np.ones((1, 3), np.float32)}],
+    "a transposed view": lambda x: [{"y": np.ones((2, 1), np.float32).T}],
+    "an undeclared extra output": lambda x: [{"y": x, "z": x}],
+    "no output": lambda x: [{}],
+    "a tuple of results": lambda x: ({"y": x},),
+    "no result": lambda x: [],
+    "not a dict": lambda x: [x],
+}
+
+
+def one_output(requests):
+    """Returns what ``_ONE_OUTPUT_RESULTS`` names in the request's parameter ``case``."""
+    (request,) = requests
+    return _ONE_OUTPUT_RESULTS[request.parameters["case"]](request["x"])
+
+
+@pytest.mark.parametrize("shape", [(-1,), (2,)], ids=["any size", "fixed"])
+@pytest.mark.parametrize("case", list(_ONE_OUTPUT_RESULTS))
+def test_the_short_paths_inline_output_test_answers_as_the_checks_do(setup, inline, shape, case):  # noqa: F811
+    """One declared output: the short path tests the result inline; whatever it lets through must
+    be what ``OutputChecker.check`` accepts unchanged, and it hands the rest to ``check``."""
+    setup.worker()
+    config = _config()
+    config.outputs[0] = TensorSpec(name="y", shape=shape, dtype=np.float32)
+    payload = _backend_kind.pack([_process.dump_callable(one_output, "Unit", 0, "backend")], config, strict=False)
+    model = _model(setup, inline, one_output, payload=payload)
+    assert model._short and (model._one is not None) == (not setup.stub._NUMPY2)  # numpy 2: DLPack outputs
+
+    def batch():
+        return [FakeRequest({"x": np.array([[1.0, 2.0]], np.float32)}, parameters={"case": case})]
+
+    assert _answers(model._execute_short(batch())) == _answers(model._counted(batch()))
 
 
 def test_the_short_path_hands_unusual_batches_to_the_general_path(setup, inline, monkeypatch):  # noqa: F811
