@@ -1,27 +1,31 @@
-"""Sequential p50 and server CPU per request of the proxy and the plain Python-backend model, for two source trees.
+"""Sequential p50 and server CPU per request of a bound model and the plain Python-backend model, for two source trees.
 
 Usage::
 
-    python -m bench.core_ab BEFORE_TREE AFTER_TREE [COUNT] [BLOCK]
+    python -m bench.core_ab BEFORE_TREE AFTER_TREE [COUNT] [BLOCK] [--kind thread|process|backend]
 
 ``BEFORE_TREE``/``AFTER_TREE`` are checkouts of pytriton (e.g. ``git archive main | tar -x -C /tmp/before``
 and this worktree). One child process per tree starts a ``Triton`` from that tree, at the same time,
-with the proxied identity model and the plain Python-backend identity model (bench/models.py) in one
+with the bound identity model (``proxy_identity``: the identity callable bound with ``--kind``,
+thread instances by default) and the plain Python-backend identity model (bench/models.py) in one
 server. This process then sends sequential HTTP ``[1,16]`` float32 requests in blocks of ``BLOCK``
 (100), cycling through (tree, model) in an order reversed every round, until each pair had ``COUNT``
 (3000): a shared machine's drift hits all four alike, which separate runs one after the other did not
 achieve on the 2-core development machine (the proxy's p50 moved 4x between runs). Per pair it
-reports the p50 and the CPU time (user + system, from ``/proc``) that the tree's server process group
-(``tritonserver`` and its stubs) spent during that pair's blocks, per request; only one pair's
-requests are in flight at any time, so the group's CPU in a block is that model's. The proxied model's
-callable runs in the child and is not counted: this is the server side of the cost.
+reports the p50 and the CPU time (every thread's ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds)
+that the tree's server process group (``tritonserver`` and its stubs) spent during that pair's blocks,
+per request; only one pair's requests are in flight at any time, so the group's CPU in a block is
+that model's. A thread or process instance's callable runs outside the group and is not counted:
+this is the server side of the cost; a backend instance's runs in its stub, inside the group.
 
 Prints per tree: p50 and CPU per request of each model and the proxy/plain ratios, as one JSON line.
-Written for issue 26 (the serving core refactor), which had to leave both ratios unchanged.
+Written for issue 26 (the serving core refactor), which had to leave both ratios unchanged;
+``--kind backend`` compares two versions of the backend kind's per-batch path (issue 30).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -32,8 +36,10 @@ from typing import Any, Dict, List, Tuple
 CHILD = r"""
 import json, pathlib, shutil, sys, tempfile
 from bench.__main__ import free_ports, load_plain_models
-from bench.models import BatchCounter, bind_project_models, write_plain_models
+from bench.models import BatchCounter, bind_project_models, identity, write_plain_models
+from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
+import numpy as np
 
 http_port, grpc_port, metrics_port = free_ports(3)
 repository = pathlib.Path(tempfile.mkdtemp(prefix="pytriton-core-ab-"))
@@ -41,7 +47,12 @@ names = write_plain_models(repository)
 config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, model_repository=repository)
 try:
     with Triton(config=config) as triton:
-        bind_project_models(triton, BatchCounter())
+        kind = sys.argv[1]
+        if kind == "thread":
+            bind_project_models(triton, BatchCounter())
+        else:
+            spec = [Tensor(name="INPUT", shape=(16,), dtype=np.float32)], [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)]
+            triton.bind("proxy_identity", identity, *spec, config=ModelConfig(max_batch_size=32), instance_kind=kind)
         triton.run()
         load_plain_models(http_port, names, triton.get_access_token())
         backend = getattr(triton, "_backend", None)  # this tree's layout, or the one before issue 26
@@ -52,28 +63,30 @@ finally:
     shutil.rmtree(repository, ignore_errors=True)
 """
 MODELS = ("proxy_identity", "plain_identity")
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) of the live members of process group ``pgid``."""
+    """CPU seconds of the live threads of process group ``pgid`` (``schedstat``: nanoseconds, where
+    ``/proc/<pid>/stat`` counts in clock ticks of 10 ms, a third of a block of 100 requests)."""
     total = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / TICK
+                if int(stat.read().rsplit(")", 1)[1].split()[2]) != pgid:
+                    continue
+            for task in os.listdir(f"/proc/{entry}/task"):
+                with open(f"/proc/{entry}/task/{task}/schedstat") as schedstat:
+                    total += int(schedstat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a process or thread that ended meanwhile
+    return total / 1e9
 
 
-def start(tree: str) -> Tuple[subprocess.Popen[str], Dict[str, int]]:
+def start(tree: str, kind: str) -> Tuple[subprocess.Popen[str], Dict[str, int]]:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD],
+        [sys.executable, "-c", CHILD, kind],
         cwd=tree,
         env=dict(os.environ, PYTHONPATH=tree),
         stdin=subprocess.PIPE,
@@ -124,17 +137,21 @@ def measure(servers: Dict[str, Dict[str, int]], count: int, block: int) -> Dict[
 
 
 def main(argv: List[str]) -> int:
-    before, after = argv[0], argv[1]
-    count = int(argv[2]) if len(argv) > 2 else 3000
-    block = int(argv[3]) if len(argv) > 3 else 100
+    parser = argparse.ArgumentParser(prog="python -m bench.core_ab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("count", nargs="?", type=int, default=3000)
+    parser.add_argument("block", nargs="?", type=int, default=100)
+    parser.add_argument("--kind", choices=("thread", "process", "backend"), default="thread")
+    args = parser.parse_args(argv)
     children = []
     try:
         servers: Dict[str, Dict[str, int]] = {}
-        for label, tree in (("before", before), ("after", after)):
-            child, info = start(tree)
+        for label, tree in (("before", args.before), ("after", args.after)):
+            child, info = start(tree, args.kind)
             children.append(child)
             servers[label] = info
-        print(json.dumps(measure(servers, count, block)), flush=True)
+        print(json.dumps(measure(servers, args.count, args.block)), flush=True)
     finally:
         for child in children:
             if child.stdin is not None:
