@@ -269,7 +269,7 @@ class InlineModel(_stub.TritonPythonModel):
                 one = self._one
                 if one is not None:
                     # One declared output: OutputChecker.check()'s fast-path test, inline (a call to
-                    # OutputChecker.responses cost 3-4 us more per batch, cold, in the real stub).
+                    # OutputChecker.responses cost 3-5 us more per batch, cold, in the real stub).
                     # Anything else leaves responses None, and check() below converts or names it.
                     if type(result) is list and len(result) == n_requests:
                         name, dtype, ndim, offset, shape, any_size = one
