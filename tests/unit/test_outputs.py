@@ -200,3 +200,11 @@ def test_responses_are_built_in_one_pass_with_the_outputs_each_request_asked_for
 )
 def test_anything_but_the_common_case_is_left_to_check(result, n_requests):
     assert _build(_checker(TWO), result, n_requests, [None] * n_requests) is None
+
+
+def test_single_gives_the_fast_path_test_of_a_lone_numeric_output_only():
+    fixed = [Tensor(name="y", shape=(2, -1), dtype=np.float32)]
+    assert _checker(F32).single() == ("y", np.dtype(np.float32), 2, 1, (-1,), True)
+    assert _checker(fixed, batching=False).single() == ("y", np.dtype(np.float32), 2, 0, (2, -1), False)
+    assert _checker(TWO).single() is None  # several outputs: responses() builds them
+    assert _checker([Tensor(name="y", shape=(-1,), dtype=np.bytes_)]).single() is None  # BYTES: check() serializes
