@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -216,6 +217,70 @@ def test_a_peer_that_vanishes_without_goodbye_ends_its_connection(hub):
         assert ended.wait(5), "the hub did not notice the peer's disconnection"
         if round_number < 2:
             threading.Thread(target=run, daemon=True).start()
+
+
+def _hold_the_dispatcher(hub, monkeypatch):
+    """Make the hub's dispatcher wait, before it reads the next message, until ``release`` is set.
+
+    Returns ``(holding, release, handled)``: ``holding`` is set once a message waits unread,
+    ``handled`` once the dispatcher has read and handled it. Meanwhile a peer can close its
+    connection, which ZeroMQ then reports before that message is read.
+    """
+    holding, release, handled = threading.Event(), threading.Event(), threading.Event()
+    real = hub._receive
+
+    def held() -> None:
+        holding.set()
+        release.wait(10)
+        try:
+            real()
+        finally:
+            handled.set()
+
+    monkeypatch.setattr(hub, "_receive", held)  # the dispatcher looks it up for each message
+    return holding, release, handled
+
+
+def _closed_before_read(hub, monkeypatch, frame: bytes, zmq) -> None:
+    """A peer sends ``frame`` and closes its connection before the hub has read the frame."""
+    holding, release, handled = _hold_the_dispatcher(hub, monkeypatch)
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
+    peer.connect(hub.endpoint)
+    peer.send(frame)
+    assert holding.wait(5), "the hub never saw the frame"
+    peer.close(linger=0)
+    context.term()
+    time.sleep(1.0)  # ZeroMQ reports the closing (in microseconds on loopback) while the frame waits
+    release.set()
+    assert handled.wait(5), "the hub did not handle the frame"
+
+
+def test_a_refused_peer_closed_before_its_frame_was_read_is_forgotten(hub, monkeypatch):
+    """Its closing was reported first; remembering it would last until its descriptor is reused."""
+    zmq = pytest.importorskip("zmq")
+    _closed_before_read(hub, monkeypatch, b"\x00not marshal", zmq)
+    assert hub._refused == {}  # the frame is handled, and with it every connection event reported before
+    assert not [fd for fd, held in hub._fds.items() if isinstance(held, bytes)], "an identity stays tracked"
+
+
+def test_a_stub_closed_before_its_greeting_was_read_ends_its_connection(hub, monkeypatch):
+    """Its worker thread must not wait for messages from a peer that is gone (until a reused descriptor)."""
+    zmq = pytest.importorskip("zmq")
+    listener = hub.register("r")
+    ended = threading.Event()
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        with pytest.raises(EOFError):
+            connection.channel().recv()
+        connection.close()
+        ended.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    _closed_before_read(hub, monkeypatch, b"PYTRITON1 " + TOKEN.encode() + b" r", zmq)
+    assert ended.wait(5), "the connection of a peer that had closed was not ended"
+    assert hub._peers == {}
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,12 @@ and never notices a reconnect, while a slot sees a second connection whenever it
 after an execution timeout or a new model generation loads next to the old one. ``ROUTER``
 addresses every peer by its identity. The end of a connection ends it for the worker like the end of
 a Unix socket: a stub that closes (unload, reconnect after an execution timeout) sends an empty frame
-first; a stub killed outright is seen by a socket monitor (``EVENT_DISCONNECTED`` names the file
-descriptor, which the hub matched to the peer's identity through the greeting's ``SRCFD``), or, if
-its host vanished, by ZeroMQ heartbeats. (``ROUTER_NOTIFY``, which would report disconnections
-directly, is a draft option that the libzmq in pyzmq's wheels leaves out.)
+first; a stub killed outright is seen by a socket monitor (``EVENT_ACCEPTED`` and
+``EVENT_DISCONNECTED`` name the file descriptor, which the hub matches to the peer's identity
+through the greeting's ``SRCFD``; ZeroMQ may report a closing before the connection's last frames
+are read, see ``Hub._connection_events``), or, if its host vanished, by ZeroMQ heartbeats.
+(``ROUTER_NOTIFY``, which would report disconnections directly, is a draft option that the libzmq
+in pyzmq's wheels leaves out.)
 
 Authentication: the first frame of a peer must be ``PYTRITON1 <token> <route>``. The token is a
 random secret written only into the model's private file (``pytriton_private.json``, mode 0600,
@@ -41,6 +43,7 @@ Unit tests: tests/unit/test_zmq_channel.py (a loopback hub and stub channel, no 
 
 from __future__ import annotations
 
+import enum
 import hmac
 import itertools
 import logging
@@ -50,7 +53,7 @@ import os
 import queue
 import socket
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from ._messages import INLINE, Infer, Message, decode
 
@@ -63,6 +66,15 @@ _REFUSED = b"REFUSED"
 AUTH_TIMEOUT_S = 10.0
 _MAX_GREETING = 4096  # a greeting is "PYTRITON1 <token> <route>": anything longer is not one
 _MAX_REFUSED = 4096  # refused peers remembered at most (each is forgotten when it disconnects)
+
+
+class _Unnamed(enum.Enum):
+    """What the hub's descriptor table holds for a connection none of whose frames was read yet."""
+
+    ACCEPTED = "accepted"  # open
+    CLOSED = "closed"  # closed before its first frame was read
+
+
 _STOP = b"stop"
 _hub_ids = itertools.count(1)
 _HUBS: Dict[int, Hub] = {}
@@ -354,8 +366,11 @@ class Hub:
             self.public_key = public.decode()
         self._router.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         self._router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
-        self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._fds: Dict[int, bytes] = {}  # file descriptor -> identity of an authenticated peer
+        # Connections accepted and closed, so that a peer is forgotten when its connection ends.
+        self._monitor = self._router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        # file descriptor -> the identity whose frames arrive on it, or an _Unnamed state for a
+        # connection none of whose frames was read yet (see _connection_events).
+        self._fds: Dict[int, Union[bytes, _Unnamed]] = {}
         self._router.bind(f"tcp://{address}:{port}")
         bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(bound.rsplit(":", 1)[1])
@@ -415,7 +430,7 @@ class Hub:
                     except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY is off: rarely raised)
                         pass
                 if self._monitor in events:
-                    self._disconnections()
+                    self._connection_events()
                 if self._router in events:
                     self._receive()
         except Exception:  # noqa: BLE001 - log whatever ends this thread
@@ -429,8 +444,16 @@ class Hub:
             for listener in listeners:
                 listener.shutdown()
 
-    def _disconnections(self) -> None:
-        """End the connection of every peer whose socket closed (monitor events, read without waiting)."""
+    def _connection_events(self) -> None:
+        """Take in every connection accepted or closed so far (monitor events, read without waiting).
+
+        ZeroMQ reports a connection's acceptance before any of its frames can be read, but may
+        report its closing before its last (or only) frames are read. So each descriptor's entry
+        says which connection it is at: ``ACCEPTED`` from the acceptance until the first frame names
+        the identity (:meth:`_track`), ``CLOSED`` if it closed before that (the first frame then
+        finds its peer gone), the identity after. A closing ends that identity's connection and
+        forgets a refusal of it; an acceptance on a descriptor still held by an identity does too.
+        """
         from zmq.utils.monitor import parse_monitor_message
 
         zmq = self._zmq
@@ -440,16 +463,26 @@ class Hub:
             except zmq.Again:
                 return
             event = parse_monitor_message(frames)
-            if event["event"] != zmq.EVENT_DISCONNECTED:
-                continue
-            identity = self._fds.pop(int(event["value"]), None)
-            if identity is None:
-                continue
-            self._refused.pop(identity, None)
-            with self._lock:
-                peer = self._peers.pop(identity, None)
-            if peer is not None:
-                peer.deliver(None)
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._gone(self._fds.get(fd))
+                self._fds[fd] = _Unnamed.ACCEPTED
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                state = self._fds.pop(fd, None)
+                if state is _Unnamed.ACCEPTED:
+                    self._fds[fd] = _Unnamed.CLOSED
+                else:
+                    self._gone(state)
+
+    def _gone(self, identity: Union[bytes, _Unnamed, None]) -> None:
+        """The connection of ``identity`` is closed: end it, and forget a refusal of it."""
+        if not isinstance(identity, bytes):  # no identity named yet: nothing to end or forget
+            return
+        self._refused.pop(identity, None)
+        with self._lock:
+            peer = self._peers.pop(identity, None)
+        if peer is not None:
+            peer.deliver(None)
 
     def _receive(self) -> None:
         """Take one message from the ``ROUTER`` socket; nothing a peer sends may end the dispatcher.
@@ -492,7 +525,7 @@ class Hub:
         while len(self._refused) > _MAX_REFUSED:  # a hard bound, whatever ZeroMQ reports or not
             self._refused.pop(next(iter(self._refused)))  # the oldest: its later frames are refused again
         if frame is not None:
-            self._disconnections()  # as for a new peer: the descriptor may be a reused one
+            self._connection_events()  # as for a new peer: this frame's connection was accepted already
             self._track(identity, frame)
         LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
         try:
@@ -503,15 +536,24 @@ class Hub:
     def _track(self, identity: bytes, frame: Any) -> None:
         """Remember which descriptor ``identity`` arrives on, so that its disconnection forgets it.
 
-        A descriptor already taken by another identity means that peer is gone (its disconnection was
-        reported before its last frames were read): it is forgotten now.
+        Called after :meth:`_connection_events`, so the descriptor's entry is this frame's
+        connection or a later one. ``CLOSED``: the connection on it closed after its acceptance
+        and before any of its frames was read, so this frame's connection is closed, whichever it
+        was; ``identity`` is gone already. Another identity: one of the two connections is closed
+        (a frame can be read after its connection's closing was reported, even after the
+        descriptor's next acceptance), but which is not known here, so only a refusal of that
+        identity is forgotten; a live peer's connection is never ended on this evidence.
         """
         try:
             fd = int(frame.get(self._zmq.SRCFD))
         except Exception:  # noqa: BLE001 - a frame without a source descriptor: kept until the hub closes
             return
         previous = self._fds.get(fd)
-        if previous is not None and previous != identity:
+        if previous is _Unnamed.CLOSED:
+            del self._fds[fd]
+            self._gone(identity)
+            return
+        if isinstance(previous, bytes) and previous != identity:
             self._refused.pop(previous, None)
         self._fds[fd] = identity
 
@@ -530,9 +572,9 @@ class Hub:
             return
         if identity in self._refused:
             return  # nothing from a refused peer is decoded
-        # A new peer. Its descriptor may be a reused one: take in every disconnection reported so far
-        # (the closing of the descriptor's previous user was reported before it could be reused).
-        self._disconnections()
+        # A new peer. Its descriptor may be a reused one: take in every connection event reported so
+        # far (the closing of its previous user and this connection's acceptance came before this frame).
+        self._connection_events()
         reason = self._authenticate(data.bytes)
         if reason is not None:
             self._refuse(identity, data, reason)
