@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import socket
 import threading
 import urllib.request
 from typing import Dict, Tuple
@@ -43,6 +44,14 @@ def parse(text: str) -> Samples:
         labels = tuple(sorted(_LABEL.findall(match.group(2) or "")))
         samples[(match.group(1), labels)] = float(match.group(3))
     return samples
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 class Server:
@@ -97,6 +106,9 @@ def servers(tmp_path_factory):
                 instance_kind=kind,
             )
         triton.run()
+        # run() returns once the models are ready over HTTP; Triton's metrics listener can open a
+        # moment later (CI once had this module's first scrape refused), and every test scrapes it.
+        assert wait_for(lambda: _listening(ports["metrics_port"]), timeout_s=10), "the metrics port never opened"
         yield states
         for state in states.values():
             state.release()
