@@ -66,6 +66,30 @@ def test_batch_stacks_and_splits_per_request():
     assert [o["y"].tolist() for o in out] == [[[2.0], [4.0]], [[6.0]]]
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["one-request-path", "general-path"])
+def test_batch_of_one_request_passes_its_arrays_and_trims_extra_rows(monkeypatch, traced):
+    """A batch of one request (sequential traffic) takes a shorter path unless something is traced: same answers."""
+    from pytriton.proxy import _tracing
+
+    monkeypatch.setattr(_tracing.State, "seen", traced)
+    given = []
+
+    @batch
+    def infer(x):
+        given.append(x)
+        assert len(current_requests()) == 1
+        return {"y": x, "z": np.concatenate([x, x])}  # z: one row too many, trimmed to the request's
+
+    bind(infer, _config(outputs=(("y", (-1,), np.float32), ("z", (-1,), np.float32))))
+    request = req(x=[[1.0, 2.0]])
+    (out,) = infer([request])
+    assert given[0] is request["x"]  # the request's own array, not a stacked copy
+    assert np.shares_memory(out["y"], request["x"]) and out["y"].tolist() == [[1.0, 2.0]]
+    assert out["z"].tolist() == [[1.0, 2.0]]
+    with pytest.raises(PyTritonValidationError, match="rows along the batch axis"):
+        batch(lambda x: {"y": x[:0]})([request])
+
+
 def test_batch_accepts_list_outputs_in_config_order():
     @batch
     def infer(x):
