@@ -7,7 +7,7 @@ Usage::
 ``BEFORE_TREE``/``AFTER_TREE`` are checkouts of pytriton (e.g. ``git archive main | tar -x -C /tmp/before``
 and this worktree). One child process per tree starts a ``Triton`` from that tree, at the same time,
 with the bound identity model (``proxy_identity``: the identity callable bound with ``--kind``,
-thread instances by default) and the plain Python-backend identity model (bench/models.py) in one
+thread instances by default; ``--callable batch``: the ``@batch`` identity instead) and the plain Python-backend identity model (bench/models.py) in one
 server. This process then sends sequential HTTP ``[1,16]`` float32 requests in blocks of ``BLOCK``
 (100), cycling through (tree, model) in an order reversed every round, until each pair had ``COUNT``
 (3000): a shared machine's drift hits all four alike, which separate runs one after the other did not
@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Tuple
 CHILD = r"""
 import json, pathlib, shutil, sys, tempfile
 from bench.__main__ import free_ports, load_plain_models
-from bench.models import BatchCounter, bind_project_models, identity, write_plain_models
+from bench.models import BatchCounter, batch_identity, bind_project_models, identity, write_plain_models
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 import numpy as np
@@ -47,12 +47,13 @@ names = write_plain_models(repository)
 config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, model_repository=repository)
 try:
     with Triton(config=config) as triton:
-        kind = sys.argv[1]
-        if kind == "thread":
+        kind, callable_ = sys.argv[1], sys.argv[2]
+        if kind == "thread" and callable_ == "raw":
             bind_project_models(triton, BatchCounter())
         else:
             spec = [Tensor(name="INPUT", shape=(16,), dtype=np.float32)], [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)]
-            triton.bind("proxy_identity", identity, *spec, config=ModelConfig(max_batch_size=32), instance_kind=kind)
+            infer = batch_identity if callable_ == "batch" else identity
+            triton.bind("proxy_identity", infer, *spec, config=ModelConfig(max_batch_size=32), instance_kind=kind)
         triton.run()
         load_plain_models(http_port, names, triton.get_access_token())
         backend = getattr(triton, "_backend", None)  # this tree's layout, or the one before issue 26
@@ -84,9 +85,9 @@ def group_cpu_s(pgid: int) -> float:
     return total / 1e9
 
 
-def start(tree: str, kind: str) -> Tuple[subprocess.Popen[str], Dict[str, int]]:
+def start(tree: str, kind: str, callable_: str = "raw") -> Tuple[subprocess.Popen[str], Dict[str, int]]:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, kind],
+        [sys.executable, "-c", CHILD, kind, callable_],
         cwd=tree,
         env=dict(os.environ, PYTHONPATH=tree),
         stdin=subprocess.PIPE,
@@ -143,12 +144,18 @@ def main(argv: List[str]) -> int:
     parser.add_argument("count", nargs="?", type=int, default=3000)
     parser.add_argument("block", nargs="?", type=int, default=100)
     parser.add_argument("--kind", choices=("thread", "process", "backend"), default="thread")
+    parser.add_argument(
+        "--callable",
+        choices=("raw", "batch"),
+        default="raw",
+        help="the bound identity: on List[Request] (raw, default) or @batch (bench.models.batch_identity)",
+    )
     args = parser.parse_args(argv)
     children = []
     try:
         servers: Dict[str, Dict[str, int]] = {}
         for label, tree in (("before", args.before), ("after", args.after)):
-            child, info = start(tree, args.kind)
+            child, info = start(tree, args.kind, args.callable)
             children.append(child)
             servers[label] = info
         print(json.dumps(measure(servers, args.count, args.block)), flush=True)

@@ -342,3 +342,42 @@ def test_kinds_summary_takes_medians_ratios_to_plain_and_checks_the_targets():
     text = kinds.table({"summary": summary, "rounds": 3, "host": {"cpus": 2, "load_average": [(1.0, 2.0)] * 3}})
     assert "| id_backend |" in text and "1.04x" in text and "1.00/2.00" in text
     assert "noise of\nthis run (http_p50_ms 1.00x" in text  # plain_ref: the same model again
+
+
+def test_gpu_kinds_summary_takes_medians_and_ratios_of_the_models_that_answered_right():
+    from bench import gpu_kinds
+
+    def round_(p50: float) -> dict:
+        figures = {"http_p50_ms": 0.5, "http_1MiB_mb_s": 400.0, "http_16MiB_mb_s": 250.0}
+        result = {model: dict(figures) for model in gpu_kinds.SMALL if model != "gpu_process"}
+        result["gpu_backend"]["http_p50_ms"] = p50
+        return result
+
+    summary = gpu_kinds.summarize([round_(0.6), round_(0.55), round_(2.0)])  # median 0.6: the outlier is ignored
+    assert "gpu_process" not in summary["medians"]  # it answered wrong, so it was never measured
+    assert abs(summary["ratios"]["gpu_backend"]["http_p50_ms"] - 1.2) < 1e-9
+    assert summary["ratios"]["gpu_thread"] == {"http_p50_ms": 1.0, "http_1MiB_mb_s": 1.0, "http_16MiB_mb_s": 1.0}
+    results = {
+        "environment": {"device": "cuda", "device_name": "GPU X", "torch": "2.0", "python": "3.12", "cpus": 16},
+        "load_average": [(1.0, 2.0)],
+        "rounds": 3,
+        "command": "python -m bench.gpu_kinds",
+        "answers": {"plain_gpu": None, "gpu_process": "wrong answer: array([0.])"},
+        "summary": summary,
+    }
+    text = gpu_kinds.table(results)
+    assert "GPU X (`--device cuda`)" in text and "| plain_gpu | right |" in text
+    assert "| gpu_process | wrong answer: array([0.]) |" in text
+    assert "| gpu_backend | 1.20x | 1.00x | 1.00x |" in text
+
+
+def test_gpu_kinds_plain_model_does_the_work_of_the_bound_callables(tmp_path):
+    from bench import gpu_kinds
+
+    gpu_kinds.write_plain_models(tmp_path, "cuda:1")
+    small = (tmp_path / "plain_gpu" / "1" / "model.py").read_text()
+    large = (tmp_path / "plain_gpu_large" / "1" / "model.py").read_text()
+    assert "torch.device('cuda:1')" in small and "y = x * 2" in small and "y = x + 1" in large
+    compile(small, "model.py", "exec")  # the template renders to valid Python
+    assert "dynamic_batching" in (tmp_path / "plain_gpu" / "config.pbtxt").read_text()
+    assert "max_batch_size: 1" in (tmp_path / "plain_gpu_large" / "config.pbtxt").read_text()
