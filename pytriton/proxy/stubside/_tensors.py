@@ -160,7 +160,7 @@ _DTYPE_STRINGS: Dict[np.dtype[np.generic], str] = {}
 
 
 def _dtype_string(descr: np.dtype[np.generic]) -> str:
-    code = descr.str
+    code: str = descr.str  # typed: numpy's stubs for Python 3.10 give Any here
     if descr.isbuiltin == 1:  # not structured, not parametric (datetime units), native byte order
         _DTYPE_STRINGS[descr] = code
     return code
@@ -202,7 +202,8 @@ def read_tensor(
         # writable memory). It accepts a buffer longer than the shape needs: check the size here.
         if len(data) != dtype.itemsize * math.prod(shape):
             raise ValueError(f"tensor {meta.name!r}: {len(data)} bytes do not hold shape {shape} of {code}")
-        return np.ndarray(shape, dtype, bytearray(data) if copy else data)
+        array: npt.NDArray[np.generic] = np.ndarray(shape, dtype, bytearray(data) if copy else data)
+        return array
     offset, nbytes = meta.offset, meta.nbytes
     if meta.place == RECEIVER:
         buffer = own
