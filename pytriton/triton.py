@@ -62,6 +62,7 @@ from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, short_socket_dir, validate_model_name
 from pytriton.proxy._context import TritonContext, attach_context
+from pytriton.proxy._process import refuse_in_worker
 from pytriton.proxy.stubside import _segments, _stub_bytes
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server.distribution import check_python_supported, pytriton_home
@@ -523,6 +524,7 @@ class Triton:
         before the error is raised; a worker process that cannot load its callable raises
         ``pytriton.proxy._process.WorkerStartError`` (a ``PyTritonBadParameterError``) as soon as it fails.
         """
+        refuse_in_worker()  # the user's main module, rerun where a callable is loaded: no second server
         with self._lock:
             if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError(
@@ -903,6 +905,7 @@ class RemoteTriton(Triton):
 
     def connect(self, timeout_s: float = 30.0) -> None:
         """Wait (up to ``timeout_s``) until the server at ``url`` is live; raises ``PyTritonServerError``."""
+        refuse_in_worker()
         if self._state is State.STOPPED:
             raise PyTritonInvalidOperationError("This RemoteTriton is stopped; create a new one.")
         self._remote.connect(timeout_s)

@@ -87,6 +87,20 @@ _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
 IN_WORKER_PROCESS = False
 
 
+def refuse_in_worker() -> None:
+    """Raise ``PyTritonBadParameterError`` when this process runs a callable for pytriton (a worker
+    process, or a backend instance's stub) and the user's main module, imported there to find the
+    callable, tries to start a server or a worker: without this it would start a second server from
+    inside the first one's stub."""
+    if IN_WORKER_PROCESS:
+        raise PyTritonBadParameterError(
+            "pytriton imported your main module to find the inference callable (in a worker process of "
+            "instance_kind='process', or in the server's stub for instance_kind='backend'), and that module "
+            'starts Triton again. Put the code that creates Triton and binds models under `if __name__ == "__main__":` '
+            "(as with multiprocessing's spawn), or move the callable into a module of its own."
+        )
+
+
 def check_instance_kind(value: object, model: str) -> str:
     """``"thread"``, ``"process"`` or ``"backend"``; raises ``PyTritonBadParameterError`` for anything else."""
     if value not in INSTANCE_KINDS:
@@ -498,12 +512,7 @@ class ProcessInstance:
 
     def launch(self) -> None:
         """Create the slot's socket and status page, and start the monitor thread (which starts the worker)."""
-        if IN_WORKER_PROCESS:
-            raise PyTritonBadParameterError(
-                "A worker process of pytriton is importing your main module, and that module starts Triton again. "
-                'Put the code that creates Triton and binds models under `if __name__ == "__main__":` (worker '
-                "processes import the main module to find your callable, as multiprocessing's spawn does)."
-            )
+        refuse_in_worker()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._listener.bind(self._path)

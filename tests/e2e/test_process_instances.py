@@ -290,3 +290,35 @@ def test_the_main_script_runs_again_only_where_the_callable_lives_in_it(tmp_path
     assert result["pid"] in ran and square_worker in ran  # the script, and again where its callable runs
     assert len(ran) == 3  # ... and in the backend model's stub: nowhere else
     assert module_worker not in ran  # pid_echo comes from a module: the script did not run there
+
+
+@pytest.mark.parametrize("kind", ["process", "backend"])
+def test_a_main_script_without_a_main_guard_gets_a_clear_error_and_no_second_server(tmp_path, kind):
+    """The script starts Triton at module level and its callable lives in it: the worker process or
+    the backend stub that imports it must refuse to start Triton again (no server inside the stub),
+    and the script's ``run()`` fails naming the fix."""
+    marker = tmp_path / "ran"
+    ports = ",".join(map(str, triton_ports().values()))
+    env = dict(
+        os.environ,
+        PYTRITON_TEST_MAIN_MARKER=str(marker),
+        PYTHONPATH=str(REPO),
+        PYTRITON_TEST_KIND=kind,
+        PYTRITON_TEST_PORTS=ports,
+    )
+    child = subprocess.run(
+        [sys.executable, str(CHILD.with_name("unguarded_child.py"))],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert child.returncode != 0 and "served" not in child.stdout, child.stdout
+    # the fix, named (a stub's error reaches the script through Triton's log, its quotes escaped)
+    assert "if __name__ ==" in child.stderr and "starts Triton again" in child.stderr, child.stderr[-3000:]
+    # The script ran in the test's child and where the callable is loaded (a worker process, which
+    # is restarted up to its limit, or the one stub), and nowhere else: a server started from there
+    # would load the callable again and rerun the script once more.
+    ran = marker.read_text().split()
+    assert 2 <= len(ran) <= (1 + 5 if kind == "process" else 2), ran
