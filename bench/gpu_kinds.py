@@ -33,7 +33,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -76,27 +76,33 @@ class TritonPythonModel:
 """
 
 
-def _torch_device() -> Any:
-    import torch
+# torch and the device, looked up at the first call in each process (as the plain model does once
+# at import): importing torch here would make `import bench.gpu_kinds` need it.
+_TORCH: List[Any] = []
 
-    return torch.device(os.environ.get(DEVICE_VARIABLE, "cuda"))
+
+def _torch_device() -> Tuple[Any, Any]:
+    """``(torch, device)``, imported and read once per process."""
+    if not _TORCH:
+        import torch
+
+        _TORCH[:] = [torch, torch.device(os.environ.get(DEVICE_VARIABLE, "cuda"))]
+    return _TORCH[0], _TORCH[1]
 
 
 @batch
 def double_on_device(INPUT: np.ndarray) -> Dict[str, np.ndarray]:  # noqa: N803 - the input's name
     """``2 * INPUT``, computed on the device: DLPack view of the host array, copy to the device, back."""
-    import torch
-
-    x = torch.from_dlpack(INPUT).to(_torch_device())
+    torch, device = _torch_device()
+    x = torch.from_dlpack(INPUT).to(device)
     return {"OUTPUT": (x * 2).cpu().numpy()}
 
 
 @batch
 def increment_on_device(INPUT: np.ndarray) -> Dict[str, np.ndarray]:  # noqa: N803 - the input's name
     """``INPUT + 1`` (uint8, wrapping), computed on the device like :func:`double_on_device`."""
-    import torch
-
-    x = torch.from_dlpack(INPUT).to(_torch_device())
+    torch, device = _torch_device()
+    x = torch.from_dlpack(INPUT).to(device)
     return {"OUTPUT": (x + 1).cpu().numpy()}
 
 
