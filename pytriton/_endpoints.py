@@ -20,7 +20,7 @@ from pytriton.constants import DEFAULT_TRITON_STARTUP_TIMEOUT_S
 from pytriton.exceptions import PyTritonModelConfigError
 from pytriton.proxy import _tracing
 from pytriton.server import _drain
-from pytriton.server.process import check_ports_free, grpc_ready_probe, http_ready_probe
+from pytriton.server.process import check_ports_free, grpc_ready_probe, http_ready_probe, listening_probe
 from pytriton.server.security import AccessPolicy
 from pytriton.server.settings import Settings
 
@@ -101,15 +101,26 @@ class ServerEndpoints:
                 check_ports_free({label: endpoint.port}, endpoint.address)
 
     def ready_probe(self) -> Callable[[], bool]:
-        """A check that the server answers ready (HTTP if enabled, else gRPC)."""
-        http_endpoint, grpc_endpoint = self._settings.http, self._settings.grpc
+        """A check that the server answers ready (HTTP if enabled, else gRPC) and, when the metrics
+        endpoint is on, that it accepts connections too.
+
+        Why the metrics port as well: Triton starts its metrics endpoint after HTTP and gRPC, so a
+        ready answer can come a moment before ``/metrics`` listens, and a scrape right after
+        ``run()`` returned was refused (seen in CI).
+        """
+        http_endpoint, grpc_endpoint, metrics = self._settings.http, self._settings.grpc, self._settings.metrics
         if http_endpoint.enabled:
-            return http_ready_probe(
+            ready = http_ready_probe(
                 http_endpoint.client_host, http_endpoint.port, headers=self._access.http_headers("health")
             )
-        return grpc_ready_probe(
-            grpc_endpoint.client_host, grpc_endpoint.port, headers=self._access.grpc_headers("health")
-        )
+        else:
+            ready = grpc_ready_probe(
+                grpc_endpoint.client_host, grpc_endpoint.port, headers=self._access.grpc_headers("health")
+            )
+        if not metrics.enabled:
+            return ready
+        listening = listening_probe(metrics.client_host, metrics.port)
+        return lambda: ready() and listening()
 
     def _trace_endpoints(self) -> Tuple[Optional[Tuple[str, int]], Tuple[str, int]]:
         """Where this process reaches the HTTP endpoint (None if off) and the gRPC endpoint."""

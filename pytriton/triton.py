@@ -517,7 +517,8 @@ class Triton:
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
-        """Start the server with every bound model and return once all of them are ready.
+        """Start the server with every bound model and return once all of them are ready (and the
+        metrics endpoint, when on, accepts connections: Triton opens it last).
 
         Worker processes (``instance_kind="process"``) load their callables while the server starts.
         On any failure this ``Triton`` is stopped (the server, workers, sockets and segments are gone)

@@ -415,6 +415,19 @@ def http_ready_probe(
     return probe
 
 
+def listening_probe(host: str, port: int) -> Callable[[], bool]:
+    """A probe that is True when ``host:port`` accepts a TCP connection (closed at once)."""
+
+    def probe() -> bool:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+        except OSError:
+            return False
+        return True
+
+    return probe
+
+
 def grpc_ready_probe(host: str, port: int, headers: Optional[Dict[str, str]] = None) -> Callable[[], bool]:
     """A probe that is True when the gRPC endpoint reports the server ready (asked with ``headers``)."""
     import tritonclient.grpc as grpcclient
