@@ -37,12 +37,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from bench import kinds, report
 from bench.__main__ import ROOT, free_ports, load, load_plain_models
 from pytriton.decorators import batch
-from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
-KINDS = ("thread", "process", "backend")
+KINDS = kinds.KINDS
 SMALL = ["plain_gpu", *(f"gpu_{kind}" for kind in KINDS)]
 LARGE = ["plain_gpu_large", *(f"gpu_large_{kind}" for kind in KINDS)]
 SIZES = {"1MiB": 1 << 20, "16MiB": 16 << 20}
@@ -132,24 +132,9 @@ def write_plain_models(repository: pathlib.Path, device: str) -> None:
 
 
 def bind_models(triton: Any) -> None:
-    """The same work as the plain models, bound once per instance kind."""
-    for kind in KINDS:
-        triton.bind(
-            f"gpu_{kind}",
-            double_on_device,
-            [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
-            [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
-            config=ModelConfig(max_batch_size=32),  # dynamic batcher, as plain_gpu's
-            instance_kind=kind,
-        )
-        triton.bind(
-            f"gpu_large_{kind}",
-            increment_on_device,
-            [Tensor(name="INPUT", shape=(-1,), dtype=np.uint8)],
-            [Tensor(name="OUTPUT", shape=(-1,), dtype=np.uint8)],
-            config=ModelConfig(max_batch_size=1),
-            instance_kind=kind,
-        )
+    """The same work as the plain models, bound once per instance kind (the small ones with the
+    dynamic batcher, as ``plain_gpu``)."""
+    kinds.bind_models(triton, ("gpu_", double_on_device), ("gpu_large_", increment_on_device))
 
 
 def check_answers(http_port: int, token: Optional[str]) -> Dict[str, Optional[str]]:
@@ -300,11 +285,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     results = run(args.device, max(1, args.rounds), max(1, args.count))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_kinds.json").write_text(json.dumps(results, indent=2))
-    text = table(results)
-    (args.out / "gpu_kinds.md").write_text(text)
-    print(text)
+    report.write(args.out, "gpu_kinds", results, table(results))
     return 0
 
 

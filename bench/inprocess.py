@@ -165,11 +165,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "inprocess": run_scenarios(args.quick),
     }
     results["host"] = {"before": before, "after": host.probe(), "steal_percent": steal.percent()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "inprocess.json").write_text(json.dumps(results, indent=2))
-    table = report.inprocess_table(results)
-    (args.out / "inprocess.md").write_text(table)
-    print(table)
+    report.write(args.out, "inprocess", results, report.inprocess_table(results))
     print(f"in-process scenarios finished in {time.monotonic() - started:.0f} s; results in {args.out}")
     return 0
 

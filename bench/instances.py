@@ -22,7 +22,6 @@ server and the workers, so the speed-up of 2 processes stays below the number of
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import signal
 import statistics
@@ -185,7 +184,7 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from bench import host
+    from bench import host, report
     from bench.__main__ import environment
 
     parser = argparse.ArgumentParser(prog="python -m bench.instances")
@@ -203,11 +202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "instances": run_scenarios(args.quick),
     }
     results["host"] = {"before": before, "after": host.probe(), "steal_percent": steal.percent()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "instances.json").write_text(json.dumps(results, indent=2))
-    text = table(results)
-    (args.out / "instances.md").write_text(text)
-    print(text)
+    report.write(args.out, "instances", results, table(results))
     print(f"instance scenarios finished in {time.monotonic() - started:.0f} s; results in {args.out}")
     return 0
 

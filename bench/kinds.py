@@ -30,16 +30,16 @@ figures across runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from bench import report
 from bench.__main__ import ROOT, free_ports, load, load_plain_models
 from bench.models import _PLAIN_IDENTITY, _config, identity, write_plain_models
 from pytriton.model_config import ModelConfig, Tensor
@@ -88,20 +88,23 @@ def write_plain_dynamic(repository: pathlib.Path) -> None:
         (model_dir / "config.pbtxt").write_text(config)
 
 
-def bind_models(triton: Any) -> None:
-    """The identity callable under every kind, small and large."""
+def bind_models(
+    triton: Any, small: Tuple[str, Any] = ("id_", identity), large: Tuple[str, Any] = ("large_", identity)
+) -> None:
+    """A callable under every kind, small (``[16]`` float32, max batch 32) and large (uint8 of any
+    length, max batch 1), named prefix + kind; by default the identity (``id_<kind>``, ``large_<kind>``)."""
     for kind in KINDS:
         triton.bind(
-            f"id_{kind}",
-            identity,
+            f"{small[0]}{kind}",
+            small[1],
             [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
             [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
             config=ModelConfig(max_batch_size=32),
             instance_kind=kind,
         )
         triton.bind(
-            f"large_{kind}",
-            identity,
+            f"{large[0]}{kind}",
+            large[1],
             [Tensor(name="INPUT", shape=(-1,), dtype=np.uint8)],
             [Tensor(name="OUTPUT", shape=(-1,), dtype=np.uint8)],
             config=ModelConfig(max_batch_size=1),
@@ -275,11 +278,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     results = run(max(1, args.rounds), args.quick)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kinds.json").write_text(json.dumps(results, indent=2))
-    text = table(results)
-    (args.out / "kinds.md").write_text(text)
-    print(text)
+    report.write(args.out, "kinds", results, table(results))
     return 0
 
 

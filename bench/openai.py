@@ -308,11 +308,9 @@ def main() -> None:
         serve(args.serve)
         return
     results = run(args.quick, args.rounds, args.count, args.against)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "openai.json").write_text(json.dumps(results, indent=2))
-    text = table(results)
-    (args.out / "openai.md").write_text(text + "\n")
-    print(text)
+    from bench import report
+
+    report.write(args.out, "openai", results, table(results))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -55,6 +56,14 @@ TARGETS: List[Tuple[str, float, str, List[Tuple[str, str, str]]]] = [
     ("16 MiB identity throughput, HTTP", 0.85, "share", [
         ("large_16mib_http", "mb_per_s", "lean Python HTTP client")]),
 ]  # fmt: skip
+
+
+def write(out: pathlib.Path, name: str, results: Dict[str, Any], text: str) -> None:
+    """Write ``out/<name>.json`` (``results``) and ``out/<name>.md`` (``text``, the table), and print ``text``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2))
+    (out / f"{name}.md").write_text(text if text.endswith("\n") else text + "\n")
+    print(text)
 
 
 def check_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
