@@ -117,7 +117,7 @@ class ServerEndpoints:
             ready = grpc_ready_probe(
                 grpc_endpoint.client_host, grpc_endpoint.port, headers=self._access.grpc_headers("health")
             )
-        if not metrics.enabled:
+        if not metrics.enabled or metrics.port == 0:  # port 0: Triton picks one, which is not known here
             return ready
         listening = listening_probe(metrics.client_host, metrics.port)
         return lambda: ready() and listening()

@@ -49,6 +49,8 @@ def test_the_start_probe_waits_for_the_metrics_port_after_the_server_answers_rea
         listener.close()
         listener = None
         assert ServerEndpoints(resolve(off, environ={}), access).ready_probe()()  # metrics off: HTTP alone
+        anywhere = TritonConfig(http_address="127.0.0.1", http_port=http_port, metrics_port=0)
+        assert ServerEndpoints(resolve(anywhere, environ={}), access).ready_probe()()  # no port known to wait for
     finally:
         if listener is not None:
             listener.close()
