@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-import socket
 import threading
 import urllib.request
 from typing import Dict, Tuple
@@ -22,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.server.process import listening_probe
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e._kinds import KINDS, model
@@ -44,14 +44,6 @@ def parse(text: str) -> Samples:
         labels = tuple(sorted(_LABEL.findall(match.group(2) or "")))
         samples[(match.group(1), labels)] = float(match.group(3))
     return samples
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 class Server:
@@ -106,9 +98,9 @@ def servers(tmp_path_factory):
                 instance_kind=kind,
             )
         triton.run()
-        # run() returns once the models are ready over HTTP; Triton's metrics listener can open a
-        # moment later (CI once had this module's first scrape refused), and every test scrapes it.
-        assert wait_for(lambda: _listening(ports["metrics_port"]), timeout_s=10), "the metrics port never opened"
+        # run() returns only once the metrics port listens too (Triton opens it after HTTP; CI once had
+        # this module's first scrape refused when run() did not wait for it): no wait here.
+        assert listening_probe("127.0.0.1", ports["metrics_port"])(), "run() returned before the metrics port opened"
         yield states
         for state in states.values():
             state.release()
