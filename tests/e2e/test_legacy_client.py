@@ -59,6 +59,7 @@ _HEADER = textwrap.dedent("""\
     import triton_python_backend_utils as pb_utils
 
     from _pytriton_stubside import _stub_bytes as stub_bytes
+    from _pytriton_stubside import _stub_dlpack as stub_dlpack
     from _pytriton_stubside import _tensors as tensors
 
     stub_bytes.install(pb_utils)  # before the stub first converts a tensor
@@ -73,7 +74,7 @@ _HEADER = textwrap.dedent("""\
 
     def _out(name, array):
         if stub_bytes.NUMPY2:  # the stub cannot read numpy 2 arrays itself (as in pytriton's proxy)
-            return pb_utils.Tensor.from_dlpack(name, np.array(array, order="C"))
+            return stub_dlpack.tensor(pb_utils, name, np.array(array, order="C"))
         return pb_utils.Tensor(name, array)
 
 

@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 from pytriton.proxy.stubside import _arena, _messages, _segments, _tensors, _wire
+from tests.unit.test_stub_dlpack import consume_capsule, release
 
 FINAL = 1  # the fake TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TIMEOUT_S = 10.0  # every wait in this file is bounded by this
@@ -66,7 +67,13 @@ class FakeTensor:
 
     @classmethod
     def from_dlpack(cls, name, owner):
-        return cls(name, np.from_dlpack(owner))
+        if hasattr(owner, "__dlpack__"):
+            return cls(name, np.from_dlpack(owner))
+        # A capsule, consumed as the stub consumes one (tests/unit/test_stub_dlpack.py); its managed
+        # tensor is released at once since the copy is made.
+        array, managed = consume_capsule(owner)
+        release(managed)
+        return cls(name, array)
 
 
 class FakeError:

@@ -80,6 +80,18 @@ class PbTensorFactory(Protocol):
     Tensor: Callable[[str, npt.NDArray[np.generic]], object]
 
 
+class PbDLPackTensor(Protocol):
+    """The module's ``Tensor`` class, for ``Tensor.from_dlpack(name, capsule)`` (an output tensor)."""
+
+    def from_dlpack(self, name: str, capsule: object) -> object: ...
+
+
+class PbDLPackFactory(Protocol):
+    """The module, for the ``Tensor`` class (``_stub_dlpack``)."""
+
+    Tensor: PbDLPackTensor
+
+
 class PbMetric(Protocol):
     """One series of a custom metric family (``pb_utils.MetricFamily(...).Metric(labels=...)``)."""
 

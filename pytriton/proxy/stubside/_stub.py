@@ -44,6 +44,7 @@ from . import (
     _messages,
     _segments,
     _stub_bytes,
+    _stub_dlpack,
     _stub_exit,
     _stub_metrics,
     _stub_trace,
@@ -88,7 +89,7 @@ def _dlpack_output(name: str, array: npt.NDArray[np.generic]) -> object:
         array = np.array(array, copy=True, order="C")  # DLPack exports writable, contiguous arrays only
     if array.size == 0:
         array = _empty_with_c_strides(array)
-    return pb_utils.Tensor.from_dlpack(name, array)
+    return _stub_dlpack.tensor(pb_utils, name, array)
 
 
 def _empty_with_c_strides(array: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
