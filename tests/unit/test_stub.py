@@ -59,8 +59,11 @@ class FakeTensor:
     def as_numpy(self):
         return self._array
 
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
+    def __dlpack__(self, stream=None):  # the stub's signature: no max_version, no copy (python_backend 2.51)
+        return self._array.__dlpack__(stream=stream)
+
+    def to_dlpack(self):
+        return self._array.__dlpack__()
 
     def __dlpack_device__(self):
         return self._array.__dlpack_device__()

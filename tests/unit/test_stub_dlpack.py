@@ -171,3 +171,45 @@ def test_a_refusal_after_the_capsule_was_consumed_leaves_it_for_numpy_quietly(un
     gc.collect()
     assert unraisable == []
     assert seen == [(b"used_dlpack", b"used_dltensor")]
+
+
+class InputTensor:
+    """An input ``pb_utils.Tensor`` as far as DLPack goes: ``__dlpack__`` takes ``stream`` only, as
+    python_backend 2.51's does, so numpy 2's ``from_dlpack(tensor)`` fails once before it succeeds."""
+
+    def __init__(self, array):
+        self.array = array
+        self.protocol_calls = []
+
+    def __dlpack__(self, stream=None, **unknown):
+        self.protocol_calls.append(sorted(unknown))
+        if unknown:
+            raise TypeError(f"__dlpack__(): incompatible function arguments; kwargs: {unknown}")
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def to_dlpack(self):
+        return self.array.__dlpack__()
+
+
+def test_an_input_is_read_without_a_failing_protocol_call(unraisable):
+    source = np.arange(12, dtype=np.float32).reshape(3, 4)
+    tensor = InputTensor(source)
+    array = _stub_dlpack.array(tensor)
+    np.testing.assert_array_equal(array, source)
+    assert np.shares_memory(array, source)  # a view of the stub's memory, not a copy
+    assert tensor.protocol_calls == []
+    del array, tensor
+    gc.collect()
+    assert unraisable == []
+
+
+def test_the_fake_input_tensor_refuses_the_current_protocols_keywords():
+    # What _stub_dlpack.array goes around: numpy 2.1 and later ask with max_version first, and only
+    # retry without keywords after the TypeError (numpy 1.x and 2.0 ask with stream only).
+    tensor = InputTensor(np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="incompatible"):
+        tensor.__dlpack__(stream=None, max_version=(1, 0))
+    np.testing.assert_array_equal(np.from_dlpack(tensor), np.zeros(3, np.float32))

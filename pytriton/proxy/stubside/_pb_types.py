@@ -15,7 +15,7 @@ Unit tests: tests/unit/test_stub.py (the stub is driven there with fakes of thes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Collection, List, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Collection, List, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,6 +28,10 @@ class PbTensor(Protocol):
     def name(self) -> str: ...
 
     def as_numpy(self) -> npt.NDArray[np.generic]: ...
+
+    def to_dlpack(self) -> object: ...
+
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
 
 
 class PbTrace(Protocol):

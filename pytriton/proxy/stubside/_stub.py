@@ -81,7 +81,7 @@ def _read_input(tensor: PbTensor) -> InputValue:
     array = tensor.as_numpy()
     if array.dtype.kind == "O":  # a 0-d array holding the tensor's _tensors.SerializedBytes
         return _stub_bytes.input_payload(array)
-    return np.from_dlpack(tensor) if _NUMPY2 else array  # type: ignore[arg-type]  # a pb_utils.Tensor exports DLPack
+    return _stub_dlpack.array(tensor) if _NUMPY2 else array
 
 
 def _dlpack_output(name: str, array: npt.NDArray[np.generic]) -> object:
