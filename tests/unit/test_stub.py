@@ -266,7 +266,9 @@ class Setup:
         self.workers.append(worker)
         return worker
 
-    def model(self, *, decoupled=False, outputs=("y",), slots=1, generation=0, version="1", **private):
+    def model(
+        self, *, decoupled=False, outputs=("y",), slots=1, generation=0, version="1", config_update=None, **private
+    ):
         version_dir = os.path.join(self.root, "repo", version)
         os.makedirs(version_dir, exist_ok=True)
         params = {
@@ -288,6 +290,7 @@ class Setup:
             "model_transaction_policy": {"decoupled": decoupled},
             "parameters": {"pytriton.generation": {"string_value": str(generation)}},
         }
+        config.update(config_update or {})
         model = self.stub.TritonPythonModel()
         model.initialize(
             {
@@ -800,3 +803,24 @@ def test_the_stub_finds_its_own_backend_region_in_its_arguments(stub, tmp_path):
         assert stub._own_backend_region(str(cmdline)) == region
     assert stub._own_backend_region(str(tmp_path / "missing")) is None
     assert stub._own_backend_region() is None  # this process is pytest
+
+
+@pytest.mark.parametrize(
+    ("update", "strings"),
+    [
+        ({}, False),
+        ({"output": [{"name": "y", "data_type": "TYPE_STRING"}]}, True),
+        (
+            {"sequence_batching": {"control_input": [{"name": "CORRID", "control": [{"data_type": "TYPE_STRING"}]}]}},
+            True,
+        ),
+    ],
+)
+def test_initialize_asks_for_numpy2s_table_fix_only_with_string_tensors(setup, monkeypatch, update, strings):
+    from pytriton.proxy.stubside import _stub_bytes
+
+    calls = []
+    monkeypatch.setattr(_stub_bytes, "install", lambda utils, *, strings: calls.append(strings))
+    setup.worker()
+    setup.model(config_update=update)
+    assert calls == [strings]

@@ -172,3 +172,24 @@ def test_bind_time_check_refuses_strings_with_the_reason(monkeypatch):
         triton._check_stub_support(model)
     finally:
         triton.stop()
+
+
+@pytest.mark.parametrize("strings", [False, True])
+def test_numpy2s_table_fix_is_installed_only_for_a_model_with_strings(monkeypatch, strings):
+    # The fix costs two ctypes crossings per array the stub builds; numeric tensors do not need it.
+    calls = []
+    monkeypatch.setattr(_stub_bytes, "NUMPY2", True)
+    monkeypatch.setattr(_stub_bytes, "_install_numpy2", lambda: calls.append("table"))
+    utils = types.SimpleNamespace(serialize_byte_tensor=lambda array: array, deserialize_bytes_tensor=None)
+    _stub_bytes.install(utils, strings=strings)
+    assert calls == (["table"] if strings else [])
+    assert utils.serialize_byte_tensor.__module__ == _stub_bytes.__name__  # the codec either way
+
+
+def test_the_codec_is_replaced_once_per_utils_module():
+    # Every model's initialize installs it; a second install must not wrap the first wrapper.
+    utils = types.SimpleNamespace(serialize_byte_tensor=lambda array: array, deserialize_bytes_tensor=None)
+    _stub_bytes.install(utils, strings=False)
+    first = utils.serialize_byte_tensor
+    _stub_bytes.install(utils, strings=False)
+    assert utils.serialize_byte_tensor is first

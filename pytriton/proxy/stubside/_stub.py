@@ -67,7 +67,6 @@ if TYPE_CHECKING:
 # own numpy conversions of numeric tensors (empty outputs), while DLPack still works. String
 # (BYTES) tensors are passed through serialized, with either numpy (_stub_bytes).
 _NUMPY2 = int(np.__version__.split(".")[0]) >= 2
-_stub_bytes.install(pb_utils)  # before the stub first converts an array (see _stub_bytes)
 
 # Claiming a slot (TritonPythonModel._claim_slot): how long a stub waits for a slot held by an
 # instance that is exiting before it takes the next set of lock files, and how many sets there are
@@ -193,6 +192,9 @@ class TritonPythonModel:
         unloaded), and stops waiting as soon as the user's process is gone. The answer to the hello
         is awaited like any reply (``_call``: bounded only by the model's execution timeout).
         """
+        # Before the stub first builds an array (the first request): numpy 2's table fix only for a
+        # model with string tensors, sequence controls included (_stub_bytes.install).
+        _stub_bytes.install(pb_utils, strings='"TYPE_STRING"' in args["model_config"])
         config = json.loads(args["model_config"])
         # What locates the worker lives in a 0600 file, not in the model config clients can read.
         with open(os.path.join(args["model_repository"], args["model_version"], _wire.PRIVATE_FILE)) as file:

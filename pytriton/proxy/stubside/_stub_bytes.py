@@ -162,10 +162,18 @@ def _install_numpy2() -> None:
     sys.modules["numpy.core.multiarray"] = module
 
 
-def install(pb_utils: PbBytesCodec) -> None:
-    """Route the stub's BYTES (de)serialisation through this module (once per stub process)."""
+def install(pb_utils: PbBytesCodec, *, strings: bool = True) -> None:
+    """Route the stub's BYTES (de)serialisation through this module (once per stub process).
+
+    ``strings``: whether the model has string tensors (its config names ``TYPE_STRING`` anywhere).
+    Only then does numpy 2 get the C-API table fix (module docstring, item 1): numeric tensors go
+    through DLPack under numpy 2 and never read the arrays pybind11 builds, while the fix costs two
+    ctypes crossings for every array the stub builds, six per request of a one-input model in the
+    real stub (bench/history.md). pybind11 reads the table when the stub first builds an array, so
+    this must run before the first request. The codec is replaced once per ``pb_utils``.
+    """
     global UNAVAILABLE
-    if NUMPY2:
+    if NUMPY2 and strings:
         try:
             _install_numpy2()
         except Exception as exc:  # noqa: BLE001  (any failure: strings unavailable, numerics unaffected)
@@ -174,6 +182,8 @@ def install(pb_utils: PbBytesCodec) -> None:
                 f"(Python {sys.version_info.major}.{sys.version_info.minor}): {exc}"
             )
     original_serialize = pb_utils.serialize_byte_tensor
+    if getattr(original_serialize, "__module__", None) == __name__:  # installed already (an earlier model)
+        return
 
     def serialize_byte_tensor(array: object) -> object:
         payload = _pending.get(id(array))
