@@ -3,7 +3,7 @@
 Imported inside Triton's Python-backend stub only (``_stub.py`` and the models of the e2e tests),
 where just the standard library, numpy and ``triton_python_backend_utils`` exist. The stub on
 Python 3.13 runs with numpy 2, and numeric tensors cross through DLPack there (docs/architecture.md,
-"numpy in the stub"). Two of the stub's DLPack methods trip numpy 2, each costing far more than the
+"numpy 2 and string tensors"). Two of the stub's DLPack methods trip numpy 2, each costing far more than the
 transfer itself; the functions here go around them.
 
 **Inputs** (:func:`array`): ``np.from_dlpack(tensor)`` first calls ``tensor.__dlpack__`` with the
