@@ -139,8 +139,9 @@ class InlineModel(_stub.TritonPythonModel):
         self._short = (
             not self._decoupled and self._sequence is None and self._tracing is None and "TYPE_STRING" not in in_types
         )
-        # Outputs that become Triton tensors as they are (numeric, numpy 1.x); else _output_tensor.
-        self._plain_outputs = not _stub._NUMPY2 and "TYPE_STRING" not in out_types
+        # Numeric outputs are checked and made into Triton tensors in one pass (below), by the
+        # stub's Tensor under numpy 1.x and through DLPack under numpy 2; BYTES ones by _output_tensor.
+        self._plain_outputs = "TYPE_STRING" not in out_types
         self._new_request = self._runner.new_request
         # The short path's state, looked up once: outputs checked and built in one pass where they
         # become Triton tensors as they are; the page's views (it writes them inline).
@@ -273,7 +274,10 @@ class InlineModel(_stub.TritonPythonModel):
                     # Anything else leaves responses None, and check() below converts or names it.
                     if type(result) is list and len(result) == n_requests:
                         name, dtype, ndim, offset, shape, any_size = one
-                        make_tensor, make_response = pb_utils.Tensor, pb_utils.InferenceResponse
+                        make_tensor, make_response = (
+                            _stub._dlpack_output if numpy2 else pb_utils.Tensor,
+                            pb_utils.InferenceResponse,
+                        )
                         built: List[object] = []
                         for outputs in result:
                             value = outputs.get(name) if type(outputs) is dict and len(outputs) == 1 else None
@@ -289,7 +293,11 @@ class InlineModel(_stub.TritonPythonModel):
                             responses = built
                 elif self._fused is not None:
                     responses = self._fused(
-                        pb_utils.Tensor, pb_utils.InferenceResponse, result, n_requests, None if single else per_request
+                        _stub._dlpack_output if numpy2 else pb_utils.Tensor,
+                        pb_utils.InferenceResponse,
+                        result,
+                        n_requests,
+                        None if single else per_request,
                     )
                 if responses is None:
                     groups = runner.outputs(result, n_requests, None if single else per_request)
