@@ -22,7 +22,7 @@ The user's process imports the same modules from here (one copy of the code on b
   runs the callable in the stub (it imports ``pytriton`` from the user's environment at
   ``initialize``, by name), and the status page it shares with the user's process.
 - ``_stub_bytes``, ``_stub_dlpack``, ``_stub_exit``, ``_stub_metrics``, ``_stub_trace``: the stub's string
-  tensors, numeric outputs through DLPack, unload deadline, metrics and trace contexts.
+  tensors, numeric tensors through DLPack under numpy 2, unload deadline, metrics and trace contexts.
 
 This file runs inside the stub too: keep it free of imports.
 

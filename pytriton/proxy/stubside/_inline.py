@@ -227,6 +227,7 @@ class InlineModel(_stub.TritonPythonModel):
             limit = self._max_request_bytes
             single = self._single_output
             numpy2 = _stub._NUMPY2
+            make_tensor = _stub._dlpack_output if numpy2 else pb_utils.Tensor  # numeric outputs, one pass (below)
             batch: List[object] = []
             per_request: List[Requested] = []  # what each request asked for (models with several outputs)
             probe = runner.probe_type(requests)  # Request.is_cancelled() asks Triton's request through it
@@ -274,10 +275,7 @@ class InlineModel(_stub.TritonPythonModel):
                     # Anything else leaves responses None, and check() below converts or names it.
                     if type(result) is list and len(result) == n_requests:
                         name, dtype, ndim, offset, shape, any_size = one
-                        make_tensor, make_response = (
-                            _stub._dlpack_output if numpy2 else pb_utils.Tensor,
-                            pb_utils.InferenceResponse,
-                        )
+                        make_response = pb_utils.InferenceResponse
                         built: List[object] = []
                         for outputs in result:
                             value = outputs.get(name) if type(outputs) is dict and len(outputs) == 1 else None
@@ -293,11 +291,7 @@ class InlineModel(_stub.TritonPythonModel):
                             responses = built
                 elif self._fused is not None:
                     responses = self._fused(
-                        _stub._dlpack_output if numpy2 else pb_utils.Tensor,
-                        pb_utils.InferenceResponse,
-                        result,
-                        n_requests,
-                        None if single else per_request,
+                        make_tensor, pb_utils.InferenceResponse, result, n_requests, None if single else per_request
                     )
                 if responses is None:
                     groups = runner.outputs(result, n_requests, None if single else per_request)
