@@ -62,7 +62,10 @@ def poll_window_us(variable: str, default: int, environ: Optional[Mapping[str, s
 
 
 # Default polling windows in microseconds (docs/configuration.md, docs/performance.md).
-PROXY_SPIN_US = 1000  # the stub polls for the reply for up to 1 ms before sleeping
+# Off: with the stub's reply poll on (1000 us), sequential p50 was no lower, p90 on the 2-core host
+# doubled (the poll held a CPU the worker needed) and the server side used 15-25% more CPU per request,
+# on the 2-core host and on a 16-core one alike (bench/history.md, "The stub's reply poll").
+PROXY_SPIN_US = 0
 WORKER_SPIN_US = 0  # off: a worker polling between requests keeps a CPU busy while traffic lasts
 
 

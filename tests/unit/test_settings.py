@@ -26,7 +26,7 @@ def test_defaults():
     assert settings.exit_timeout_s == EXIT_TIMEOUT_S and settings.drain_delay_s == 0.0
     assert (settings.recycle_byte_size, settings.recycle_idle_s) == (RECYCLE_BYTE_SIZE, RECYCLE_IDLE_S)
     assert settings.max_request_bytes == 2 * 1024**3 and settings.callable_metrics is True
-    assert settings.polling == PollingWindows(proxy_us=1000, worker_us=0)
+    assert settings.polling == PollingWindows(proxy_us=0, worker_us=0)
 
 
 def test_explicit_config_over_environment_over_defaults():

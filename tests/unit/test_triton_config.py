@@ -147,7 +147,7 @@ def test_triton_resolves_the_polling_windows_and_exit_timeout_once_at_constructi
     monkeypatch.delenv("PYTRITON_WORKER_SPIN_US")
     triton = Triton(config=TritonConfig(exit_timeout_secs=5))
     try:
-        assert triton._binding_context().polling == PollingWindows(proxy_us=1000, worker_us=0)
+        assert triton._binding_context().polling == PollingWindows(proxy_us=0, worker_us=0)
         assert triton._settings.exit_timeout_s == 5.0
     finally:
         triton.stop()
