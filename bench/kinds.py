@@ -18,8 +18,11 @@ model:
   ``/proc/<pid>/schedstat`` (nanoseconds) by the load generator before and after each block of
   200 sequential HTTP requests, the models alternating block by block
   (``bench.load.cpu_interleaved``), divided by the requests;
-* throughput with 32 requests in flight from one raw gRPC asyncio client (``bench.load.throughput``);
-* 1 MiB and 16 MiB identity over HTTP, MB/s at p50 (``bench.load.large_http``).
+* throughput with 32 requests in flight from one raw gRPC asyncio client, the models alternating
+  in windows of 0.5 s (after 0.2 s of the same load, not counted), six windows each
+  (``bench.load.throughput_interleaved``);
+* 1 MiB and 16 MiB identity over HTTP, MB/s at p50 of 20 requests each, one request to each model
+  in turn (``bench.load.large_http_interleaved``).
 
 Each figure is the median over the rounds (3 by default), rounds alternate the model order, and
 every figure is also given as a ratio to the plain model's in the same run. The host's load average
@@ -166,22 +169,21 @@ def _round(ports: Dict[str, int], quick: bool, reverse: bool) -> Dict[str, Dict[
     )  # fmt: skip
     for model in small:
         figures[model]["cpu_us_per_request"] = measured[model]["cpu_us_per_request"]
+    measured = load(
+        {"scenario": "throughput_interleaved", "port": ports["grpc"], "models": small, "concurrency": 32,
+         "windows": 2 if quick else 6, "window_s": 0.5, "settle_s": 0.2},
+        timeout_s=300.0,
+    )  # fmt: skip
     for model in small:
-        measured = load(
-            {"scenario": "throughput", "protocol": "grpc", "port": ports["grpc"], "model": model, "concurrency": 32,
-             "duration_s": 1.0 if quick else 3.0, "warmup_s": 0.5},
-            timeout_s=120.0,
-        )  # fmt: skip
-        figures[model]["grpc32_req_s"] = measured["requests_per_s"]
+        figures[model]["grpc32_req_s"] = measured[model]["requests_per_s"]
     for size_name, size in SIZES.items():
+        measured = load(
+            {"scenario": "large_http_interleaved", "port": ports["http"], "models": large, "bytes": size,
+             "count": 5 if quick else 20, "max_s": 120.0},
+            timeout_s=300.0,
+        )  # fmt: skip
         for model in large:
-            measured = load(
-                {"scenario": "large_http", "port": ports["http"], "model": model, "bytes": size,
-                 "count": 5 if quick else 20, "max_s": 30.0},
-                timeout_s=120.0,
-            )  # fmt: skip
-            small_name = SMALL[LARGE.index(model)]
-            figures[small_name][f"http_{size_name}_mb_s"] = measured["mb_per_s"]
+            figures[SMALL[LARGE.index(model)]][f"http_{size_name}_mb_s"] = measured[model]["mb_per_s"]
     return figures
 
 

@@ -169,6 +169,36 @@ def large_http(spec: Dict[str, Any]) -> Dict[str, Any]:
     return result
 
 
+def large_http_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """:func:`large_http` for several models at once, one request to each in turn.
+
+    Each pass sends one request of ``bytes`` bytes to every model (in reversed order every other
+    pass), so every model meets the same drift of the VM's speed. Returns per model the
+    percentiles of ``count`` requests and MB/s at the p50.
+    """
+    size = spec["bytes"]
+    array = np.random.default_rng(0).integers(0, 255, size=(1, size), dtype=np.uint8)
+    clients = {model: LeanHttp(spec["port"], model, array, "UINT8") for model in spec["models"]}
+    for client in clients.values():
+        for _ in range(2):
+            client.call()
+    samples: Dict[str, List[float]] = {model: [] for model in clients}
+    order = list(clients)
+    deadline = time.monotonic() + spec.get("max_s", 60.0)
+    while min(len(s) for s in samples.values()) < spec.get("count", 20) and time.monotonic() < deadline:
+        for model in order:
+            started = time.perf_counter()
+            clients[model].call()
+            samples[model].append(time.perf_counter() - started)
+        order.reverse()
+    results = {}
+    for model, taken in samples.items():
+        result = _percentiles(taken)
+        result["mb_per_s"] = size / 1e6 / (result["p50_ms"] / 1e3)
+        results[model] = result
+    return results
+
+
 async def _throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
     if spec["protocol"] == "grpc":
         import tritonclient.grpc.aio as lib
@@ -198,6 +228,60 @@ async def _throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 def throughput(spec: Dict[str, Any]) -> Dict[str, Any]:
     return asyncio.run(_throughput(spec))
+
+
+async def _window(client: Any, model: str, tensor: Any, concurrency: int, settle_s: float, window_s: float) -> int:
+    """Requests to ``model`` with ``concurrency`` in flight that completed within one window.
+
+    The first ``settle_s`` lets the load reach its steady state (the previous model's batches
+    are done, the dynamic batcher fills up) and is not counted. Requests still in flight when the
+    window closes are awaited and not counted, so the next window starts with nothing queued.
+    """
+    measure_from = time.monotonic() + settle_s
+    stop_at = measure_from + window_s
+    completed = 0
+
+    async def worker() -> None:
+        nonlocal completed
+        while time.monotonic() < stop_at:
+            await client.infer(model, [tensor])
+            if measure_from <= time.monotonic() < stop_at:
+                completed += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return completed
+
+
+async def _throughput_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
+    import tritonclient.grpc.aio as grpc_aio
+
+    port, concurrency = spec["port"], spec.get("concurrency", 32)
+    settle_s, window_s = spec.get("settle_s", 0.2), spec.get("window_s", 0.5)
+    client = grpc_aio.InferenceServerClient(f"127.0.0.1:{port}")
+    tensor = grpc_aio.InferInput("INPUT", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    order = list(spec["models"])
+    rates: Dict[str, List[float]] = {model: [] for model in order}
+    try:
+        for _ in range(max(1, spec.get("windows", 6))):
+            for model in order:
+                rates[model].append(await _window(client, model, tensor, concurrency, settle_s, window_s) / window_s)
+            order.reverse()
+    finally:
+        await client.close()
+    return {model: {"requests_per_s": statistics.mean(r), "windows": r} for model, r in rates.items()}
+
+
+def throughput_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Throughput of several models with ``concurrency`` gRPC requests in flight, in alternating windows.
+
+    As :func:`latency_interleaved` does for latency: each pass gives every model one window of
+    ``window_s`` seconds (after ``settle_s`` of the same load, not counted), in reversed order
+    every other pass, so a drift of the VM's speed reaches every model alike instead of whichever
+    was measured at that moment. One raw ``tritonclient`` asyncio gRPC client. Returns per model
+    the mean rate over the ``windows`` windows and each window's rate.
+    """
+    return asyncio.run(_throughput_interleaved(spec))
 
 
 def stream_grpc(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -292,7 +376,9 @@ SCENARIOS = {
     "cpu_interleaved": cpu_interleaved,
     "latency_interleaved": latency_interleaved,
     "large_http": large_http,
+    "large_http_interleaved": large_http_interleaved,
     "throughput": throughput,
+    "throughput_interleaved": throughput_interleaved,
     "stream_grpc": stream_grpc,
 }
 

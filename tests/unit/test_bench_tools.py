@@ -90,6 +90,73 @@ def test_sequential_latency_alternates_blocks_between_models(monkeypatch) -> Non
     assert result["a"]["count"] == result["b"]["count"] == 15
 
 
+def test_large_requests_go_to_each_model_in_turn(monkeypatch) -> None:
+    from bench import load
+
+    order: list = []
+
+    class FakeHttp:
+        def __init__(self, port, model, array, datatype):
+            assert (port, datatype, array.nbytes) == (1, "UINT8", 4096)
+            self.model = model
+
+        def call(self):
+            order.append(self.model)
+
+    monkeypatch.setattr(load, "LeanHttp", FakeHttp)
+    result = load.large_http_interleaved({"port": 1, "models": ["a", "b", "c"], "bytes": 4096, "count": 3})
+    assert order[6:] == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]  # after 2 warm-up calls each
+    for model in "abc":
+        assert result[model]["count"] == 3 and result[model]["mb_per_s"] > 0
+
+
+def test_throughput_alternates_windows_between_models_and_never_overlaps_them(monkeypatch) -> None:
+    import asyncio
+
+    import tritonclient.grpc.aio as grpc_aio
+
+    from bench import load
+
+    calls: list = []  # (model, started, ended) of every request
+    in_flight = {"now": 0, "most": 0, "models": set()}
+
+    class FakeClient:
+        def __init__(self, url):
+            assert url == "127.0.0.1:7"
+            self.closed = False
+
+        async def infer(self, model, inputs):
+            in_flight["models"].add(model)
+            assert in_flight["models"] == {model}, "a window began before the previous model's requests ended"
+            in_flight["now"] += 1
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+            started = time.monotonic()
+            await asyncio.sleep(0.002 if model == "a" else 0.01)  # b serves a fifth as many requests
+            in_flight["now"] -= 1
+            if not in_flight["now"]:
+                in_flight["models"].clear()
+            calls.append((model, started, time.monotonic()))
+
+        async def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(grpc_aio, "InferenceServerClient", FakeClient)
+    result = load.throughput_interleaved(
+        {"port": 7, "models": ["a", "b"], "concurrency": 4, "windows": 3, "window_s": 0.1, "settle_s": 0.02}
+    )
+    runs = [calls[0][0]]
+    for model, _, _ in calls[1:]:
+        if model != runs[-1]:
+            runs.append(model)
+    assert runs == ["a", "b", "a", "b"]  # a b | b a | a b: the order reverses every pass, adjacent runs merge
+    assert in_flight["most"] == 4
+    assert len(result["a"]["windows"]) == len(result["b"]["windows"]) == 3
+    # 4 in flight for 0.1 s: at most about 200 (a) and 40 (b) requests per window
+    assert all(0 < rate <= 4 / 0.002 * 1.05 for rate in result["a"]["windows"])
+    assert all(0 < rate <= 4 / 0.01 * 1.05 for rate in result["b"]["windows"])
+    assert result["a"]["requests_per_s"] > result["b"]["requests_per_s"]
+
+
 def test_cpu_per_request_charges_each_block_to_its_model_in_alternating_order(monkeypatch) -> None:
     from bench import load
 
