@@ -17,6 +17,7 @@ trace events it enables, and disables them again. Loops are bounded by COUNT.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import sys
@@ -135,6 +136,13 @@ def segments(request: List[Event]) -> Dict[str, float]:
 def main() -> None:
     port, model = int(sys.argv[1]), sys.argv[2]
     count = int(sys.argv[3]) if len(sys.argv) > 3 else 500
+    if not os.path.exists(TRACING + "trace"):
+        # Containers often have /sys/kernel/tracing as an empty mount point: say how to fix it
+        # rather than fail on the first write.
+        raise SystemExit(
+            f"bench.trace_request: no tracefs at {TRACING}; as root, mount it with "
+            f"`mount -t tracefs nodev {TRACING.rstrip('/')}` and run this again."
+        )
     trace, latencies = record(port, model, count)
     table: Dict[str, List[float]] = {}
     for request in requests(trace):
