@@ -28,6 +28,7 @@ import numpy as np
 
 from bench import host, inprocess, instances, report
 from bench.models import BatchCounter, bind_project_models, write_plain_models
+from pytriton.server.security import GRPC_HEADER_PREFIX, TRITON_ACCESS_HEADER
 from pytriton.triton import Triton, TritonConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -80,7 +81,7 @@ def parallel_load(spec: Dict[str, Any], processes: int) -> Dict[str, Any]:
 
 def _auth(token: Optional[str]) -> Dict[str, str]:
     """The header that passes the server's restricted endpoints (statistics, model repository)."""
-    return {"triton-access-token": token} if token else {}
+    return {TRITON_ACCESS_HEADER: token} if token else {}
 
 
 def model_stats(port: int, model: str, token: Optional[str] = None) -> Dict[str, Any]:
@@ -171,7 +172,9 @@ def startup_plain(repeats: int) -> Dict[str, Any]:
 
 
 # -- perf_analyzer -----------------------------------------------------------------------------------
-def perf_analyzer(protocol: str, port: int, model: str, concurrency: int, interval_ms: int) -> Dict[str, Any]:
+def perf_analyzer(
+    protocol: str, port: int, model: str, concurrency: int, interval_ms: int, token: Optional[str] = None
+) -> Dict[str, Any]:
     binary = PERF_ANALYZER_DIR / "perf_analyzer"
     with tempfile.NamedTemporaryFile(suffix=".csv") as csv_file:
         command = [
@@ -179,6 +182,12 @@ def perf_analyzer(protocol: str, port: int, model: str, concurrency: int, interv
             "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(interval_ms),
             "--shape", "INPUT:16", "-f", csv_file.name, "--stability-percentage", "50", "--max-trials", "8",
         ]  # fmt: skip
+        if token:
+            # perf_analyzer reads the model's statistics, which the server restricts (docs/security.md).
+            # Its only way to send the token is a header on its command line: visible to local users,
+            # acceptable for this benchmark's own short-lived server on 127.0.0.1.
+            header = TRITON_ACCESS_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + TRITON_ACCESS_HEADER
+            command += ["-H", f"{header}:{token}"]
         env = dict(os.environ, LD_LIBRARY_PATH=str(PERF_ANALYZER_DIR / "lib"))
         completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
         if completed.returncode != 0:
@@ -330,7 +339,9 @@ def run(out: pathlib.Path, quick: bool) -> Dict[str, Any]:
                 for protocol, port, concurrency in (("http", http_port, 1), ("grpc", grpc_port, 32)):
                     try:
                         scenarios[f"perf_analyzer_{protocol}_c{concurrency}"] = pair(
-                            lambda m, proto=protocol, p=port, c=concurrency: perf_analyzer(proto, p, m, c, 3000),
+                            lambda m, proto=protocol, p=port, c=concurrency: perf_analyzer(
+                                proto, p, m, c, 3000, triton.get_access_token()
+                            ),
                             "proxy_identity", "plain_identity", rounds=1 if quick else 3,
                         )  # fmt: skip
                     except Exception as exc:  # reported, never hidden
