@@ -153,20 +153,9 @@ def cpu_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def large_http(spec: Dict[str, Any]) -> Dict[str, Any]:
-    size = spec["bytes"]
-    array = np.random.default_rng(0).integers(0, 255, size=(1, size), dtype=np.uint8)
-    client = LeanHttp(spec["port"], spec["model"], array, "UINT8")
-    for _ in range(2):
-        client.call()
-    samples: List[float] = []
-    deadline = time.monotonic() + spec.get("max_s", 10.0)
-    while len(samples) < spec.get("count", 20) and time.monotonic() < deadline:
-        started = time.perf_counter()
-        client.call()
-        samples.append(time.perf_counter() - started)
-    result = _percentiles(samples)
-    result["mb_per_s"] = size / 1e6 / (result["p50_ms"] / 1e3)
-    return result
+    """Identity requests of ``bytes`` bytes to one model: percentiles and MB/s at the p50."""
+    model = spec["model"]
+    return large_http_interleaved({"max_s": 10.0, **spec, "models": [model]})[model]
 
 
 def large_http_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
