@@ -1,6 +1,7 @@
 """The A/B tool of the benchmark against a real server (small counts: it checks the tool, not speed)."""
 
 import pathlib
+import statistics
 import tempfile
 
 import pytest
@@ -28,3 +29,16 @@ def test_ab_measures_every_variant_next_to_the_plain_model():
 def test_ab_refuses_the_baselines_name():
     with pytest.raises(ValueError, match="plain_identity"):
         ab.run({"plain_identity": {}})
+
+
+def test_ab_streams_from_every_variant_in_turns():
+    before = _leftovers()
+    result = ab.run_stream({"default": {}, "stub_poll": {"PYTRITON_PROXY_SPIN_US": "1000"}}, rounds=2, responses=20)
+    measured = result["results"]
+    assert set(measured) == {"default", "stub_poll"}
+    for model in measured.values():
+        assert len(model["rounds_responses_per_s"]) == 2
+        assert all(rate > 0 for rate in model["rounds_responses_per_s"])
+        assert model["responses_per_s"] == statistics.median(model["rounds_responses_per_s"])
+        assert model["time_to_first_ms"] > 0
+    assert _leftovers() == before, "the A/B run left its model repository behind"
