@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import numpy as np
 
@@ -107,3 +108,20 @@ def doomed(requests):
     from pytriton.exceptions import PyTritonUnrecoverableError
 
     raise PyTritonUnrecoverableError("the GPU caught fire")
+
+
+class SlowToLoad:
+    """An echo whose unpickling takes ``load_s`` seconds, as loading a model in a backend instance's stub would.
+
+    Only the process that unpickles it (the stub) waits; binding it pickles it at once.
+    """
+
+    def __init__(self, load_s: float):
+        self.load_s = load_s
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        time.sleep(self.load_s)
+
+    def __call__(self, requests):
+        return [{"y": request["x"]} for request in requests]

@@ -236,6 +236,21 @@ def test_stop_waits_for_a_batch_running_in_a_stub():
         triton.stop()
 
 
+def test_a_slow_load_in_a_stub_says_where_it_is_in_the_server_log(monkeypatch):
+    """A stub whose initialize runs long writes one line per period naming where it is (stubside/_stub_slow.py)."""
+    monkeypatch.setenv("PYTRITON_STUB_SLOW_INITIALIZE_S", "0.3")  # the stub inherits the server's environment
+    ports = triton_ports()
+    with Triton(config=TritonConfig(**ports)) as triton:
+        triton.bind("SlowToLoad", process_models.SlowToLoad(1.5), [_t("x")], [_t("y")], **KIND)
+        triton.run()
+        with ModelClient(f"127.0.0.1:{ports['http_port']}", "SlowToLoad") as client:
+            assert client.infer_sample(x=np.array([3.0], np.float32))["y"].tolist() == [3.0]
+        reports = [line for line in triton.server_log if "initialize has run for" in line]
+    assert reports, triton.server_log[-20:]
+    assert "pytriton: model 'SlowToLoad', instance 'SlowToLoad_0_0': initialize has run for" in reports[0]
+    assert "now at: " in reports[0] and "__setstate__ (" in reports[0] and "process_models.py:" in reports[0]
+
+
 def test_an_unrecoverable_error_in_a_stub_stops_the_server():
     import threading
 

@@ -2,7 +2,7 @@
 
 Every model is served by each instance kind whose callable sees the decorators' work, in one
 server (tests/e2e/_kinds.py): ``thread`` (in this process) and ``backend`` (in the server's stub,
-which imports this module by name).
+which imports ``tests/e2e/decorator_models.py`` by name).
 """
 
 from __future__ import annotations
@@ -12,63 +12,11 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from pytriton.decorators import (
-    ConstantPadder,
-    batch,
-    fill_optionals,
-    first_value,
-    group_by_keys,
-    group_by_values,
-    pad_batch,
-    triton_context,
-)
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
 from tests.e2e._kinds import bind_kinds, model
-
-
-@batch
-def linear(x, w):
-    return {"y": x * w}
-
-
-@batch
-@group_by_values("width", pad_fn=ConstantPadder(-1))
-def ragged(width):
-    size = int(width[0, 0])
-    return {"y": np.arange(size * len(width), dtype=np.int32).reshape(len(width), size)}
-
-
-@fill_optionals(bias=np.array([100.0], dtype=np.float32))
-@group_by_keys
-@batch
-def with_default(x, bias):
-    return {"y": x + bias}
-
-
-@batch
-@first_value("scale")
-def scaled(x, scale):
-    assert np.isscalar(scale)
-    return {"y": x * scale}
-
-
-@batch
-@pad_batch
-def padded(x):
-    # The batch size the callable saw, as an output: a backend instance runs in another process.
-    return {"y": x, "seen": np.full((len(x), 1), len(x), np.int32)}
-
-
-def _config_info(requests, config):
-    text = f"{config.model_name}:{config.max_batch_size}:{[o.name for o in config.outputs]}".encode()
-    return [{"info": np.array([[text]] * len(r["x"]), dtype=object)} for r in requests]
-
-
-@triton_context
-def reads_config(requests, triton_context):
-    return _config_info(requests, triton_context.model_configs[reads_config])
+from tests.e2e.decorator_models import linear, padded, ragged, reads_config, scaled, with_default
 
 
 def _t(name, shape=(1,), dtype=np.float32, optional=False):

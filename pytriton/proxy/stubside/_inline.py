@@ -101,13 +101,13 @@ def _output_tensor(name: str, array: npt.NDArray[np.generic]) -> object:
 class InlineModel(_stub.TritonPythonModel):
     """Runs the bound callable in this stub process (see the module docstring)."""
 
-    def initialize(self, args: Dict[str, str]) -> None:
+    def _initialize(self, args: Dict[str, str]) -> None:
         """Claim a slot and connect as the proxy does, then import and load this slot's callable.
 
         A callable that cannot be loaded here (a module the stub cannot import, an object that does
         not unpickle) fails the model's load with that error, which ``bind``/``run()`` report.
         """
-        super().initialize(args)
+        super()._initialize(args)
         repository, version = args["model_repository"], args["model_version"]
         with open(os.path.join(repository, version, _wire.PRIVATE_FILE)) as file:
             params = json.load(file)

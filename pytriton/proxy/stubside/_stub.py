@@ -47,6 +47,7 @@ from . import (
     _stub_dlpack,
     _stub_exit,
     _stub_metrics,
+    _stub_slow,
     _stub_trace,
     _tensors,
     _wire,
@@ -190,8 +191,15 @@ class TritonPythonModel:
 
         Claiming waits at most 60 s for a free slot (one held by an instance that is still being
         unloaded), and stops waiting as soon as the user's process is gone. The answer to the hello
-        is awaited like any reply (``_call``: bounded only by the model's execution timeout).
+        is awaited like any reply (``_call``: bounded only by the model's execution timeout). An
+        initialize that runs for long reports where it is in the server's log (``_stub_slow``).
         """
+        instance = args.get("model_instance_name") or args["model_name"]
+        with _stub_slow.reporting(f"model {args['model_name']!r}, instance {instance!r}"):
+            self._initialize(args)
+
+    def _initialize(self, args: Dict[str, str]) -> None:
+        """The work of :meth:`initialize` (a backend instance's model extends it)."""
         # Before the stub first builds an array (the first request): numpy 2's table fix only for a
         # model with string tensors, sequence controls included (_stub_bytes.install).
         _stub_bytes.install(pb_utils, strings='"TYPE_STRING"' in args["model_config"])
