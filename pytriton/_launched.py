@@ -243,7 +243,11 @@ class LocalBackend:
     def after_load(self, loaded: bool) -> None:
         """End the first-load window; hand a claimed scratch directory to the watchdog as well."""
         known = self.scratch.path
-        path = self.scratch.after_first_load(loaded)
+        # A start that failed once the Python backend was up (a warmup that fails, a worker that cannot
+        # load its callable, a crash right after listening) made its directory all the same.
+        server = self._server
+        initialized = server is not None and server.python_backend_started
+        path = self.scratch.after_first_load(loaded or initialized)
         if path is not None and path != known:
             self._tell_watchdog(f"scratch {path}")
 

@@ -138,8 +138,10 @@ class ScratchDirTracker:
     def after_first_load(self, succeeded: bool) -> Optional[str]:
         """Claim the directory the load created, if unambiguous; returns the claimed one (or None).
 
-        After a failed load nothing is claimed (the backend may not have started, so a new
-        directory could be another server's), and tracking ends either way.
+        ``succeeded``: the server's Python backend is known to have initialized (a model loaded, or
+        the server's log showed it starting an instance of one before the start failed). Otherwise
+        nothing is claimed (the backend may not have started, so a new directory could be another
+        server's), and tracking ends either way.
         """
         if self._done or self._before is None:
             return self.path

@@ -44,6 +44,9 @@ _CRASH_LINE = re.compile(r"terminate called|what\(\):|Signal \(\d+\) received|Se
 _BACKTRACE_LINE = re.compile(r"^\s*\d+# ")
 # Triton prints one of these once an endpoint accepts connections: from then on, requests can reach it.
 _LISTENING = re.compile(r"Started (HTTPService|GRPCInferenceService) at")
+# The Python backend logs this (info level) as it starts a model instance, after its own
+# initialization, which is when it creates its scratch directory (server/_scratch.py).
+_PYTHON_INSTANCE = re.compile(r"python_be\.cc:\d+\] \"TRITONBACKEND_ModelInstanceInitialize: ")
 _IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
@@ -181,6 +184,7 @@ class TritonServerProcess:
         self._stopping = False
         self._ready = False  # exit callbacks fire only for a server that had come up
         self._listening = False
+        self._python_backend_started = False
         self._lock = threading.Lock()
 
     @property
@@ -201,6 +205,17 @@ class TritonServerProcess:
         that dies while still loading its models or parsing its flags (a failed start).
         """
         return self._listening
+
+    @property
+    def python_backend_started(self) -> bool:
+        """True once the server's log showed its Python backend starting a model instance.
+
+        The backend had initialized by then, so it had created its scratch directory: a start that
+        fails later (a model whose warmup fails, a worker that cannot load its callable) leaves it
+        behind like a start that succeeds, and it is removed the same way (server/_scratch.py).
+        False with info logging turned off, whatever happened.
+        """
+        return self._python_backend_started
 
     @property
     def log_lines(self) -> List[str]:
@@ -262,6 +277,8 @@ class TritonServerProcess:
             for raw in iter(self._process.stdout.readline, b""):
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 self._lines.append(line)
+                if not self._python_backend_started and _PYTHON_INSTANCE.search(line):
+                    self._python_backend_started = True
                 if not self._listening and _LISTENING.search(line):
                     self._listening = True
                     # Requests can arrive from now on, before the readiness probe sees the

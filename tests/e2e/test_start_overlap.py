@@ -67,6 +67,9 @@ def test_a_worker_that_cannot_load_its_callable_fails_run_at_once_and_leaves_not
         assert wait_for(lambda: not shm_entries(triton._shm_prefix), 10), shm_entries(triton._shm_prefix)
         assert socket_dir is not None and not socket_dir.exists()
         assert not pathlib.Path(triton._workspace.path).exists()
+        # The Python backend had started (the stubs waited for the worker), so it made its /tmp directory.
+        scratch = triton._backend.scratch.path
+        assert scratch is not None and not os.path.exists(scratch), "the Python backend's scratch directory was left"
         assert triton.stop() is False  # run() stopped it already
     finally:
         triton.stop()

@@ -7,6 +7,8 @@ thread instances only: it needs a server of its own.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -204,3 +206,6 @@ def test_failing_warmup_at_startup_fails_run_clearly():
         with pytest.raises(PyTritonModelConfigError, match=FAILED_WARMUP):
             triton.run()
         assert not triton.is_alive()
+        # The model's instance had started, so the Python backend had made its /tmp directory: removed too.
+        scratch = triton._backend.scratch.path
+        assert scratch is not None and not os.path.exists(scratch), "the Python backend's scratch directory was left"

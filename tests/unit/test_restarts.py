@@ -78,6 +78,7 @@ class FakeServer:
         self.pid = 4000 + len(FakeServer.started)
         self.alive = False
         self.listening = False
+        self.python_backend_started = False  # no model instance starts in these scenarios
 
     def register_on_exit(self, callback: Callable[[int], None]) -> None:
         pass
