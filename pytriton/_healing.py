@@ -342,9 +342,12 @@ class Supervisor:
         server, repository, prefix = self._backend.server, self._registry.repository(), self._backend.region_prefix
         if server is None or server.pid is None or repository is None or prefix is None or self.restarting:
             return
+        threshold = self._settings.recycle_byte_size
+        if not _recycle.any_region_over(prefix, threshold):
+            return  # the common case, without reading every process's /proc entry
         regions = _recycle.stub_regions(server.pid, repository, prefix)
         now = time.monotonic()
-        for name, resident in _recycle.grown_models(regions, self._settings.recycle_byte_size).items():
+        for name, resident in _recycle.grown_models(regions, threshold).items():
             models = self._registry.versions(name)
             if not models or name in self.healing or any(m.busy for m in models) or not self._registry.running():
                 continue

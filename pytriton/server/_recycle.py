@@ -35,6 +35,29 @@ def _children(pid: int, proc: pathlib.Path) -> Iterator[int]:
             yield int(entry.name)
 
 
+def _resident(path: pathlib.Path) -> int:
+    """Allocated bytes of a file (not its apparent size); 0 if it is gone."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return 0
+
+
+def any_region_over(region_prefix: str, threshold_bytes: int, shm: pathlib.Path = pathlib.Path("/dev/shm")) -> bool:
+    """True if a region named ``region_prefix...`` holds more than ``threshold_bytes`` resident.
+
+    One listing of ``shm`` and a ``stat`` per region of this server: the check the supervisor makes
+    every few seconds, so that :func:`stub_regions`, which reads every process's ``/proc`` entry
+    (thousands on a busy host), runs only when a region has grown.
+    """
+    try:
+        with os.scandir(shm) as entries:
+            names = [entry.name for entry in entries if entry.name.startswith(region_prefix)]
+    except OSError:
+        return False
+    return any(_resident(shm / name) > threshold_bytes for name in names)
+
+
 def stub_regions(
     server_pid: int,
     repository: pathlib.Path,
@@ -45,7 +68,8 @@ def stub_regions(
     """``{stub pid: (model name, resident bytes of its region)}`` for the stubs of ``server_pid``.
 
     Stubs of other repositories, and regions without ``region_prefix``, are ignored. A stub or
-    region that vanishes while it is read is skipped (stubs come and go during reloads).
+    region that vanishes while it is read is skipped (stubs come and go during reloads). Reads
+    every process's ``/proc/<pid>/stat``: call it when :func:`any_region_over` says it is needed.
     """
     found: Dict[int, Tuple[str, int]] = {}
     root = str(repository).rstrip("/") + "/"

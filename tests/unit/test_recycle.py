@@ -67,3 +67,15 @@ def test_grown_models_keeps_the_largest_region_above_the_threshold():
     assert _recycle.grown_models(regions, 16 * MIB) == {"A": 30 * MIB, "C": 17 * MIB}
     assert _recycle.grown_models(regions, 64 * MIB) == {}
     assert _recycle.grown_models({}, 0) == {}
+
+
+def test_any_region_over_looks_only_at_this_servers_regions_in_shm(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    _region(shm, f"{PREFIX}-Small_0", written=MIB, apparent=64 * MIB)  # apparent size is not resident
+    _region(shm, "someone-else-Big_0", written=3 * MIB, apparent=3 * MIB)
+    assert not _recycle.any_region_over(PREFIX, 2 * MIB, shm=shm)
+    _region(shm, f"{PREFIX}-Big_0", written=3 * MIB, apparent=3 * MIB)
+    assert _recycle.any_region_over(PREFIX, 2 * MIB, shm=shm)
+    assert not _recycle.any_region_over(PREFIX, 4 * MIB, shm=shm)
+    assert not _recycle.any_region_over(PREFIX, 0, shm=tmp_path / "missing")
