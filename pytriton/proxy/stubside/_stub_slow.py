@@ -27,7 +27,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 from typing import Iterator
 
 # Long enough that a healthy load of a light model never reports; short enough that a hang shows
@@ -40,6 +39,9 @@ FRAMES = 6
 
 def where(thread_id: int, frames: int = FRAMES) -> str:
     """The innermost ``frames`` frames of thread ``thread_id``, innermost first, on one line."""
+    # Imported here: about 1 ms of every stub's start otherwise, and only a slow load gets here.
+    import traceback
+
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return "(the thread is gone)"
