@@ -58,6 +58,7 @@ def tokens(n):
 # when they saw the cancellation; CLOCK_MONOTONIC is the same in every process of the host).
 
 CANCEL_CAP_S = 10.0  # no callable here runs longer than this, whatever happens
+LINGER_S = 0.2  # how long Watch waits to answer once it saw its request cancelled
 
 
 def _note(directory, tag, suffix, value=None):
@@ -81,6 +82,9 @@ class Watch:
         while time.monotonic() < deadline:
             if request.is_cancelled():
                 _note(self.directory, tag, "seen", [time.monotonic(), request.timeout_s])
+                # Answer a little later: the server sees a gRPC deadline pass about when the client
+                # does, so an answer at once could reach a client whose own deadline had not fired yet.
+                time.sleep(LINGER_S)
                 return [{"seen": np.array([1], np.int32)}]
             time.sleep(0.001)
         return [{"seen": np.array([0], np.int32)}]
