@@ -36,11 +36,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
-import numpy as np
-
 from bench.__main__ import ROOT, free_ports, load, load_plain_models
-from bench.models import STREAM_MAX_BATCH, identity, stream, write_plain_models
-from pytriton.model_config import ModelConfig, Tensor
+from bench.models import bind_identity, bind_stream, write_plain_models
 from pytriton.server import settings
 from pytriton.triton import Triton, TritonConfig
 
@@ -49,7 +46,7 @@ def run(variants: Dict[str, Dict[str, str]], count: int = 3000) -> Dict[str, Any
     """Measure every variant and the plain model; returns percentiles and ratios per model."""
     if "plain_identity" in variants:
         raise ValueError("'plain_identity' is the baseline's name; pick another variant name")
-    with _served(variants, _bind_identity, plain=True) as (triton, http_port, _):
+    with _served(variants, bind_identity, plain=True) as (triton, http_port, _):
         load_plain_models(http_port, ["plain_identity"], triton.get_access_token())
         measured: Dict[str, Any] = load(
             {"scenario": "latency_interleaved", "protocol": "http", "port": http_port,
@@ -66,7 +63,7 @@ def run_stream(variants: Dict[str, Dict[str, str]], rounds: int = 8, responses: 
     """Stream from every variant in turns; returns the responses per second and time to first response."""
     rates: Dict[str, List[float]] = {name: [] for name in variants}
     first: Dict[str, List[float]] = {name: [] for name in variants}
-    with _served(variants, _bind_stream, plain=False) as (_, _http_port, grpc_port):
+    with _served(variants, bind_stream, plain=False) as (_, _http_port, grpc_port):
         for number in range(rounds):
             order = list(variants) if number % 2 == 0 else list(reversed(list(variants)))
             for name in order:
@@ -85,26 +82,6 @@ def run_stream(variants: Dict[str, Dict[str, str]], rounds: int = 8, responses: 
         for name in variants
     }
     return {"variants": variants, "rounds": rounds, "responses": responses, "results": measured}
-
-
-def _bind_identity(triton: Triton, name: str) -> None:
-    triton.bind(
-        name,
-        identity,
-        [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
-        [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
-        config=ModelConfig(max_batch_size=32),
-    )
-
-
-def _bind_stream(triton: Triton, name: str) -> None:
-    triton.bind(
-        name,
-        stream,
-        [Tensor(name="N", shape=(1,), dtype=np.int32)],
-        [Tensor(name="OUTPUT", shape=(1,), dtype=np.int32)],
-        config=ModelConfig(max_batch_size=STREAM_MAX_BATCH, decoupled=True),
-    )
 
 
 @contextlib.contextmanager

@@ -38,14 +38,30 @@ def batch_identity(INPUT):  # noqa: N803 - the input's name
     return {"OUTPUT": INPUT}
 
 
-def bind_batch_identity(triton, name: str = "batch_identity") -> None:
-    """The bound model of the in-process scenarios (bench/inprocess.py): a ``@batch`` identity, [16] fp32."""
+def bind_identity(triton, name: str, infer_func=identity) -> None:
+    """``infer_func`` (an identity) bound as ``name``: [16] fp32 in and out, batches of up to 32."""
     triton.bind(
         name,
-        batch_identity,
+        infer_func,
         [Tensor(name="INPUT", shape=(16,), dtype=np.float32)],
         [Tensor(name="OUTPUT", shape=(16,), dtype=np.float32)],
         config=ModelConfig(max_batch_size=32),
+    )
+
+
+def bind_batch_identity(triton, name: str = "batch_identity") -> None:
+    """The bound model of the in-process scenarios (bench/inprocess.py): a ``@batch`` identity, [16] fp32."""
+    bind_identity(triton, name, batch_identity)
+
+
+def bind_stream(triton, name: str) -> None:
+    """The streaming scenario's generator (:func:`stream`) bound as ``name``, a decoupled model."""
+    triton.bind(
+        name,
+        stream,
+        [Tensor(name="N", shape=(1,), dtype=np.int32)],
+        [Tensor(name="OUTPUT", shape=(1,), dtype=np.int32)],
+        config=ModelConfig(max_batch_size=STREAM_MAX_BATCH, decoupled=True),
     )
 
 
@@ -58,13 +74,7 @@ def stream(requests):
 def bind_project_models(triton, counter: BatchCounter) -> None:
     """Bind the project's side of every scenario."""
     f32 = np.float32
-    triton.bind(
-        "proxy_identity",
-        identity,
-        [Tensor(name="INPUT", shape=(16,), dtype=f32)],
-        [Tensor(name="OUTPUT", shape=(16,), dtype=f32)],
-        config=ModelConfig(max_batch_size=32),
-    )
+    bind_identity(triton, "proxy_identity")
     triton.bind(
         "proxy_large",
         identity,
@@ -79,13 +89,7 @@ def bind_project_models(triton, counter: BatchCounter) -> None:
         [Tensor(name="OUTPUT", shape=(16,), dtype=f32)],
         config=ModelConfig(max_batch_size=32, batcher=DynamicBatcher(max_queue_delay_microseconds=QUEUE_DELAY_US)),
     )
-    triton.bind(
-        "proxy_stream",
-        stream,
-        [Tensor(name="N", shape=(1,), dtype=np.int32)],
-        [Tensor(name="OUTPUT", shape=(1,), dtype=np.int32)],
-        config=ModelConfig(max_batch_size=STREAM_MAX_BATCH, decoupled=True),
-    )
+    bind_stream(triton, "proxy_stream")
 
 
 _PLAIN_IDENTITY = """
