@@ -69,38 +69,33 @@ def test_output_is_kept_in_the_buffer_and_the_log_file(tmp_path, servers):
     assert log.read_text().splitlines()[0] == "I1124 starting"
 
 
-def test_the_python_backend_counts_as_started_once_it_starts_an_instance(tmp_path, servers):
-    """What lets a failed start still claim the backend's /tmp directory (server/_scratch.py)."""
+@pytest.mark.parametrize(
+    ("instance_line", "started"),
+    [
+        (
+            """'I1127 17:22:29.774916 1314 python_be.cc:2249] "TRITONBACKEND_ModelInstanceInitialize: M_0_0 (CPU device 0)"'""",
+            True,
+        ),
+        ('"TRITONBACKEND_ModelInstanceInitialize: printed by something else"', False),
+    ],
+    ids=["python_be", "another_source"],
+)
+def test_the_python_backend_counts_as_started_once_it_starts_an_instance(tmp_path, servers, instance_line, started):
+    """What lets a failed start still claim the backend's /tmp directory (server/_scratch.py); only
+    the Python backend's own line counts."""
     server = _start(
         servers,
         _server(
             tmp_path,
-            """
+            f"""
             print('I1127 17:22:29.772705 1314 model_lifecycle.cc:472] "loading: M:1"', flush=True)
-            print('I1127 17:22:29.774916 1314 python_be.cc:2249] '
-                  '"TRITONBACKEND_ModelInstanceInitialize: M_0_0 (CPU device 0)"', flush=True)
+            print({instance_line}, flush=True)
             print("done", flush=True)
             """,
         ),
     )
     assert wait_for(lambda: "done" in server.log_lines, 10), server.log_lines
-    assert server.python_backend_started
-
-
-def test_a_server_that_loads_no_python_instance_never_counts_as_started(tmp_path, servers):
-    server = _start(
-        servers,
-        _server(
-            tmp_path,
-            """
-            print('I1127 17:22:29.772705 1314 model_lifecycle.cc:472] "loading: M:1"', flush=True)
-            print("TRITONBACKEND_ModelInstanceInitialize: printed by something else", flush=True)
-            print("done", flush=True)
-            """,
-        ),
-    )
-    assert wait_for(lambda: "done" in server.log_lines, 10), server.log_lines
-    assert not server.python_backend_started
+    assert server.python_backend_started is started
 
 
 def test_wait_until_returns_once_the_probe_succeeds(tmp_path, servers):
