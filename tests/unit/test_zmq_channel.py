@@ -267,6 +267,56 @@ def test_a_refused_peer_closed_before_its_frame_was_read_is_forgotten(hub, monke
     assert not [fd for fd, held in hub._fds.items() if isinstance(held, bytes)], "an identity stays tracked"
 
 
+def test_a_late_frame_of_a_refused_peer_that_closed_is_forgotten_quietly(hub, monkeypatch, caplog):
+    """A frame read after its connection's closing was taken in: no second log line, nothing remembered.
+
+    The first frame is refused while the peer is connected; the second is read only after the hub
+    took in the closing (which forgot the refusal). It is a frame of a closed connection, so the
+    hub neither logs nor answers it again, and does not remember the peer until its descriptor is
+    reused (which left up to a few dozen stale refusals after the fuzz test's attack).
+    """
+    zmq = pytest.importorskip("zmq")
+    calls, holding, release, handled = [0], threading.Event(), threading.Event(), threading.Event()
+    real = hub._receive
+
+    def second_held() -> None:
+        calls[0] += 1
+        if calls[0] == 2:
+            holding.set()
+            release.wait(10)
+            hub._connection_events()  # the closing is taken in before this frame is read
+        try:
+            real()
+        finally:
+            if calls[0] == 2:
+                handled.set()
+
+    monkeypatch.setattr(hub, "_receive", second_held)
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
+    try:
+        with caplog.at_level("WARNING", logger=_zmq_channel.LOGGER.name):
+            peer.connect(hub.endpoint)
+            peer.send(b"\x00not marshal")
+            assert peer.poll(5000) and peer.recv().startswith(b"REFUSED")
+            peer.send(b"\x00again")
+            assert holding.wait(5), "the hub never saw the second frame"
+            peer.close(linger=0)
+            context.term()
+            time.sleep(1.0)  # ZeroMQ reports the closing while the frame waits
+            release.set()
+            assert handled.wait(5), "the hub did not handle the second frame"
+        refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
+        assert len(refusals) == 1, [r.getMessage() for r in refusals]
+        assert hub._refused == {}
+        assert not [fd for fd, held in hub._fds.items() if isinstance(held, bytes)], "an identity stays tracked"
+    finally:
+        release.set()
+        if not peer.closed:
+            peer.close(linger=0)
+            context.term()
+
+
 def test_a_stub_closed_before_its_greeting_was_read_ends_its_connection(hub, monkeypatch):
     """Its worker thread must not wait for messages from a peer that is gone (until a reused descriptor)."""
     zmq = pytest.importorskip("zmq")

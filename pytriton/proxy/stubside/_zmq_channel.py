@@ -513,7 +513,9 @@ class Hub:
         """Refuse ``identity`` for good: its connection (if any) ends and its later frames are dropped unread.
 
         ``frame`` is one of its frames, whose source descriptor lets a disconnection forget the peer;
-        None when that is unknown or already recorded.
+        None when that is unknown or already recorded. Once its closing is taken in, the refusal is
+        forgotten (a bounded memory); a frame of it read after that is refused again, without a
+        second log line or reply (see :meth:`_track`).
         """
         with self._lock:
             peer = self._peers.pop(identity, None)
@@ -526,36 +528,48 @@ class Hub:
             self._refused.pop(next(iter(self._refused)))  # the oldest: its later frames are refused again
         if frame is not None:
             self._connection_events()  # as for a new peer: this frame's connection was accepted already
-            self._track(identity, frame)
+            if self._track(identity, frame):
+                # A later frame of a connection that closed after it was refused (its refusal was
+                # forgotten then): it was logged and answered once, and nobody reads a reply now.
+                return
         LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
         try:
             self._router.send_multipart([identity, _REFUSED + b" " + reason.encode()], flags=self._zmq.NOBLOCK)
         except self._zmq.ZMQError:  # the peer is gone or does not read: nothing to tell it
             pass
 
-    def _track(self, identity: bytes, frame: Any) -> None:
+    def _track(self, identity: bytes, frame: Any) -> bool:
         """Remember which descriptor ``identity`` arrives on, so that its disconnection forgets it.
 
         Called after :meth:`_connection_events`, so the descriptor's entry is this frame's
-        connection or a later one. ``CLOSED``: the connection on it closed after its acceptance
-        and before any of its frames was read, so this frame's connection is closed, whichever it
-        was; ``identity`` is gone already. Another identity: one of the two connections is closed
-        (a frame can be read after its connection's closing was reported, even after the
-        descriptor's next acceptance), but which is not known here, so only a refusal of that
-        identity is forgotten; a live peer's connection is never ended on this evidence.
+        connection or a later one:
+
+        - no entry: the closing of the connection on it was taken in and no connection was accepted
+          on it since. A frame of a closed connection can still be read after its closing was
+          reported, so this one's connection is closed and ``identity`` is gone. Returns True: the
+          frame is a late one, and its connection's closing was dealt with already.
+        - ``CLOSED``: the connection on it closed after its acceptance and before any of its frames
+          was read, so this frame's connection is closed, whichever it was; ``identity`` is gone.
+        - another identity: one of the two connections is closed (a frame can be read after its
+          connection's closing was reported, even after the descriptor's next acceptance), but which
+          is not known here, so only a refusal of that identity is forgotten; a live peer's
+          connection is never ended on this evidence.
+
+        Returns False except in the first case.
         """
         try:
             fd = int(frame.get(self._zmq.SRCFD))
         except Exception:  # noqa: BLE001 - a frame without a source descriptor: kept until the hub closes
-            return
+            return False
         previous = self._fds.get(fd)
-        if previous is _Unnamed.CLOSED:
-            del self._fds[fd]
+        if previous is None or previous is _Unnamed.CLOSED:
+            self._fds.pop(fd, None)
             self._gone(identity)
-            return
+            return previous is None
         if isinstance(previous, bytes) and previous != identity:
             self._refused.pop(previous, None)
         self._fds[fd] = identity
+        return False
 
     def _incoming(self, identity: bytes, data: Any) -> None:
         with self._lock:
