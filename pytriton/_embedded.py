@@ -214,6 +214,7 @@ class EmbeddedServer(TritonServerProcess):
         """
         LOGGER.debug("Starting Triton in this process with %s", self._options)
         server = inprocess.Server(self._options)
+        server._tracks_scratch = False  # LocalBackend finds the directory (pytriton/_launched.py)
         try:
             with stub_environment(self._env):
                 _lib.library(self._root)  # this install's library, unless one is already loaded

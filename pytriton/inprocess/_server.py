@@ -15,6 +15,7 @@ tests/e2e/test_inprocess_server.py.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -25,7 +26,7 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
 
 from pytriton.inprocess import _lib, _pool, _private_modes, _request, _stubs
 from pytriton.inprocess._enums import (
@@ -44,6 +45,7 @@ from pytriton.inprocess._errors import (
     UnavailableError,
 )
 from pytriton.inprocess._options import Options
+from pytriton.inprocess._scratch import BACKEND_SCRATCH
 from pytriton.proxy.stubside import _segments
 from pytriton.server._shm_guard import ShmGuard
 
@@ -101,6 +103,7 @@ class _StubEnvironment:
             if cls._users == 0:
                 if cls.backend_prefix:
                     _remove_orphan_regions(cls.backend_prefix)
+                BACKEND_SCRATCH.remove()  # left only by a backend that could not finalize (_scratch.py)
                 cls.backend_prefix = None
                 if cls._guard is not None:
                     cls._guard.stop()
@@ -178,6 +181,9 @@ class Server:
         self._shm_prefix = self._own_shm_prefix
         # Released plain requests for reuse (pytriton/inprocess/_pool.py); a new pool per start().
         self._requests = _pool.RequestPool()
+        # Whether this server finds the Python backend's /tmp directory itself (_scratch.py); False
+        # when its owner does (Triton(embedded=True)), as two windows in one process would wait on each other.
+        self._tracks_scratch = True
 
     # -- internals used by Model and the iterators --------------------------------------------------
     def _library(self) -> _lib.Library:
@@ -187,6 +193,10 @@ class Server:
 
     def _running(self) -> bool:
         return self._handle is not None
+
+    def _scratch_window(self) -> ContextManager[None]:
+        """Around a call that may load the first Python model of this process (see _scratch.py)."""
+        return BACKEND_SCRATCH.window(self._shm_prefix) if self._tracks_scratch else contextlib.nullcontext()
 
     def _handle_or_raise(self) -> int:
         handle = self._handle
@@ -244,7 +254,8 @@ class Server:
                     raise
                 server = ctypes.c_void_p()
                 try:
-                    lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
+                    with self._scratch_window():
+                        lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
                 except TritonError as exc:
                     failures = self._error_log.load_failures() if self._error_log is not None else []
                     self._release_env()
@@ -378,7 +389,8 @@ class Server:
         lib = self._library()
         handle = self._handle_or_raise()
         if not parameters:
-            lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
+            with self._scratch_window():
+                lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
             return Model(self, model_name)
         created: List[int] = []
         keep: List[object] = []
@@ -415,7 +427,10 @@ class Server:
                     raise InvalidArgumentError(f"Triton refused load parameter {key!r}")
                 created.append(parameter)
             array = (ctypes.c_void_p * len(created))(*created)
-            lib.check(lib.TRITONSERVER_ServerLoadModelWithParameters(handle, model_name.encode(), array, len(created)))
+            with self._scratch_window():
+                lib.check(
+                    lib.TRITONSERVER_ServerLoadModelWithParameters(handle, model_name.encode(), array, len(created))
+                )
         finally:
             for parameter in created:
                 lib.TRITONSERVER_ParameterDelete(parameter)
@@ -467,7 +482,9 @@ class Server:
     def poll_model_repository(self) -> Server:
         """Apply repository changes (POLL control mode)."""
         lib = self._library()
-        lib.check(lib.TRITONSERVER_ServerPollModelRepository(self._handle_or_raise()))
+        handle = self._handle_or_raise()
+        with self._scratch_window():
+            lib.check(lib.TRITONSERVER_ServerPollModelRepository(handle))
         return self
 
     @_changes_models

@@ -153,7 +153,13 @@ def test_reloading_in_a_tight_loop_waits_for_the_old_stubs(tmp_path):
     assert wait_for(lambda: not child_stubs(f"{repository}/identity/"), 20)
 
 
+def _scratch_dirs() -> set:
+    """The Python backends' /tmp directories of this user (pytriton/inprocess/_scratch.py)."""
+    return {path for path in pathlib.Path("/tmp").glob("python_env_*") if path.stat().st_uid == os.geteuid()}
+
+
 def test_stub_that_dies(tmp_path):
+    scratch_before = _scratch_dirs()
     server = tritonserver.Server(model_repository=str(write_repository(tmp_path / "repo", ("faulty", "identity"))))
     server.options.exit_timeout = 5  # the dead stub's model cannot unload: Triton waits this long
     server.start(wait_until_ready=True, timeout=120)
@@ -168,6 +174,8 @@ def test_stub_that_dies(tmp_path):
         server.stop()  # logs the expired exit timeout, does not raise
     assert wait_for(lambda: not child_stubs(prefix), 20)
     assert shm_entries(prefix) == []
+    # The dead stub's model never unloaded, so the backend never finalized: its directory is ours to remove.
+    assert _scratch_dirs() <= scratch_before, "the Python backend's /tmp/python_env_* directory was left behind"
 
 
 def test_two_servers_in_one_process(tmp_path):
