@@ -10,6 +10,7 @@ import asyncio
 import http.client
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -161,9 +162,16 @@ def large_http(spec: Dict[str, Any]) -> Dict[str, Any]:
 def large_http_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
     """:func:`large_http` for several models at once, one request to each in turn.
 
-    Each pass sends one request of ``bytes`` bytes to every model (in reversed order every other
-    pass), so every model meets the same drift of the VM's speed. Returns per model the
-    percentiles of ``count`` requests and MB/s at the p50.
+    Each pass sends one request of ``bytes`` bytes to every model, so every model meets the same
+    drift of the VM's speed. Each pass takes the models in a new random order (seeded: the same
+    sequence every run), and never starts with the model that ended the pass before. Why: a large
+    request's time depends on the request before it. One right after another to the same model can
+    find that model's memory still in the caches, and the order reversed each pass, as it was
+    before, gave that to the first and last models for half of their requests (the first of two
+    identical plain models came out 5-6% faster in 2 of 3 rounds of a scratch run); one after a
+    thread or process instance's request (more copies of the tensor, another process) finds the
+    caches emptier. A random order gives every model the same mix of predecessors. Returns per
+    model the percentiles of ``count`` requests and MB/s at the p50.
     """
     size = spec["bytes"]
     array = np.random.default_rng(0).integers(0, 255, size=(1, size), dtype=np.uint8)
@@ -173,13 +181,17 @@ def large_http_interleaved(spec: Dict[str, Any]) -> Dict[str, Any]:
             client.call()
     samples: Dict[str, List[float]] = {model: [] for model in clients}
     order = list(clients)
+    shuffle = random.Random(0).shuffle
     deadline = time.monotonic() + spec.get("max_s", 60.0)
     while min(len(s) for s in samples.values()) < spec.get("count", 20) and time.monotonic() < deadline:
         for model in order:
             started = time.perf_counter()
             clients[model].call()
             samples[model].append(time.perf_counter() - started)
-        order.reverse()
+        last = order[-1]
+        shuffle(order)
+        if order[0] == last:  # never the same model twice in a row
+            order[0], order[-1] = order[-1], order[0]
     results = {}
     for model, taken in samples.items():
         result = _percentiles(taken)

@@ -104,10 +104,19 @@ def test_large_requests_go_to_each_model_in_turn(monkeypatch) -> None:
             order.append(self.model)
 
     monkeypatch.setattr(load, "LeanHttp", FakeHttp)
-    result = load.large_http_interleaved({"port": 1, "models": ["a", "b", "c"], "bytes": 4096, "count": 3})
-    assert order[6:] == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]  # after 2 warm-up calls each
-    for model in "abc":
-        assert result[model]["count"] == 3 and result[model]["mb_per_s"] > 0
+    spec = {"port": 1, "models": ["a", "b", "c", "d"], "bytes": 4096, "count": 40}
+    result = load.large_http_interleaved(spec)
+    measured = order[8:]  # after 2 warm-up calls each
+    passes = [measured[i : i + 4] for i in range(0, len(measured), 4)]
+    assert len(passes) == 40 and all(sorted(one) == ["a", "b", "c", "d"] for one in passes)  # each model once a pass
+    assert all(first != second for first, second in zip(measured, measured[1:])), "a model was asked twice in a row"
+    assert len({tuple(one) for one in passes}) > 4, "the order does not change between passes"
+    assert {one[0] for one in passes} == set("abcd")  # every model takes the first place, among others
+    for model in "abcd":
+        assert result[model]["count"] == 40 and result[model]["mb_per_s"] > 0
+    order.clear()
+    load.large_http_interleaved(spec)
+    assert order[8:] == measured, "the order is not the same from one run to the next (seeded)"
 
 
 def test_throughput_alternates_windows_between_models_and_never_overlaps_them(monkeypatch) -> None:
