@@ -172,6 +172,33 @@ def test_worker_serves_a_stub_over_tcp(hub):
         worker.stop()
 
 
+def test_a_stub_whose_acceptance_was_not_reported_is_served(hub, monkeypatch):
+    """The monitor drops events when it falls behind: a stub is never taken for closed on a missing acceptance."""
+    real = hub._connection_events
+
+    def dropping() -> None:  # every acceptance lost, as under a flood of connections
+        real()
+        for fd, state in list(hub._fds.items()):
+            if state is _zmq_channel._Unnamed.ACCEPTED:
+                del hub._fds[fd]
+
+    monkeypatch.setattr(hub, "_connection_events", dropping)
+    worker = echo_worker(hub, "m1/0")
+    stub = _zmq_channel.connect(hub.endpoint, TOKEN, "m1/0")
+    stub.settimeout(5.0)  # an ended connection would leave the stub waiting
+    try:
+        stub.send(_messages.Hello(12345, 0))
+        assert type(stub.recv()) is _messages.Welcome
+        segment, metas = _tensors.write_tensors(_zmq_channel.InlineArena(), [[("x", np.ones(4, np.float32))]])  # type: ignore[arg-type]
+        stub.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
+        reply = stub.recv()
+        np.testing.assert_array_equal(_tensors.read_tensor(None, reply.results[0][0], copy=True), np.full(4, 2.0))
+        assert worker.connected
+    finally:
+        stub.close()
+        worker.stop()
+
+
 def test_encrypted_hub_needs_its_key():
     hub = _zmq_channel.Hub("127.0.0.1", 0, TOKEN, encrypt=True)
     try:

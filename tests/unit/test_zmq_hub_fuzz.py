@@ -194,13 +194,17 @@ def test_hub_survives_hostile_frames_while_serving_a_stub(encrypt):
         assert hub._thread.is_alive(), "the hub's dispatcher thread died"
         # A refused peer is forgotten when it disconnects, when its first frame is read if ZeroMQ
         # reported the closing before that, and when a later frame is read after the closing was
-        # taken in. 0-1 of these peers stayed remembered right after the attack (2026-11-27, 8 runs);
-        # 19-44 before the hub forgot late frames' peers, 21-112 before it tracked descriptors at
-        # all. _MAX_REFUSED bounds it in any case, see the test below.
+        # taken in. What stays is a peer that replayed the greeting (clear mode only) and was read
+        # after its closing: an authenticated peer is never taken for closed on a missing
+        # acceptance, since the monitor drops events when it falls behind; it is forgotten when its
+        # descriptor is reused. After the attack on 2026-11-27: 6-16 peers in clear mode and 0
+        # encrypted (7 runs); 19-44 and 0-4 before the hub forgot late frames' peers, 21-112 before
+        # it tracked descriptors at all. _MAX_REFUSED bounds it in any case, see the test below.
+        bound = peers // 6 if not encrypt else peers // 20
         deadline = time.monotonic() + 10.0
-        while len(hub._refused) > peers // 20 and time.monotonic() < deadline:
+        while len(hub._refused) > bound and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(hub._refused) <= peers // 20, f"{len(hub._refused)} of {peers} refused peers are still remembered"
+        assert len(hub._refused) <= bound, f"{len(hub._refused)} of {peers} refused peers are still remembered"
         for _ in range(20):  # the served stub still works, and a new stub still connects
             _check_infer(stub, np.arange(50, dtype=np.float32))
         second = _stub(hub)

@@ -544,10 +544,13 @@ class Hub:
         Called after :meth:`_connection_events`, so the descriptor's entry is this frame's
         connection or a later one:
 
-        - no entry: the closing of the connection on it was taken in and no connection was accepted
-          on it since. A frame of a closed connection can still be read after its closing was
-          reported, so this one's connection is closed and ``identity`` is gone. Returns True: the
-          frame is a late one, and its connection's closing was dealt with already.
+        - no entry, for a refused ``identity``: the closing of the connection on it was taken in and
+          no connection was accepted on it since. A frame of a closed connection can still be read
+          after its closing was reported, so this one's connection is closed and the refusal is
+          forgotten. Returns True: the frame is a late one, its connection dealt with already.
+          (For an authenticated peer, no entry is taken as a live connection whose acceptance was
+          not reported: the monitor drops events when it falls behind, and a stub's connection is
+          never ended on that evidence.)
         - ``CLOSED``: the connection on it closed after its acceptance and before any of its frames
           was read, so this frame's connection is closed, whichever it was; ``identity`` is gone.
         - another identity: one of the two connections is closed (a frame can be read after its
@@ -562,10 +565,13 @@ class Hub:
         except Exception:  # noqa: BLE001 - a frame without a source descriptor: kept until the hub closes
             return False
         previous = self._fds.get(fd)
-        if previous is None or previous is _Unnamed.CLOSED:
-            self._fds.pop(fd, None)
+        if previous is None and identity in self._refused:
+            self._refused.pop(identity, None)
+            return True
+        if previous is _Unnamed.CLOSED:
+            del self._fds[fd]
             self._gone(identity)
-            return previous is None
+            return False
         if isinstance(previous, bytes) and previous != identity:
             self._refused.pop(previous, None)
         self._fds[fd] = identity
