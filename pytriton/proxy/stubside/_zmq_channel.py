@@ -524,14 +524,15 @@ class Hub:
         if identity in self._refused:
             return
         self._refused[identity] = True
-        while len(self._refused) > _MAX_REFUSED:  # a hard bound, whatever ZeroMQ reports or not
-            self._refused.pop(next(iter(self._refused)))  # the oldest: its later frames are refused again
         if frame is not None:
             self._connection_events()  # as for a new peer: this frame's connection was accepted already
             if self._track(identity, frame):
                 # A later frame of a connection that closed after it was refused (its refusal was
                 # forgotten then): it was logged and answered once, and nobody reads a reply now.
                 return
+        # After _track, which may have forgotten this refusal again: such a frame evicts no other.
+        while len(self._refused) > _MAX_REFUSED:  # a hard bound, whatever ZeroMQ reports or not
+            self._refused.pop(next(iter(self._refused)))  # the oldest: its later frames are refused again
         LOGGER.warning("pytriton TCP hub on port %d refused a connection: %s", self.port, reason)
         try:
             self._router.send_multipart([identity, _REFUSED + b" " + reason.encode()], flags=self._zmq.NOBLOCK)
