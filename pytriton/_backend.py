@@ -121,8 +121,11 @@ class ServerBackend(Protocol):
     def attach(self, registry: Registry) -> None:
         """Called once by the ``Triton`` that owns this backend, before anything else."""
 
-    def prepare(self) -> bool:
+    def prepare(self, timeout_s: Optional[float] = None) -> bool:
         """Check the environment before anything is started (install, ports, reachability).
+
+        ``timeout_s``: how long to wait for a server that runs elsewhere to answer (``None``: the
+        backend's default); a backend that starts its own server ignores it.
 
         Returns whether the stubs run with numpy 2 (BYTES tensors need a check then). Raises with what to fix.
         """

@@ -163,7 +163,7 @@ class LocalBackend:
     def attach(self, registry: Registry) -> None:
         self._registry = registry
 
-    def prepare(self) -> bool:
+    def prepare(self, timeout_s: Optional[float] = None) -> bool:
         self._distribution = find_server(self._config.tritonserver_dir)
         libpython = shared_libpython_dir()
         stub_env = stub_environment()

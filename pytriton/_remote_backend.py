@@ -158,9 +158,9 @@ class RemoteBackend:
             time.sleep(0.1)
 
     # -- ServerBackend ----------------------------------------------------------------------------
-    def prepare(self) -> bool:
+    def prepare(self, timeout_s: Optional[float] = None) -> bool:
         if not self.connected:
-            self.connect()
+            self.connect(CONNECT_TIMEOUT_S if timeout_s is None else timeout_s)
         return False  # the stubs' numpy is the remote environment's: nothing to check here
 
     def model_store(self, workspace: Workspace) -> pathlib.Path:

@@ -102,16 +102,18 @@ class TritonLifecyclePolicy:
     """When the server starts and where its model store lives (NVIDIA PyTriton's names and defaults).
 
     Args:
-        launch_triton_on_startup: NVIDIA PyTriton starts the server when the ``Triton`` context is
-            entered. pytriton starts it in :meth:`Triton.run` in both cases (models bound before
-            then are loaded at start-up, models bound later are loaded live), so either value serves
-            the same models.
+        launch_triton_on_startup: True (the default, as in NVIDIA PyTriton): entering the
+            ``Triton`` context starts the server, and a model bound inside the block is loaded
+            before ``bind`` returns. False: the server starts at :meth:`Triton.run` (or ``serve()``)
+            with every model bound by then. Without a ``with`` block the server always starts at
+            ``run()``.
         local_model_store: the model store is a directory of this process's workspace. pytriton
             always writes the store locally (``TritonConfig.model_repository`` or the workspace).
 
     Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`). ``RemoteTriton``
-    (a server started elsewhere) needs ``launch_triton_on_startup=False`` and reads
-    ``local_model_store``: shared repository, or files sent with each load (docs/remote.md).
+    (a server started elsewhere) reads ``launch_triton_on_startup`` as "connect on entering the
+    context" and ``local_model_store`` as shared repository, or files sent with each load
+    (docs/remote.md).
     """
 
     launch_triton_on_startup: bool = True
@@ -235,6 +237,7 @@ class Triton:
         self._model_counter = 0
         self._stub_numpy2 = False
         self._startup_models: List[str] = []
+        self._connect_timeout_s: Optional[float] = None  # connect(timeout_s=...) for a server started elsewhere
         view = _RegistryView(self)
         self._backend.attach(view)
         # Self-healing and the drain (docs/architecture.md): a supervisor thread restarts a dead server
@@ -249,6 +252,18 @@ class Triton:
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> Triton:
+        """Start the server when the lifecycle policy says so (the default, as NVIDIA PyTriton 0.7 does).
+
+        A model bound inside the block is then loaded into the running server before ``bind``
+        returns; ``run()`` and ``serve()`` find the server running. With
+        ``TritonLifecyclePolicy(launch_triton_on_startup=False)`` the server starts at ``run()``.
+        """
+        if self.triton_lifecycle_policy.launch_triton_on_startup:
+            try:
+                self.run()
+            except BaseException:
+                self.stop()  # __exit__ is not called when __enter__ raises: release the workspace here
+                raise
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -534,7 +549,7 @@ class Triton:
             if self._state is State.RUNNING:
                 return
             started = time.monotonic()
-            self._stub_numpy2 = self._backend.prepare()
+            self._stub_numpy2 = self._backend.prepare(self._connect_timeout_s)
             for model in self._models.values():
                 self._check_stub_support(model)
             self._binding_context()
@@ -635,21 +650,41 @@ class Triton:
         if failure is not None:
             raise failure
 
+    def connect(self, timeout_s: Optional[float] = None) -> None:
+        """Start the server, or connect to it, with every bound model: :meth:`run`, by NVIDIA PyTriton's name.
+
+        ``timeout_s``: for a ``RemoteTriton``, how long to wait for the server at its URL (default
+        30 s; ``PyTritonServerError`` naming the URL after it); a launched or embedded server's start
+        has its own bound.
+        """
+        if timeout_s is not None:
+            self._connect_timeout_s = timeout_s
+        self.run()
+
+    def is_connected(self) -> bool:
+        """True from :meth:`run` (or :meth:`connect`, or entering the context) until :meth:`stop`."""
+        with self._lock:
+            return self._state is State.RUNNING
+
     def is_alive(self) -> bool:
         """True while the server runs (not being restarted) and every bound model can serve.
 
         A model can serve while each of its instances has a stub attached and its stubs are not
-        being replaced; a model whose live load is still in progress does not count yet.
+        being replaced; a model whose live load is still in progress does not count yet. Before
+        :meth:`run`, True only while nothing is bound and the server answers already: a
+        ``RemoteTriton``'s server, which runs elsewhere (NVIDIA PyTriton answers the same).
         """
         with self._lock:
             supervisor = self._supervisor
-            healthy = (
+            unstarted = self._state is State.CREATED and not self._models
+            healthy = unstarted or (
                 self._state is State.RUNNING
                 and not supervisor.restarting
                 and supervisor.failure is None
                 and not supervisor.healing
                 and all(model.serving for model in self._models.values())
             )
+        # Before run() only the server is asked (launched and embedded: none yet, so False).
         return healthy and self._backend.is_serving()  # a remote server is asked over the network: not under the lock
 
     @property
@@ -818,7 +853,7 @@ class _RegistryView:
         self._triton._wakeup.set()
 
 
-REMOTE_LIFECYCLE_POLICY = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=False)
+REMOTE_LIFECYCLE_POLICY = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=False)
 
 
 class RemoteTriton(Triton):
@@ -838,10 +873,13 @@ class RemoteTriton(Triton):
             server's model repository itself.
         access_token: the token of the server's restricted model-repository endpoints
             (``triton-access-token``), if it restricts them.
-        triton_lifecycle_policy: ``launch_triton_on_startup`` must be False (the server runs
-            already); ``local_model_store`` picks where the model files go (True: a repository the
-            server shares; False: sent with each load request).
-            Default: ``TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=False)``.
+        triton_lifecycle_policy: ``launch_triton_on_startup``: True (the default) connects and
+            loads the bound models on entering the ``with`` block, as NVIDIA PyTriton's
+            ``RemoteTriton`` does, so a model bound inside it is served when ``bind`` returns;
+            False waits for :meth:`run` (or :meth:`connect`). No server is ever launched here.
+            ``local_model_store`` picks where the model files go (True: a repository the server
+            shares; False: sent with each load request).
+            Default: ``TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=False)``.
         config: ``model_repository`` (with ``local_model_store=True``), ``max_request_bytes``,
             ``exit_timeout_secs`` (how long ``stop`` waits for batches in flight) and
             ``trace_config`` (OpenTelemetry mode, as the server was started: lets ``bind`` take a
@@ -881,11 +919,6 @@ class RemoteTriton(Triton):
             raise PyTritonBadParameterError(
                 f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(policy).__name__}."
             )
-        if policy.launch_triton_on_startup:
-            raise PyTritonBadParameterError(
-                "RemoteTriton binds into a server that already runs: give it a TritonLifecyclePolicy with "
-                "launch_triton_on_startup=False."
-            )
         settings = resolve_settings(config)
         remote = RemoteBackend(
             url,
@@ -903,14 +936,3 @@ class RemoteTriton(Triton):
     def tcp_endpoint(self) -> Optional[str]:
         """``tcp://host:port`` the server's stubs connect to (``None`` with the Unix transport)."""
         return self._remote.hub.endpoint if self._remote.hub is not None else None
-
-    def connect(self, timeout_s: float = 30.0) -> None:
-        """Wait (up to ``timeout_s``) until the server at ``url`` is live; raises ``PyTritonServerError``."""
-        refuse_in_worker()
-        if self._state is State.STOPPED:
-            raise PyTritonInvalidOperationError("This RemoteTriton is stopped; create a new one.")
-        self._remote.connect(timeout_s)
-
-    def is_connected(self) -> bool:
-        """True once :meth:`connect` (or :meth:`run`) reached the server, until :meth:`stop`."""
-        return self._remote.connected and self._state is not State.STOPPED

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import enum
+import logging
+import re
 import socket
 import time
 from typing import Any, Dict, Generator, List, Mapping, Optional, Protocol, Sequence, Tuple
@@ -54,6 +57,12 @@ _PARAMETER_TYPES = (str, int, float, bool)
 _HEADER_TYPES = (str, int, bool)
 _NOT_FOUND_STATUSES = frozenset({"StatusCode.NOT_FOUND", "NOT_FOUND", "404"})
 _KNOWN_SHOWN = 20  # model names listed in the "no such model" error
+# A wait that has been refused this long says so once (the wait itself goes on: NVIDIA PyTriton's
+# clients wait for a server that is still starting, and so do these).
+_SILENT_WAIT_S = 2.0
+
+LOGGER = logging.getLogger("pytriton.client")
+_UNKNOWN_ID_PREFIX = re.compile(r"\[request id: <id_unknown>\] ?")
 
 
 class ModelState(enum.Enum):
@@ -120,11 +129,16 @@ def is_timeout(exc: BaseException) -> bool:
 
 
 def _message(exc: BaseException) -> str:
+    """The server's words in ``exc``, without Triton's ``[request id: <id_unknown>] `` prefix.
+
+    Triton puts that prefix before the error of a request sent without an id: it names nothing the
+    caller can use, so it is left out of the errors pytriton raises (a real id is kept).
+    """
     text = exc.message() if hasattr(exc, "message") and callable(exc.message) else None
     if not text:
         details = getattr(exc, "details", None)  # a raw grpc.RpcError
         text = details() if callable(details) else None
-    return str(text or exc)
+    return _UNKNOWN_ID_PREFIX.sub("", str(text or exc))
 
 
 def is_permission_denied(exc: BaseException) -> bool:
@@ -196,23 +210,60 @@ def control_call(method: str, grpc: bool, remaining_s: float, *args: object, **k
 
 
 def wait_for_server(timeout_s: float, grpc: bool, what: str = "the server") -> Operation:
-    """Poll until the server reports ready; ``PyTritonClientTimeoutError`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    """Poll until the server reports ready; ``PyTritonClientTimeoutError`` after ``timeout_s``.
+
+    A server that is still starting is waited for in silence; once the polls have failed for
+    ``_SILENT_WAIT_S`` (a wrong port, a stopped server), one warning says what is refused and where,
+    and how long the wait goes on.
+    """
+    started = time.monotonic()
+    deadline = started + timeout_s
     delay = 0.02
     last_error: Optional[BaseException] = None
+    warned = False
     while True:
         try:
             if (yield control_call("is_server_ready", grpc, deadline - time.monotonic())):
+                if warned:
+                    LOGGER.warning("%s is ready after %.1f s", what[:1].upper() + what[1:], time.monotonic() - started)
                 return None
         except Exception as exc:  # the server may still be starting
             if is_permission_denied(exc):  # a restricted health endpoint: waiting cannot help
                 raise map_error(exc, f"Asking whether {what} is ready") from None
             last_error = exc
+        if not warned and time.monotonic() - started >= _SILENT_WAIT_S:
+            warned = True
+            reason = _message(last_error) if last_error is not None else "it answers that it is not ready"
+            LOGGER.warning(
+                "Waiting for %s: %s. Still trying for up to %.0f s more (the client's init_timeout_s); "
+                "check the URL and that the server is running.",
+                what,
+                reason,
+                max(0.0, deadline - time.monotonic()),
+            )
         if time.monotonic() + delay > deadline:
             detail = f" ({last_error})" if last_error else ""
             raise PyTritonClientTimeoutError(f"Waited {timeout_s:.1f} s: {what} is not ready{detail}.")
         yield Call("sleep", (delay,))
         delay = min(delay * 2, 0.5)
+
+
+def unknown_model_message(where: str, model_name: str, known: Optional[Sequence[str]]) -> str:
+    """The error for a model name the server does not know: the near matches and the served models.
+
+    ``known`` is None when the repository index could not be read (a pytriton server restricts it
+    to holders of the access token): the message then says how to get the list.
+    """
+    if known is None:
+        return (
+            f"The server at {where} has no model {model_name!r}; check the model name (the list of its models "
+            "needs the server's access token: pass access_token= to the client to see it)."
+        )
+    near = difflib.get_close_matches(model_name, list(known), n=3, cutoff=0.6)
+    near += [name for name in known if name.lower() == model_name.lower() and name not in near]
+    suggestion = f" Did you mean {' or '.join(repr(name) for name in near)}?" if near else ""
+    shown = [repr(name) for name in known[:_KNOWN_SHOWN]] + (["..."] if len(known) > _KNOWN_SHOWN else [])
+    return f"The server at {where} has no model {model_name!r}.{suggestion} Its models: {', '.join(shown) or 'none'}."
 
 
 def _index_entries(index: Any) -> List[Mapping[str, object]]:
@@ -280,13 +331,7 @@ def wait_for_model(
         if fail_unknown:
             unknown, known = yield from is_unknown_model(grpc, deadline - time.monotonic(), model_name)
         if unknown:
-            listed = ""
-            if known is not None:
-                shown = [repr(name) for name in known[:_KNOWN_SHOWN]] + (["..."] if len(known) > _KNOWN_SHOWN else [])
-                listed = f" (its models: {', '.join(shown) or 'none'})"
-            raise PyTritonClientModelUnavailableError(
-                f"The server at {where} has no model {model_name!r}{listed}; check the model name."
-            )
+            raise PyTritonClientModelUnavailableError(unknown_model_message(where, model_name, known))
         if time.monotonic() + delay > deadline:
             version = f" version {model_version}" if model_version else ""
             raise PyTritonClientTimeoutError(

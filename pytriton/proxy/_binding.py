@@ -250,8 +250,6 @@ class BoundModel:
             if context.tcp.public_key is not None:
                 tcp["server_key"] = context.tcp.public_key
             self._private["tcp"] = tcp
-        if not self.config.outputs:
-            raise PyTritonBadParameterError(f"Model {model_name!r}: declare at least one output.")
         warmup = resolve_warmup(config.model_warmup, self.config.inputs, self.config.max_batch_size, model_name)
         self.config.model_warmup = warmup.entries if warmup is not None and warmup.entries else None
         self._warmup_files = warmup.files if warmup is not None else {}

@@ -176,10 +176,12 @@ def test_port_in_use_is_reported_quickly_with_the_port(ports):
 
 def test_bad_server_option_fails_fast_with_the_servers_words(ports):
     started = time.monotonic()
-    with Triton(config=TritonConfig(log_format="bogus", **ports)) as triton:
-        _bind_echo(triton)
-        with pytest.raises(PyTritonServerError, match="log-format"):
-            triton.run()
+    # Entering the context starts the server (NVIDIA PyTriton's default lifecycle policy): it fails there.
+    with (
+        pytest.raises(PyTritonServerError, match="log-format"),
+        Triton(config=TritonConfig(log_format="bogus", **ports)),
+    ):
+        pass
     # Fails fast is the promise: the margin only guards against waiting for the 120 s startup timeout.
     assert time.monotonic() - started < 60
 
@@ -188,9 +190,11 @@ def test_missing_server_names_the_install_command(tmp_path, monkeypatch, ports):
     monkeypatch.setenv("PYTRITON_HOME", str(tmp_path))
     monkeypatch.delenv("PYTRITON_TRITONSERVER_DIR", raising=False)
     monkeypatch.setattr(distribution, "NGC_DIR", tmp_path / "none")
-    with Triton(config=TritonConfig(**ports)) as triton:
-        with pytest.raises(PyTritonServerNotInstalledError, match="pytriton install-server"):
-            triton.run()
+    with (
+        pytest.raises(PyTritonServerNotInstalledError, match="pytriton install-server"),
+        Triton(config=TritonConfig(**ports)),
+    ):
+        pass
     assert list(tmp_path.iterdir()) == []  # the temporary workspace is gone as well
 
 
@@ -199,8 +203,8 @@ def test_interpreter_without_shared_libpython_is_refused(monkeypatch, ports):
 
     real = sysconfig.get_config_var
     monkeypatch.setattr(sysconfig, "get_config_var", lambda name: 0 if name == "Py_ENABLE_SHARED" else real(name))
-    with Triton(config=TritonConfig(**ports)) as triton, pytest.raises(PyTritonServerError, match="enable-shared"):
-        triton.run()
+    with pytest.raises(PyTritonServerError, match="enable-shared"), Triton(config=TritonConfig(**ports)):
+        pass
 
 
 def _spawn_child(ports, stderr=None):

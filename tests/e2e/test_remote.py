@@ -258,9 +258,9 @@ def test_local_model_store_writes_into_the_server_repository(remote):
 
 def test_restricted_repository_needs_the_token(remote):
     with RemoteTriton(_url(remote)) as triton:  # no access token
-        _bind(triton, "RemoteNoToken")
+        # Bound inside the connected block: loaded (here: refused) before bind returns.
         with pytest.raises(PyTritonModelConfigError, match="could not load model 'RemoteNoToken'.*restricted"):
-            triton.run()
+            _bind(triton, "RemoteNoToken")
 
 
 def test_missing_pyzmq_in_the_stub_environment_is_named(tmp_path):
@@ -270,9 +270,8 @@ def test_missing_pyzmq_in_the_stub_environment_is_named(tmp_path):
     server, ports = _start_server(repository, stub_env_overlay(tmp_path, with_pyzmq=False))
     try:
         with RemoteTriton(f"http://127.0.0.1:{ports['http_port']}", access_token=TOKEN, transport="tcp") as triton:
-            _bind(triton, "RemoteNoZmq")
             with pytest.raises(PyTritonModelConfigError, match="TCP transport needs pyzmq"):
-                triton.run()
+                _bind(triton, "RemoteNoZmq")
     finally:
         _end(server)
 

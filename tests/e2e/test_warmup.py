@@ -18,7 +18,7 @@ from pytriton.decorators import batch
 from pytriton.exceptions import PyTritonModelConfigError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig, TritonLifecyclePolicy
 from tests.conftest import triton_ports, wait_for
 from tests.e2e._kinds import KINDS, model
 from tests.e2e.kind_models import EchoRecorder, Recorder, recorded, refuses
@@ -201,7 +201,10 @@ def test_failing_warmup_on_a_live_bind_is_reported_and_not_served(server, kind):
 
 
 def test_failing_warmup_at_startup_fails_run_clearly():
-    with Triton(config=TritonConfig(**triton_ports())) as triton:
+    # Bound before run(), with the server started by run() (the policy does not start it on entering
+    # the context): the start-up path, where a failed warmup fails the whole start.
+    policy = TritonLifecyclePolicy(launch_triton_on_startup=False)
+    with Triton(config=TritonConfig(**triton_ports()), triton_lifecycle_policy=policy) as triton:
         triton.bind("Cold", refuses, INPUTS, OUTPUTS, config=ModelConfig(model_warmup=_zeros_warmup()))
         with pytest.raises(PyTritonModelConfigError, match=FAILED_WARMUP):
             triton.run()

@@ -111,7 +111,6 @@ def test_a_model_without_batching(context):
         ({"infer_funcs": [identity, "f"]}, PyTritonBadParameterError, "infer_func must be a callable"),
         ({"config": {"max_batch_size": 4}}, PyTritonBadParameterError, "config must be a ModelConfig"),
         ({"config": ModelConfig(max_batch_size=0)}, PyTritonBadParameterError, "max_batch_size must be >= 1"),
-        ({"outputs": []}, PyTritonBadParameterError, "declare at least one output"),
         ({"inputs": ["x"]}, PyTritonBadParameterError, "inputs must be pytriton.model_config.Tensor objects"),
         (
             {"inputs": [Tensor(name="x", shape=(0,), dtype=np.float32)]},
@@ -129,6 +128,12 @@ def test_a_model_without_batching(context):
 def test_bind_refuses_bad_arguments_with_a_clear_message(context, kwargs, error, match):
     with pytest.raises(error, match=match):
         _model(context, **kwargs)
+
+
+def test_a_model_without_inputs_or_outputs_binds(context):
+    # NVIDIA PyTriton binds one (its life-cycle tests bind `lambda: None` with no tensors) and Triton loads it.
+    model = _model(context, inputs=[], outputs=[])
+    assert model.config.inputs == [] and model.config.outputs == []
 
 
 def test_a_socket_directory_too_long_for_unix_sockets_is_refused(context):

@@ -347,6 +347,63 @@ def test_without_the_index_metadata_not_found_means_unknown(driver):
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
+def test_a_misspelt_name_suggests_the_near_match_and_lists_the_models(driver):
+    server = NotReadyServer()
+    server.index = [{"name": name} for name in ("AddSub", "Classifier", "addsub_v2")]
+    with pytest.raises(PyTritonClientModelUnavailableError) as info:
+        _drive(driver, ClientCore(parse_url("http://fake:1"), "AdSub", None, 5.0, 5.0).wait_for_model(600.0), server)
+    assert str(info.value) == (
+        "The server at http://fake:1 has no model 'AdSub'. Did you mean 'AddSub'? "
+        "Its models: 'AddSub', 'Classifier', 'addsub_v2'."
+    )
+
+
+def test_an_unknown_name_with_no_near_match_lists_the_models_and_without_the_index_says_how_to_see_them():
+    from pytriton.client._core import unknown_model_message
+
+    assert (
+        unknown_model_message("h:1", "Zebra", ["AddSub"])
+        == "The server at h:1 has no model 'Zebra'. Its models: 'AddSub'."
+    )
+    assert unknown_model_message("h:1", "addsub", ["AddSub"]).startswith(
+        "The server at h:1 has no model 'addsub'. Did you mean 'AddSub'?"
+    )
+    assert "pass access_token= to the client to see it" in unknown_model_message("h:1", "Zebra", None)
+
+
+class RefusingServer(FakeServer):
+    """Every poll is refused, as a wrong port or a stopped server refuses it."""
+
+    def is_server_ready(self, **_: Any) -> bool:
+        self.calls.append("is_server_ready")
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_refused_wait_says_once_what_is_refused_and_where(driver, monkeypatch, caplog):
+    from pytriton.client import _core
+
+    monkeypatch.setattr(_core, "_SILENT_WAIT_S", 0.1)
+    server = RefusingServer()
+    with caplog.at_level("WARNING", logger="pytriton.client"):
+        with pytest.raises(PyTritonClientTimeoutError, match="not ready"):
+            _drive(driver, _core.wait_for_server(0.8, False, "the server at http://fake:1"), server)
+    lines = [r.getMessage() for r in caplog.records if r.name == "pytriton.client"]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("Waiting for the server at http://fake:1: [Errno 111] Connection refused.")
+    assert "check the URL and that the server is running" in lines[0]
+    assert server.calls.count("is_server_ready") > 2  # it went on polling after the warning
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_server_that_starts_quickly_is_waited_for_in_silence(driver, caplog):
+    server = FakeServer(ready_after=2)
+    with caplog.at_level("WARNING", logger="pytriton.client"):
+        _drive(driver, _core().wait_for_model(5.0), server)
+    assert not [r for r in caplog.records if r.name == "pytriton.client"]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
 @pytest.mark.parametrize(
     "index", [[{"name": "AddSub", "version": "1", "state": "LOADING"}], {"models": [{"name": "AddSub"}]}, None]
 )
@@ -680,3 +737,11 @@ def test_plain_wait_for_model_ready_waits_even_for_an_unknown_name():
     with pytest.raises(PyTritonClientTimeoutError, match="model 'AddSub' is not ready"):
         wait_for_model_ready(server, "AddSub", timeout_s=0.3)
     assert "get_model_repository_index" not in server.calls
+
+
+def test_tritons_unknown_request_id_prefix_is_left_out_of_raised_errors():
+    error = InferenceServerException("[request id: <id_unknown>] Fails: ValueError: bad input", status="400")
+    assert str(map_error(error, "Inference of Fails")) == "Inference of Fails failed: Fails: ValueError: bad input"
+    # A request that carried an id keeps it: it names the request.
+    named = InferenceServerException("[request id: 7] Fails: ValueError: bad input", status="400")
+    assert "[request id: 7]" in str(map_error(named, "Inference of Fails"))

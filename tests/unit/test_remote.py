@@ -24,14 +24,19 @@ def _bind(triton: Triton, name: str = "Remote") -> None:
     )
 
 
+# A RemoteTriton that does not connect when its context is entered: these tests have no server.
+OFFLINE = TritonLifecyclePolicy(launch_triton_on_startup=False)
+
+
 def test_defaults_and_policy():
     assert TritonLifecyclePolicy() == TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=False)
     triton = RemoteTriton("localhost", access_token="tok")
     try:
         assert triton.triton_lifecycle_policy == _remote.REMOTE_LIFECYCLE_POLICY
-        assert not triton.triton_lifecycle_policy.launch_triton_on_startup
+        assert triton.triton_lifecycle_policy.launch_triton_on_startup  # connects on entering its context
         assert triton.get_access_token() == "tok"
         assert triton.http_url == "http://localhost:8000" and triton.tcp_endpoint is None
+        # Nothing bound yet: alive exactly when the server at the URL answers (none here).
         assert not triton.is_connected() and not triton.is_alive()
     finally:
         assert triton.stop() is True
@@ -43,7 +48,7 @@ def test_defaults_and_policy():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"triton_lifecycle_policy": TritonLifecyclePolicy()}, "launch_triton_on_startup=False"),
+        ({"triton_lifecycle_policy": "yes"}, "must be a TritonLifecyclePolicy"),
         ({"transport": "udp"}, "transport must be one of"),
         ({"access_token": ""}, "access_token must be a non-empty string"),
     ],
@@ -54,10 +59,23 @@ def test_bad_parameters(kwargs, message):
 
 
 def test_connect_names_an_unreachable_server(free_port):
-    with RemoteTriton(f"http://127.0.0.1:{free_port}") as triton:
+    with RemoteTriton(f"http://127.0.0.1:{free_port}", triton_lifecycle_policy=OFFLINE) as triton:
         with pytest.raises(PyTritonServerError, match="Cannot reach Triton at http://127.0.0.1"):
             triton.connect(timeout_s=0.2)
         assert not triton.is_connected()
+
+
+def test_entering_the_context_connects(free_port, monkeypatch):
+    # The default policy connects on entering the block (NVIDIA PyTriton's RemoteTriton does); a
+    # server that does not answer fails the `with` itself, and nothing is left behind.
+    from pytriton import _remote_backend
+
+    monkeypatch.setattr(_remote_backend, "CONNECT_TIMEOUT_S", 0.2)
+    triton = RemoteTriton(f"http://127.0.0.1:{free_port}")
+    with pytest.raises(PyTritonServerError, match="Cannot reach Triton at http://127.0.0.1"):
+        with triton:
+            pass
+    assert not triton._workspace.path.exists()  # stopped by the failed __enter__
 
 
 @pytest.fixture()
@@ -70,7 +88,9 @@ def free_port():
 
 
 def test_tcp_transport_writes_the_endpoint_and_token_into_the_private_file(tmp_path):
-    with RemoteTriton("grpc://localhost", workspace=tmp_path, transport="tcp") as triton:
+    with RemoteTriton(
+        "grpc://localhost", workspace=tmp_path, transport="tcp", triton_lifecycle_policy=OFFLINE
+    ) as triton:
         assert triton.grpc_url == "grpc://localhost:8001"
         endpoint = triton.tcp_endpoint
         assert endpoint is not None and endpoint.startswith("tcp://127.0.0.1:")
@@ -166,7 +186,9 @@ class _FakeTraceClient:
 def test_trace_settings_go_to_the_remote_server_with_the_token(monkeypatch, url):
     """Per-model trace settings reach the server at ``url``, not TritonConfig's local ports (which they once did)."""
     calls = []
-    with RemoteTriton(url, access_token="tok", config=TritonConfig(http_port=1, grpc_port=2)) as triton:
+    with RemoteTriton(
+        url, access_token="tok", config=TritonConfig(http_port=1, grpc_port=2), triton_lifecycle_policy=OFFLINE
+    ) as triton:
         backend = triton._remote
         monkeypatch.setattr(backend, "_client", lambda: _FakeTraceClient(calls))
         backend.send_trace_settings("Traced", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
