@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import shutil
@@ -11,6 +12,8 @@ from typing import List, Optional, Union
 
 from pytriton.server import _paths
 from pytriton.server.distribution import pytriton_home
+
+LOGGER = logging.getLogger(__name__)
 
 
 class Workspace:
@@ -32,6 +35,9 @@ class Workspace:
     other (missing ones are created 0700); the directories above it must be owned by root or that user
     and not writable by others unless sticky. Otherwise the constructor (or :meth:`subdir`) raises
     ``UnsafePathError`` naming the path and the fix: another user could plant code the stub runs.
+    For the fresh default directory (always 0700 and the user's own) a problem above it is only
+    logged as a WARNING, so that the default keeps working where ``$HOME``'s parents are not the
+    user's.
     """
 
     def __init__(self, path: Union[str, pathlib.Path, None] = None):
@@ -41,11 +47,12 @@ class Workspace:
             home.mkdir(parents=True, exist_ok=True)
             self._path = pathlib.Path(tempfile.mkdtemp(prefix="workspace_", dir=os.path.realpath(home)))
             self._owned = True
-            try:  # mkdtemp made it 0700 and mine; what is above it must not let others swap it
+            try:  # mkdtemp made it 0700 and mine; what is above it should not let others swap it
                 _paths.check_parents(self._path)
-            except BaseException:
-                os.rmdir(self._path)
-                raise
+            except _paths.UnsafePathError as exc:
+                # Warned, not refused: the default must serve where $HOME's parents belong to an image's
+                # build user (OpenShift runs containers under a random uid); a path given explicitly is refused.
+                LOGGER.warning("%s (Used anyway for the default workspace; set PYTRITON_HOME to avoid it.)", exc)
             self._remover: Optional[weakref.finalize[[pathlib.Path, int], Workspace]] = weakref.finalize(
                 self, _remove, self._path, os.getpid()
             )

@@ -283,3 +283,22 @@ def test_the_stub_refuses_a_module_another_user_renamed_into_place(tmp_path, fre
     with pytest.raises(ImportError, match=f"refuses to load {planted} .*owner uid {_nobody()}"):
         _stub_model.load(str(version_dir))
     assert _stub_model.PACKAGE not in sys.modules
+
+
+def test_the_default_workspace_only_warns_about_a_parent_others_may_write(tmp_path, monkeypatch, caplog):
+    """The default must keep serving (a container's $HOME may belong to the image's build user): a WARNING."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(0o777)
+    monkeypatch.setenv("PYTRITON_HOME", str(parent / "home"))
+    with caplog.at_level("WARNING", logger="pytriton.server.workspace"):
+        workspace = Workspace()
+    try:
+        assert _mode(workspace.path) == 0o700 and workspace.path.parent == parent / "home"
+        assert any(
+            str(parent) in record.getMessage() and "PYTRITON_HOME" in record.getMessage() for record in caplog.records
+        )
+    finally:
+        workspace.clean()
+    with pytest.raises(UnsafePathError):  # the same place given explicitly is refused
+        Workspace(parent / "explicit")
