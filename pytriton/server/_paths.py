@@ -71,7 +71,8 @@ def check_private_dir(path: PathLike, what: str) -> None:
         raise UnsafePathError(
             f"The {what} {os.fspath(path)} is owned by {_owner(info.st_uid)}, not by the serving user {_me()}: "
             f"its owner could put their own code where the stub loads it. Use a directory you created "
-            f"yourself (or let pytriton create it), or `chown {os.geteuid()} {os.fspath(path)}` as root."
+            f"yourself, or a new path (pytriton creates it 0700); taking this one over (`chown`) would keep "
+            f"whatever its owner already put inside."
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafePathError(
