@@ -131,7 +131,10 @@ class ServerBackend(Protocol):
         """
 
     def model_store(self, workspace: Workspace) -> pathlib.Path:
-        """The directory the model files are written to (created by the caller)."""
+        """The directory the model files are written to, created and checked (``server/_paths.py``).
+
+        Raises ``UnsafePathError`` if another local user could change it.
+        """
 
     def binding_context(self, context: BindingContext) -> BindingContext:
         """The binding context of a new model, with what this backend adds (the TCP hub of a remote server)."""

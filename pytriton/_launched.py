@@ -33,7 +33,7 @@ from pytriton._plan import LaunchPlan
 from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
 from pytriton.proxy.stubside import _segments
-from pytriton.server import _allocator
+from pytriton.server import _allocator, _paths
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
 from pytriton.server.command import LaunchSettings
@@ -174,7 +174,10 @@ class LocalBackend:
         return stub_env.numpy2
 
     def model_store(self, workspace: Workspace) -> pathlib.Path:
-        return self._config.model_repository or workspace.subdir("model-store")
+        if self._config.model_repository is None:
+            return workspace.subdir("model-store")
+        # The stub runs what is written there as this user: only this user may change it (docs/security.md).
+        return _paths.private_directory(self._config.model_repository, "model repository")
 
     def binding_context(self, context: BindingContext) -> BindingContext:
         return context

@@ -44,6 +44,7 @@ from pytriton.exceptions import (
 from pytriton.model_config.generator import to_dict
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts
 from pytriton.proxy.stubside import _zmq_channel
+from pytriton.server import _paths
 from pytriton.server.process import TritonServerProcess
 from pytriton.server.settings import Settings
 from pytriton.server.workspace import Workspace
@@ -166,7 +167,10 @@ class RemoteBackend:
     def model_store(self, workspace: Workspace) -> pathlib.Path:
         if not self._local_model_store:
             return workspace.subdir("model-store")  # staging; the files travel with the load request
-        return self._settings.config.model_repository or workspace.path
+        if self._settings.config.model_repository is None:
+            return workspace.path  # checked when the workspace was made
+        # The server's stubs run what is written there: only this user may change it (docs/security.md).
+        return _paths.private_directory(self._settings.config.model_repository, "model repository")
 
     def binding_context(self, context: BindingContext) -> BindingContext:
         return dataclasses.replace(context, tcp=self.hub)

@@ -26,6 +26,7 @@ from pytriton.proxy import _backend_kind, _bytecode, _process, _stub_model, stub
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._worker import InstanceWorker
 from pytriton.proxy.stubside import _backend_page, _segments, _stub_exit, _wire, _zmq_channel
+from pytriton.server import _paths
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
 _MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
@@ -272,20 +273,23 @@ class BoundModel:
     def write_repository(self, repository: pathlib.Path, versions: Optional[Sequence[int]] = None) -> None:
         """Write ``config.pbtxt`` and the proxy's ``model.py`` under ``repository/<name>``.
 
+        Raises ``UnsafePathError`` (``server/_paths.py``) if another local user could change the
+        repository or a directory written here: the stub runs what is written there.
+
         ``versions``: every bound version of this name (the shared ``config.pbtxt`` then tells
         Triton to serve exactly those); ``None`` means this version alone.
         """
         self.config.backend_parameters["pytriton.generation"] = str(self.generation)
         self.config.versions = sorted(versions) if versions and len(versions) > 1 else None
-        model_dir = repository / self.name
-        version_dir = model_dir / str(self.version)
-        # Private to the user: nothing in here is for other local users to read or change.
-        model_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        version_dir.mkdir(mode=0o700, exist_ok=True)
-        (model_dir / "config.pbtxt").write_text(to_pbtxt(self.config))
+        # Private to the user: nothing in here is for other local users to read or change. Each
+        # directory must be the serving user's alone (server/_paths.py: the stub runs what is in
+        # it), and each file replaces its path without following a symlink planted there.
+        repository = _paths.private_directory(repository, "model repository")  # created 0700 if missing
+        model_dir = _paths.private_subdir(repository, self.name, f"directory of model {self.name!r}")
+        version_dir = _paths.private_subdir(model_dir, str(self.version), f"version directory of model {self.name!r}")
+        _write_private(model_dir / "config.pbtxt", to_pbtxt(self.config).encode())
         if self._warmup_files:  # Triton reads them from <model>/warmup/ while loading
-            warmup_dir = model_dir / WARMUP_DIR
-            warmup_dir.mkdir(mode=0o700, exist_ok=True)
+            warmup_dir = _paths.private_subdir(model_dir, WARMUP_DIR, f"warmup directory of model {self.name!r}")
             for file_name, content in self._warmup_files.items():
                 _write_private(warmup_dir / file_name, content)
         _write_private(version_dir / _wire.PRIVATE_FILE, json.dumps(self._private).encode())
@@ -500,12 +504,8 @@ class WorkerStarts:
             model.wait_workers()
 
 
-def _write_private(path: pathlib.Path, content: bytes) -> None:
-    """Write ``path`` with mode 0600, also when it existed with other bits."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as file:
-        os.fchmod(file.fileno(), 0o600)
-        file.write(content)
+# A new 0600 file renamed over the path: a symlink planted there is replaced, never followed.
+_write_private = _paths.write_private
 
 
 def copy_stub_package(version_dir: pathlib.Path, bytecode_dir: Optional[pathlib.Path] = None) -> pathlib.Path:
@@ -517,8 +517,8 @@ def copy_stub_package(version_dir: pathlib.Path, bytecode_dir: Optional[pathlib.
     (``_bytecode``, cached there), so the stub does not compile the package before its first request.
     Files overwrite an earlier copy, which a running stub has already imported.
     """
-    package_dir = version_dir / _stub_model.PACKAGE
-    package_dir.mkdir(mode=0o700, exist_ok=True)
+    # The stub imports it: a directory the serving user alone may change (server/_paths.py).
+    package_dir = _paths.private_subdir(version_dir, _stub_model.PACKAGE, "stub package directory")
     os.chmod(package_dir, 0o700)
     for source in sorted(pathlib.Path(stubside.__file__).parent.glob("*.py")):
         _bytecode.copy_with_bytecode(source, package_dir / source.name, _write_private, bytecode_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import shutil
@@ -9,7 +10,10 @@ import tempfile
 import weakref
 from typing import List, Optional, Union
 
+from pytriton.server import _paths
 from pytriton.server.distribution import pytriton_home
+
+LOGGER = logging.getLogger(__name__)
 
 
 class Workspace:
@@ -25,6 +29,15 @@ class Workspace:
     which runs after the ``atexit`` handlers registered later, ``Triton.stop`` among them). Only the
     process that created it removes it that way: a forked child that exits leaves it alone. A
     killed process leaves it to the crash guard (``server/_watchdog.py``, see :func:`cleanup_paths`).
+
+    Ownership (``server/_paths.py``, docs/security.md): the directory, given or fresh, and every
+    directory :meth:`subdir` makes must be owned by the serving user and not writable by group or
+    other (missing ones are created 0700); the directories above it must be owned by root or that user
+    and not writable by others unless sticky. Otherwise the constructor (or :meth:`subdir`) raises
+    ``UnsafePathError`` naming the path and the fix: another user could plant code the stub runs.
+    For the fresh default directory (always 0700 and the user's own) a problem above it is only
+    logged as a WARNING, so that the default keeps working where ``$HOME``'s parents are not the
+    user's.
     """
 
     def __init__(self, path: Union[str, pathlib.Path, None] = None):
@@ -32,16 +45,22 @@ class Workspace:
         if path is None:
             home = pytriton_home()
             home.mkdir(parents=True, exist_ok=True)
-            self._path = pathlib.Path(tempfile.mkdtemp(prefix="workspace_", dir=home))
+            self._path = pathlib.Path(tempfile.mkdtemp(prefix="workspace_", dir=os.path.realpath(home)))
             self._owned = True
+            try:  # mkdtemp made it 0700 and mine; what is above it should not let others swap it
+                _paths.check_parents(self._path)
+            except _paths.UnsafePathError as exc:
+                # Warned, not refused: the default must serve where $HOME's parents belong to an image's
+                # build user (OpenShift runs containers under a random uid); a path given explicitly is refused.
+                LOGGER.warning("%s (Used anyway for the default workspace; set PYTRITON_HOME to avoid it.)", exc)
             self._remover: Optional[weakref.finalize[[pathlib.Path, int], Workspace]] = weakref.finalize(
                 self, _remove, self._path, os.getpid()
             )
         else:
             self._remover = None
-            self._path = pathlib.Path(path).expanduser().resolve()
-            self._owned = not self._path.exists()
-            self._path.mkdir(parents=True, exist_ok=True)
+            given = pathlib.Path(path).expanduser()
+            self._owned = not os.path.lexists(given)
+            self._path = _paths.private_directory(given, "workspace")
 
     @property
     def path(self) -> pathlib.Path:
@@ -49,10 +68,14 @@ class Workspace:
         return self._path
 
     def subdir(self, name: str) -> pathlib.Path:
-        """Create (if needed) and return ``path/name``; it is removed by :meth:`clean`."""
+        """Create (if needed, mode 0700) and return ``path/name``; it is removed by :meth:`clean`.
+
+        Raises ``UnsafePathError`` if it exists and is not a directory only the serving user may change.
+        """
         target = self._path / name
-        if not target.exists():
-            target.mkdir(parents=True)
+        created = not os.path.lexists(target)
+        _paths.private_subdir(self._path, name, "workspace directory")
+        if created:
             self._created.append(target)
         return target
 

@@ -109,16 +109,14 @@ class InlineModel(_stub.TritonPythonModel):
         """
         super()._initialize(args)
         repository, version = args["model_repository"], args["model_version"]
-        with open(os.path.join(repository, version, _wire.PRIVATE_FILE)) as file:
-            params = json.load(file)
+        params = json.loads(_wire.read_owned(os.path.join(repository, version, _wire.PRIVATE_FILE)))
         _user_path(params)
         # Busy/idle for stop() and the drain's admission budget (_backend_page); None: not provided.
         self._page = _backend_page.Page.open(
             os.path.join(self._endpoint_dir, _backend_page.PAGE_NAME), int(params["slots"])
         )
-        with open(os.path.join(repository, version, PAYLOAD_FILE), "rb") as file:
-            data = file.read()
         try:
+            data = _wire.read_owned(os.path.join(repository, version, PAYLOAD_FILE))  # unpickled: only ours
             runner_type = importlib.import_module(_RUNNER_MODULE).InlineRunner
             self._runner = runner_type.load(data, self._slot)
         except BaseException as exc:

@@ -205,8 +205,8 @@ class TritonPythonModel:
         _stub_bytes.install(pb_utils, strings='"TYPE_STRING"' in args["model_config"])
         config = json.loads(args["model_config"])
         # What locates the worker lives in a 0600 file, not in the model config clients can read.
-        with open(os.path.join(args["model_repository"], args["model_version"], _wire.PRIVATE_FILE)) as file:
-            params = json.load(file)
+        private = os.path.join(args["model_repository"], args["model_version"], _wire.PRIVATE_FILE)
+        params = json.loads(_wire.read_owned(private))  # a file only this user could have written
         # The backend created this instance's region 0644 just before starting us; no request has
         # used it yet. Close it (and any sibling's) to other users before the model can be ready.
         _segments.make_private(params["backend_shm_prefix"])

@@ -38,8 +38,10 @@ that died in between.
 from __future__ import annotations
 
 import marshal
+import os
 import select
 import socket
+import stat
 import struct
 import time
 from typing import Optional, Protocol, TypeVar
@@ -49,6 +51,35 @@ from ._messages import Message, decode
 # Written 0600 by Triton.bind next to the stub's model.py: what the stub needs to find its worker
 # (pids, socket paths, segment prefixes), kept out of the model config that any client can read.
 PRIVATE_FILE = "pytriton_private.json"
+
+
+def read_owned(path: str) -> bytes:
+    """The content of ``path``, a file only this process's user could have written; raises ``PermissionError`` otherwise.
+
+    For what the stub loads from its version directory (``PRIVATE_FILE``, ``pytriton_backend.pkl``):
+    opened without following a symlink, and checked on the open descriptor (so nothing can be
+    swapped between check and read): a regular file owned by the stub's effective uid, not writable
+    by group or other. Another local user's file renamed into place fails the model's load with
+    this error instead of running as the server's user (docs/security.md).
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise PermissionError(f"pytriton: refusing {path}: it is a symlink; bind the model again") from None
+        raise exc
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise PermissionError(
+                f"pytriton: refusing {path} (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}): "
+                f"the stub loads only regular files of its own user (uid {os.geteuid()}) that group and other "
+                "cannot write; another user may have put it there. Bind the model again into a repository "
+                "only the serving user can change."
+            )
+        return file.read()
+
+
 _UINT32 = struct.Struct("<I")  # frame lengths
 M = TypeVar("M")
 
