@@ -66,8 +66,8 @@ class EmbeddingRequest:
 # recursion limit (1000), so that nothing that walks the parsed request later (json.dumps of the
 # messages, the model's own json.loads) can hit it: a deeper body is a 400 here, not a model error.
 MAX_JSON_DEPTH = 64
-# A JSON string escape of a UTF-16 surrogate: the only way a body can hold a lone surrogate (raw
-# UTF-8 cannot encode one), which json.loads accepts but no UTF-8 encoder downstream does.
+# A JSON string escape of a UTF-16 surrogate: the only way a body can hold a lone surrogate once it
+# decoded as strict UTF-8. json.loads accepts one, but no UTF-8 encoder downstream does.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -77,25 +77,30 @@ def _yielding_object(pairs: List[Tuple[str, object]]) -> Dict[str, object]:
     return dict(pairs)
 
 
-def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, yielding: bool = False) -> Dict[str, object]:
-    """The body as a JSON object, else 400 (``code`` ``invalid_json``).
+_YIELDING_DECODER = json.JSONDecoder(object_pairs_hook=_yielding_object)
 
-    Refused besides malformed JSON and a non-object: nesting deeper than ``max_depth`` levels and a
-    lone UTF-16 surrogate escape (``"\\ud800"``) in any string. ``yielding``: parse so that another
-    thread gets the GIL between objects (for large bodies parsed off the event loop; slower).
-    The extra checks cost nothing for ordinary bodies: the tree is walked only when the body holds
-    more brackets than ``max_depth`` or a surrogate escape.
+
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, yielding: bool = False) -> Dict[str, object]:
+    """The body, UTF-8 JSON text, as a JSON object, else 400 (``code`` ``invalid_json``).
+
+    Refused besides malformed JSON and a non-object: text that is not strict UTF-8 (json.loads of
+    bytes would take UTF-16 and UTF-32, and UTF-8-encoded surrogates), nesting deeper than
+    ``max_depth`` levels, and a lone UTF-16 surrogate escape (``"\\ud800"``) in any string.
+    ``yielding``: parse so that another thread gets the GIL between objects (for large bodies parsed
+    off the event loop; slower). The extra checks cost about a microsecond for ordinary bodies: the
+    tree is walked only when the body holds more brackets than ``max_depth`` or a surrogate escape.
     """
     try:
-        body = json.loads(raw, object_pairs_hook=_yielding_object if yielding else None)
+        text = raw.decode("utf-8")
+        body = _YIELDING_DECODER.decode(text) if yielding else json.loads(text)
     except RecursionError:  # deeper than the C parser's recursion limit
         raise _too_deep(max_depth) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise invalid_request(f"The request body is not valid UTF-8 JSON: {exc}", code="invalid_json") from None
+    del text
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_json")
-    # A UTF-16 or UTF-32 body (json.loads takes those too) spells its escapes in wider characters.
-    surrogates = _SURROGATE_ESCAPE.search(raw) is not None or json.detect_encoding(raw) != "utf-8"
+    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
     if surrogates or raw.count(b"[") + raw.count(b"{") > max_depth:
         _check_tree(body, max_depth, surrogates)
     return body

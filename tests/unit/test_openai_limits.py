@@ -74,6 +74,7 @@ def test_a_body_over_the_limit_is_413_with_openais_error_body(backend):
         b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\uDFFFb"}]}',
         b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "user": {"\\udc00": 1}}',
         '{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}'.encode("utf-16"),
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',  # a surrogate as UTF-8
         b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "x": '
         + b"[" * 100_000
         + b"]" * 100_000
@@ -81,14 +82,23 @@ def test_a_body_over_the_limit_is_413_with_openais_error_body(backend):
         b'{"model": "tiny", "messages": [{"role": "user", "content": "x", "deep": ' + b"[" * 900 + b"]" * 900 + b"}]}",
         b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * 64 + b"]" * 64 + b"}",
     ],
-    ids=["lone-high", "lone-low", "lone-in-a-key", "lone-utf16", "nesting-100000", "nesting-900", "nesting-65"],
+    ids=[
+        "lone-high",
+        "lone-low",
+        "lone-in-a-key",
+        "lone-utf16",
+        "utf8-encoded-surrogate",
+        "nesting-100000",
+        "nesting-900",
+        "nesting-65",
+    ],
 )
 def test_lone_surrogates_and_deep_nesting_are_400_and_log_nothing(backend, body, caplog):
     client, state = make_client(backend)
     with caplog.at_level(logging.DEBUG, logger="pytriton.openai"):
         error = assert_error(client.post("/v1/chat/completions", content=body), 400, "invalid_request_error",
                              "invalid_json")  # fmt: skip
-        assert "surrogate" in error["message"] or "deeper than 64 levels" in error["message"]
+        assert any(word in error["message"] for word in ("surrogate", "deeper than 64 levels", "not valid UTF-8"))
         assert len(error["message"]) < 300
         # The same with a large body (parsed off the loop), and a healthy request beside them.
         padded = body[:-1] + b', "pad": "' + b"p" * (300 << 10) + b'"}' if body.startswith(b"{") else None
