@@ -11,11 +11,12 @@ queued, so that a client's retry policy, not a growing queue, absorbs a burst. A
 place until it ends.
 
 Input limits: a body over ``max_body_bytes`` is answered 413 (declared sizes before any byte is
-read), and the connection closed after the answer; a body's JSON may nest ``max_json_depth`` levels
-and hold no lone UTF-16 surrogate (400 otherwise, ``_requests.parse_json``). A body over
-``INLINE_PARSE_BYTES`` is parsed and validated in a thread, so that ``/health`` and other requests are
-served meanwhile. A client that disconnects before the answer to its non-streaming request to a
-decoupled model is ready has that model's generation cancelled, as a stream's would be.
+read), one not whole within ``body_timeout_s`` 408, and the connection is closed after either
+answer; a body's JSON may nest ``max_json_depth`` levels and hold no lone UTF-16 surrogate (400
+otherwise, ``_requests.parse_json``). A body over ``INLINE_PARSE_BYTES`` is parsed and validated in
+a thread, so that ``/health`` and other requests are served meanwhile. A client that disconnects
+before the answer to its non-streaming request to a decoupled model is ready has that model's
+generation cancelled, as a stream's would be.
 
 A streaming answer waits for the model's first response before it sends the status line, so an
 error there (a failing model, a full queue) still gets its status code; a later error is sent as a
@@ -90,6 +91,7 @@ class AppState:
     max_in_flight: int = 64
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = MAX_JSON_DEPTH
+    body_timeout_s: float = 60.0
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     in_flight: int = 0
 
@@ -131,7 +133,7 @@ def _endpoint(handler: Callable[[AppState, Request], Awaitable[Response]], state
             return await handler(state, request)
         except OpenAIError as error:
             response = _error_response(error)
-            if error.status == 413:  # the rest of the body is not read: end the connection after the answer
+            if error.status in (408, 413):  # the rest of the body is not read: end the connection after the answer
                 response.headers["connection"] = "close"
             return response
         except (ClientDisconnect, _ClientLeft):  # the client left: nobody reads an answer
@@ -194,18 +196,7 @@ async def _answer(state: AppState, spec: ChatModel, model: str, info: ModelInfo,
     return answer
 
 
-async def read_body(state: AppState, request: Request, prepare: Callable[[Dict[str, object]], _T]) -> _T:
-    """``prepare`` of the request's body as a JSON object (``parse_json``), read up to ``state.max_body_bytes``.
-
-    A declared ``Content-Length`` over the limit is refused (413) before any of the body is read; an
-    undeclared (chunked) one as soon as it grows past it. A body over ``INLINE_PARSE_BYTES`` is parsed
-    and ``prepare``d (validation, the model inputs) in the loop's default executor, so that other
-    requests (``/health``) are served meanwhile; ``prepare`` must not touch the event loop.
-    """
-    limit = state.max_body_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
+async def _read_raw(request: Request, limit: int) -> bytes:
     chunks: List[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -213,8 +204,55 @@ async def read_body(state: AppState, request: Request, prepare: Callable[[Dict[s
         if size > limit:
             raise too_large(limit)
         chunks.append(chunk)
-    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    del chunks
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _read_raw_in_time(request: Request, limit: int, timeout_s: float) -> bytes:
+    """:func:`_read_raw`, 408 if the body has not arrived within ``timeout_s``.
+
+    Why a timer that cancels this task rather than ``asyncio.wait_for``: that creates a task per
+    request (Python < 3.11 has no ``asyncio.timeout``), and nearly every body is already there.
+    """
+    task = asyncio.current_task()
+    assert task is not None  # called from a request's task
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+    try:
+        return await _read_raw(request, limit)
+    except asyncio.CancelledError:
+        if not expired:
+            raise
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this cancellation is handled here
+        if uncancel is not None:
+            uncancel()
+        raise OpenAIError(
+            408, f"The request body did not arrive within {timeout_s:g} s (body_timeout_s).", "invalid_request_error",
+            None, "request_timeout",
+        ) from None  # fmt: skip
+    finally:
+        timer.cancel()
+
+
+async def read_body(state: AppState, request: Request, prepare: Callable[[Dict[str, object]], _T]) -> _T:
+    """``prepare`` of the request's body as a JSON object (``parse_json``), read up to ``state.max_body_bytes``.
+
+    A declared ``Content-Length`` over the limit is refused (413) before any of the body is read; an
+    undeclared (chunked) one as soon as it grows past it. The whole body must arrive within
+    ``state.body_timeout_s`` (408). A body over ``INLINE_PARSE_BYTES`` is parsed and ``prepare``d
+    (validation, the model inputs) in the loop's default executor, so that other requests
+    (``/health``) are served meanwhile; ``prepare`` must not touch the event loop.
+    """
+    limit = state.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    raw = await _read_raw_in_time(request, limit, state.body_timeout_s)
     if len(raw) <= INLINE_PARSE_BYTES:
         return prepare(parse_json(raw, state.max_json_depth))
 

@@ -21,7 +21,8 @@ Security: the frontend listens on 127.0.0.1 unless told otherwise. An ``api_key`
 never open to the network by accident. The frontend calls only Triton's inference and readiness
 APIs: the management endpoints that ``TritonSecurityConfig`` restricts stay restricted. Limits on
 bodies and connections (``max_body_bytes``, ``max_json_depth``, ``max_connections``,
-``header_timeout_s``, ``keep_alive_timeout_s``) bound what one client can hold (docs/openai.md).
+``header_timeout_s``, ``keep_alive_timeout_s``, ``body_timeout_s``) bound what one client can hold
+(docs/openai.md).
 
 Unit test: tests/unit/test_openai_frontend.py.
 """
@@ -130,6 +131,7 @@ class OpenAIFrontend:
         max_connections: open connections at most (1024); see :class:`ConnectionLimits`.
         header_timeout_s: how long a connection may take to send a request's headers (10 s).
         keep_alive_timeout_s: how long an idle connection is kept after an answer (5 s).
+        body_timeout_s: how long a request's body may take to arrive after its headers (60 s; then 408).
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class OpenAIFrontend:
         max_connections: int = 1024,
         header_timeout_s: float = 10.0,
         keep_alive_timeout_s: float = 5.0,
+        body_timeout_s: float = 60.0,
     ) -> None:
         if api_key is None:
             api_key = os.environ.get(API_KEY_ENV) or None
@@ -161,13 +164,15 @@ class OpenAIFrontend:
                             ("max_json_depth", max_json_depth), ("max_connections", max_connections)):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PyTritonBadParameterError(f"{name} must be a positive integer, got {value!r}.")
-        for name, seconds in (("header_timeout_s", header_timeout_s), ("keep_alive_timeout_s", keep_alive_timeout_s)):
+        for name, seconds in (("header_timeout_s", header_timeout_s), ("keep_alive_timeout_s", keep_alive_timeout_s),
+                              ("body_timeout_s", body_timeout_s)):  # fmt: skip
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
                 raise PyTritonBadParameterError(f"{name} must be a positive number of seconds, got {seconds!r}.")
         self._max_body_bytes = max_body_bytes
         self._max_json_depth = max_json_depth
         self._connection_limits = ConnectionLimits(max_connections, float(header_timeout_s))
         self._keep_alive_timeout_s = float(keep_alive_timeout_s)
+        self._body_timeout_s = float(body_timeout_s)
         self._triton = triton
         self._models = list(models)
         self._host = host
@@ -293,7 +298,7 @@ class OpenAIFrontend:
             chat, embeddings = await self._resolve(backend)
             state = AppState(
                 backend, chat, embeddings, self._api_key, self._max_in_flight, self._max_body_bytes,
-                self._max_json_depth,
+                self._max_json_depth, self._body_timeout_s,
             )  # fmt: skip
             # No proxy-headers middleware: nothing here trusts X-Forwarded-* (and it costs a layer per
             # request); no Server header: the frontend does not advertise its stack; no WebSockets: no

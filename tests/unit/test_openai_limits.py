@@ -266,6 +266,30 @@ def test_idle_and_partial_header_connections_are_closed_after_the_header_timeout
             sock.close()
 
 
+def test_a_body_that_does_not_arrive_in_time_gets_408(serve):
+    frontend = serve(body_timeout_s=0.5, header_timeout_s=0.5)
+    head = PARTIAL + b"Content-Length: 100\r\n\r\n"
+    slow = _connect(frontend, head + b'{"model": ')  # 10 of the 100 bytes, then nothing
+    try:
+        slow.settimeout(10)
+        answer = slow.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer[:200]
+        assert _closed_by_server(slow)
+    finally:
+        slow.close()
+    # A body sent in pieces, each well within the time, is served; and so is an ordinary request.
+    body = json.dumps(CHAT).encode()
+    pieces = _connect(frontend, PARTIAL + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    try:
+        for start in range(0, len(body), 20):
+            pieces.sendall(body[start : start + 20])
+        answer = pieces.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200") and b"whole answer" in answer
+    finally:
+        pieces.close()
+    _ok(_chat(frontend))
+
+
 def test_headers_growing_past_the_bound_get_431(serve):
     frontend = serve()
     sock = _connect(frontend, PARTIAL)
@@ -373,6 +397,7 @@ def test_health_answers_while_a_large_body_is_parsed(serve, monkeypatch):
         {"max_connections": -1},
         {"header_timeout_s": 0},
         {"keep_alive_timeout_s": "5"},
+        {"body_timeout_s": -1.0},
     ],  # fmt: skip
 )
 def test_limit_arguments_are_checked(kwargs):
@@ -383,5 +408,5 @@ def test_limit_arguments_are_checked(kwargs):
 
 def test_limits_are_passed_to_the_app(backend):
     _, state = make_client(backend)
-    assert state.max_body_bytes == 16 << 20 and state.max_json_depth == 64
+    assert state.max_body_bytes == 16 << 20 and state.max_json_depth == 64 and state.body_timeout_s == 60.0
     assert PLAIN is not None
