@@ -339,9 +339,9 @@ def test_a_non_stream_request_left_by_its_client_stops_the_generation(frontend, 
     with socket.create_connection(("127.0.0.1", frontend.port), timeout=30) as sock:
         sock.sendall(head.encode() + body)
         assert wait_for(lambda: (frontend.notes / f"{tag}.started").exists(), 30), "the model never started"
-        healthy = _client(frontend).chat.completions.create(model="tiny-chat", messages=MESSAGES)
-        assert healthy.choices[0].message.content == "You said: one two three"
     # The socket is closed: the client left. Before, the generation ran to its end (SLOW_TOKENS - 1).
+    healthy = _client(frontend).chat.completions.create(model="tiny-chat", messages=MESSAGES)
+    assert healthy.choices[0].message.content == "You said: one two three"
     assert wait_for(lambda: _closed(frontend, tag) is not None, 15), "the model's generator was not closed"
     assert _closed(frontend, tag) < SLOW_TOKENS - 1
 

@@ -307,7 +307,8 @@ def test_headers_growing_past_the_bound_get_431(serve):
             answer = sock.recv(65536)
         except ConnectionResetError:
             answer = b""
-        assert answer.startswith(b"HTTP/1.1 431") or answer == b"", answer[:100]
+        # 431 from the frontend's bound; 400 where uvicorn runs h11 (no httptools), whose own bound is 16 KiB.
+        assert answer.startswith((b"HTTP/1.1 431", b"HTTP/1.1 400")) or answer == b"", answer[:100]
     finally:
         sock.close()
     _ok(_chat(frontend))
@@ -354,8 +355,13 @@ def test_connections_over_the_bound_evict_the_longest_waiting_then_are_refused(s
 
 def frontend_connections(frontend):
     """The frontend's connections in the middle of a request (uvicorn's server state, read across threads)."""
-    server = frontend._server
-    return [c for c in list(server.server_state.connections) if getattr(c, "waiting_since", 0) is None]
+    for _ in range(100):
+        try:  # the set belongs to the frontend's thread: copy it, again if it changed meanwhile
+            connections = list(frontend._server.server_state.connections)
+        except RuntimeError:
+            continue
+        return [c for c in connections if getattr(c, "waiting_since", 0) is None]
+    return []
 
 
 def test_health_answers_while_a_large_body_is_parsed(serve, monkeypatch):
