@@ -196,15 +196,28 @@ async def _answer(state: AppState, spec: ChatModel, model: str, info: ModelInfo,
     return answer
 
 
-async def _read_raw(request: Request, limit: int) -> bytes:
+async def _read_raw(receive: Receive, limit: int) -> bytes:
+    """The body from ASGI ``receive`` (``ClientDisconnect`` if the client leaves first; 413 past ``limit``).
+
+    Why not Starlette's ``Request.stream()``: an async generator per request, for a body that
+    nearly always comes in one message.
+    """
     chunks: List[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
+        if not message.get("more_body", False):
+            if not chunks:
+                return bytes(chunk)
+            chunks.append(chunk)
+            return b"".join(chunks)
         chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _read_raw_in_time(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -224,7 +237,7 @@ async def _read_raw_in_time(request: Request, limit: int, timeout_s: float) -> b
 
     timer = asyncio.get_running_loop().call_later(timeout_s, expire)
     try:
-        return await _read_raw(request, limit)
+        return await _read_raw(request.receive, limit)
     except asyncio.CancelledError:
         if not expired:
             raise
