@@ -584,7 +584,9 @@ async def _health(state: AppState, request: Request) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return _error_response(OpenAIError(status, f"{request.method} {request.url.path}: {exc}", kind))
+    path = request.url.path
+    path = path if len(path) <= 80 else f"{path[:80]}... ({len(path)} characters)"  # not a long path echoed whole
+    return _error_response(OpenAIError(status, f"{request.method} {path}: {exc}", kind))
 
 
 def create_app(state: AppState) -> ASGIApp:

@@ -128,6 +128,8 @@ def test_echoed_values_are_cut_short(backend):
                          "invalid_request_error", "model_not_found", "model")  # fmt: skip
     assert len(error["message"]) < 300 and "mmmm" in error["message"]
     assert len(client.get("/v1/models/" + "n" * 20_000).content) < 400
+    unknown_route = client.get("/v1/" + "z" * 50_000)
+    assert unknown_route.status_code == 404 and len(unknown_route.content) < 400
     for field, value in (("temperature", "t" * 50_000), ("stream", ["s"] * 50_000), ("n", {"k" * 9: 1})):
         error = assert_error(client.post("/v1/chat/completions", json={**CHAT, field: value}), 400,
                              "invalid_request_error", None, field)  # fmt: skip
