@@ -10,6 +10,14 @@ At most ``max_in_flight`` requests run at once; one more is answered 429 at once
 queued, so that a client's retry policy, not a growing queue, absorbs a burst. A stream holds its
 place until it ends.
 
+Input limits: a body over ``max_body_bytes`` is answered 413 (declared sizes before any byte is
+read), one not whole within ``body_timeout_s`` 408, and the connection is closed after either
+answer; a body's JSON may nest ``max_json_depth`` levels and hold no lone UTF-16 surrogate (400
+otherwise, ``_requests.parse_json``). A body over ``INLINE_PARSE_BYTES`` is parsed and validated in
+a thread, so that ``/health`` and other requests are served meanwhile. A client that disconnects
+before the answer to its non-streaming request to a decoupled model is ready has that model's
+generation cancelled, as a stream's would be.
+
 A streaming answer waits for the model's first response before it sends the status line, so an
 error there (a failing model, a full queue) still gets its status code; a later error is sent as a
 last event carrying OpenAI's error body, which OpenAI's clients raise. The stream is watched for
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import logging
 import time
@@ -30,15 +39,16 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping,
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pytriton.openai._backend import Backend, ModelStream, Outputs
-from pytriton.openai._errors import OpenAIError, overloaded, unknown_model
+from pytriton.openai._errors import OpenAIError, overloaded, too_large, unknown_model
 from pytriton.openai._models import ChatModel, EmbeddingModel, ModelInfo
 from pytriton.openai._requests import (
+    MAX_JSON_DEPTH,
     ModelCall,
     TextRequest,
     embedding_call,
@@ -62,6 +72,11 @@ from pytriton.openai._responses import (
 
 LOGGER = logging.getLogger("pytriton.openai")
 
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+# Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in a
+# thread, with a parser that lets the loop's thread have the GIL between objects (_requests.py).
+INLINE_PARSE_BYTES = 256 << 10
+
 _T = TypeVar("_T")
 
 
@@ -74,6 +89,9 @@ class AppState:
     embeddings: Mapping[str, Tuple[EmbeddingModel, ModelInfo]]
     api_key: Optional[str] = None
     max_in_flight: int = 64
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = MAX_JSON_DEPTH
+    body_timeout_s: float = 60.0
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     in_flight: int = 0
 
@@ -114,7 +132,12 @@ def _endpoint(handler: Callable[[AppState, Request], Awaitable[Response]], state
                 _check_key(state, request)
             return await handler(state, request)
         except OpenAIError as error:
-            return _error_response(error)
+            response = _error_response(error)
+            if error.status in (408, 413):  # the rest of the body is not read: end the connection after the answer
+                response.headers["connection"] = "close"
+            return response
+        except (ClientDisconnect, _ClientLeft):  # the client left: nobody reads an answer
+            return Response(status_code=400)
         except Exception:
             LOGGER.exception("OpenAI frontend: %s %s failed", request.method, request.url.path)
             return _error_response(_INTERNAL)
@@ -173,8 +196,97 @@ async def _answer(state: AppState, spec: ChatModel, model: str, info: ModelInfo,
     return answer
 
 
-async def _text(state: AppState, request: Request, chat: bool) -> Response:
-    body = parse_json(await request.body())
+async def _read_raw(receive: Receive, limit: int) -> bytes:
+    """The body from ASGI ``receive`` (``ClientDisconnect`` if the client leaves first; 413 past ``limit``).
+
+    Why not Starlette's ``Request.stream()``: an async generator per request, for a body that
+    nearly always comes in one message.
+    """
+    chunks: List[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        if not message.get("more_body", False):
+            if not chunks:
+                return bytes(chunk)
+            chunks.append(chunk)
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+async def _read_raw_in_time(request: Request, limit: int, timeout_s: float) -> bytes:
+    """:func:`_read_raw`, 408 if the body has not arrived within ``timeout_s``.
+
+    Why a timer that cancels this task rather than ``asyncio.wait_for``: that creates a task per
+    request (Python < 3.11 has no ``asyncio.timeout``), and nearly every body is already there.
+    """
+    task = asyncio.current_task()
+    assert task is not None  # called from a request's task
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+    try:
+        return await _read_raw(request.receive, limit)
+    except asyncio.CancelledError:
+        if not expired:
+            raise
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this cancellation is handled here
+        if uncancel is not None:
+            uncancel()
+        raise OpenAIError(
+            408, f"The request body did not arrive within {timeout_s:g} s (body_timeout_s).", "invalid_request_error",
+            None, "request_timeout",
+        ) from None  # fmt: skip
+    finally:
+        timer.cancel()
+
+
+async def read_body(state: AppState, request: Request, prepare: Callable[[Dict[str, object]], _T]) -> _T:
+    """``prepare`` of the request's body as a JSON object (``parse_json``), read up to ``state.max_body_bytes``.
+
+    A declared ``Content-Length`` over the limit is refused (413) before any of the body is read; an
+    undeclared (chunked) one as soon as it grows past it. The whole body must arrive within
+    ``state.body_timeout_s`` (408). A body over ``INLINE_PARSE_BYTES`` is parsed and ``prepare``d
+    (validation, the model inputs) in the loop's default executor, so that other requests
+    (``/health``) are served meanwhile; ``prepare`` must not touch the event loop.
+    """
+    limit = state.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    raw = await _read_raw_in_time(request, limit, state.body_timeout_s)
+    if len(raw) <= INLINE_PARSE_BYTES:
+        return prepare(parse_json(raw, state.max_json_depth))
+
+    def parse_and_prepare() -> _T:
+        return prepare(parse_json(raw, state.max_json_depth, yielding=True))
+
+    return await asyncio.get_running_loop().run_in_executor(None, parse_and_prepare)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TextCall:
+    """A validated text request and what it becomes: the served model, its mapping and one call per choice."""
+
+    text: TextRequest
+    spec: ChatModel
+    info: ModelInfo
+    model: str
+    calls: List[ModelCall]
+
+
+def _prepare_text(state: AppState, chat: bool, body: Dict[str, object]) -> _TextCall:
     text = parse_chat(body) if chat else parse_completion(body)
     if text.model not in state.chat:
         raise unknown_model(text.model)
@@ -183,16 +295,54 @@ async def _text(state: AppState, request: Request, chat: bool) -> Response:
     model = (spec.stream_model or spec.model) if text.stream else spec.model
     # Choice index = prompt index * n + choice of that prompt, as OpenAI numbers them.
     calls = [text_call(spec, info, text, prompt) for prompt in text.prompts for _ in range(text.n)]
+    return _TextCall(text, spec, info, model, calls)
+
+
+async def _text(state: AppState, request: Request, chat: bool) -> Response:
+    prepared = await read_body(state, request, functools.partial(_prepare_text, state, chat))
+    text, spec, info, model, calls = prepared.text, prepared.spec, prepared.info, prepared.model, prepared.calls
     release = state.acquire()
     try:
         if text.stream:
             response = await _start_stream(state, spec, model, info, text, calls, release)
             release = _nothing  # the stream releases its place when it ends
             return response
-        answers = await _all([_answer(state, spec, model, info, call) for call in calls])
+        answering = _all([_answer(state, spec, model, info, call) for call in calls])
+        # A decoupled model's generation is cancelled if the client leaves before the answer is whole;
+        # an ordinary model's single response is awaited (its request keeps its place until Triton answers).
+        answers = await (_unless_client_leaves(request.receive, answering) if info.decoupled else answering)
         return _json(text_response(chat, text.model, answers, text.n))
     finally:
         release()
+
+
+class _ClientLeft(Exception):
+    """The client disconnected before its answer was ready; the work for it was cancelled."""
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(receive: Receive, work: Awaitable[_T]) -> _T:
+    """``await work``, cancelling it (and raising :class:`_ClientLeft`) if the client disconnects first.
+
+    Call after the body was read: ``receive`` then yields nothing but the disconnect. Cancelling
+    ``work`` runs its ``finally`` blocks, which cancel the model's streams (``_answer``).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        raise _ClientLeft()
+    return task.result()
 
 
 def _nothing() -> None:
@@ -383,7 +533,7 @@ async def _completions(state: AppState, request: Request) -> Response:
 
 
 async def _embeddings(state: AppState, request: Request) -> Response:
-    parsed = parse_embeddings(parse_json(await request.body()))
+    parsed = await read_body(state, request, parse_embeddings)
     spec, info = _lookup(state.embeddings, parsed.model)
     release = state.acquire()
     try:
@@ -434,7 +584,9 @@ async def _health(state: AppState, request: Request) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return _error_response(OpenAIError(status, f"{request.method} {request.url.path}: {exc}", kind))
+    path = request.url.path
+    path = path if len(path) <= 80 else f"{path[:80]}... ({len(path)} characters)"  # not a long path echoed whole
+    return _error_response(OpenAIError(status, f"{request.method} {path}: {exc}", kind))
 
 
 def create_app(state: AppState) -> ASGIApp:

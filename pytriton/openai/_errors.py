@@ -10,11 +10,25 @@ Unit test: tests/unit/test_openai_app.py (each status through the app), tests/un
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, Dict, Optional
 
 # Triton's message when a model's queue is full (dynamic batcher ``max_queue_size``); the error of a
 # gRPC stream response carries only its text, so this is how overload is recognised there.
 QUEUE_FULL_TEXT = "Exceeds maximum queue size"
+
+
+# How a client's value is shown in an error message: at most about 80 characters whatever its size
+# (a 100 KB model name is not sent back whole), built without a full repr of a large value first.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 4
+_SHORT.maxlevel = 2
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to about 80 characters, for echoing a client's value in an error message."""
+    return _SHORT.repr(value)
 
 
 class OpenAIError(Exception):
@@ -48,8 +62,16 @@ def invalid_request(message: str, param: Optional[str] = None, code: Optional[st
 def unknown_model(name: str) -> OpenAIError:
     """404, as OpenAI answers for a model name it does not serve."""
     return OpenAIError(
-        404, f"The model {name!r} does not exist; GET /v1/models lists the served models.",
+        404, f"The model {shown(name)} does not exist; GET /v1/models lists the served models.",
         "invalid_request_error", "model", "model_not_found",
+    )  # fmt: skip
+
+
+def too_large(limit: int) -> OpenAIError:
+    """413: the body is larger than the frontend's ``max_body_bytes``."""
+    return OpenAIError(
+        413, f"The request body is larger than this server's limit of {limit} bytes (max_body_bytes).",
+        "invalid_request_error", None, "request_too_large",
     )  # fmt: skip
 
 

@@ -19,7 +19,10 @@ Security: the frontend listens on 127.0.0.1 unless told otherwise. An ``api_key`
 ``PYTRITON_OPENAI_API_KEY`` variable) makes every ``/v1`` route require ``Authorization: Bearer
 <key>``; listening on any address other than loopback without a key is refused, so a frontend is
 never open to the network by accident. The frontend calls only Triton's inference and readiness
-APIs: the management endpoints that ``TritonSecurityConfig`` restricts stay restricted.
+APIs: the management endpoints that ``TritonSecurityConfig`` restricts stay restricted. Limits on
+bodies and connections (``max_body_bytes``, ``max_json_depth``, ``max_connections``,
+``header_timeout_s``, ``keep_alive_timeout_s``, ``body_timeout_s``) bound what one client can hold
+(docs/openai.md).
 
 Unit test: tests/unit/test_openai_frontend.py.
 """
@@ -38,7 +41,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, Optional, Sequence, Tuple, Union
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonInvalidOperationError
-from pytriton.openai._app import AppState, create_app
+from pytriton.openai._app import DEFAULT_MAX_BODY_BYTES, AppState, create_app
 from pytriton.openai._backend import Backend, GrpcBackend, InProcessBackend
 from pytriton.openai._models import (
     ChatModel,
@@ -48,7 +51,8 @@ from pytriton.openai._models import (
     check_embedding_model,
     model_info,
 )
-from pytriton.openai._transport import coalescing_protocol
+from pytriton.openai._requests import MAX_JSON_DEPTH
+from pytriton.openai._transport import ConnectionLimits, coalescing_protocol
 
 if TYPE_CHECKING:
     import uvicorn
@@ -122,6 +126,12 @@ class OpenAIFrontend:
         max_in_flight: requests served at once; one more is answered 429.
         access_token: the token of a ``grpc://`` Triton with restricted endpoints (a ``Triton``
             object gives its own).
+        max_body_bytes: the largest request body (16 MiB); a larger one is answered 413.
+        max_json_depth: the deepest nesting of a body's JSON (64 levels); deeper is a 400.
+        max_connections: open connections at most (1024); see :class:`ConnectionLimits`.
+        header_timeout_s: how long a connection may take to send a request's headers (10 s).
+        keep_alive_timeout_s: how long an idle connection is kept after an answer (5 s).
+        body_timeout_s: how long a request's body may take to arrive after its headers (60 s; then 408).
     """
 
     def __init__(
@@ -134,6 +144,12 @@ class OpenAIFrontend:
         api_key: Optional[str] = None,
         max_in_flight: int = 64,
         access_token: Optional[str] = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_json_depth: int = MAX_JSON_DEPTH,
+        max_connections: int = 1024,
+        header_timeout_s: float = 10.0,
+        keep_alive_timeout_s: float = 5.0,
+        body_timeout_s: float = 60.0,
     ) -> None:
         if api_key is None:
             api_key = os.environ.get(API_KEY_ENV) or None
@@ -144,8 +160,19 @@ class OpenAIFrontend:
         names = [spec.name for spec in models]
         if not models or len(set(names)) != len(names):
             raise PyTritonBadParameterError(f"models must name each OpenAI model once, got {names}.")
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise PyTritonBadParameterError(f"max_in_flight must be a positive integer, got {max_in_flight!r}.")
+        for name, value in (("max_in_flight", max_in_flight), ("max_body_bytes", max_body_bytes),
+                            ("max_json_depth", max_json_depth), ("max_connections", max_connections)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PyTritonBadParameterError(f"{name} must be a positive integer, got {value!r}.")
+        for name, seconds in (("header_timeout_s", header_timeout_s), ("keep_alive_timeout_s", keep_alive_timeout_s),
+                              ("body_timeout_s", body_timeout_s)):  # fmt: skip
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise PyTritonBadParameterError(f"{name} must be a positive number of seconds, got {seconds!r}.")
+        self._max_body_bytes = max_body_bytes
+        self._max_json_depth = max_json_depth
+        self._connection_limits = ConnectionLimits(max_connections, float(header_timeout_s))
+        self._keep_alive_timeout_s = float(keep_alive_timeout_s)
+        self._body_timeout_s = float(body_timeout_s)
         self._triton = triton
         self._models = list(models)
         self._host = host
@@ -269,14 +296,18 @@ class OpenAIFrontend:
         backend = make_backend()
         try:
             chat, embeddings = await self._resolve(backend)
-            state = AppState(backend, chat, embeddings, self._api_key, self._max_in_flight)
+            state = AppState(
+                backend, chat, embeddings, self._api_key, self._max_in_flight, self._max_body_bytes,
+                self._max_json_depth, self._body_timeout_s,
+            )  # fmt: skip
             # No proxy-headers middleware: nothing here trusts X-Forwarded-* (and it costs a layer per
             # request); no Server header: the frontend does not advertise its stack; no WebSockets: no
             # route takes them. The protocol sends each answer's head and body together (_transport.py).
             config = uvicorn.Config(
                 create_app(state), log_level="warning", access_log=False, lifespan="off",
                 timeout_graceful_shutdown=int(GRACEFUL_STOP_S), proxy_headers=False, server_header=False,
-                ws="none", http=coalescing_protocol(),
+                ws="none", http=coalescing_protocol(self._connection_limits),
+                timeout_keep_alive=self._keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
             )  # fmt: skip
             server = uvicorn.Server(config)
             self._server, self._loop = server, asyncio.get_running_loop()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import numpy as np
 
-from pytriton.openai._errors import invalid_request
+from pytriton.openai._errors import invalid_request, shown
 from pytriton.openai._models import (
     SAMPLING_FIELDS,
     ChatModel,
@@ -61,15 +62,78 @@ class EmbeddingRequest:
     encoding_format: str
 
 
-def parse_json(raw: bytes) -> Dict[str, object]:
-    """The body as a JSON object, else 400."""
+# The deepest nesting of a body's JSON (the body object itself is level 1). Well below Python's
+# recursion limit (1000), so that nothing that walks the parsed request later (json.dumps of the
+# messages, the model's own json.loads) can hit it: a deeper body is a 400 here, not a model error.
+MAX_JSON_DEPTH = 64
+# A JSON string escape of a UTF-16 surrogate: the only way a body can hold a lone surrogate once it
+# decoded as strict UTF-8. json.loads accepts one, but no UTF-8 encoder downstream does.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _yielding_object(pairs: List[Tuple[str, object]]) -> Dict[str, object]:
+    # A Python-level hook: each object parsed runs Python code, where the interpreter may hand the
+    # GIL to the event loop's thread. With no hook the C parser holds it for the whole body.
+    return dict(pairs)
+
+
+_YIELDING_DECODER = json.JSONDecoder(object_pairs_hook=_yielding_object)
+
+
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, yielding: bool = False) -> Dict[str, object]:
+    """The body, UTF-8 JSON text, as a JSON object, else 400 (``code`` ``invalid_json``).
+
+    Refused besides malformed JSON and a non-object: text that is not strict UTF-8 (json.loads of
+    bytes would take UTF-16 and UTF-32, and UTF-8-encoded surrogates), nesting deeper than
+    ``max_depth`` levels, and a lone UTF-16 surrogate escape (``"\\ud800"``) in any string.
+    ``yielding``: parse so that another thread gets the GIL between objects (for large bodies parsed
+    off the event loop; slower). The extra checks cost about a microsecond for ordinary bodies: the
+    tree is walked only when the body holds more brackets than ``max_depth`` or a surrogate escape.
+    """
     try:
-        body = json.loads(raw)
+        text = raw.decode("utf-8")
+        body = _YIELDING_DECODER.decode(text) if yielding else json.loads(text)
+    except RecursionError:  # deeper than the C parser's recursion limit
+        raise _too_deep(max_depth) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise invalid_request(f"The request body is not valid UTF-8 JSON: {exc}", code="invalid_json") from None
+    del text
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_json")
+    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    if surrogates or raw.count(b"[") + raw.count(b"{") > max_depth:
+        _check_tree(body, max_depth, surrogates)
     return body
+
+
+def _too_deep(max_depth: int) -> Exception:
+    return invalid_request(f"The request body's JSON nests deeper than {max_depth} levels.", code="invalid_json")
+
+
+def _check_tree(body: object, max_depth: int, surrogates: bool) -> None:
+    """400 for nesting deeper than ``max_depth`` or (when ``surrogates``) a string no UTF-8 encoder takes."""
+    stack: List[Tuple[object, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            if depth > max_depth:
+                raise _too_deep(max_depth)
+            stack.extend((item, depth + 1) for item in value.values())
+            if surrogates:
+                stack.extend((key, depth) for key in value)
+        elif isinstance(value, list):
+            if depth > max_depth:
+                raise _too_deep(max_depth)
+            stack.extend((item, depth + 1) for item in value)
+        elif surrogates and isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid_request(
+                    'The request body holds a lone UTF-16 surrogate (such as "\\ud800"), which is not text; '
+                    "send valid Unicode (a surrogate pair, or the character itself).",
+                    code="invalid_json",
+                ) from None
 
 
 def _model_name(body: Mapping[str, object]) -> str:
@@ -84,7 +148,7 @@ def _number(body: Mapping[str, object], name: str, low: float, high: float) -> O
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise invalid_request(f"'{name}' must be a number from {low:g} to {high:g}, got {value!r}.", name)
+        raise invalid_request(f"'{name}' must be a number from {low:g} to {high:g}, got {shown(value)}.", name)
     return float(value)
 
 
@@ -93,7 +157,7 @@ def _integer(body: Mapping[str, object], name: str, low: int, high: int) -> Opti
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid_request(f"'{name}' must be an integer from {low} to {high}, got {value!r}.", name)
+        raise invalid_request(f"'{name}' must be an integer from {low} to {high}, got {shown(value)}.", name)
     return int(value)
 
 
@@ -102,7 +166,7 @@ def _flag(body: Mapping[str, object], name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise invalid_request(f"'{name}' must be true or false, got {value!r}.", name)
+        raise invalid_request(f"'{name}' must be true or false, got {shown(value)}.", name)
     return value
 
 
@@ -177,7 +241,7 @@ def _tools(body: Mapping[str, object]) -> Dict[str, object]:
                 not isinstance(function, dict) or function.get("name") not in names
             ):
                 raise invalid_request(
-                    f"'tool_choice' must name one of the functions in 'tools' {sorted(names)}, got {choice!r}.",
+                    f"'tool_choice' must name one of the functions in 'tools' {shown(sorted(names))}, got {shown(choice)}.",
                     "tool_choice",
                 )
         elif choice not in ("none", "auto", "required"):
@@ -215,7 +279,7 @@ def _messages(body: Mapping[str, object]) -> List[Dict[str, Any]]:
             raise invalid_request(f"'{where}' must be an object.", where)
         if message.get("role") not in _ROLES:
             raise invalid_request(
-                f"'{where}.role' must be one of {sorted(_ROLES)}, got {message.get('role')!r}.", f"{where}.role"
+                f"'{where}.role' must be one of {sorted(_ROLES)}, got {shown(message.get('role'))}.", f"{where}.role"
             )
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
@@ -278,7 +342,7 @@ def _input_value(value: object, dtype: np.dtype, field: str) -> np.ndarray:  # t
     try:
         return np.array([value], dtype=dtype)
     except (TypeError, ValueError):
-        raise invalid_request(f"'{field}' cannot be passed to this model: {value!r}.", field) from None
+        raise invalid_request(f"'{field}' cannot be passed to this model: {shown(value)}.", field) from None
 
 
 def text_call(spec: ChatModel, info: ModelInfo, request: TextRequest, prompt: Any) -> ModelCall:

@@ -361,6 +361,7 @@ class SlowStream:
     def __call__(self, messages):
         tag = json.loads(messages[0, 0])[-1]["content"]
         produced = 0
+        _note(self.directory, tag, "started")
         try:
             for produced in range(SLOW_TOKENS):
                 time.sleep(0.01)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import logging
 import pathlib
 import shutil
+import socket
 import subprocess
 import uuid
 
@@ -324,6 +326,50 @@ def test_a_stream_cancelled_halfway_closes_the_generator(frontend, kind):
     assert wait_for(lambda: _closed(frontend, tag) is not None, 10), "the model's generator was not closed"
     # Closed early (GeneratorExit at a yield), not run to its end: a window of responses at most.
     assert 5 <= _closed(frontend, tag) < SLOW_TOKENS - 1
+
+
+def test_a_non_stream_request_left_by_its_client_stops_the_generation(frontend, kind):
+    """A non-streaming request to a decoupled model: the client disconnects mid-generation, the generator is closed."""
+    tag = _tag()
+    body = json.dumps({"model": model("slow", kind), "messages": [{"role": "user", "content": tag}]}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", frontend.port), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        assert wait_for(lambda: (frontend.notes / f"{tag}.started").exists(), 30), "the model never started"
+    # The socket is closed: the client left. Before, the generation ran to its end (SLOW_TOKENS - 1).
+    healthy = _client(frontend).chat.completions.create(model="tiny-chat", messages=MESSAGES)
+    assert healthy.choices[0].message.content == "You said: one two three"
+    assert wait_for(lambda: _closed(frontend, tag) is not None, 15), "the model's generator was not closed"
+    assert _closed(frontend, tag) < SLOW_TOKENS - 1
+
+
+def test_hostile_bodies_are_refused_cleanly(frontend, caplog):
+    """Lone surrogates and deep nesting are 400 (were 500 ``model_error`` from the model), a body over the
+    limit 413, a long model name is not echoed whole; nothing is logged; healthy requests pass beside them."""
+    url = frontend.url + "/chat/completions"
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    start = b'{"model": "tiny-chat", "messages": [{"role": "user", "content": '
+    bodies = {
+        "surrogate": start + b'"one \\ud800 two"}]}',
+        "nesting": start + b'"x", "extra": ' + b"[" * 900 + b"]" * 900 + b"}]}",
+    }
+    client = _client(frontend)
+    with caplog.at_level(logging.WARNING, logger="pytriton"):
+        for name, body in bodies.items():
+            response = httpx.post(url, content=body, headers=headers, timeout=30)
+            assert response.status_code == 400, (name, response.text)
+            assert response.json()["error"]["code"] == "invalid_json"
+            assert client.chat.completions.create(model="tiny-chat", messages=MESSAGES).choices[0].message.content
+        long_name = httpx.post(url, json={"model": "m" * 100_000, "messages": MESSAGES}, headers=headers, timeout=30)
+        assert long_name.status_code == 404 and len(long_name.content) < 1000
+        with pytest.raises(openai.APIStatusError) as too_large:
+            client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "x" * (17 << 20)}])
+        assert too_large.value.status_code == 413 and too_large.value.code == "request_too_large"
+        assert client.chat.completions.create(model="tiny-chat", messages=MESSAGES).choices[0].message.content
+    assert not [record for record in caplog.records if record.name.startswith("pytriton.openai")]
 
 
 def test_raw_httpx_stream_format_and_errors(frontend):
