@@ -15,15 +15,19 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import os
+import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, TypedDict, Union, cast
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, TypedDict, Union, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from pytriton.openai._errors import model_failed
 from pytriton.openai._models import ChatModel
+
+LOGGER = logging.getLogger("pytriton.openai")
 
 DONE_EVENT = b"data: [DONE]\n\n"
 
@@ -205,6 +209,31 @@ def usage(prompt_tokens: Optional[int], completion_tokens: Optional[int]) -> Opt
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+_UNCOUNTED_LOCK = threading.Lock()
+_UNCOUNTED: Set[str] = set()  # model names already warned about; bounded by the served models
+
+
+def zero_usage(model: str) -> Dict[str, int]:
+    """The all-zero usage an answer must carry when its model reported no token counts.
+
+    OpenAI's non-streaming answer (and its ``include_usage`` chunk) always has a ``usage``; pytriton
+    does not guess token counts from text it cannot tokenize, so it reports zeros and says so once
+    per model in the log, naming the outputs that would carry the real counts.
+    """
+    with _UNCOUNTED_LOCK:
+        first = model not in _UNCOUNTED
+        if first:
+            _UNCOUNTED.add(model)
+    if first:
+        LOGGER.warning(
+            "Model %r reports no token counts, so its OpenAI answers carry usage 0/0/0; return integer "
+            "'prompt_tokens' and 'completion_tokens' outputs (ChatModel.prompt_tokens_output/"
+            "completion_tokens_output) for real figures (docs/openai.md, 'Token usage').",
+            model[:80],
+        )
+    return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
 def total_usage(answers: Sequence[Answer], choices_per_prompt: int) -> Optional[Dict[str, int]]:
     """Usage over all choices: each prompt's tokens counted once, every choice's completion tokens."""
     if all(a.prompt_tokens is None and a.completion_tokens is None for a in answers):
@@ -230,7 +259,7 @@ def text_response(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": total_usage(answers, choices_per_prompt) or usage(0, 0),
+        "usage": total_usage(answers, choices_per_prompt) or zero_usage(model),
     }
 
 
@@ -247,6 +276,7 @@ class ChunkWriter:
         self._chat = chat
         self._include_usage = include_usage
         self._choices = choices
+        self._model = model
         self._base = {
             "id": new_id("chatcmpl" if chat else "cmpl"),
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -289,7 +319,7 @@ class ChunkWriter:
         """The usage chunk if asked for (all choices, as :func:`total_usage` counts), and ``[DONE]``."""
         if not self._include_usage:
             return DONE_EVENT
-        counts = total_usage(answers, choices_per_prompt) or usage(0, 0)
+        counts = total_usage(answers, choices_per_prompt) or zero_usage(self._model)
         return event({**self._base, "choices": [], "usage": counts}) + DONE_EVENT
 
 

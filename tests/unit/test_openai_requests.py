@@ -326,3 +326,20 @@ def test_embedding_body_float_and_base64():
     assert as_float["data"][0]["embedding"] == [0.5, -1.0, 2.0] and as_float["usage"]["prompt_tokens"] == 4
     encoded = embedding_response("e", [vector], "base64", None)["data"][0]["embedding"]
     assert np.frombuffer(base64.b64decode(encoded), dtype="<f4").tolist() == [0.5, -1.0, 2.0]
+
+
+def test_a_model_without_token_counts_gets_zero_usage_and_one_warning_per_model(caplog, monkeypatch):
+    from pytriton.openai import _responses
+
+    monkeypatch.setattr(_responses, "_UNCOUNTED", set())
+    with caplog.at_level("WARNING", logger="pytriton.openai"):
+        for _ in range(3):
+            body = text_response(True, "NoCounts", [Answer("hi")], 1)
+            assert body["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        stream_end = ChunkWriter(True, "NoCounts2", include_usage=True).end([Answer("hi")], 1)
+        assert json.loads(_events(stream_end)[0])["usage"]["total_tokens"] == 0
+        counted = text_response(True, "Counted", [Answer("hi", prompt_tokens=3, completion_tokens=2)], 1)
+        assert counted["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    warned = [r.getMessage() for r in caplog.records if r.name == "pytriton.openai"]
+    assert len(warned) == 2, warned  # once for each model without counts, none for the one with counts
+    assert "Model 'NoCounts' reports no token counts" in warned[0] and "prompt_tokens" in warned[0]
