@@ -432,6 +432,16 @@ class BoundModel:
         """
         return [(worker.busy, worker.last_active, worker.stub_stopped) for worker in self._workers]
 
+    def fail_stuck_calls(self, instances: Sequence[int], text: str) -> None:
+        """Fail the batch in the callable of each of ``instances`` (indices, as in :meth:`instance_states`).
+
+        For pytriton/_unresponsive.py: every worker kind has ``fail_stuck_call`` (a thread or a worker
+        process answers ``Error(text)`` and serves on; a backend instance's stub is killed and replaced).
+        """
+        for index in instances:
+            if 0 <= index < len(self._workers):
+                self._workers[index].fail_stuck_call(text)
+
     @property
     def last_active(self) -> float:
         """``time.monotonic()`` when any instance last finished a batch (0 if never)."""
