@@ -42,7 +42,7 @@ from pytriton.proxy.stubside._messages import (
     SequenceFields,
     Tensors,
 )
-from pytriton.proxy.types import CURRENT_BATCH, Request, _wire_request
+from pytriton.proxy.types import CURRENT_BATCH, CURRENT_MODEL, Request, _wire_request
 
 if TYPE_CHECKING:
     import asyncio
@@ -481,6 +481,7 @@ class InstanceWorker:
 
     def _serve(self, session: _Session) -> None:
         assert session.sock is not None
+        CURRENT_MODEL.set(self._config.model_name)  # this thread's context: for pipeline handles (cycles)
         sock = session.sock
         channel: _wire.Channel[Message] = (
             sock.channel() if isinstance(sock, _zmq_channel.Connection) else _wire.SocketChannel(sock, self._poll_s)
