@@ -71,8 +71,8 @@ def limit_from_env(environ: Optional[Dict[str, str]] = None) -> float:
         value = -1.0
     if not value >= 0 or value == float("inf"):
         raise PyTritonValidationError(
-            f"{ENV}={raw!r}: give the seconds after which a model whose every instance is stuck in one call "
-            "is reported not ready (0: never)."
+            f"{ENV}={raw!r}: give the seconds after which the calls of a model whose every instance is stuck in "
+            "one call are failed with a retryable error (0: never)."
         )
     return value
 
@@ -148,7 +148,11 @@ class HungCalls:
 
 
 class UnresponsiveWatch:
-    """A thread that posts ``("unresponsive"|"responsive", model name)`` to the supervisor's queue.
+    """A thread that posts the events of :data:`EVENTS` to the supervisor's queue.
+
+    ``("stuck", (name, Stuck))``: every instance is stuck and ``Stuck.busy`` are in a call to fail;
+    ``("unresponsive", (name, (seconds, why)))``: every stub is stopped (unload);
+    ``("responsive", name)``: a stopped stub of an unloaded model resumed or was replaced.
 
     ``models()`` returns ``{name: [instance states]}`` for every bound model without an execution
     timeout; ``post`` puts an event on the supervisor's queue. Lifetime: :meth:`start` starts a daemon
@@ -169,7 +173,7 @@ class UnresponsiveWatch:
         self._running = running
         self.calls = HungCalls(limit_s)
         self.poll_s = poll_s
-        self.unloaded: Set[str] = set()  # reported unresponsive, not yet reported back
+        self.unloaded: Set[str] = set()  # every stub stopped: reported unresponsive, not yet reported back
         self._stopped = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
