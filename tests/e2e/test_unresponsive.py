@@ -154,10 +154,11 @@ def test_slow_calls_on_every_instance_never_fail_a_parallel_client(server, name)
     """
     triton, ports, _ = server
     assert wait_for(lambda: _infer(ports, name, 0.5)[0] == 200, 30, 0.2)
+    (bound,) = triton._versions(name)
     slow = []
-    for _ in range(2):  # one after the other, so that the batcher gives each an instance of its own
+    for count in (1, 2):  # one after the other, so that the batcher gives each an instance of its own
         slow.append(_in_background(_infer, ports, name, 3.0))
-        time.sleep(0.2)
+        assert wait_for(lambda count=count: sum(state[0] for state in bound.instance_states()) >= count, 10, 0.01)
     done = threading.Event()
     client, client_result = _in_background(_parallel_client, ports, name, done)
     readiness = set()
