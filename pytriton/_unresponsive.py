@@ -345,5 +345,6 @@ def _fail_stuck_calls(payload: Tuple[str, Stuck], *, registry: Models, superviso
         count = len(model.instance_states())
         mine = [index - offset for index in stuck.busy if offset <= index < offset + count]
         if mine:
-            model.fail_stuck_calls(mine, STUCK_TEXT)
+            # Half the time it was seen stuck: a call begun since the poll is a few milliseconds old.
+            model.fail_stuck_calls(mine, STUCK_TEXT, stuck.seconds / 2)
         offset += count

@@ -499,7 +499,7 @@ class ProcessInstance:
     def retired_busy(self) -> bool:
         return self._status is not None and self._status.read()[2]
 
-    def fail_stuck_call(self, text: str) -> bool:
+    def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
         """Ask the worker process to answer its stuck batch with ``Error(text)`` and serve on (no replacement).
 
         For pytriton/_unresponsive.py (``InstanceWorker.fail_stuck_call`` runs in the worker process).
@@ -508,7 +508,7 @@ class ProcessInstance:
         if not self.busy:
             return False
         try:
-            self._send(_control.FailStuck(text))
+            self._send(_control.FailStuck(text, older_than_s))
         except OSError:
             return False
         return True

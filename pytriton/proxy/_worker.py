@@ -594,8 +594,11 @@ class InstanceWorker:
             len(interrupted),
         )
 
-    def fail_stuck_call(self, text: str) -> bool:
+    def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
         """Answer the batch in the callable now with ``Error(text)``, and free the instance; False if none was.
+
+        Only a call that has run for ``older_than_s`` is failed: one that began after the watch saw the
+        stuck call end is left alone.
 
         For pytriton/_unresponsive.py, when every instance of the model has been in one call too long.
         The stub gets the error as the batch's reply (``text`` is a retryable one, HTTP 503), then the
@@ -608,6 +611,8 @@ class InstanceWorker:
         """
         with self._sessions_lock:
             candidates = [s for s in self._sessions if s.busy and not s.abandoned and s.sock is not None]
+        now = time.perf_counter()
+        candidates = [s for s in candidates if s.call_started and now - s.call_started >= older_than_s]
         failed: List[_Session] = []
         for session in candidates:
             probe = session.probe
@@ -617,7 +622,7 @@ class InstanceWorker:
                 if probe is not None:
                     probe.cancel_all()
                 with session.reply_lock:
-                    if not session.busy or session.abandoned or session.channel is None:
+                    if not session.busy or session.abandoned or session.channel is None or not session.call_started:
                         continue  # it answered meanwhile
                     session.abandoned = True
                     sock = session.sock

@@ -165,8 +165,8 @@ class _Model:
     def instance_states(self):
         return [(True, 1.0, self.stopped)]
 
-    def fail_stuck_calls(self, instances, text):
-        self.failed.append((list(instances), text))
+    def fail_stuck_calls(self, instances, text, older_than_s):
+        self.failed.append((list(instances), text, older_than_s))
 
 
 class _FakeTriton:
@@ -245,7 +245,7 @@ def test_the_supervisor_fails_stuck_calls_of_each_version_without_unloading(capl
     triton.models["two"] = [_Model(), _Model()]  # two versions of one instance each
     _handle(triton, "stuck", ("two", _unresponsive.Stuck(61.0, IN_ONE_CALL, [1])))
     assert triton.models["two"][0].failed == []
-    assert triton.models["two"][1].failed == [([0], _unresponsive.STUCK_TEXT)]
+    assert triton.models["two"][1].failed == [([0], _unresponsive.STUCK_TEXT, 30.5)]
     assert triton.calls == []  # nothing unloaded, nothing loaded
     assert any("503" in record.getMessage() for record in caplog.records if record.levelname == "WARNING")
     triton.restarting = True

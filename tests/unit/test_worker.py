@@ -221,6 +221,7 @@ def test_a_stuck_call_failed_by_the_watch_answers_its_stub_and_the_instance_serv
     )
     first.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
     assert wait_for(lambda: worker.busy, 10)
+    assert not worker.fail_stuck_call(_messages.STUCK_TEXT, older_than_s=600)  # a call younger than that: left alone
     assert worker.fail_stuck_call(_messages.STUCK_TEXT)
     reply = first.recv()
     assert reply.KIND == _messages.ERROR and reply.text == _messages.STUCK_TEXT
