@@ -1,25 +1,28 @@
-"""Readiness that tells the truth while a model cannot answer: unload it from Triton, load it back once it can.
+"""A model that cannot answer: free its instances from calls that never end; report a stopped stub not ready.
 
-Why: a model whose callable hangs, on every instance, with no execution timeout serves nothing: the
+Why: a model whose callable hangs on every instance, with no execution timeout, serves nothing: the
 stub waits for its worker, Triton queues every further request behind it, and nothing ever fails.
-Yet Triton 2.51 answers ``/v2/models/<m>/ready`` (and ``/v2/health/ready``) 200, because readiness
-is the model's load state and a backend has no way to change it. The one lever is the load state
-itself. Measured with tritonserver 2.51 (tests/e2e/test_unresponsive.py): an unload through the
-repository API returns at once; from that moment the model's readiness answers 400 ("Model version
-not ready"), strict server readiness 400, and a new request fails at once (404, "... has no
-available versions"); the batch in the callable and the requests Triton had already queued for it
-are still served when the callable returns; then the instances are finalized and the stubs leave.
 
-So :class:`UnresponsiveWatch` polls every bound model. When every instance of a model is stuck,
-it asks the supervisor to unload the model from Triton (its binding, workers and files stay); once
-one of them answers again, to load it back as a new generation (``_healing``'s replacement path:
-new stubs next to any that are still leaving). An instance is stuck when it has been in one and the
-same call for :data:`UNRESPONSIVE_AFTER_S` (only where the model has no execution timeout, which
-bounds its calls otherwise), or when its stub has been stopped by a signal for
-:data:`STOPPED_AFTER_S`. A stopped stub is also killed after 2 s by ``proxy/_stub_watch.py`` and the
-model replaced by ``_healing``: the unload only makes readiness say so meanwhile (measured: 400 at
-once, new requests 404 at once, ready again when the replacement is loaded, about 2.8 s after the
-stop), and no second load follows when the replacement already loaded a new generation.
+The rule (issue 42): **the watch never unloads a model for a slow or hung call, and never refuses a
+request while any instance can serve.** Unloading made Triton answer every new request 404 ("has
+no available versions"), also while the other instances were idle and while the slow calls were
+about to finish (measured: 33 of 94 instant requests failed beside two 6 s calls with a 4 s limit,
+and one 300 s call kept a two-instance model down). Triton's dynamic batcher already sends requests
+only to idle instances, so one stuck instance costs nothing but its own capacity. So:
+
+* as long as one instance of a model is free, nothing happens;
+* once every instance has been in one and the same call for :data:`UNRESPONSIVE_AFTER_S` (only
+  where the model has no execution timeout, which bounds its calls otherwise, and is not
+  decoupled), the watch fails those calls: each stub gets the retryable answer
+  :data:`STUCK_TEXT` (HTTP 503, gRPC UNAVAILABLE) at once and its instance serves the requests
+  queued behind it. A thread instance's call is told it was abandoned (``CallAbandoned``, its
+  requests read as cancelled) and its result is discarded, in a thread or in a worker process; a
+  backend instance's stub is killed and replaced by ``_healing``. The model
+  stays loaded and ready throughout: it can serve again at once.
+* A stub stopped by a signal cannot take a request at all: when every instance's stub has been
+  stopped for :data:`STOPPED_AFTER_S`, the model is unloaded until ``proxy/_stub_watch.py`` has
+  killed it (2 s) and ``_healing`` has loaded the replacement generation, so that readiness says
+  not ready meanwhile. This is the only unload left, and only when nothing can serve.
 
 The decision is :class:`HungCalls` (pure, a fake clock in tests); the actions run on the supervisor
 thread of :mod:`pytriton._healing` (one event at a time, never during a restart). Hook: the
@@ -28,7 +31,7 @@ supervisor starts the watch when it starts (``_healing._supervise``; the watch e
 
 Settings: ``PYTRITON_UNRESPONSIVE_AFTER_S`` (read when ``run()`` starts; default 60 s; 0: the watch
 is off, for stopped stubs too).
-Unit tests: tests/unit/test_unresponsive.py.
+Unit tests: tests/unit/test_unresponsive.py; end to end: tests/e2e/test_unresponsive.py.
 """
 
 from __future__ import annotations
@@ -37,16 +40,17 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Set, Tuple
 
 from pytriton.exceptions import PyTritonValidationError
+from pytriton.proxy.stubside._messages import STUCK_TEXT
 
 LOGGER = logging.getLogger("pytriton.triton")
 
 ENV = "PYTRITON_UNRESPONSIVE_AFTER_S"
 UNRESPONSIVE_AFTER_S = 60.0
 POLL_S = 0.25
-EVENTS = ("unresponsive", "responsive")
+EVENTS = ("unresponsive", "responsive", "stuck")
 _RELOAD_WAIT_S = 10.0  # how long a reload waits for the batches Triton had queued before the unload
 
 Instance = Tuple[bool, float, bool]
@@ -67,13 +71,22 @@ def limit_from_env(environ: Optional[Dict[str, str]] = None) -> float:
         value = -1.0
     if not value >= 0 or value == float("inf"):
         raise PyTritonValidationError(
-            f"{ENV}={raw!r}: give the seconds after which a model whose every instance is stuck in one call "
-            "is reported not ready (0: never)."
+            f"{ENV}={raw!r}: give the seconds after which the calls of a model whose every instance is stuck in "
+            "one call are failed with a retryable error (0: never)."
         )
     return value
 
 
-_Entry = Tuple[float, float, bool]  # (first seen stuck, last call's end then, stopped rather than busy)
+# (first seen stuck, last call's end then, stopped rather than busy, its call was already failed by the watch)
+_Entry = Tuple[float, float, bool, bool]
+
+
+class Stuck(NamedTuple):
+    """What :meth:`HungCalls.update` reports of a model whose every instance is stuck."""
+
+    seconds: float  # how long the most recent of them has been stuck
+    why: str
+    busy: List[int]  # the instances stuck in one call, whose calls are to be failed (empty: every stub is stopped)
 
 
 class HungCalls:
@@ -82,44 +95,51 @@ class HungCalls:
     An instance is in an unbroken call while it is busy and the end time of its last call has not
     changed since it was first seen busy (a call that ended and a new one that began between two
     polls change that time, so they never add up). A stopped stub counts after
-    ``min(limit_s, STOPPED_AFTER_S)``.
+    ``min(limit_s, STOPPED_AFTER_S)``. A call reported once (:attr:`Stuck.busy`) is not reported
+    again, and its instance counts as free from then on (its call is being failed, so it serves
+    again at once or after its worker process is replaced).
     """
 
     def __init__(self, limit_s: float):
         self.limit_s = limit_s
         self._since: Dict[str, List[Optional[_Entry]]] = {}
 
-    def update(self, name: str, instances: List[Instance], now: float) -> Optional[Tuple[float, str]]:
-        """Record one poll of model ``name``; ``(seconds, why)`` if every instance is stuck, else None."""
+    def update(self, name: str, instances: List[Instance], now: float) -> Optional[Stuck]:
+        """Record one poll of model ``name``; a :class:`Stuck` if every instance is stuck, else None."""
         previous = self._since.get(name, [])
         current: List[Optional[_Entry]] = []
         for index, (busy, last_end, stopped) in enumerate(instances):
             seen = previous[index] if index < len(previous) else None
             if stopped:
-                current.append(seen if seen is not None and seen[2] else (now, last_end, True))
+                current.append(seen if seen is not None and seen[2] else (now, last_end, True, False))
             elif not busy:
                 current.append(None)
             elif seen is None or seen[2] or seen[1] != last_end:
-                current.append((now, last_end, False))  # a new call
+                current.append((now, last_end, False, False))  # a new call
             else:
                 current.append(seen)
         self._since[name] = current
-        entries = [entry for entry in current if entry is not None]
+        # A failed call's instance can serve (again soon): the model is not stuck while it does.
+        entries = [entry for entry in current if entry is not None and not entry[3]]
         if not current or len(entries) < len(current):
             return None
         limits = [min(self.limit_s, STOPPED_AFTER_S) if entry[2] else self.limit_s for entry in entries]
         if any(now - entry[0] < limit for entry, limit in zip(entries, limits)):
             return None
-        why = "its stub is stopped" if any(entry[2] for entry in entries) else "in one call of the callable"
-        return now - max(entry[0] for entry in entries), why
+        stuck_calls = [index for index, entry in enumerate(current) if entry is not None and not entry[2]]
+        for index in stuck_calls:
+            entry = current[index]
+            assert entry is not None
+            current[index] = (entry[0], entry[1], False, True)
+        why = "in one call of the callable" if stuck_calls else "its stub is stopped"
+        return Stuck(now - max(entry[0] for entry in entries), why, stuck_calls)
 
     def still_stuck(self, name: str, instances: List[Instance]) -> bool:
-        """True while at least one instance recorded as stuck for ``name`` still is (same call, or still stopped)."""
+        """True while at least one instance recorded as stopped for ``name`` still is."""
         for index, entry in enumerate(self._since.get(name, [])):
-            if entry is None or index >= len(instances):
+            if entry is None or index >= len(instances) or not entry[2]:
                 continue
-            busy, last_end, stopped = instances[index]
-            if stopped if entry[2] else (busy and last_end == entry[1] and not stopped):
+            if instances[index][2]:
                 return True
         return False
 
@@ -128,7 +148,11 @@ class HungCalls:
 
 
 class UnresponsiveWatch:
-    """A thread that posts ``("unresponsive"|"responsive", model name)`` to the supervisor's queue.
+    """A thread that posts the events of :data:`EVENTS` to the supervisor's queue.
+
+    ``("stuck", (name, Stuck))``: every instance is stuck and ``Stuck.busy`` are in a call to fail;
+    ``("unresponsive", (name, (seconds, why)))``: every stub is stopped (unload);
+    ``("responsive", name)``: a stopped stub of an unloaded model resumed or was replaced.
 
     ``models()`` returns ``{name: [instance states]}`` for every bound model without an execution
     timeout; ``post`` puts an event on the supervisor's queue. Lifetime: :meth:`start` starts a daemon
@@ -149,7 +173,7 @@ class UnresponsiveWatch:
         self._running = running
         self.calls = HungCalls(limit_s)
         self.poll_s = poll_s
-        self.unloaded: Set[str] = set()  # reported unresponsive, not yet reported back
+        self.unloaded: Set[str] = set()  # every stub stopped: reported unresponsive, not yet reported back
         self._stopped = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -177,9 +201,13 @@ class UnresponsiveWatch:
             if name in self.unloaded:
                 continue
             stuck = self.calls.update(name, instances, now)
-            if stuck is not None:
+            if stuck is None:
+                continue
+            if stuck.busy:  # fail the stuck calls; the model stays loaded (module docstring)
+                self._post(("stuck", (name, stuck)))
+            else:  # every stub is stopped: nothing can serve until the replacement loads
                 self.unloaded.add(name)
-                self._post(("unresponsive", (name, stuck)))
+                self._post(("unresponsive", (name, (stuck.seconds, stuck.why))))
 
     def _run(self) -> None:
         while not self._stopped.wait(self.poll_s) and self._running():
@@ -248,6 +276,9 @@ def handle(
 
     ``unloaded``: the supervisor's record of the models this module unloaded, with their generation then.
     """
+    if kind == "stuck":
+        _fail_stuck_calls(payload, registry=registry, supervisor=supervisor)
+        return
     if kind == "unresponsive":
         name, (stuck, why) = payload
         models = registry.versions(name)
@@ -255,8 +286,7 @@ def handle(
             return  # unbound meanwhile, or the restart in progress loads every model again anyway
         LOGGER.warning(
             "Model %s: every instance has been stuck for %.1f s (%s); unloading it from Triton so that its readiness "
-            "says not ready and new requests fail at once. It is loaded again once it answers (an execution_timeout_s "
-            "bounds a callable's calls; %s=0 keeps models loaded).",
+            "says not ready until its stubs are replaced (%s=0 keeps models loaded).",
             name,
             stuck,
             why,
@@ -287,3 +317,34 @@ def handle(
         models[0].generation,
         time.monotonic() - started,
     )
+
+
+def _fail_stuck_calls(payload: Tuple[str, Stuck], *, registry: Models, supervisor: Supervised) -> None:
+    """Fail the calls of a model whose every instance is stuck; the model stays loaded (module docstring).
+
+    ``Stuck.busy`` numbers the instances of every bound version of the model in turn, as ``watch_for``
+    lists them; each bound model fails its own (``BoundModel.fail_stuck_calls``).
+    """
+    name, stuck = payload
+    models = registry.versions(name)
+    if not models or supervisor.restarting:
+        return  # unbound meanwhile, or the restart in progress ends every call anyway
+    LOGGER.warning(
+        "Model %s: every instance has been in one call for %.1f s (%s); failing %d such call(s) with a retryable "
+        "error (HTTP 503, gRPC UNAVAILABLE) so that the requests queued behind them are served. The model stays "
+        "loaded. Give a model whose calls may rightly run that long an execution_timeout_s, more instances, or a "
+        "larger %s.",
+        name,
+        stuck.seconds,
+        ENV,
+        len(stuck.busy),
+        ENV,
+    )
+    offset = 0
+    for model in models:
+        count = len(model.instance_states())
+        mine = [index - offset for index in stuck.busy if offset <= index < offset + count]
+        if mine:
+            # Half the time it was seen stuck: a call begun since the poll is a few milliseconds old.
+            model.fail_stuck_calls(mine, STUCK_TEXT, stuck.seconds / 2)
+        offset += count

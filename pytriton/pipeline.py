@@ -15,12 +15,23 @@ timeout as its gRPC deadline and Triton request timeout, and, when Triton traces
 its ``traceparent``, so that the inner model's spans nest under the outer ones. An error of the
 inner model is raised as ``PyTritonClientInferenceServerError`` carrying the inner model's message.
 
+Cycles (issue 42 item 6): a model that calls itself, directly or through others (A → A, A → B → A),
+waits for a request queued behind its own call, forever when every instance of it is busy waiting
+(one instance each: always). So every inner request carries the chain of models that wait for it
+(the request parameter :data:`CHAIN_PARAMETER`: the outer requests' chains plus the calling model,
+which the worker sets per thread, ``proxy.types.CURRENT_MODEL``), and a call to a model already on
+that chain, or past :data:`MAX_HOPS` models, raises :class:`PipelineCycleError` at once, before
+anything is sent: the outer request fails with that message and the model serves on. Backend
+instances (``instance_kind="backend"``) neither set the calling model nor pass the outer batch on,
+so a chain through one of them is cut there.
+
 Unit test: tests/unit/test_pipeline.py; end to end: tests/e2e/test_pipeline.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 import weakref
@@ -34,9 +45,15 @@ from pytriton.client._core import map_error
 from pytriton.client.exceptions import PyTritonClientError, PyTritonClientValueError
 from pytriton.exceptions import PyTritonInvalidOperationError
 from pytriton.model_config.triton_model_config import TritonModelConfig
-from pytriton.proxy.types import CURRENT_BATCH, Request
+from pytriton.proxy.types import CURRENT_BATCH, CURRENT_MODEL, Request
 
-__all__ = ["ModelHandle", "PipelineCancelledError", "model"]
+__all__ = ["CHAIN_PARAMETER", "MAX_HOPS", "ModelHandle", "PipelineCancelledError", "PipelineCycleError", "model"]
+
+CHAIN_PARAMETER = "pytriton_pipeline"
+"""The request parameter naming the models that wait for this request, outermost first, joined by ``/``
+(a model name never contains one). Visible to the inner callable in ``Request.parameters``."""
+MAX_HOPS = 16
+"""The most models a pipeline chain may hold, the calling one included, before a call is refused."""
 
 _POLL_S = 0.002  # how often a waiting inner call checks whether the outer requests were cancelled
 _handles: Dict[Tuple[int, str, Optional[int], Optional[str]], ModelHandle] = {}
@@ -45,6 +62,13 @@ _lock = threading.Lock()
 
 class PipelineCancelledError(PyTritonClientError):
     """The inner call was cancelled because every request of the calling batch was cancelled."""
+
+
+class PipelineCycleError(PyTritonClientError):
+    """The call would wait for a model already waiting on the calling chain (a deadlock), or the chain is too deep.
+
+    Raised at once, before anything is sent; the message names the chain.
+    """
 
 
 def register(triton: object) -> None:
@@ -100,6 +124,17 @@ class _Outer:
 
     def __init__(self, requests: Optional[List[Request]]):
         self.requests = requests or []
+        # The models waiting for this call: every outer request's chain (a batch may mix callers), then
+        # the calling model.
+        chain: List[str] = []
+        for request in self.requests:
+            raw = request.parameters.get(CHAIN_PARAMETER) if request.parameters else None
+            if isinstance(raw, str) and raw:
+                chain.extend(name for name in raw.split("/") if name not in chain)
+        caller = CURRENT_MODEL.get()
+        if caller is not None and caller not in chain:
+            chain.append(caller)
+        self.chain = chain
         timeouts = [r._deadline for r in self.requests]
         # The inner call is wanted as long as one outer request waits: the latest deadline counts.
         self.deadline = max(timeouts) if timeouts and all(d is not None for d in timeouts) else None  # type: ignore[type-var]
@@ -119,6 +154,26 @@ class _Outer:
 
     def remaining_s(self) -> Optional[float]:
         return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
+
+    def check(self, target: str) -> None:
+        """Raise :class:`PipelineCycleError` if calling ``target`` could wait for itself, or goes too deep."""
+        if target in self.chain:
+            path = " -> ".join([*self.chain, target])
+            raise PipelineCycleError(
+                f"Pipeline call to model {target!r} refused: it would wait for a model that is already waiting on "
+                f"this call ({path}). A model that calls itself, directly or through other models, waits for a "
+                "request queued behind its own call, forever once every instance of it is busy. Compute the "
+                "result without re-entering the model (or bind a separate model for the inner step)."
+            )
+        if len(self.chain) >= MAX_HOPS:
+            raise PipelineCycleError(
+                f"Pipeline call to model {target!r} refused: the calling chain already holds {len(self.chain)} models "
+                f"({' -> '.join(self.chain)}), pytriton.pipeline.MAX_HOPS = {MAX_HOPS}."
+            )
+
+    def parameters(self) -> Optional[Dict[str, str]]:
+        """The inner request's parameters: the chain it extends (None outside a callable)."""
+        return {CHAIN_PARAMETER: "/".join(self.chain)} if self.chain else None
 
 
 def _trace_headers(span: Any) -> Dict[str, str]:  # an OpenTelemetry span (an optional extra)
@@ -196,13 +251,17 @@ class ModelHandle:
         self, inputs: Sequence[object], named: Mapping[str, object], batch: bool
     ) -> Dict[str, npt.NDArray[np.generic]]:
         outer = _Outer(CURRENT_BATCH.get())
+        outer.check(self.name)
         if self._embedded is not None:
             # In-process calls cannot be cancelled midway by pytriton; a cancelled outer batch skips them.
             if outer.known_cancelled():
                 raise PipelineCancelledError(f"Call to model {self.name!r} skipped: the calling request was cancelled.")
             try:
                 call = self._embedded.infer_batch if batch else self._embedded.infer_sample
-                outputs: Dict[str, npt.NDArray[np.generic]] = call(*inputs, **named)
+                parameters = outer.parameters()
+                outputs: Dict[str, npt.NDArray[np.generic]] = (
+                    call(*inputs, **named) if parameters is None else call(*inputs, parameters=parameters, **named)
+                )
                 return outputs
             except Exception as exc:  # noqa: BLE001 - an inprocess error: keep its message
                 raise map_error(exc, f"Inference on model {self.name!r}") from None
@@ -238,13 +297,16 @@ class ModelHandle:
     ) -> Dict[str, npt.NDArray[np.generic]]:
         if self._embedded is not None:
             outer = _Outer(CURRENT_BATCH.get())
+            outer.check(self.name)
             if outer.known_cancelled():
                 raise PipelineCancelledError(f"Call to model {self.name!r} skipped: the calling request was cancelled.")
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(None, lambda: self._infer(inputs, named, batch))
+            context = contextvars.copy_context()  # the executor's thread sees the outer batch and the chain too
+            return await loop.run_in_executor(None, lambda: context.run(self._infer, inputs, named, batch))
         import tritonclient.grpc.aio as aioclient
 
         outer = _Outer(CURRENT_BATCH.get())
+        outer.check(self.name)
         loop = asyncio.get_running_loop()
         client = self._aio.get(loop)
         if client is None:  # closed with its loop: its channel cannot be closed from another thread
@@ -323,6 +385,9 @@ class ModelHandle:
             request["timeout"] = max(1, int(remaining * 1e6))
         if outer.headers:
             request["headers"] = dict(outer.headers)
+        parameters = outer.parameters()
+        if parameters is not None:
+            request["parameters"] = parameters
         return request
 
     def _decode(self, result: Any, remove_axis: bool) -> Dict[str, npt.NDArray[np.generic]]:

@@ -36,6 +36,7 @@ import io
 import logging
 import os
 import pickle
+import signal
 import site
 import sys
 import threading
@@ -172,6 +173,31 @@ class BackendInstance(InstanceWorker):
     @property
     def busy(self) -> bool:
         return self._page.busy(self._slot) and self.connected
+
+    def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
+        """The call runs in the stub itself, so nothing but the stub's end ends it: kill the stub.
+
+        For pytriton/_unresponsive.py. Triton fails the batch (with its own error about the stub, not
+        ``text``) and ``_healing`` loads a new generation as for any dead stub, without unloading the
+        model. False if no stub of this slot is attached and busy. ``older_than_s`` is not checked: the
+        status page has no call start.
+        """
+        if not self.busy:
+            return False
+        pids = [s.stub_pid for s in list(self._sessions) if s.connected and s.stub_pid and not s.retired]
+        for pid in pids:  # a live connection: the pid is that stub's (or its zombie's), never reused meanwhile
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            LOGGER.warning(
+                "Model %s: instance %s: its call was failed as stuck (PYTRITON_UNRESPONSIVE_AFTER_S); a backend "
+                "instance's call runs in its stub, so the stub (pid %d) was killed and is replaced.",
+                self._config.model_name,
+                self._name,
+                pid,
+            )
+        return bool(pids)
 
     @property  # type: ignore[override]
     def last_active(self) -> float:

@@ -434,6 +434,17 @@ class BoundModel:
         """
         return [(worker.busy, worker.last_active, worker.stub_stopped) for worker in self._workers]
 
+    def fail_stuck_calls(self, instances: Sequence[int], text: str, older_than_s: float = 0.0) -> None:
+        """Fail the batch in the callable of each of ``instances`` (indices, as in :meth:`instance_states`).
+
+        For pytriton/_unresponsive.py: every worker kind has ``fail_stuck_call`` (a thread or a worker
+        process answers ``Error(text)`` and serves on; a backend instance's stub is killed and replaced);
+        thread and process instances fail only a call that has run for ``older_than_s``.
+        """
+        for index in instances:
+            if 0 <= index < len(self._workers):
+                self._workers[index].fail_stuck_call(text, older_than_s)
+
     @property
     def last_active(self) -> float:
         """``time.monotonic()`` when any instance last finished a batch (0 if never)."""

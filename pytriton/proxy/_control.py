@@ -112,13 +112,20 @@ class Drain(NamedTuple):
     remaining: int
 
 
+class FailStuck(NamedTuple):
+    """``InstanceWorker.fail_stuck_call(text, older_than_s)`` in the worker process (pytriton/_unresponsive.py); no reply."""
+
+    text: str
+    older_than_s: float = 0.0
+
+
 class Stop(NamedTuple):
     """Stop the worker (waiting up to ``timeout_s`` for its connections) and exit."""
 
     timeout_s: float
 
 
-ToWorker = Union[Start, Retire, Drain, Stop]
+ToWorker = Union[Start, Retire, Drain, FailStuck, Stop]
 FromWorker = Union[Ready, Failed, Log, StubLost, Unrecoverable, Reply]
 ControlMessage = Union[ToWorker, FromWorker]
 

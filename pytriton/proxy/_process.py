@@ -499,6 +499,20 @@ class ProcessInstance:
     def retired_busy(self) -> bool:
         return self._status is not None and self._status.read()[2]
 
+    def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
+        """Ask the worker process to answer its stuck batch with ``Error(text)`` and serve on (no replacement).
+
+        For pytriton/_unresponsive.py (``InstanceWorker.fail_stuck_call`` runs in the worker process).
+        False if the instance is not busy or no worker process is there to ask.
+        """
+        if not self.busy:
+            return False
+        try:
+            self._send(_control.FailStuck(text, older_than_s))
+        except OSError:
+            return False
+        return True
+
     def retire(self, generation: int) -> List[int]:
         """Like ``InstanceWorker.retire``, in the worker process; [] if it does not answer within 5 s."""
         result = self._request(lambda number: _control.Retire(number, generation))

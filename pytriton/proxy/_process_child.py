@@ -236,6 +236,8 @@ def _control_loop(link: _Link, worker: InstanceWorker) -> int:
         elif type(message) is _control.Drain:  # Triton.stop() drains: admit this many more requests, refuse the rest
             worker.admission = Admission(message.remaining)
             link.send(_control.Reply(message.number, True))
+        elif type(message) is _control.FailStuck:  # answer the stuck batch; the process serves on
+            worker.fail_stuck_call(message.text, message.older_than_s)
         elif type(message) is _control.Stop:
             worker.stop(message.timeout_s)
             return 0

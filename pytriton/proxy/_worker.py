@@ -42,7 +42,7 @@ from pytriton.proxy.stubside._messages import (
     SequenceFields,
     Tensors,
 )
-from pytriton.proxy.types import CURRENT_BATCH, Request, _wire_request
+from pytriton.proxy.types import CURRENT_BATCH, CURRENT_MODEL, Request, _wire_request
 
 if TYPE_CHECKING:
     import asyncio
@@ -188,6 +188,9 @@ class _Session:
         # serving thread has yet to pass leave_callable()'s start (a check point), never later.
         self.interrupt_lock = threading.Lock()
         self.batch_token: Optional[contextvars.Token[Optional[List[Request]]]] = None  # CURRENT_BATCH's
+        # Orders the serving thread's final reply against fail_stuck_call() from the supervisor: exactly one
+        # of them answers the batch.
+        self.reply_lock = threading.Lock()
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -478,6 +481,7 @@ class InstanceWorker:
 
     def _serve(self, session: _Session) -> None:
         assert session.sock is not None
+        CURRENT_MODEL.set(self._config.model_name)  # this thread's context: for pipeline handles (cycles)
         sock = session.sock
         channel: _wire.Channel[Message] = (
             sock.channel() if isinstance(sock, _zmq_channel.Connection) else _wire.SocketChannel(sock, self._poll_s)
@@ -506,20 +510,21 @@ class InstanceWorker:
                 session.busy = False
                 if type(message) is not Hello:  # a connection is not work: stop() right after run() need not wait
                     self.last_active = time.monotonic()
-            if session.abandoned:
-                LOGGER.warning(
-                    "Model %s: instance %s finished a batch after its stub had stopped waiting (execution timeout); "
-                    "the result is discarded.",
-                    self._config.model_name,
-                    self._name,
-                )
-                return
-            if reply is None:  # the stub went away in the middle of a stream
-                return
-            try:
-                channel.send(reply)
-            except OSError:
-                return
+            with session.reply_lock:
+                if session.abandoned:
+                    LOGGER.warning(
+                        "Model %s: instance %s finished a batch after its stub had stopped waiting (execution timeout, "
+                        "or the call was failed as stuck); the result is discarded.",
+                        self._config.model_name,
+                        self._name,
+                    )
+                    return
+                if reply is None:  # the stub went away in the middle of a stream
+                    return
+                try:
+                    channel.send(reply)
+                except OSError:
+                    return
 
     def _handle(self, session: _Session, message: Message) -> Message:
         if type(message) is Infer:
@@ -554,7 +559,12 @@ class InstanceWorker:
             "Worker %s: stub pid %s (generation %s) connected", self._name, session.stub_pid, session.generation
         )
 
-    def _end_hung_calls(self, sessions: List[_Session]) -> None:
+    def _end_hung_calls(
+        self,
+        sessions: List[_Session],
+        why: str = "the stub stopped waiting for the inference callable (execution timeout)",
+        replace: bool = True,
+    ) -> None:
         """Calls whose stub gave up on them (execution timeout): tell them, then end them if possible.
 
         Their requests read as cancelled (``Request.is_cancelled()``), so a cooperative callable
@@ -568,24 +578,73 @@ class InstanceWorker:
         for session in sessions:
             if session.probe is not None:
                 session.probe.cancel_all()
-        if self._on_hung_call is not None:
+        if self._on_hung_call is not None and replace:
             LOGGER.warning(
-                "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout); "
-                "its worker process is replaced.",
-                self._config.model_name,
-                self._name,
+                "Model %s: instance %s: %s; its worker process is replaced.", self._config.model_name, self._name, why
             )
             self._on_hung_call()
             return
         interrupted = [session for session in sessions if session.interrupt()]
         LOGGER.warning(
-            "Model %s: instance %s: the stub stopped waiting for the inference callable (execution timeout) and "
-            "reconnected; its requests read as cancelled and CallAbandoned was raised in %d running call(s); a call "
-            "blocked in native code keeps its thread until that returns.",
+            "Model %s: instance %s: %s; its requests read as cancelled and CallAbandoned was raised in %d running "
+            "call(s); a call blocked in native code keeps its thread until that returns.",
             self._config.model_name,
             self._name,
+            why,
             len(interrupted),
         )
+
+    def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
+        """Answer the batch in the callable now with ``Error(text)``, and free the instance; False if none was.
+
+        Only a call that has run for ``older_than_s`` is failed: one that began after the watch saw the
+        stuck call end is left alone.
+
+        For pytriton/_unresponsive.py, when every instance of the model has been in one call too long.
+        The stub gets the error as the batch's reply (``text`` is a retryable one, HTTP 503), then the
+        connection is shut down, so that the stub's next send fails before anything was delivered
+        and it connects again (a new session, served by a new thread). The stuck call is then handled
+        as after an execution timeout in a thread instance (:meth:`_end_hung_calls`), in a worker process
+        too: its requests read as cancelled and CallAbandoned is raised in it (a call blocked in native
+        code keeps its thread until that returns). Whatever it returns later is discarded (``_serve``
+        sees ``abandoned``).
+        """
+        with self._sessions_lock:
+            candidates = [s for s in self._sessions if s.busy and not s.abandoned and s.sock is not None]
+        now = time.perf_counter()
+        candidates = [s for s in candidates if s.call_started and now - s.call_started >= older_than_s]
+        failed: List[_Session] = []
+        for session in candidates:
+            probe = session.probe
+            # No ASK of the callable may be on the connection while the error goes out.
+            held = probe.lock.acquire(timeout=1.0) if probe is not None else False
+            try:
+                if probe is not None:
+                    probe.cancel_all()
+                with session.reply_lock:
+                    if not session.busy or session.abandoned or session.channel is None or not session.call_started:
+                        continue  # it answered meanwhile
+                    session.abandoned = True
+                    sock = session.sock
+                    assert sock is not None
+                    if isinstance(sock, socket.socket):
+                        # Reading ends first: the stub's next send fails from now on (EPIPE), before it even
+                        # has the error, so no batch can be sent into a connection that then closes.
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RD)
+                    with contextlib.suppress(OSError):
+                        session.channel.send(Error(text))
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    failed.append(session)
+            finally:
+                if held and probe is not None:
+                    probe.lock.release()
+        if failed:
+            # Not replaced, even in a worker process: the stub may already be connecting again, and a
+            # process that ended now could take that new connection down with it (a failed request).
+            self._end_hung_calls(failed, "its call was failed as stuck (PYTRITON_UNRESPONSIVE_AFTER_S)", replace=False)
+        return bool(failed)
 
     # -- one batch -----------------------------------------------------------------------
     def _direct_session(self) -> _Session:

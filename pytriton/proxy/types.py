@@ -262,6 +262,10 @@ Requests = List[Request]
 CURRENT_BATCH: contextvars.ContextVar[Optional[List[Request]]] = contextvars.ContextVar(
     "pytriton_current_batch", default=None
 )
+# The name of the model whose callable runs on this thread: set by the worker when it starts serving a
+# connection, read by pipeline handles to refuse a call that would re-enter a model already waiting on
+# the calling chain (pytriton.pipeline, "Cycles").
+CURRENT_MODEL: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("pytriton_current_model", default=None)
 Response = Dict[str, npt.NDArray[np.generic]]
 Responses = List[Response]
 # Names used by the decorators module of the reference API.

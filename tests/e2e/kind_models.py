@@ -472,3 +472,11 @@ class HangsOnOne:
         if any(float(request["x"].flat[0]) == 1.0 for request in requests):
             _wait_for_file(os.path.join(self.directory, "release"), 60)
         return [{"y": request["x"]} for request in requests]
+
+
+def sleeps_for_x(requests):
+    """Echoes ``x``; a batch whose first value is above 1 first sleeps that many seconds (20 s at most)."""
+    seconds = float(requests[0]["x"].flat[0])
+    if seconds > 1.0:
+        time.sleep(min(seconds, 20.0))
+    return [{"y": request["x"]} for request in requests]

@@ -11,8 +11,11 @@ last test.
 from __future__ import annotations
 
 import functools
+import http.client
+import json
 import threading
 import time
+from typing import Tuple
 
 import numpy as np
 import pytest
@@ -69,6 +72,36 @@ def outer_slow(requests):
     return [{"y": pipeline.model("InnerSlow").infer_sample(requests[0]["x"])["y"]}]
 
 
+def self_caller(requests):
+    """A positive x calls this very model (a cycle); anything else is answered here."""
+    x = requests[0]["x"]
+    if float(x[0]) > 0:
+        return [{"y": pipeline.model("SelfCaller").infer_sample(x)["y"]}]
+    return [{"y": x}]
+
+
+def cycle_a(requests):
+    """A positive x goes to CycleB (which calls CycleA back: a cycle); anything else is answered here."""
+    x = requests[0]["x"]
+    if float(x[0]) > 0:
+        return [{"y": pipeline.model("CycleB").infer_sample(x)["y"]}]
+    return [{"y": x}]
+
+
+def cycle_b(requests):
+    return [{"y": pipeline.model("CycleA").infer_sample(requests[0]["x"])["y"]}]
+
+
+def chain_seen(requests):
+    """Echoes ``x``; answers the chain parameter it got in ``chain`` (what the inner model sees)."""
+    chain = (requests[0].parameters or {}).get(pipeline.CHAIN_PARAMETER, "")
+    return [{"y": requests[0]["x"], "chain": np.array([chain.encode()], dtype=object)}]
+
+
+def calls_chain_seen(requests):
+    return [pipeline.model("ChainSeen").infer_sample(requests[0]["x"])]
+
+
 @pytest.fixture(scope="module")
 def server(receiver):  # noqa: F811
     exporter = memory_exporter()
@@ -102,8 +135,15 @@ def server(receiver):  # noqa: F811
             )
         triton.bind("InnerSlow", [inner_slow, inner_slow], config=plain, **tensors)
         triton.bind("OuterSlow", [outer_slow, outer_slow], config=plain, **tensors)
+        # issue 42 item 6: one instance each, as in the issue
+        triton.bind("SelfCaller", self_caller, config=plain, **tensors)
+        triton.bind("CycleA", cycle_a, config=plain, **tensors)
+        triton.bind("CycleB", cycle_b, config=plain, **tensors)
+        chain_outputs = [Tensor(name="y", shape=(1,), dtype=np.float32), Tensor(name="chain", shape=(1,), dtype=bytes)]
+        triton.bind("ChainSeen", chain_seen, config=plain, inputs=tensors["inputs"], outputs=chain_outputs)
+        triton.bind("CallsChainSeen", calls_chain_seen, config=plain, inputs=tensors["inputs"], outputs=chain_outputs)
         triton.run()
-        yield {"http": triton.http_url, "grpc": triton.grpc_url, "exporter": exporter}
+        yield {"http": triton.http_url, "grpc": triton.grpc_url, "exporter": exporter, "http_port": ports["http_port"]}
     exporter.shutdown()
 
 
@@ -150,6 +190,40 @@ def test_the_outer_deadline_travels_to_the_inner_request(server, protocol):
     assert wait_for(lambda: tag in INNER_SEEN, CAP_S)
     cancelled, timeout_s = INNER_SEEN[tag]
     assert cancelled and timeout_s is not None and 0 < timeout_s <= 0.5
+
+
+def _http_infer(server, model: str, value: float) -> Tuple[int, str, float]:
+    """One request over plain HTTP with no deadline (as in issue 42): status, body, seconds it took (socket: 30 s)."""
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [value]}]}
+    connection = http.client.HTTPConnection("127.0.0.1", server["http_port"], timeout=30)
+    started = time.monotonic()
+    try:
+        connection.request("POST", f"/v2/models/{model}/infer", body=json.dumps(body))
+        response = connection.getresponse()
+        return response.status, response.read().decode(), time.monotonic() - started
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    "model, path", [("SelfCaller", "SelfCaller -> SelfCaller"), ("CycleA", "CycleA -> CycleB -> CycleA")]
+)
+def test_a_pipeline_cycle_fails_at_once_with_the_chain_and_the_model_serves_again(server, model, path):
+    """Issue 42 item 6: before, the request waited forever for an inner request queued behind itself."""
+    status, body, seconds = _http_infer(server, model, 1.0)
+    assert status != 200 and "PipelineCycleError" in body and path in body, (status, body)
+    assert seconds < 20, seconds  # at once, not after some timeout
+    status, body, _ = _http_infer(server, model, -1.0)  # the same model, a request that does not recurse
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == [-1.0], (status, body)
+    status, body, _ = _http_infer(server, model, 2.0)  # and the cycle is refused again, as fast
+    assert status != 200 and path in body, (status, body)
+
+
+def test_the_inner_model_sees_the_chain_that_waits_for_it(server):
+    """A pipeline without a cycle is served as before; the chain parameter names its callers."""
+    with ModelClient(server["grpc"], "CallsChainSeen") as client:
+        result = client.infer_sample(np.array([4.0], np.float32))
+    assert result["y"].tolist() == [4.0] and result["chain"].tolist() == [b"CallsChainSeen"]
 
 
 def test_the_inner_models_spans_nest_under_the_outer_request(server):

@@ -1,13 +1,14 @@
-"""Issue 25, item 5: readiness while a callable hangs with no execution timeout (pytriton/_unresponsive.py).
+"""The unresponsive-model watch (pytriton/_unresponsive.py): issue 25 item 5, redesigned by issue 42 item 4.
 
-Before: the model's readiness and strict server readiness answered 200 for as long as the callable
-hung, and every new request queued behind it without an answer; while a stub was stopped (SIGSTOP)
-readiness answered 200 until its replacement. Now, once every instance has been
-in one call for ``PYTRITON_UNRESPONSIVE_AFTER_S`` (1 s here), the model is unloaded from Triton:
-readiness says not ready and new requests fail at once; the hung call and the requests already
-queued are still answered when it returns; then the model is loaded again and serves, with no
-server restart. That test runs on thread and on backend instances (tests/e2e/_kinds.py; the hung
-callable waits for a file); the others need an execution timeout, which a backend instance refuses.
+Issue 25: readiness answered 200 for as long as a callable hung on every instance, and every new
+request queued behind it without an answer. Its fix unloaded the model, which made Triton answer
+every request 404 meanwhile, also beside calls that were merely slow or an instance that was idle
+(issue 42: 33 of 94 instant requests failed beside two 6 s calls with a 4 s limit). Now the model
+is never unloaded for a call: once every instance has been in one call for
+``PYTRITON_UNRESPONSIVE_AFTER_S`` (1 s here), those calls fail with a retryable 503 and the instances
+serve the requests queued behind them, readiness 200 throughout. Only a model whose every stub is
+stopped is unloaded, until its replacement loads. The hung-call test runs on thread and backend
+instances (tests/e2e/_kinds.py); the parallel-client test on thread and process instances.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e._kinds import bind_kinds, model
-from tests.e2e.kind_models import HangsOnOne
+from tests.e2e.kind_models import HangsOnOne, sleeps_for_x
 from tests.e2e.test_healing import _stubs
 
 
@@ -60,6 +61,9 @@ def server(tmp_path_factory) -> Iterator[Tuple[Triton, Dict[str, int], Release]]
     bind_kinds(triton, "Hangs", hangs_on_one, config=ModelConfig(max_batch_size=4), **spec)  # tests/e2e/_kinds.py
     triton.bind("Bounded", hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
     triton.bind("Pausable", hangs_on_one, config=ModelConfig(max_batch_size=4, execution_timeout_s=30), **spec)
+    two = ModelConfig(max_batch_size=4)
+    triton.bind("Slow2", [sleeps_for_x, sleeps_for_x], config=two, **spec)  # two instances
+    triton.bind("Slow2_process", [sleeps_for_x, sleeps_for_x], config=two, instance_kind="process", **spec)
     try:
         triton.run()
         yield triton, ports, release
@@ -91,7 +95,12 @@ def _in_background(function, *args) -> Tuple[threading.Thread, Dict[str, Any]]:
     return thread, result
 
 
-def test_a_hung_callable_makes_the_model_not_ready_and_it_recovers(server, kind):
+STUCK = b"PYTRITON_UNRESPONSIVE_AFTER_S"  # in the retryable error of a call the watch failed
+
+
+def test_a_hung_callable_is_failed_retryably_and_the_model_serves_on(server, kind):
+    """One instance, hung with no execution timeout: past the limit its call fails (thread: 503), the
+    request queued behind it is served, readiness stays 200, nothing is unloaded."""
     triton, ports, release = server
     hangs = model("Hangs", kind)
     release.clear()
@@ -100,23 +109,91 @@ def test_a_hung_callable_makes_the_model_not_ready_and_it_recovers(server, kind)
     time.sleep(0.3)
     queued, queued_result = _in_background(_infer, ports, hangs, 2.0)  # waits in Triton's queue behind it
     try:
-        assert wait_for(lambda: _http(ports, f"/v2/models/{hangs}/ready")[0] != 200, 10, 0.1), "readiness stayed 200"
-        assert _http(ports, "/v2/health/ready")[0] != 200  # strict readiness (the default)
-        started = time.monotonic()
-        status, body = _infer(ports, hangs, 3.0)
-        assert status != 200 and time.monotonic() - started < 5, (status, body)  # fails at once, not queued
-        assert hangs.encode() in body, body
-        assert _infer(ports, "Bounded", 4.0)[0] == 200  # other models serve on
+        hung.join(30)
+        assert not hung.is_alive(), "the hung call was never failed"
+        status, body = hung_result["value"]
+        assert status != 200, (status, body)
+        if kind == "thread":  # a backend instance's stub is killed: Triton's own error
+            assert status == 503 and STUCK in body, (status, body)
+        assert _http(ports, f"/v2/models/{hangs}/ready")[0] == 200
+        queued.join(30)
+        if kind == "thread":
+            assert queued_result["value"][0] == 200, queued_result["value"]  # served, never a 404
+        else:  # Triton had routed it to the killed stub: its own 500 (docs/security.md, not closed), never a 404
+            assert queued_result["value"][0] in (200, 500), queued_result["value"]
+            assert wait_for(lambda: _infer(ports, hangs, 4.0)[0] == 200, 30, 0.1), "the replacement never served"
+        status, body = _infer(ports, hangs, 5.0)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [5.0], (status, body)
+        assert _http(ports, "/v2/health/ready")[0] == 200
     finally:
         release.set()
-    hung.join(60)
-    queued.join(60)
-    assert hung_result["value"][0] == 200 and queued_result["value"][0] == 200  # both answered when it returned
-    assert wait_for(lambda: _http(ports, f"/v2/models/{hangs}/ready")[0] == 200, 30, 0.1), "not loaded again"
-    assert _http(ports, "/v2/health/ready")[0] == 200
-    status, body = _infer(ports, hangs, 5.0)
-    assert status == 200 and json.loads(body)["outputs"][0]["data"] == [5.0]
     assert triton.server_restarts == 0
+
+
+def _parallel_client(ports: Dict[str, int], name: str, until: threading.Event) -> Dict[str, Any]:
+    """Instant requests one after another until ``until`` is set (at most 5000 and 60 s): statuses counted."""
+    statuses: Dict[int, int] = {}
+    started = time.monotonic()
+    for _ in range(5000):
+        if until.is_set() or time.monotonic() - started > 60:
+            break
+        status, body = _infer(ports, name, 0.5)
+        statuses[status] = statuses.get(status, 0) + 1
+        if status != 200:
+            statuses.setdefault(body, status)  # type: ignore[call-overload]  # what failed, for the assertion
+    return statuses
+
+
+@pytest.mark.parametrize("name", ["Slow2", "Slow2_process"])
+def test_slow_calls_on_every_instance_never_fail_a_parallel_client(server, name):
+    """Issue 42 item 4, scaled to the 1 s limit: two 3 s calls on a 2-instance model (the issue: 4 s, 6 s).
+
+    Before: the watch unloaded the model and the parallel client's instant requests failed with 404
+    until the calls returned and it was loaded again. Now: 0 failures, readiness 200 throughout; the
+    two slow calls are failed with a retryable 503 at the limit.
+    """
+    triton, ports, _ = server
+    assert wait_for(lambda: _infer(ports, name, 0.5)[0] == 200, 30, 0.2)
+    (bound,) = triton._versions(name)
+    slow = []
+    for count in (1, 2):  # one after the other, so that the batcher gives each an instance of its own
+        slow.append(_in_background(_infer, ports, name, 3.0))
+        assert wait_for(lambda count=count: sum(state[0] for state in bound.instance_states()) >= count, 10, 0.01)
+    done = threading.Event()
+    client, client_result = _in_background(_parallel_client, ports, name, done)
+    readiness = set()
+    for _ in range(100):  # the readiness seen while the slow calls run (a probe each 0.05 s)
+        readiness.add(_http(ports, f"/v2/models/{name}/ready")[0])
+        if not any(thread.is_alive() for thread, _ in slow):
+            break
+        time.sleep(0.05)
+    for thread, _ in slow:
+        thread.join(30)
+    time.sleep(1.0)  # the client goes on past the calls' end
+    done.set()
+    client.join(60)
+    statuses = client_result["value"]
+    assert set(statuses) == {200} and statuses[200] > 0, statuses
+    assert readiness == {200}, readiness
+    for _, result in slow:  # failed at the limit, retryably (a 3 s call never ends before the 1 s limit)
+        status, body = result["value"]
+        assert status == 503 and STUCK in body, (status, body)
+    assert _infer(ports, name, 0.5)[0] == 200
+    assert triton.server_restarts == 0
+
+
+def test_a_stuck_instance_beside_a_free_one_is_left_alone(server):
+    """One call on one of two instances: the other serves every request, the long call is not failed."""
+    _, ports, _ = server
+    long_call, long_result = _in_background(_infer, ports, "Slow2", 3.0)
+    time.sleep(0.2)
+    done = threading.Event()
+    client, client_result = _in_background(_parallel_client, ports, "Slow2", done)
+    long_call.join(30)
+    done.set()
+    client.join(60)
+    assert long_result["value"][0] == 200, long_result["value"]  # ran its 3 s in full: healthy work is not refused
+    assert set(client_result["value"]) == {200} and client_result["value"][200] > 0, client_result["value"]
 
 
 def test_a_model_with_an_execution_timeout_stays_loaded_while_busy(server):
@@ -155,8 +232,8 @@ def test_a_stopped_stub_makes_the_model_not_ready_until_it_is_replaced(server):
     assert triton.server_restarts == 0
 
 
-def test_the_embedded_server_reports_a_hung_model_not_ready_too(monkeypatch):
-    """``Triton(embedded=True)``: the same watch, the in-process server's unload and load."""
+def test_the_embedded_server_fails_a_hung_call_and_serves_on(monkeypatch):
+    """``Triton(embedded=True)``: the same watch; the hung call fails retryably, the model stays ready and serves."""
     monkeypatch.setenv("PYTRITON_UNRESPONSIVE_AFTER_S", "1")
     release = threading.Event()
 
@@ -171,25 +248,29 @@ def test_the_embedded_server_reports_a_hung_model_not_ready_too(monkeypatch):
         outputs=[Tensor(name="y", shape=(-1,), dtype=np.float32)],
     )
     triton.bind("Embedded", hangs, config=ModelConfig(max_batch_size=4), **spec)
+
+    def infer(value: float) -> Any:
+        try:
+            return float(triton.client("Embedded").infer_sample(x=np.array([value], np.float32))["y"][0])
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            return exc
+
     try:
         triton.run()
         model = triton.model("Embedded")
         assert model.ready()
-        hung, hung_result = _in_background(
-            lambda: triton.client("Embedded").infer_sample(x=np.array([1.0], np.float32))
-        )
+        hung, hung_result = _in_background(infer, 1.0)
+        time.sleep(0.3)
+        queued, queued_result = _in_background(infer, 2.0)
         try:
-            assert wait_for(lambda: not model.ready(), 10, 0.1), "readiness stayed true"
-            started = time.monotonic()
-            with pytest.raises(Exception, match="Embedded"):
-                triton.client("Embedded").infer_sample(x=np.array([3.0], np.float32))
-            assert time.monotonic() - started < 5
+            hung.join(30)
+            assert "PYTRITON_UNRESPONSIVE_AFTER_S" in str(hung_result["value"]), hung_result["value"]
+            assert model.ready()
+            queued.join(30)
+            assert queued_result["value"] == 2.0, queued_result["value"]
         finally:
             release.set()
-        hung.join(60)
-        assert float(hung_result["value"]["y"][0]) == 1.0
-        assert wait_for(lambda: triton.model("Embedded").ready(), 30, 0.1), "not loaded again"
-        assert float(triton.client("Embedded").infer_sample(x=np.array([4.0], np.float32))["y"][0]) == 4.0
+        assert infer(4.0) == 4.0
     finally:
         release.set()
         triton.stop()

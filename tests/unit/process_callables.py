@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 
 import numpy as np
 
@@ -23,6 +24,14 @@ def echo(requests):
         LOGGER.warning("worker %d saw -2", os.getpid())
     if value == -3:
         raise PyTritonUnrecoverableError("cannot go on")
+    return [{"y": r["k"]} for r in requests]
+
+
+def sleeps_on_negative(requests):
+    """``k`` back as ``y``; a negative k first sleeps -k seconds (a call that runs too long)."""
+    value = int(requests[0]["k"].ravel()[0])
+    if value < 0:
+        time.sleep(-value)
     return [{"y": r["k"]} for r in requests]
 
 

@@ -40,6 +40,7 @@ def links():
         _control.Reply(8, True),
         _control.Retire(7, 2),
         _control.Drain(8, 5),
+        _control.FailStuck("pytriton: the call ran past the limit"),
         _control.Stop(2.0),
     ],
     ids=lambda message: type(message).__name__,

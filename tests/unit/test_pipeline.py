@@ -157,3 +157,55 @@ def test_triton_registers_without_importing_the_clients():
     code = "import sys, pytriton.triton; print('tritonclient' in sys.modules, 'pytriton.pipeline' in sys.modules)"
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert completed.stdout.split() == ["False", "False"], completed.stderr[-2000:]
+
+
+def _chained(chain):
+    return Request({}, {pipeline.CHAIN_PARAMETER: chain})
+
+
+def test_a_call_back_into_a_model_on_the_chain_is_refused_before_anything_is_sent(registered):
+    """Issue 42 item 6: A -> A and A -> B -> A would wait forever for a request queued behind themselves."""
+    from pytriton.proxy.types import CURRENT_MODEL
+
+    client = FakeInprocessClient()
+    registered(FakeTriton(["A", "B", "C"], embedded=True, client=client))
+    token = CURRENT_MODEL.set("A")
+    try:
+        with pytest.raises(pipeline.PipelineCycleError, match="A -> A"):
+            pipeline.model("A").infer_sample(np.array([1.0], np.float32))  # outside any batch: the caller alone
+        batch = CURRENT_BATCH.set([Request({}), _chained("B")])  # a batch mixing a fresh and a chained request
+        try:
+            with pytest.raises(pipeline.PipelineCycleError, match="B -> A -> B"):
+                pipeline.model("B").infer_sample(np.array([1.0], np.float32))
+            pipeline.model("C").infer_sample(np.array([1.0], np.float32))  # not on the chain: sent, chain extended
+        finally:
+            CURRENT_BATCH.reset(batch)
+    finally:
+        CURRENT_MODEL.reset(token)
+    assert client.calls == [("sample", (np.array([1.0], np.float32),), {"parameters": {"pytriton_pipeline": "B/A"}})]
+
+
+def test_a_chain_past_max_hops_is_refused_and_outside_a_callable_nothing_is_added():
+    deep = pipeline._Outer([_chained("/".join(f"m{index}" for index in range(pipeline.MAX_HOPS)))])
+    with pytest.raises(pipeline.PipelineCycleError, match="MAX_HOPS"):
+        deep.check("other")
+    shallow = pipeline._Outer([_chained("m0/m1")])
+    shallow.check("other")
+    assert shallow.parameters() == {pipeline.CHAIN_PARAMETER: "m0/m1"}
+    assert pipeline._Outer(None).parameters() is None  # a plain client call carries no chain
+
+
+def test_the_grpc_request_carries_the_chain(registered):
+    import tritonclient.grpc as grpcclient
+
+    from pytriton.proxy.types import CURRENT_MODEL
+
+    registered(FakeTriton(["B"]))
+    handle = pipeline.model("B")
+    arrays, _ = handle._arrays([np.array([1.5], np.float32)], {}, False, None)
+    token = CURRENT_MODEL.set("A")
+    try:
+        request = handle._request(grpcclient, arrays, pipeline._Outer([Request({})]))
+    finally:
+        CURRENT_MODEL.reset(token)
+    assert request["parameters"] == {pipeline.CHAIN_PARAMETER: "A"}

@@ -281,6 +281,29 @@ def test_a_crashed_worker_process_is_replaced_and_its_stub_served_again(make_ins
         stub.close()
 
 
+def test_a_stuck_call_failed_by_the_watch_is_answered_and_the_same_worker_process_serves_on(make_instance):
+    """Issue 42 item 4 (pytriton/_unresponsive.py): the stub gets the retryable error, connects again and is
+    served by the same worker process (not replaced: a process ending now could take the new connection)."""
+    instance, _ = make_instance(calls.sleeps_on_negative)
+    pid = instance.pid
+    stub = FakeStub(instance)
+    segment, metas = _tensors.write_tensors(stub.arena, [[("k", np.array([[-5]], np.int32))]])
+    stub.channel.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
+    assert wait_for(lambda: instance.busy, TIMEOUT_S)
+    assert instance.fail_stuck_call(_messages.STUCK_TEXT)
+    reply = stub.channel.recv()
+    assert type(reply) is _messages.Error and reply.text == _messages.STUCK_TEXT
+    stub.close()
+    assert wait_for(lambda: not instance.busy, TIMEOUT_S)
+    stub = FakeStub(instance)  # what the stub does on its next batch
+    try:
+        assert _value(stub.infer(4)) == 4
+    finally:
+        stub.close()
+    assert instance.pid == pid and instance.restarts == 0
+    assert not instance.fail_stuck_call(_messages.STUCK_TEXT)  # nothing in a call now
+
+
 def test_a_dead_stub_is_reported_and_old_generations_are_retired(make_instance):
     instance, events = make_instance(calls.echo)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

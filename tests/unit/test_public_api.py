@@ -61,7 +61,14 @@ EXPECTED = {
         "wait_for_server_ready",
     ],
     "pytriton.client.warnings": ["NotSupportedTimeoutWarning", "PyTritonWarning"],
-    "pytriton.pipeline": ["ModelHandle", "PipelineCancelledError", "model"],
+    "pytriton.pipeline": [
+        "CHAIN_PARAMETER",
+        "MAX_HOPS",
+        "ModelHandle",
+        "PipelineCancelledError",
+        "PipelineCycleError",
+        "model",
+    ],
     "pytriton.model_config": [
         "DeviceKind",
         "DynamicBatcher",

@@ -17,12 +17,28 @@ IN_ONE_CALL = "in one call of the callable"
 STOPPED = "its stub is stopped"
 
 
+def _stuck(seconds, why, busy):
+    return _unresponsive.Stuck(pytest.approx(seconds), why, busy)
+
+
 def test_every_instance_must_be_stuck_in_one_call_for_the_limit():
     calls = HungCalls(limit_s=2.0)
     assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=10.0) is None
     assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=11.9) is None
-    assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=12.0) == (pytest.approx(2.0), IN_ONE_CALL)
-    assert calls.update("m", [(True, 5.0, False), (False, 7.0, False)], now=13.0) is None  # one instance is free
+    assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=12.0) == _stuck(2.0, IN_ONE_CALL, [0, 1])
+    assert calls.update("n", [(True, 5.0, False), (False, 7.0, False)], now=10.0) is None
+    assert calls.update("n", [(True, 5.0, False), (False, 7.0, False)], now=100.0) is None  # one instance is free
+
+
+def test_a_reported_call_is_not_reported_again_and_its_instance_counts_as_free():
+    """Issue 42: its call is being failed, so the instance serves again; only a new call starts a new clock."""
+    calls = HungCalls(limit_s=2.0)
+    calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=10.0)
+    assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=12.0) is not None
+    assert calls.update("m", [(True, 5.0, False), (True, 7.0, False)], now=30.0) is None  # same calls: once
+    assert calls.update("m", [(True, 5.0, False), (True, 31.0, False)], now=31.5) is None  # one failed, one new
+    assert calls.update("m", [(True, 32.0, False), (True, 31.0, False)], now=32.5) is None
+    assert calls.update("m", [(True, 32.0, False), (True, 31.0, False)], now=34.5) == _stuck(2.0, IN_ONE_CALL, [0, 1])
 
 
 def test_calls_that_end_between_polls_do_not_add_up():
@@ -31,18 +47,18 @@ def test_calls_that_end_between_polls_do_not_add_up():
     # busy again at the next poll, but its last call ended meanwhile (last end 11.0): a new call
     assert calls.update("m", [(True, 11.0, False)], now=12.5) is None
     assert calls.update("m", [(True, 11.0, False)], now=14.4) is None
-    assert calls.update("m", [(True, 11.0, False)], now=14.5) == (pytest.approx(2.0), IN_ONE_CALL)
+    assert calls.update("m", [(True, 11.0, False)], now=14.5) == _stuck(2.0, IN_ONE_CALL, [0])
 
 
 def test_a_stopped_stub_counts_after_half_a_second_whatever_the_limit():
     calls = HungCalls(limit_s=60.0)
     assert calls.update("m", [(False, 5.0, True)], now=10.0) is None
     assert calls.update("m", [(False, 5.0, True)], now=10.4) is None
-    assert calls.update("m", [(True, 5.0, True)], now=10.5) == (pytest.approx(0.5), STOPPED)
-    # one stopped, one in a call: both must be stuck, each by its own measure
+    assert calls.update("m", [(True, 5.0, True)], now=10.5) == _stuck(0.5, STOPPED, [])
+    # one stopped, one in a call: both must be stuck, each by its own measure; the call is failed
     assert calls.update("n", [(False, 1.0, True), (True, 2.0, False)], now=0.0) is None
     assert calls.update("n", [(False, 1.0, True), (True, 2.0, False)], now=59.0) is None
-    assert calls.update("n", [(False, 1.0, True), (True, 2.0, False)], now=60.0) == (pytest.approx(60.0), STOPPED)
+    assert calls.update("n", [(False, 1.0, True), (True, 2.0, False)], now=60.0) == _stuck(60.0, IN_ONE_CALL, [1])
 
 
 def test_a_model_without_instances_or_idle_is_never_stuck():
@@ -52,16 +68,15 @@ def test_a_model_without_instances_or_idle_is_never_stuck():
     assert calls.update("m", [(False, 0.0, False)], now=20.0) is None
 
 
-def test_still_stuck_follows_the_recorded_call_or_stop():
+def test_still_stuck_follows_the_recorded_stop_only():
     calls = HungCalls(limit_s=1.0)
     calls.update("m", [(True, 5.0, False), (False, 1.0, True)], now=0.0)
-    assert calls.still_stuck("m", [(True, 5.0, False), (False, 1.0, False)])  # the call goes on
+    assert not calls.still_stuck("m", [(True, 5.0, False), (False, 1.0, False)])  # a call alone never keeps it down
     assert calls.still_stuck("m", [(False, 6.0, False), (False, 1.0, True)])  # the stub is still stopped
-    assert not calls.still_stuck("m", [(True, 6.0, False), (False, 1.0, False)])  # a new call, resumed
     assert not calls.still_stuck("m", [])  # instances gone
 
 
-def test_the_watch_reports_unresponsive_once_then_responsive_when_the_call_returns():
+def test_the_watch_fails_stuck_calls_once_and_never_unloads_for_them():
     states: Dict[str, List[Tuple[bool, float, bool]]] = {
         "m": [(True, 1.0, False)],
         "busy": [(True, 1.0, False), (False, 3.0, False)],
@@ -70,18 +85,32 @@ def test_the_watch_reports_unresponsive_once_then_responsive_when_the_call_retur
     watch = UnresponsiveWatch(lambda: dict(states), events.append, limit_s=1.0)
     watch.check(10.0)
     watch.check(11.0)
-    assert events == [("unresponsive", ("m", (1.0, IN_ONE_CALL)))] and watch.unloaded == {"m"}
+    assert events == [("stuck", ("m", _stuck(1.0, IN_ONE_CALL, [0])))] and not watch.unloaded
     watch.check(30.0)  # still in the same call: reported once
     assert len(events) == 1
-    states["m"] = [(True, 31.0, False)]  # the call returned and a queued request began: it answered
+    states["m"] = [(True, 31.0, False)]  # a queued request began: a new call, its own clock
     watch.check(31.5)
+    assert len(events) == 1
+    watch.check(32.5)
+    assert events[-1] == ("stuck", ("m", _stuck(1.0, IN_ONE_CALL, [0])))
+
+
+def test_the_watch_unloads_a_model_whose_every_stub_is_stopped_until_one_resumes():
+    states: Dict[str, List[Tuple[bool, float, bool]]] = {"m": [(False, 1.0, True)]}
+    events: List[Tuple[str, Any]] = []
+    watch = UnresponsiveWatch(lambda: dict(states), events.append, limit_s=1.0)
+    watch.check(10.0)
+    watch.check(10.5)
+    assert events == [("unresponsive", ("m", (pytest.approx(0.5), STOPPED)))] and watch.unloaded == {"m"}
+    watch.check(20.0)
+    assert len(events) == 1
+    states["m"] = [(False, 1.0, False)]
+    watch.check(20.5)
     assert events[-1] == ("responsive", "m") and not watch.unloaded
-    watch.check(31.6)
-    assert len(events) == 2  # the new call starts its own clock
 
 
 def test_a_model_unbound_while_unloaded_is_forgotten_silently():
-    states: Dict[str, List[Tuple[bool, float, bool]]] = {"m": [(True, 1.0, False)]}
+    states: Dict[str, List[Tuple[bool, float, bool]]] = {"m": [(False, 1.0, True)]}
     events: List[Tuple[str, Any]] = []
     watch = UnresponsiveWatch(lambda: dict(states), events.append, limit_s=1.0)
     watch.check(0.0)
@@ -98,7 +127,7 @@ def test_the_thread_ends_when_the_instance_stops_running():
         lambda: {"m": [(True, 0.0, False)]}, posted.put, limit_s=0.05, poll_s=0.01, running=lambda: running[0]
     )
     watch.start()
-    assert posted.get(timeout=5)[0] == "unresponsive"
+    assert posted.get(timeout=5)[0] == "stuck"
     running[0] = False
     thread = watch._thread
     assert thread is not None
@@ -131,9 +160,13 @@ class _Model:
         self.busy = False
         self.generation = 3
         self.stopped = stopped
+        self.failed: List[Tuple[List[int], str]] = []
 
     def instance_states(self):
         return [(True, 1.0, self.stopped)]
+
+    def fail_stuck_calls(self, instances, text, older_than_s):
+        self.failed.append((list(instances), text, older_than_s))
 
 
 class _FakeTriton:
@@ -196,14 +229,29 @@ def test_the_view_hides_calls_bounded_by_a_timeout_or_streaming_but_not_stopped_
 def test_the_supervisor_unloads_then_loads_a_new_generation(caplog):
     triton = _FakeTriton()
     _handle(triton, "responsive", "m")  # never unloaded: nothing to load
-    _handle(triton, "unresponsive", ("m", (61.0, IN_ONE_CALL)))
+    _handle(triton, "unresponsive", ("m", (0.5, STOPPED)))
     _handle(triton, "responsive", "m")
     assert triton.calls == [("unload", "m"), ("next-generation", "m")]
-    assert any(IN_ONE_CALL in record.getMessage() for record in caplog.records)
+    assert any(STOPPED in record.getMessage() for record in caplog.records)
     triton.restarting = True
-    _handle(triton, "unresponsive", ("m", (61.0, IN_ONE_CALL)))  # a restart reloads everything anyway
-    _handle(triton, "unresponsive", ("gone", (61.0, IN_ONE_CALL)))
+    _handle(triton, "unresponsive", ("m", (0.5, STOPPED)))  # a restart reloads everything anyway
+    _handle(triton, "unresponsive", ("gone", (0.5, STOPPED)))
     assert len(triton.calls) == 2
+
+
+def test_the_supervisor_fails_stuck_calls_of_each_version_without_unloading(caplog):
+    """Issue 42 item 4: the instances are numbered across versions as the watch lists them."""
+    triton = _FakeTriton()
+    triton.models["two"] = [_Model(), _Model()]  # two versions of one instance each
+    _handle(triton, "stuck", ("two", _unresponsive.Stuck(61.0, IN_ONE_CALL, [1])))
+    assert triton.models["two"][0].failed == []
+    assert triton.models["two"][1].failed == [([0], _unresponsive.STUCK_TEXT, 30.5)]
+    assert triton.calls == []  # nothing unloaded, nothing loaded
+    assert any("503" in record.getMessage() for record in caplog.records if record.levelname == "WARNING")
+    triton.restarting = True
+    _handle(triton, "stuck", ("m", _unresponsive.Stuck(61.0, IN_ONE_CALL, [0])))  # a restart ends every call
+    _handle(triton, "stuck", ("gone", _unresponsive.Stuck(61.0, IN_ONE_CALL, [0])))
+    assert triton.models["m"][0].failed == []
 
 
 def test_no_second_load_when_the_stub_replacement_loaded_the_model_already():

@@ -201,6 +201,43 @@ def test_a_stub_reconnecting_abandons_its_hung_call(make_worker, caplog):
     assert lost == []
 
 
+def test_a_stuck_call_failed_by_the_watch_answers_its_stub_and_the_instance_serves_on(make_worker, caplog):
+    """Issue 42 item 4 (pytriton/_unresponsive.py): the stub gets the retryable error at once, its next
+    send fails before anything was delivered (so it connects again, losing nothing), and the new
+    connection is served while the abandoned call still runs; its late result is discarded."""
+    release = threading.Event()
+
+    def func(requests):
+        if int(requests[0]["k"].flat[0]) < 0:
+            release.wait(30)
+        return [{"y": r["k"]} for r in requests]
+
+    worker, lost = make_worker(func)
+    caplog.set_level(logging.WARNING, logger="pytriton.proxy")
+    assert not worker.fail_stuck_call(_messages.STUCK_TEXT)  # nothing in a call: nothing to fail
+    first_sock, first = _connect(worker)
+    segment, metas = _tensors.write_tensors(
+        _arena.SharedArena("pytriton-unit-unused"), [[("k", np.array([[-1]], np.int32))]]
+    )
+    first.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
+    assert wait_for(lambda: worker.busy, 10)
+    assert not worker.fail_stuck_call(_messages.STUCK_TEXT, older_than_s=600)  # a call younger than that: left alone
+    assert worker.fail_stuck_call(_messages.STUCK_TEXT)
+    reply = first.recv()
+    assert reply.KIND == _messages.ERROR and reply.text == _messages.STUCK_TEXT
+    assert not worker.busy
+    with pytest.raises(OSError):  # EPIPE: the stub's next batch was never delivered, it connects again
+        first.send(_messages.Infer(segment, [_messages.Entry(metas[0])]))
+    first_sock.close()
+    second_sock, second = _connect(worker)
+    assert _value(_infer(second, 5)) == 5  # served while the stuck call still runs
+    release.set()
+    assert wait_for(lambda: any("discarded" in r.getMessage() for r in caplog.records), 10)
+    assert _value(_infer(second, 6)) == 6
+    second_sock.close()
+    assert lost == []
+
+
 def test_stop_leaves_a_hung_call_behind_and_says_so(make_worker, caplog):
     release = threading.Event()
     worker, _ = make_worker(lambda requests: release.wait(60) and [])

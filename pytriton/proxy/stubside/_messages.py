@@ -66,6 +66,15 @@ STREAM_WINDOW = 16
 # balancers and client retry policies retry on. A callable's own errors read ``Type: message``,
 # which never starts with ``pytriton:``.
 UNAVAILABLE_TEXT = "pytriton: the server is shutting down; retry the request on another replica"
+# What a stub answers for a call that pytriton's unresponsive-model watch failed (pytriton/_unresponsive.py):
+# every instance of the model had been in one call for PYTRITON_UNRESPONSIVE_AFTER_S. Also UNAVAILABLE:
+# the instance serves again at once, so a retry succeeds.
+STUCK_TEXT = (
+    "pytriton: the call ran past PYTRITON_UNRESPONSIVE_AFTER_S while every instance of the model was busy, and was "
+    "abandoned so that the requests queued behind it are served; retry the request (give the model an "
+    "execution_timeout_s, more instances or a larger PYTRITON_UNRESPONSIVE_AFTER_S if its calls rightly run this long)"
+)
+RETRYABLE_TEXTS = frozenset({UNAVAILABLE_TEXT, STUCK_TEXT})  # answered with Triton's UNAVAILABLE code
 
 Frame = Tuple["_Marshallable", ...]  # what marshal carries: a plain tuple of plain values
 # A request parameter as Triton passes it (the JSON of ``InferenceRequest.parameters()``).

@@ -109,8 +109,9 @@ def _bytes_output(meta: TensorMeta, buffer: Optional[_tensors.Buffer]) -> object
 
 
 def _errors(message: str, requests: Sequence[object]) -> List[object]:
-    """One error response per request; the draining worker's refusal carries the UNAVAILABLE code."""
-    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None) if message == _messages.UNAVAILABLE_TEXT else None
+    """One error response per request; the retryable refusals (a draining worker, a call failed by the
+    unresponsive-model watch: ``_messages.RETRYABLE_TEXTS``) carry the UNAVAILABLE code."""
+    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None) if message in _messages.RETRYABLE_TEXTS else None
     if code is not None:  # HTTP 503, gRPC UNAVAILABLE (Triton 2.51 maps the code so)
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)) for _ in requests]
     return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
