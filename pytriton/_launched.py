@@ -32,7 +32,7 @@ from pytriton._endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
 from pytriton._plan import LaunchPlan
 from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
-from pytriton.proxy.stubside import _segments
+from pytriton.proxy.stubside import _segments, _stub_print
 from pytriton.server import _allocator, _paths
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
@@ -77,6 +77,9 @@ def server_environment(
     for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV"):
         env.pop(name, None)
     env["PATH"] = os.pathsep.join([str(stub_bin), env.get("PATH", "")])
+    # What a backend instance's callable prints comes back to this process's stdout/stderr
+    # through the server's output (proxy/stubside/_stub_print.py).
+    env[_stub_print.FORWARD_VARIABLE] = "1"
     existing = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = os.pathsep.join([str(path) for path in library_dirs] + ([existing] if existing else []))
     if sys.platform != "linux":

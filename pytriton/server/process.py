@@ -21,11 +21,13 @@ import resource
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from typing import IO, Callable, Deque, Dict, List, Optional
 
 from pytriton.exceptions import PyTritonServerError
+from pytriton.proxy.stubside import _stub_print
 from pytriton.server import _allocator, _launch
 
 LOGGER = logging.getLogger(__name__)
@@ -288,6 +290,9 @@ class TritonServerProcess:
                     sink.write(line + "\n")
                     sink.flush()
                 SERVER_LOG.debug("%s", line)
+                forwarded = _stub_print.parse(line)
+                if forwarded is not None:
+                    _write_forwarded(*forwarded)
         finally:
             if sink is not None:
                 sink.close()
@@ -458,3 +463,17 @@ def grpc_ready_probe(host: str, port: int, headers: Optional[Dict[str, str]] = N
             return False
 
     return probe
+
+
+def _write_forwarded(stream: str, label: str, text: str) -> None:
+    """Write what a backend instance's callable printed (stubside/_stub_print.py) to this process's stream.
+
+    The text alone, as a thread instance's ``print`` would show it; the server log keeps the label.
+    A closed or broken stream of this process loses the line, never the server-output reader.
+    """
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    if target is None:
+        return
+    with contextlib.suppress(Exception):
+        target.write(text + "\n")
+        target.flush()

@@ -47,7 +47,18 @@ from typing import (
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from . import _backend_page, _messages, _stub, _stub_bytes, _stub_dlpack, _stub_metrics, _stub_trace, _tensors, _wire
+from . import (
+    _backend_page,
+    _messages,
+    _stub,
+    _stub_bytes,
+    _stub_dlpack,
+    _stub_metrics,
+    _stub_print,
+    _stub_trace,
+    _tensors,
+    _wire,
+)
 from ._pb_types import PbRequest
 
 if TYPE_CHECKING:
@@ -108,6 +119,7 @@ class InlineModel(_stub.TritonPythonModel):
         not unpickle) fails the model's load with that error, which ``bind``/``run()`` report.
         """
         super()._initialize(args)
+        _stub_print.install(f"{self._model_name}/{self._slot}")  # the callable's print reaches your process
         repository, version = args["model_repository"], args["model_version"]
         params = json.loads(_wire.read_owned(os.path.join(repository, version, _wire.PRIVATE_FILE)))
         _user_path(params)
