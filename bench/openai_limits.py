@@ -72,6 +72,7 @@ def main() -> None:
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert child.stdout is not None and child.stdin is not None
     port = int(child.stdout.readline())
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(timeout=120)

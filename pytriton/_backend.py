@@ -131,7 +131,7 @@ class ServerBackend(Protocol):
         """
 
     def model_store(self, workspace: Workspace) -> pathlib.Path:
-        """The directory the model files are written to, created and checked (``server/_paths.py``).
+        """The directory the model files are written to, created and checked (``_platform/paths.py``).
 
         Raises ``UnsafePathError`` if another local user could change it.
         """

@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 from pytriton._backend import Registry, StopHooks
 from pytriton._endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
 from pytriton._plan import LaunchPlan
+from pytriton._platform import paths as _paths
 from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
 from pytriton.proxy.stubside import _segments, _stub_print
-from pytriton.server import _allocator, _paths
+from pytriton.server import _allocator
 from pytriton.server._scratch import ScratchDirTracker
 from pytriton.server._shm_guard import ShmGuard
 from pytriton.server.command import LaunchSettings

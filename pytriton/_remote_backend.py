@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from pytriton._backend import Registry, StopHooks
 from pytriton._healing import wait_detached
+from pytriton._platform import paths as _paths
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
@@ -44,7 +45,6 @@ from pytriton.exceptions import (
 from pytriton.model_config.generator import to_dict
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts
 from pytriton.proxy.stubside import _zmq_channel
-from pytriton.server import _paths
 from pytriton.server.process import TritonServerProcess
 from pytriton.server.settings import Settings
 from pytriton.server.workspace import Workspace

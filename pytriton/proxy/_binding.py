@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from pytriton._platform import paths as _paths
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config.common import DeviceKind, DynamicBatcher, SequenceBatcher, SequenceStrategy
 from pytriton.model_config.dtypes import normalize_dtype
@@ -26,7 +27,6 @@ from pytriton.proxy import _backend_kind, _bytecode, _process, _stub_model, stub
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._worker import InstanceWorker
 from pytriton.proxy.stubside import _backend_page, _segments, _stub_exit, _wire, _zmq_channel
-from pytriton.server import _paths
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # whole name: fullmatch (a "$" would allow a final newline)
 _MAX_IPC_PATH = 100  # sockaddr_un holds 108 bytes
@@ -273,7 +273,7 @@ class BoundModel:
     def write_repository(self, repository: pathlib.Path, versions: Optional[Sequence[int]] = None) -> None:
         """Write ``config.pbtxt`` and the proxy's ``model.py`` under ``repository/<name>``.
 
-        Raises ``UnsafePathError`` (``server/_paths.py``) if another local user could change the
+        Raises ``UnsafePathError`` (``_platform/paths.py``) if another local user could change the
         repository or a directory written here: the stub runs what is written there.
 
         ``versions``: every bound version of this name (the shared ``config.pbtxt`` then tells
@@ -282,7 +282,7 @@ class BoundModel:
         self.config.backend_parameters["pytriton.generation"] = str(self.generation)
         self.config.versions = sorted(versions) if versions and len(versions) > 1 else None
         # Private to the user: nothing in here is for other local users to read or change. Each
-        # directory must be the serving user's alone (server/_paths.py: the stub runs what is in
+        # directory must be the serving user's alone (_platform/paths.py: the stub runs what is in
         # it), and each file replaces its path without following a symlink planted there.
         repository = _paths.private_directory(repository, "model repository")  # created 0700 if missing
         model_dir = _paths.private_subdir(repository, self.name, f"directory of model {self.name!r}")
@@ -528,7 +528,7 @@ def copy_stub_package(version_dir: pathlib.Path, bytecode_dir: Optional[pathlib.
     (``_bytecode``, cached there), so the stub does not compile the package before its first request.
     Files overwrite an earlier copy, which a running stub has already imported.
     """
-    # The stub imports it: a directory the serving user alone may change (server/_paths.py).
+    # The stub imports it: a directory the serving user alone may change (_platform/paths.py).
     package_dir = _paths.private_subdir(version_dir, _stub_model.PACKAGE, "stub package directory")
     os.chmod(package_dir, 0o700)
     for source in sorted(pathlib.Path(stubside.__file__).parent.glob("*.py")):

@@ -17,7 +17,7 @@ directory, its ``__pycache__`` and every file in them must be owned by the stub'
 not writable by group or other, and not symlinks; otherwise the model's load fails with an
 ``ImportError`` naming the path. The package then reads ``pytriton_private.json`` and
 ``pytriton_backend.pkl`` with the same rule (``_wire.read_owned``). ``model.py`` itself runs before
-any check can: only the server side's rule for the repository (``server/_paths.py``) protects it.
+any check can: only the server side's rule for the repository (``_platform/paths.py``) protects it.
 
 Runs inside the stub: standard library only. Unit tests: tests/unit/test_stub_package.py.
 """

@@ -10,7 +10,7 @@ import tempfile
 import weakref
 from typing import List, Optional, Union
 
-from pytriton.server import _paths
+from pytriton._platform import paths as _paths
 from pytriton.server.distribution import pytriton_home
 
 LOGGER = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class Workspace:
     process that created it removes it that way: a forked child that exits leaves it alone. A
     killed process leaves it to the crash guard (``server/_watchdog.py``, see :func:`cleanup_paths`).
 
-    Ownership (``server/_paths.py``, docs/security.md): the directory, given or fresh, and every
+    Ownership (``_platform/paths.py``, docs/security.md): the directory, given or fresh, and every
     directory :meth:`subdir` makes must be owned by the serving user and not writable by group or
     other (missing ones are created 0700); the directories above it must be owned by root or that user
     and not writable by others unless sticky. Otherwise the constructor (or :meth:`subdir`) raises

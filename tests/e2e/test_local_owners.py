@@ -33,8 +33,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from pytriton._platform.paths import UnsafePathError
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.server._paths import UnsafePathError
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e import process_models

@@ -137,6 +137,16 @@ FORBIDDEN = {
     "pytriton.proxy": ("pytriton.decorators", "pytriton.server", "pytriton.triton"),
     "pytriton.triton": ("pytriton._remote",),
     "pytriton.model_config": ("pytriton.proxy", "pytriton.server", "pytriton.triton", "pytriton.decorators"),
+    # The platform layer is the bottom one: the standard library and pytriton.exceptions only.
+    "pytriton._platform": (
+        "pytriton.proxy",
+        "pytriton.server",
+        "pytriton.triton",
+        "pytriton.model_config",
+        "pytriton.client",
+        "pytriton.inprocess",
+        "pytriton.openai",
+    ),
 }
 
 

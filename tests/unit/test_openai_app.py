@@ -252,7 +252,7 @@ def test_a_disconnect_cancels_the_streams_of_every_choice(backend):
 
     async def main():
         first_body = asyncio.Event()
-        requested = []
+        requested: list = []
 
         async def receive():
             if not requested:

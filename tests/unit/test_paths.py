@@ -1,4 +1,4 @@
-"""The ownership rule for model files (``pytriton/server/_paths.py``, issue 42 item 2) and the stub's side of it.
+"""The ownership rule for model files (``pytriton/_platform/paths.py``, issue 42 item 2) and the stub's side of it.
 
 Another local user is faked with ``chown`` to ``nobody`` (root only: those tests are skipped without
 root, and say so). Each refusal is checked beside the healthy case it must not break: a directory
@@ -17,13 +17,13 @@ import sys
 import numpy as np
 import pytest
 
+from pytriton._platform import paths as _paths
+from pytriton._platform.paths import UnsafePathError
 from pytriton.exceptions import PyTritonValidationError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy import _binding, _stub_model
 from pytriton.proxy._binding import BindingContext, BoundModel
 from pytriton.proxy.stubside import _wire
-from pytriton.server import _paths
-from pytriton.server._paths import UnsafePathError
 from pytriton.server.workspace import Workspace
 
 
