@@ -11,7 +11,9 @@ Contract (checked by tests/unit/test_docs.py, executed by tests/e2e/test_docs.py
 - ``Triton.serve()`` and ``RemoteTriton.serve()`` do not block: they call ``run()``, execute the rest of
   the page's blocks while the server is up (the client calls that follow a quick start), then the
   page's ```bash blocks made only of ``curl`` commands (with ``-f``: an HTTP error fails), then return,
-  so the ``with`` block stops the server as it would after Ctrl-C.
+  so the ``with`` block stops the server as it would after Ctrl-C;
+- ``OpenAIFrontend.serve()`` likewise starts the frontend, runs the rest of the page's blocks and
+  stops it; its default port in the text (8080) is mapped onto a free one.
 """
 
 from __future__ import annotations
@@ -124,12 +126,19 @@ def compile_block(block: Block) -> Any:
     return compile(block.source, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
 
 
+OPENAI_PORT_VARIABLE = "PYTRITON_DOCS_OPENAI_PORT"  # the run's port for the pages' OpenAI frontend (8080)
+
+
 def map_default_ports(source: str, env: Dict[str, str]) -> str:
     """Replace the default ports shown in the text by the ones this run serves on."""
     for default, field in (("8000", "HTTP"), ("8001", "GRPC"), ("8002", "METRICS")):
         port = env.get(f"PYTRITON_TRITON_CONFIG_{field}_PORT")
         if port:
             source = re.sub(rf"\blocalhost:{default}\b", f"127.0.0.1:{port}", source)
+    openai_port = env.get(OPENAI_PORT_VARIABLE)
+    if openai_port:
+        source = re.sub(r"\b(127\.0\.0\.1|localhost):8080\b", f"127.0.0.1:{openai_port}", source)
+        source = re.sub(r"\bport=8080\b", f"port={openai_port}", source)
     return source
 
 
@@ -170,8 +179,35 @@ def run_page(page: pathlib.Path) -> None:
 
     Triton.serve = serving(Triton.run)  # type: ignore[method-assign]
     RemoteTriton.serve = serving(RemoteTriton.run)  # type: ignore[method-assign]
+    _serve_openai_like_triton(run_rest)
     os.chdir(ROOT)
     run_rest()
+
+
+def _serve_openai_like_triton(run_rest: Callable[[], None]) -> None:
+    """``OpenAIFrontend.serve()`` starts the frontend, runs the page's following blocks, then stops it.
+
+    On a free port of this run, which the pages' default 8080 is mapped to (``map_default_ports``).
+    """
+    try:
+        from pytriton.openai import OpenAIFrontend
+    except ImportError:  # the openai extra is not installed: a page using it fails on its own import
+        return
+    if OPENAI_PORT_VARIABLE not in os.environ:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            os.environ[OPENAI_PORT_VARIABLE] = str(probe.getsockname()[1])
+
+    def serve(self: Any) -> None:
+        self.start()
+        try:
+            run_rest()
+        finally:
+            self.stop()
+
+    OpenAIFrontend.serve = serve  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
