@@ -599,7 +599,7 @@ class Triton:
         older name) is how often the waiting thread checks for a fatal failure.
 
         Raises:
-            PyTritonServerError: the server could not be started again (5 failed attempts in a
+            PyTritonServerError: the server could not be started again (8 failed attempts in a
                 row, retried after 0.5 s doubling to 4 s: a transient failure such as ``EMFILE``
                 is survived), or it died with restarts turned off (``max_server_restarts=0``); raised
                 after everything was stopped, so a program ending here exits with a non-zero status

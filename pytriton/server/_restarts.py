@@ -13,7 +13,7 @@ Two kinds of failure are told apart, because they call for opposite answers:
   a port taken meanwhile; or a step of the restart raises: ``EMFILE`` with every descriptor taken,
   ``ENOMEM`` or ``EAGAIN`` on fork, a missing file). Such a failure may be transient, so the
   attempt is retried after a delay that doubles from ``retry_base_s`` up to ``retry_cap_s``; after
-  ``max_failed_starts`` failed attempts in a row (about 8 s of waiting with the defaults) pytriton
+  ``max_failed_starts`` failed attempts in a row (about 20 s of waiting with the defaults) pytriton
   gives up and ``serve()`` raises, so that the program exits non-zero and its process manager
   (systemd, Kubernetes) starts it afresh. A process that stays alive serving nothing is never a state.
 
@@ -33,7 +33,7 @@ BACKOFF_BASE_S = 0.05
 """The first delayed restart waits this long; each further crash in the window doubles it."""
 BACKOFF_CAP_S = 0.5
 """No restart after a crash waits longer than this."""
-MAX_FAILED_STARTS = 5
+MAX_FAILED_STARTS = 8
 """Restart attempts in a row that may fail (the server exits or is not ready in time, or a step raises) before pytriton gives up."""
 RETRY_BASE_S = 0.5
 """The wait after the first failed restart attempt; each further failure in a row doubles it."""

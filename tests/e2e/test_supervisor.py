@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import pathlib
 import queue
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -102,10 +104,10 @@ class Child:
         self.process.wait(timeout=30)
 
 
-def _crash(ports):
+def _crash(ports, model="Echo"):
     connection = http.client.HTTPConnection("127.0.0.1", ports["http_port"], timeout=30)
     try:
-        connection.request("POST", "/v2/models/Echo/infer", body=CRASH_BODY)
+        connection.request("POST", f"/v2/models/{model}/infer", body=CRASH_BODY)
         connection.getresponse().read()
     except (OSError, http.client.HTTPException):
         pass  # the server died while answering
@@ -151,7 +153,7 @@ def test_a_real_emfile_at_restart_is_retried_and_the_server_serves_again():
         child.send("exhaust")
         assert child.next_line().startswith("exhausted ")
         _crash(ports)
-        retried = child.wait_stderr("Restarting tritonserver failed (attempt 1 of 5", timeout_s=60)
+        retried = child.wait_stderr("Restarting tritonserver failed (attempt 1 of 8", timeout_s=60)
         assert retried is not None, "no retry of the failed restart:\n" + "\n".join(child.err_lines[-30:])
         assert "Too many open files" in retried and "trying again in 0.50 s" in retried, retried
         child.send("release")
@@ -178,7 +180,7 @@ def test_a_spent_restart_budget_ends_the_program_non_zero_with_one_clear_line():
         child.send("missing-binary")
         assert child.next_line() == "missing"
         _crash(ports)
-        # 5 attempts with 0.5 + 1 + 2 + 4 s between them; then serve() stops everything and raises.
+        # 8 attempts with 0.5 + 1 + 2 + 4 + 4 + 4 + 4 s between them; then serve() stops everything and raises.
         returncode = child.process.wait(timeout=120)
         for pump in child.pumps:
             pump.join(10)  # every line read
@@ -191,10 +193,10 @@ def test_a_spent_restart_budget_ends_the_program_non_zero_with_one_clear_line():
     assert len(given_up) == 1, child.err_lines[-40:]
     line = given_up[0]
     assert child.err_lines[-1] == f"pytriton.exceptions.PyTritonServerError: {line}", child.err_lines[-5:]
-    assert "tritonserver could not be started again (5 failed attempts in a row)" in line, line
+    assert "tritonserver could not be started again (8 failed attempts in a row)" in line, line
     assert "FileNotFoundError" in line and "/nonexistent/pytriton-test/tritonserver" in line, line
     retries = [entry for entry in child.err_lines if "Restarting tritonserver failed (attempt" in entry]
-    assert len(retries) == 4, retries
+    assert len(retries) == 7, retries
     _assert_clean(first)
 
 
@@ -229,3 +231,90 @@ def test_sigint_right_after_readiness_stops_a_process_started_with_sigint_ignore
         assert child.process.wait(timeout=60) == 0
     finally:
         child.end()
+
+
+OPENAI_CHILD = pathlib.Path(__file__).with_name("openai_emfile_child.py")
+IDLE_CONNECTIONS = 1100
+
+
+def _health(port):
+    """The frontend's ``GET /health`` status (0: no answer)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return 0
+    finally:
+        connection.close()
+
+
+def _open_fds(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("limits", ["systemd-soft-1024", "hard-1024"])
+def test_the_issue_scenario_1100_idle_frontend_connections_and_a_crash_body_serve_again(limits, tmp_path):
+    # Issue 42's reproduction: a soft descriptor limit of 1024, an OpenAIFrontend, ~1,100 idle TCP
+    # connections to it, one crash body to Triton's HTTP infer endpoint, then the connections closed.
+    # Before: the restart failed once (EMFILE on /proc), the event was dropped and /health answered
+    # 503 for good. "systemd-soft-1024": run() raises the soft limit, so nothing fails. "hard-1024":
+    # the limit cannot be raised, the restart meets EMFILE while the connections are held, and the
+    # retries with backoff bring the server back once they are closed.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < IDLE_CONNECTIONS + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096) if hard != resource.RLIM_INFINITY else 4096, hard))
+
+    def child_limits():
+        _, child_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024 if limits == "hard-1024" else child_hard))
+
+    ports = triton_ports()
+    process = subprocess.Popen(  # noqa: S603 - this interpreter
+        [sys.executable, str(OPENAI_CHILD), *(str(ports[key]) for key in ("http_port", "grpc_port", "metrics_port"))],
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "stderr").open("w"),  # asyncio's accept errors at the limit: many lines
+        text=True,
+        cwd=REPO,
+        preexec_fn=child_limits,  # noqa: PLW1509 - a test's child
+    )
+    held = []
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+        try:
+            info = json.loads(lines.get(timeout=120))
+        except queue.Empty:
+            pytest.fail("the child did not start: " + (tmp_path / "stderr").read_text()[-3000:])
+        port = info["frontend_port"]
+        assert _health(port) == 200
+        for _ in range(IDLE_CONNECTIONS):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        # The frontend accepts them up to its limit (the rest wait in the backlog).
+        assert wait_for(lambda: _open_fds(process.pid) >= 1000, 60), _open_fds(process.pid)
+        _crash(ports, "chat")
+        assert wait_for(lambda: not process_group_alive(info["server_pid"]), 30), "the crash body did not crash Triton"
+        time.sleep(2.0)  # the restart runs while every descriptor is taken
+        closed_at = time.monotonic()
+        for connection in held:
+            connection.close()
+        held.clear()
+        back = wait_for(lambda: _health(port) == 200, 90, interval_s=0.1)
+        took = time.monotonic() - closed_at
+        log = [line for line in (tmp_path / "stderr").read_text().splitlines() if "tritonserver" in line]
+        assert back, f"/health did not answer 200 within 90 s of closing the connections ({limits}): {log[-10:]}"
+        print(f"{limits}: /health 200 again {took:.1f} s after the connections closed")
+        for line in log:
+            print("  child:", line[:300])
+        assert process.poll() is None
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        for connection in held:
+            connection.close()
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
