@@ -13,7 +13,8 @@ and ended by :meth:`request_stop` plus :meth:`join`; every server it starts belo
 Unit tests: tests/unit/test_restarts.py (the restart loop and its backoff, with a fake clock and a
 fake server), tests/unit/test_self_healing.py (which lost stubs are replaced),
 tests/unit/test_recycle.py (what recycling reads); restarts, replacements and recycling end to end:
-tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requests.py (crash floods).
+tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requests.py (crash floods),
+tests/e2e/test_supervisor.py (a real EMFILE at a restart retried; a spent budget ending the program).
 """
 
 from __future__ import annotations
