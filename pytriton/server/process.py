@@ -297,6 +297,8 @@ class TritonServerProcess:
                 self._stopping = True
             self._kill_group(self._process.pid)
             self._process.wait()
+            if self._process.stdout is not None:
+                self._process.stdout.close()
             raise
 
     def _read_output(self) -> None:

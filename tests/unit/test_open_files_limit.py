@@ -95,3 +95,43 @@ def test_the_real_limit_is_raised_in_a_child(tmp_path):
         timeout=60,
     ).stdout.split()
     assert [int(value) for value in out] == [hard_wanted, hard_wanted]
+
+
+def test_the_shm_guard_works_with_descriptors_above_1024(monkeypatch):
+    # With the limit raised, the guard's inotify descriptor and wake pipe may be numbered >= 1024,
+    # where select.select() raises ValueError (its thread then died and regions stayed as created).
+    import os
+    import pathlib
+    import stat
+    import threading
+
+    from pytriton.proxy.stubside import _arena
+    from pytriton.server._shm_guard import ShmGuard
+    from tests.conftest import wait_for
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        import pytest
+
+        pytest.skip(f"the hard descriptor limit ({hard}) leaves no descriptor above 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fillers = []
+    prefix = f"pytriton-{os.getpid()}-unittest-highfd-pb"
+    ours = pathlib.Path(_arena.SHM_DIR) / f"{prefix}region"
+    guard = ShmGuard(prefix)
+    try:
+        while len(os.listdir("/proc/self/fd")) < 1060:
+            fillers.append(os.open("/dev/null", os.O_RDONLY))
+        assert guard.start()
+        assert guard._inotify is not None and guard._inotify >= 1024
+        descriptor = os.open(ours, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fchmod(descriptor, 0o644)
+        os.close(descriptor)
+        assert wait_for(lambda: stat.S_IMODE(ours.stat().st_mode) == 0o600, timeout_s=5.0)
+        assert "pytriton-shm-guard" in {thread.name for thread in threading.enumerate()}
+    finally:
+        guard.stop()
+        ours.unlink(missing_ok=True)
+        for descriptor in fillers:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
