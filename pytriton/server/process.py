@@ -297,8 +297,13 @@ class TritonServerProcess:
                 self._stopping = True
             self._kill_group(self._process.pid)
             self._process.wait()
-            if self._process.stdout is not None:
-                self._process.stdout.close()
+            # A started reader ends at the pipe's end (the group is dead); threads that never started are dropped.
+            if self._reader is not None and self._reader.ident is None:
+                self._reader = None
+                if self._process.stdout is not None:
+                    self._process.stdout.close()
+            if self._waiter is not None and self._waiter.ident is None:
+                self._waiter = None
             raise
 
     def _read_output(self) -> None:
