@@ -13,7 +13,8 @@ and ended by :meth:`request_stop` plus :meth:`join`; every server it starts belo
 Unit tests: tests/unit/test_restarts.py (the restart loop and its backoff, with a fake clock and a
 fake server), tests/unit/test_self_healing.py (which lost stubs are replaced),
 tests/unit/test_recycle.py (what recycling reads); restarts, replacements and recycling end to end:
-tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requests.py (crash floods).
+tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requests.py (crash floods),
+tests/e2e/test_supervisor.py (a real EMFILE at a restart retried; a spent budget ending the program).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy._binding import BoundModel
 from pytriton.server import _drain, _recycle
 from pytriton.server._restarts import RestartPolicy
-from pytriton.server.process import kill_stub
+from pytriton.server.process import TritonServerProcess, kill_stub
 from pytriton.server.settings import Settings
 
 LOGGER = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ LOGGER = logging.getLogger(__name__)
 # responses; with 8 instances finishing together on 2 cores that took over 0.1 s
 # (tests/e2e/test_drain.py). A stop of an idle server does not pay it.
 RESPONSE_SETTLE_S = 0.4
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line (a server's quoted error output spans several): lines joined with " | "."""
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def wait_detached(models: Sequence[BoundModel], deadline: float) -> bool:
@@ -167,12 +173,22 @@ class Supervisor:
                     )
                 else:
                     self._replace_stubs(*payload)
-            except Exception:  # noqa: BLE001 - keep supervising
+            except Exception as exc:  # noqa: BLE001 - keep supervising
                 LOGGER.exception("pytriton: recovering from a %s failure failed", kind)
+                if kind == "server" and self._registry.running() and self.failure is None:
+                    # The restart retries every failure it knows; one that escapes it leaves no
+                    # server: end serve() rather than stay alive serving nothing.
+                    self._give_up(
+                        f"restarting tritonserver failed unexpectedly ({type(exc).__name__}: {exc}); giving up."
+                    )
 
     def _give_up(self, message: str) -> None:
-        """Record why the server is not restarted any more and wake ``serve()`` to raise it."""
-        self.failure = PyTritonServerError(message)
+        """Record why the server is not restarted any more and wake ``serve()`` to raise it.
+
+        The reason is logged as one ERROR line (the server's quoted output joined with " | "): the
+        line a process manager's journal shows for why the program ended.
+        """
+        self.failure = PyTritonServerError(_one_line(message))
         LOGGER.error("%s", self.failure)
         self._registry.wake()
 
@@ -190,9 +206,11 @@ class Supervisor:
         """Start a new server with the same command line after the old one died; wait until it is ready.
 
         A server that had been serving is always started again, after the delay the restart policy
-        (server/_restarts.py) gives: crashes caused by requests must not end the service. Starts
-        that fail (the server exits or is not ready in time) are retried a few times, then
-        ``serve()`` is woken to raise.
+        (server/_restarts.py) gives: crashes caused by requests must not end the service. An attempt
+        that fails, however it fails (the server exits or is not ready in time, or a step raises:
+        ``EMFILE``, ``ENOMEM``, ``EAGAIN`` on fork, a missing file), is retried after the policy's
+        growing delay; once its budget is spent, ``serve()`` is woken to raise, so that the program
+        exits non-zero. Nothing here ends without either a ready server or a recorded failure.
         """
         old = self._backend.server
         assert old is not None
@@ -200,7 +218,11 @@ class Supervisor:
             return  # a late report about a server that was already replaced
         # Its stubs may outlive it, holding their slot locks, its ports and its output pipe: end the
         # whole process group first (that also lets the log reader catch the server's last lines).
-        old.stop(grace_s=0.0)
+        # Should that fail (no descriptor left to read /proc), the first attempt below repeats it.
+        try:
+            old.stop(grace_s=0.0)
+        except Exception as exc:  # noqa: BLE001 - retried as part of the restart's first attempt
+            LOGGER.debug("Ending the dead tritonserver's process group failed (%s); the restart retries it.", exc)
         errors = old.crash_lines()
         reason = describe_exit(returncode) + ("; its last error lines:\n  " + "\n  ".join(errors) if errors else "")
         delay = self.policy.crashed()
@@ -223,44 +245,9 @@ class Supervisor:
         try:
             if delay and not self._backoff(delay):
                 return
-            while True:
-                with self._registry.lock:
-                    if not self._registry.running():
-                        return
-                    server = self._backend.replace_server(self._registry.model_names())
-                try:
-                    self._backend.wait_ready(server, "Triton failed to restart")
-                    startup = self._registry.startup_models()
-                    for name in self._registry.model_names():
-                        if name not in startup:  # bound after run(): load it again
-                            self._registry.request_load(name)
-                    self._registry.apply_trace_settings(startup)  # a new server knows none
-                except PyTritonServerError as exc:
-                    self._backend.after_load(False)
-                    if not self._registry.running():
-                        return
-                    if server.listening and not server.is_alive():
-                        # It accepted connections, then died before pytriton's probe saw it ready:
-                        # a request can do that (an attacker polling readiness faster than the
-                        # probe), so it is a crash like any other, never a failed start.
-                        delay = self.policy.crashed() or 0.0
-                        LOGGER.error("tritonserver died right after it came up (%s); restarting it.", exc)
-                        if delay and not self._backoff(delay):
-                            return
-                        old = server
-                        continue
-                    if not self.policy.start_failed():
-                        self._give_up(
-                            f"tritonserver could not be started again ({self.policy.failed_starts} "
-                            f"failed starts in a row); giving up. Last failure: {exc}"
-                        )
-                        return
-                    LOGGER.error("Restarting tritonserver failed (%s); trying again.", exc)
-                    old = server
-                    continue
-                self.policy.started()
-                self._backend.after_load(True)
-                break
+            server = self._start_until_ready()
+            if server is None:
+                return
         finally:
             with self._registry.lock:
                 self.restarting = False
@@ -271,6 +258,63 @@ class Supervisor:
             self.restarts,
             server.pid,
         )
+
+    def _start_until_ready(self) -> Optional[TritonServerProcess]:
+        """Start servers until one is ready with its models; None when stopped meanwhile or given up."""
+        while True:
+            server: Optional[TritonServerProcess] = None
+            try:
+                with self._registry.lock:
+                    if not self._registry.running():
+                        return None
+                    server = self._backend.replace_server(self._registry.model_names())
+                self._backend.wait_ready(server, "Triton failed to restart")
+                startup = self._registry.startup_models()
+                for name in self._registry.model_names():
+                    if name not in startup:  # bound after run(): load it again
+                        self._registry.request_load(name)
+                self._registry.apply_trace_settings(startup)  # a new server knows none
+            except Exception as exc:  # noqa: BLE001 - any failed step is a failed attempt, retried or given up
+                with contextlib.suppress(Exception):
+                    self._backend.after_load(False)
+                if not self._registry.running():
+                    return None
+                if (
+                    isinstance(exc, PyTritonServerError)
+                    and server is not None
+                    and server.listening
+                    and not server.is_alive()
+                ):
+                    # It accepted connections, then died before pytriton's probe saw it ready:
+                    # a request can do that (an attacker polling readiness faster than the
+                    # probe), so it is a crash like any other, never a failed start.
+                    delay = self.policy.crashed() or 0.0
+                    LOGGER.error("tritonserver died right after it came up (%s); restarting it.", exc)
+                    if delay and not self._backoff(delay):
+                        return None
+                    continue
+                what = str(exc) if isinstance(exc, PyTritonServerError) else f"{type(exc).__name__}: {exc}"
+                if not self.policy.start_failed():
+                    self._give_up(
+                        f"tritonserver could not be started again ({self.policy.failed_starts} failed "
+                        f"attempts in a row); giving up so that a process manager can restart the program. "
+                        f"Last failure: {_one_line(what)}"
+                    )
+                    return None
+                retry = self.policy.retry_delay()
+                LOGGER.error(
+                    "Restarting tritonserver failed (attempt %d of %d: %s); trying again in %.2f s.",
+                    self.policy.failed_starts,
+                    self.policy.max_failed_starts,
+                    what,
+                    retry,
+                )
+                if not self._backoff(retry):
+                    return None
+                continue
+            self.policy.started()
+            self._backend.after_load(True)
+            return server
 
     def _replace_stubs(self, model_name: str, generation: int) -> None:
         """Reload a model whose stub died, then retire the old generation's stubs.

@@ -66,6 +66,7 @@ from pytriton.proxy._process import refuse_in_worker
 from pytriton.proxy.stubside import _segments, _stub_bytes
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server.distribution import check_python_supported, pytriton_home
+from pytriton.server.process import raise_open_files_limit
 from pytriton.server.security import (  # noqa: F401  (the constants are importable from here, as in NVIDIA PyTriton)
     DEFAULT_PROTECTED_ENDPOINTS,
     TRITON_ACCESS_HEADER,
@@ -549,6 +550,9 @@ class Triton:
             if self._state is State.RUNNING:
                 return
             started = time.monotonic()
+            # Every descriptor a frontend's idle connections take is one a restart of the server
+            # cannot have (docs/architecture.md, "Self-healing"): use the hard limit.
+            raise_open_files_limit()
             self._stub_numpy2 = self._backend.prepare(self._connect_timeout_s)
             for model in self._models.values():
                 self._check_stub_support(model)
@@ -610,9 +614,11 @@ class Triton:
         older name) is how often the waiting thread checks for a fatal failure.
 
         Raises:
-            PyTritonServerError: the server could not be started again (3 failed starts in a
-                row), or it died with restarts turned off (``max_server_restarts=0``); raised after
-                everything was stopped, so a program ending here exits with a non-zero status.
+            PyTritonServerError: the server could not be started again (8 failed attempts in a
+                row, retried after 0.5 s doubling to 4 s: a transient failure such as ``EMFILE``
+                is survived), or it died with restarts turned off (``max_server_restarts=0``); raised
+                after everything was stopped, so a program ending here exits with a non-zero status
+                and its process manager can start it afresh. The reason is logged as one ERROR line.
         """
         if monitoring_period_sec is not None:
             monitoring_period_s = monitoring_period_sec
@@ -624,28 +630,47 @@ class Triton:
             raise PyTritonBadParameterError(
                 f"monitoring_period_s must be a positive number, got {monitoring_period_s!r}."
             )
-        self.run()
+        # The handlers are installed before run(): the server answers ready inside run(), and a
+        # SIGINT sent right after that must stop it even where the parent started this process
+        # with SIGINT ignored (no KeyboardInterrupt then). A Ctrl-C during the start still aborts
+        # the start at once where Python's own SIGINT handler was in place.
         previous: Dict[int, Any] = {}
+        starting = True
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self._wakeup.set()
+            if starting and signum == signal.SIGINT and previous.get(signum) is signal.default_int_handler:
+                raise KeyboardInterrupt
+
+        def restore() -> None:  # before stop(): a second Ctrl-C interrupts a stop as it always did
+            while previous:
+                number, handler = previous.popitem()
+                signal.signal(number, handler)
+
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[int(signum)] = signal.signal(signum, lambda *_: self._wakeup.set())
-        # serve() is how a program runs a server from a terminal: where logging is not configured, the
-        # lines a user needs (where it listens, that it stopped) would be lost, so they go to stderr.
-        console = not LOGGER.hasHandlers()
+                previous[int(signum)] = signal.signal(signum, on_signal)
         try:
-            if console:
-                models = ", ".join(sorted({name for name, _ in self._models})) or "none"
-                _say(f"{self._endpoints_line()}; models: {models}. Ctrl-C to stop.")
-            while not self._wakeup.wait(monitoring_period_s):
-                if self._supervisor.failure is not None:
-                    break
+            self.run()
+            starting = False
+            # serve() is how a program runs a server from a terminal: where logging is not configured, the
+            # lines a user needs (where it listens, that it stopped) would be lost, so they go to stderr.
+            console = not LOGGER.hasHandlers()
+            try:
+                if console:
+                    models = ", ".join(sorted({name for name, _ in self._models})) or "none"
+                    _say(f"{self._endpoints_line()}; models: {models}. Ctrl-C to stop.")
+                while not self._wakeup.wait(monitoring_period_s):
+                    if self._supervisor.failure is not None:
+                        break
+            finally:
+                restore()
+                started = time.monotonic()
+                self.stop()
+                if console:
+                    _say(f"stopped in {time.monotonic() - started:.2f} s")
         finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
-            started = time.monotonic()
-            self.stop()
-            if console:
-                _say(f"stopped in {time.monotonic() - started:.2f} s")
+            restore()
         failure = self._supervisor.failure
         if failure is not None:
             raise failure

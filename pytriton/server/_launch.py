@@ -21,16 +21,20 @@ filter, inherited by every stub it forks, that refuses (``EPERM``) any ``chmod``
 group or other permissions. boost ignores the refused ``fchmod``, so every region is 0600 from its
 first byte, at start, after restarts and after recycles (the same launch is used each time).
 
-Where the kernel refuses ``PTRACE_TRACEME`` (Yama ``ptrace_scope`` 3, some sandboxes) or seccomp,
-:class:`PrivateLaunch` says so in a warning and the server starts the old way; the warning names what
-is exposed and to whom.
+Where the kernel refuses ``PTRACE_TRACEME`` (Yama ``ptrace_scope`` 2 or 3, a seccomp filter, an LSM),
+or another thread reaps the stop after ``exec`` (a ``waitpid(-1)`` reaper), or the kernel refuses the
+seccomp filter, :class:`PrivateLaunch` says so in a warning and the server starts the old way; the
+warning names the cause (:func:`trace_refusal`: the errno the child saw, Yama's setting, this
+process's seccomp mode) and what is exposed, and to whom.
 
 Unit test: tests/unit/test_launch.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import logging
 import os
 import platform
@@ -49,6 +53,7 @@ HIDDEN_ENV_PREFIX = "PYTRITON_HIDDEN_ARG_"
 PLACEHOLDER = "hidden:see-pytriton-docs-security"
 """What ``/proc/<pid>/cmdline`` shows in place of the secret (an invalid value: never a usable flag)."""
 
+YAMA_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 _STOP_TIMEOUT_S = 30.0  # exec of the server takes milliseconds; this only bounds a wait that went wrong
 _PTRACE_TRACEME = 0
 _PTRACE_DETACH = 17
@@ -166,6 +171,8 @@ class PrivateLaunch:
             self._fprog = _SockFprog(len(program), ctypes.cast(self._filter, ctypes.POINTER(_SockFilter)))
         self.filtering = self._fprog is not None
         """Whether :meth:`preexec` installs the chmod filter (False where the architecture is unknown)."""
+        self.report_fd: Optional[int] = None
+        """Where :meth:`preexec` writes the errno of a refused ``PTRACE_TRACEME`` (set by the spawner)."""
 
     def preexec(self) -> None:
         """Runs in the child between fork and exec: umask, the chmod filter, and the trace request."""
@@ -184,7 +191,13 @@ class PrivateLaunch:
                 _ulong(0),
             )
         if self.hidden and _LIBC.ptrace(_PTRACE_TRACEME, 0, None, None) != 0:
-            raise OSError(ctypes.get_errno(), "PTRACE_TRACEME refused")  # Popen reports it; see start()
+            error = ctypes.get_errno()
+            # Popen reports only "Exception occurred in preexec_fn.": the errno goes to the parent
+            # through the report pipe (_try_spawn), which is open until exec (close-on-exec).
+            if self.report_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.write(self.report_fd, str(error).encode())
+            raise OSError(error, "PTRACE_TRACEME refused")
 
     def after_spawn(self, pid: int) -> None:
         """Wait for the post-exec stop, point each hidden argv slot at its environment value, resume.
@@ -204,7 +217,8 @@ class PrivateLaunch:
         if waited == 0 or not os.WIFSTOPPED(status):
             if waited == 0:
                 os.kill(pid, signal.SIGKILL)
-            raise OSError(f"the process did not stop after exec (wait status {status:#x})")
+                raise OSError(REAPED)
+            raise OSError(f"the process did not stop after exec (wait status {status:#x}), so it could not be traced")
         try:
             redirect_argv(pid, self.argv, self.hidden)
         except BaseException:
@@ -224,6 +238,63 @@ class PrivateLaunch:
         except OSError:
             return None
         return False
+
+
+REAPED = (
+    "the new process's stop after exec never reached pytriton: another thread of this process reaps "
+    "children with waitpid(-1) (a SIGCHLD handler or a child reaper), so the process could not be traced"
+)
+
+
+def _read_int(path: str, prefix: Optional[str] = None) -> Optional[int]:
+    """The integer in file ``path`` (or after ``prefix`` on one of its lines); None if unreadable."""
+    try:
+        with open(path) as source:
+            for line in source:
+                if prefix is None:
+                    return int(line.split()[0])
+                if line.startswith(prefix):
+                    return int(line[len(prefix) :].split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def trace_refusal(error: Optional[int], ptrace_scope: Optional[int], seccomp_mode: Optional[int]) -> str:
+    """Why ``PTRACE_TRACEME`` was refused, in words, with what to change.
+
+    Args:
+        error: the errno the child saw (None when it could not report it).
+        ptrace_scope: ``/proc/sys/kernel/yama/ptrace_scope`` (None: no Yama).
+        seccomp_mode: the ``Seccomp:`` field of this process's ``/proc/self/status`` (0 none, 2 filter).
+    """
+    what = "the kernel refused PTRACE_TRACEME"
+    if error:
+        what += f" ({errno.errorcode.get(error, str(error))}: {os.strerror(error)})"
+    if ptrace_scope == 3:
+        cause = "Yama's kernel.yama.ptrace_scope is 3, so no process may use ptrace until the machine restarts"
+    elif ptrace_scope == 2:
+        cause = (
+            "Yama's kernel.yama.ptrace_scope is 2, so only a process with CAP_SYS_PTRACE may be traced; "
+            "set it to 1 (sysctl kernel.yama.ptrace_scope=1) or grant CAP_SYS_PTRACE"
+        )
+    elif seccomp_mode == 2 or error == errno.ENOSYS:
+        cause = (
+            "this process runs under a seccomp filter that refuses ptrace (a container runtime's default "
+            "profile, systemd's SystemCallFilter=, a sandbox); allow ptrace in that profile"
+        )
+    else:
+        cause = "neither Yama nor seccomp refuses it here, so a security module (AppArmor, SELinux) or a sandbox does"
+    return f"{what}: {cause}"
+
+
+def _refusal_from_report(report_fd: int) -> str:
+    """:func:`trace_refusal` for the errno the child wrote to ``report_fd`` (read to its end), and this machine."""
+    data = b""
+    with contextlib.suppress(OSError):
+        data = os.read(report_fd, 64)
+    error = int(data) if data.strip().isdigit() else None
+    return trace_refusal(error, _read_int(YAMA_PTRACE_SCOPE), _read_int("/proc/self/status", "Seccomp:"))
 
 
 _POINTER = struct.Struct("@P")
@@ -301,6 +372,9 @@ def _try_spawn(
         before_exec()
         launch.preexec()
 
+    # The child writes the errno of a refused trace here; both ends are close-on-exec.
+    report = os.pipe() if launch.hidden else None
+    launch.report_fd = report[1] if report is not None else None
     try:
         process: subprocess.Popen[bytes] = subprocess.Popen(  # noqa: S603 - argv is built by pytriton, no shell
             launch.argv,
@@ -308,10 +382,18 @@ def _try_spawn(
             preexec_fn=preexec,  # noqa: PLW1509 - only calls already-resolved libc functions
             **popen,
         )
-    except subprocess.SubprocessError as exc:  # PTRACE_TRACEME refused in the child
-        if not launch.hidden:
+    except subprocess.SubprocessError:  # PTRACE_TRACEME refused in the child ("Exception occurred in preexec_fn.")
+        if report is None:
             raise
-        return str(exc)
+        os.close(report[1])  # the child's copy is gone with it: the read ends at what it wrote
+        report = (report[0], -1)
+        return _refusal_from_report(report[0])
+    finally:
+        launch.report_fd = None
+        if report is not None:
+            for descriptor in report:
+                if descriptor >= 0:
+                    os.close(descriptor)
     try:
         launch.after_spawn(process.pid)
     except OSError as exc:

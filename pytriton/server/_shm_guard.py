@@ -75,8 +75,12 @@ class ShmGuard:
 
     def _run(self) -> None:
         assert self._inotify is not None and self._wake is not None
+        # poll, not select: run() raises the descriptor limit (server/process.py), so these may be >= 1024.
+        poller = select.poll()
+        poller.register(self._inotify, select.POLLIN)
+        poller.register(self._wake[0], select.POLLIN)
         while True:
-            ready, _, _ = select.select([self._inotify, self._wake[0]], [], [])
+            ready = [descriptor for descriptor, _ in poller.poll()]
             if self._wake[0] in ready:
                 return
             try:

@@ -86,6 +86,29 @@ def _prepare_child(data_limit: Optional[int]) -> None:  # runs in the child betw
             resource.setrlimit(resource.RLIMIT_DATA, (data_limit, hard))
 
 
+def raise_open_files_limit() -> None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (as servers commonly do); say so at DEBUG.
+
+    Under systemd the soft limit is 1024 whatever the hard limit: a frontend holding about a thousand
+    idle connections would leave no descriptor for a restart of the server (reading ``/proc``,
+    pipes for the new process). The server and its stubs inherit the raised limit. A hard limit of
+    ``RLIM_INFINITY`` is taken as the kernel's ``fs.nr_open``. Failures are logged and ignored.
+    """
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard
+        if target == resource.RLIM_INFINITY:
+            with open("/proc/sys/fs/nr_open") as nr_open:
+                target = int(nr_open.read())
+        if soft != resource.RLIM_INFINITY and soft >= target:
+            return
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        LOGGER.debug("Could not raise the open-files limit (RLIMIT_NOFILE) to its hard limit: %s", exc)
+        return
+    LOGGER.debug("Raised the soft open-files limit (RLIMIT_NOFILE) from %d to the hard limit %d.", soft, target)
+
+
 def kill_stub(pid: int) -> bool:
     """SIGKILL ``pid`` if it is a running Python-backend stub; True if a signal was sent.
 
@@ -262,12 +285,28 @@ class TritonServerProcess:
             start_new_session=True,
             close_fds=True,
         )
-        self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)
-        self._reader.start()
-        # Death is detected by waiting for the process, not by the end of its output: its stubs
-        # inherit the output pipe and may outlive a killed server for a long time.
-        self._waiter = threading.Thread(target=self._wait_exit, name="pytriton-server-wait", daemon=True)
-        self._waiter.start()
+        try:
+            self._reader = threading.Thread(target=self._read_output, name="pytriton-server-log", daemon=True)
+            self._reader.start()
+            # Death is detected by waiting for the process, not by the end of its output: its stubs
+            # inherit the output pipe and may outlive a killed server for a long time.
+            self._waiter = threading.Thread(target=self._wait_exit, name="pytriton-server-wait", daemon=True)
+            self._waiter.start()
+        except BaseException:
+            # No thread to watch it (e.g. "can't start new thread" under memory pressure): a server
+            # nobody supervises must not run. The caller sees the error (a restart retries it).
+            with self._lock:
+                self._stopping = True
+            self._kill_group(self._process.pid)
+            self._process.wait()
+            # A started reader ends at the pipe's end (the group is dead); threads that never started are dropped.
+            if self._reader is not None and self._reader.ident is None:
+                self._reader = None
+                if self._process.stdout is not None:
+                    self._process.stdout.close()
+            if self._waiter is not None and self._waiter.ident is None:
+                self._waiter = None
+            raise
 
     def _read_output(self) -> None:
         assert self._process is not None and self._process.stdout is not None

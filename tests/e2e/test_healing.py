@@ -506,7 +506,7 @@ def test_crashes_beyond_the_burst_are_restarted_and_a_server_that_cannot_start_e
             process.kill()
             process.communicate()
     assert process.returncode != 0
-    assert "could not be started again (3 failed starts in a row); giving up" in err, err[-2000:]
+    assert "could not be started again (8 failed attempts in a row); giving up" in err, err[-2000:]
     for info in (first, second, third):
         _assert_clean(info["server_pid"], info["shm_prefix"], info["socket_dir"], info["workspace"], info["scratch"])
 

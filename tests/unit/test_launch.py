@@ -135,3 +135,63 @@ def test_check_reports_the_private_launch(monkeypatch):
     token, regions = check_private_launch()
     assert (token.status, regions.status) == (FAIL, FAIL)
     assert "readable by every local user" in token.detail and "docs/security.md" in token.fix
+
+
+@pytest.mark.parametrize(
+    ("error", "scope", "seccomp", "words"),
+    [
+        (1, 3, 0, ["(EPERM: Operation not permitted)", "ptrace_scope is 3", "until the machine restarts"]),
+        (1, 2, 0, ["ptrace_scope is 2", "CAP_SYS_PTRACE", "sysctl kernel.yama.ptrace_scope=1"]),
+        (1, 1, 2, ["seccomp filter that refuses ptrace", "allow ptrace in that profile"]),
+        (38, None, 0, ["(ENOSYS:", "seccomp filter"]),
+        (1, None, 0, ["neither Yama nor seccomp", "AppArmor, SELinux"]),
+        (None, 0, 0, ["the kernel refused PTRACE_TRACEME: neither Yama"]),
+    ],
+)
+def test_a_refused_trace_is_explained_by_its_cause(error, scope, seccomp, words):
+    message = _launch.trace_refusal(error, scope, seccomp)
+    assert all(word in message for word in words), message
+
+
+class _RefusingLibc:
+    """Stands in for libc in the forked child: every call succeeds except ``ptrace``, refused with ``EPERM``."""
+
+    def prctl(self, *args: object) -> int:
+        return 0
+
+    def ptrace(self, *args: object) -> int:
+        import ctypes
+
+        ctypes.set_errno(1)  # what ctypes.get_errno() then reads in the child, as after a real refusal
+        return -1
+
+
+def test_the_fallback_warning_names_the_cause_and_the_consequence_not_preexec_fn(monkeypatch, caplog):
+    monkeypatch.setattr(_launch, "_LIBC", _RefusingLibc())
+    monkeypatch.setattr(_launch, "_read_int", lambda path, prefix=None: 3 if "yama" in path else 0)
+    with caplog.at_level(logging.WARNING, logger="pytriton.server.process"):
+        process = _launch.spawn(
+            [sys.executable, "-c", "import sys; print(sys.argv[1])", SECRET_FLAG],
+            dict(os.environ),
+            lambda: None,
+            stdout=subprocess.PIPE,
+        )
+        out, _ = process.communicate(timeout=60)
+    assert out.decode().strip() == SECRET_FLAG  # started the old way
+    [warning] = [r.getMessage() for r in caplog.records if "access token hidden" in r.getMessage()]
+    assert "preexec_fn" not in warning
+    assert "EPERM" in warning and "ptrace_scope is 3" in warning  # the cause
+    assert "readable by every local user in /proc/<pid>/cmdline" in warning  # the consequence
+
+
+@supported
+def test_a_stop_reaped_by_another_waiter_is_named_and_the_child_killed(monkeypatch):
+    launch = _launch.PrivateLaunch([sys.executable, "-c", "import time; time.sleep(30)", SECRET_FLAG], dict(os.environ))
+    process = subprocess.Popen(launch.argv, env=launch.env, preexec_fn=launch.preexec)  # noqa: S603,PLW1509
+    with monkeypatch.context() as patch:
+        # A waitpid(-1) reaper elsewhere in the process collected the stop: pytriton's own wait sees nothing.
+        patch.setattr(_launch.os, "waitpid", lambda pid, options: (0, 0))
+        patch.setattr(_launch, "_STOP_TIMEOUT_S", 0.2)
+        with pytest.raises(OSError, match=r"waitpid\(-1\)"):
+            launch.after_spawn(process.pid)
+    assert process.wait(timeout=10) < 0

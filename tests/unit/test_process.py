@@ -362,3 +362,24 @@ def test_the_cap_comes_as_soon_as_the_server_says_it_listens(tmp_path):
 def test_no_cap_without_a_headroom(tmp_path):
     lines = _run_capped(tmp_path, 0)
     assert f"soft {resource.RLIM_INFINITY}" in lines and "allocated" in lines
+
+
+def test_a_server_whose_watcher_threads_cannot_start_is_killed(monkeypatch):
+    # "can't start new thread" under memory pressure: a server nobody watches must not run on (a
+    # restart attempt fails and is retried; pytriton/_healing.py).
+    import threading
+
+    server = TritonServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    original = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name == "pytriton-server-wait":
+            raise RuntimeError("can't start new thread")
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        server.start()
+    monkeypatch.undo()
+    assert server.returncode == -signal.SIGKILL and not server.is_alive()
+    server.stop(grace_s=1)  # still idempotent afterwards

@@ -7,7 +7,10 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import pathlib
+import threading
 from typing import Any, Callable, List
 
 import pytest
@@ -16,7 +19,7 @@ from pytriton import _healing, _launched
 from pytriton._backend import State
 from pytriton._plan import LaunchPlan, PythonBackendOptions
 from pytriton.exceptions import PyTritonServerError
-from pytriton.server._restarts import BACKOFF_CAP_S, MAX_FAILED_STARTS, RestartPolicy
+from pytriton.server._restarts import BACKOFF_CAP_S, MAX_FAILED_STARTS, RETRY_BASE_S, RestartPolicy
 from pytriton.triton import Triton
 
 
@@ -71,7 +74,9 @@ def test_zero_burst_turns_restarts_off():
 class FakeServer:
     """Stands in for ``TritonServerProcess``: ``outcomes`` says how each successive start ends."""
 
-    outcomes: List[str] = []  # "ready", "fails" (never listened) or "killed" (listened, then died)
+    # "ready", "fails" (never listened), "killed" (listened, then died), "emfile" (start() raises EMFILE)
+    outcomes: List[str] = []
+    stop_errors: List[OSError] = []  # raised by the next stop() calls, one each
     started: List[FakeServer] = []
 
     def __init__(self, argv: List[str], env: Any, **_: Any) -> None:
@@ -84,6 +89,9 @@ class FakeServer:
         pass
 
     def start(self) -> None:
+        if FakeServer.outcomes and FakeServer.outcomes[0] == "emfile":
+            FakeServer.outcomes.pop(0)
+            raise OSError(errno.EMFILE, "Too many open files")  # Popen's pipes: nothing was started
         FakeServer.started.append(self)
         self.alive = True
 
@@ -99,6 +107,8 @@ class FakeServer:
 
     def stop(self, grace_s: float = 0.0) -> None:
         self.alive = False
+        if FakeServer.stop_errors:
+            raise FakeServer.stop_errors.pop(0)
 
     def crash_lines(self) -> List[str]:
         return ["terminate called after throwing an instance of 'std::bad_alloc'"]
@@ -109,6 +119,7 @@ def supervised(monkeypatch):
     """A ``Triton`` in the RUNNING state whose restarts start fake servers and whose backoff sleeps are recorded."""
     FakeServer.started = []
     FakeServer.outcomes = []
+    FakeServer.stop_errors = []
     sleeps: List[float] = []
     monkeypatch.setattr(_launched, "TritonServerProcess", FakeServer)
     monkeypatch.setattr(_launched._segments, "sweep_segments", lambda prefix: None)
@@ -158,7 +169,7 @@ def test_a_server_that_cannot_start_ends_serve_after_the_failed_start_limit(supe
     supervisor._restart_server(-6)
     assert len(FakeServer.started) == MAX_FAILED_STARTS
     assert isinstance(supervisor.failure, PyTritonServerError)
-    assert "could not be started again (3 failed starts in a row)" in str(supervisor.failure)
+    assert "could not be started again (8 failed attempts in a row)" in str(supervisor.failure)
     assert "--bad-flag" in str(supervisor.failure)
     assert triton._wakeup.is_set()  # serve() wakes up to raise it
 
@@ -187,3 +198,73 @@ def test_without_restarts_the_first_crash_is_final(supervised):
     supervisor._restart_server(-6)
     assert FakeServer.started == []
     assert "restarts are off (max_server_restarts=0): giving up" in str(supervisor.failure)
+
+
+def test_failed_attempts_are_retried_after_a_doubling_delay_and_a_start_resets_it():
+    policy = RestartPolicy(5, 60.0, clock=FakeClock(), max_failed_starts=6, retry_base_s=0.5, retry_cap_s=4.0)
+    assert policy.retry_delay() == 0.0  # nothing failed: no delay
+    delays = []
+    while policy.start_failed():
+        delays.append(policy.retry_delay())
+    assert delays == [0.5, 1.0, 2.0, 4.0, 4.0] and policy.failed_starts == 6
+    policy.started()
+    assert policy.retry_delay() == 0.0 and policy.start_failed() and policy.retry_delay() == 0.5
+
+
+def _emfile_on_proc() -> OSError:
+    return OSError(errno.EMFILE, "Too many open files", "/proc")  # what os.listdir("/proc") raised
+
+
+def test_a_transient_emfile_in_a_restart_is_retried_after_the_first_retry_delay(supervised):
+    # The issue's scenario: every descriptor is taken when the server dies, so ending its process
+    # group (reading /proc) fails twice, then the new server's pipes cannot be made: each attempt
+    # is retried, and once descriptors are free again the server serves.
+    triton, supervisor, sleeps = supervised
+    FakeServer.stop_errors = [_emfile_on_proc(), _emfile_on_proc()]
+    FakeServer.outcomes = ["emfile", "ready"]
+    supervisor._restart_server(-11)
+    assert supervisor.failure is None and not supervisor.restarting
+    assert triton.server_restarts == 1 and triton._backend.server.alive and len(FakeServer.started) == 1
+    # Two failed attempts (the first stop failure is repeated by attempt 1), so two retry delays.
+    assert sum(sleeps) == pytest.approx(RETRY_BASE_S + 2 * RETRY_BASE_S)
+    assert supervisor.policy.failed_starts == 0
+    triton._backend.server.alive = False  # the next crash is restarted at once, without a retry delay
+    sleeps.clear()
+    FakeServer.outcomes = ["ready"]
+    supervisor._restart_server(-11)
+    assert triton.server_restarts == 2 and sleeps == []
+
+
+def test_a_restart_whose_steps_keep_failing_gives_up_with_one_line(supervised, caplog):
+    triton, supervisor, sleeps = supervised
+    FakeServer.outcomes = ["emfile"] * MAX_FAILED_STARTS
+    with caplog.at_level(logging.ERROR, logger="pytriton._healing"):
+        supervisor._restart_server(-11)
+    assert FakeServer.started == [] and triton.server_restarts == 0 and not supervisor.restarting
+    assert isinstance(supervisor.failure, PyTritonServerError)
+    message = str(supervisor.failure)
+    assert "\n" not in message
+    assert f"could not be started again ({MAX_FAILED_STARTS} failed attempts in a row); giving up" in message
+    assert "OSError: [Errno 24] Too many open files" in message
+    assert triton._wakeup.is_set()  # serve() wakes up to raise it
+    assert sum(sleeps) == pytest.approx(0.5 + 1.0 + 2.0 + 4.0 * 4)  # bounded: about 20 s, then the program ends
+    given_up = [r.getMessage() for r in caplog.records if "giving up" in r.getMessage()]
+    assert given_up == [message]
+
+
+def test_a_failure_escaping_the_restart_ends_serve_instead_of_leaving_a_dead_server(supervised, monkeypatch):
+    triton, supervisor, _ = supervised
+
+    def broken(returncode: int) -> None:
+        raise RuntimeError("a bug in the restart")
+
+    monkeypatch.setattr(supervisor, "_restart_server", broken)
+    monkeypatch.setattr(_healing._unresponsive, "watch_for", lambda registry, report: None)
+    thread = threading.Thread(target=supervisor._supervise, daemon=True)
+    thread.start()
+    supervisor.on_server_exit(-11)
+    supervisor.request_stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(supervisor.failure, PyTritonServerError) and "a bug in the restart" in str(supervisor.failure)
+    assert triton._wakeup.is_set()
