@@ -637,7 +637,7 @@ class Triton:
         previous: Dict[int, Any] = {}
         starting = True
 
-        def on_signal(signum: int, frame: Any) -> None:
+        def on_signal(signum: int, frame: object) -> None:
             self._wakeup.set()
             if starting and signum == signal.SIGINT and previous.get(signum) is signal.default_int_handler:
                 raise KeyboardInterrupt

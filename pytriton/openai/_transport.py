@@ -145,13 +145,13 @@ def coalescing_protocol(limits: ConnectionLimits = ConnectionLimits()) -> Any:
                 self._refuse(_FULL)
 
         def _evict_longest_waiting(self) -> bool:
-            connections: Iterable[Any] = self.connections  # uvicorn's protocols, these among them
+            connections: Iterable[object] = self.connections  # uvicorn's protocols, these among them
             waiting = [c for c in connections if c is not self and getattr(c, "waiting_since", None) is not None]
             if not waiting:
                 return False
-            oldest = min(waiting, key=lambda connection: connection.waiting_since)
-            oldest.stop_waiting()
-            oldest.transport.close()
+            oldest = min(waiting, key=lambda connection: getattr(connection, "waiting_since", 0.0))
+            oldest.stop_waiting()  # type: ignore[attr-defined]  # a CoalescingProtocol: it has a waiting_since
+            oldest.transport.close()  # type: ignore[attr-defined]
             return True
 
         def _refuse(self, answer: bytes) -> None:

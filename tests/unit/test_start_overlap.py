@@ -94,7 +94,7 @@ class FakeBackend:
     def on_exit(self, callback: Any) -> None:
         pass
 
-    def prepare(self) -> bool:
+    def prepare(self, timeout_s: Optional[float] = None) -> bool:
         return False
 
     def model_store(self, workspace: Any) -> pathlib.Path:
