@@ -667,8 +667,11 @@ class Triton:
                 restore()
                 started = time.monotonic()
                 self.stop()
+                # The stop line either way: on stderr, or through the logging the program configured.
                 if console:
                     _say(f"stopped in {time.monotonic() - started:.2f} s")
+                else:
+                    LOGGER.info("Triton stopped in %.2f s", time.monotonic() - started)
         finally:
             restore()
         failure = self._supervisor.failure

@@ -9,6 +9,7 @@ server is tests/e2e/test_supervisor.py's.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 
@@ -85,3 +86,14 @@ def test_ctrl_c_during_the_start_still_aborts_it_at_once(triton, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         triton.serve(monitoring_period_s=60.0)
     assert reached == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_stop_line_goes_through_the_programs_logging_when_it_configured_some(triton, monkeypatch, caplog):
+    # Where logging is not configured the line goes to stderr (tests/e2e/test_lifecycle.py); a program
+    # that configured logging gets it there instead, not nowhere.
+    monkeypatch.setattr(triton, "run", lambda: triton._wakeup.set())
+    with caplog.at_level("INFO", logger="pytriton.triton"):
+        triton.serve(monitoring_period_s=0.05)
+    assert any(re.fullmatch(r"Triton stopped in [0-9.]+ s", r.getMessage()) for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
