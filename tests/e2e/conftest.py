@@ -48,8 +48,8 @@ LEG_MODULES: Dict[str, Tuple[str, ...]] = {
     # its Python-backend models branch on numpy 2 in the stub (inprocess_models.py; 7ae23b2). Its stubs
     # are forked from threads of a process that used gRPC, which aborted on 3.9 (1af195c).
     "test_inprocess_server.py": (NUMPY1, PY39, PY313),
-    # Process instances: arrays and dtypes between the user's process and its children (dtype codes,
-    # not names: pytriton/proxy/_process.py), and the children started with the leg's stdlib.
+    # Process instances: the callable pickled into worker processes that the leg's stdlib starts and
+    # signals (multiprocessing, signal handling), which read and write their tensors with the user's numpy.
     "test_process_instances.py": (NUMPY1, PY39),
     # @batch, @group_by_values, padding: numpy work on the user's side (and in the stub for the
     # backend kind), on the numpy of the leg.
