@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test lint docs clean
+.PHONY: demo test test-all test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test lint docs clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,11 +40,21 @@ allocator:
 demo: server
 	$(PY) examples/quickstart.py
 
-# PYTEST_ARGS: extra pytest arguments (CI deselects the `large` tests in its repeat runs).
+# PYTEST_ARGS: extra pytest arguments (CI passes --durations=25, and --lf for its one rerun).
 PYTEST_ARGS ?=
+# TEST_MARK: a pytest -m expression choosing the tests of `make test` and `make test-numpy1`; empty
+# (the default) runs them all. CI's legs pass "not e2e" (unit tests) and "e2e and py39_leg" and the
+# like (the e2e modules listed for that leg in tests/e2e/conftest.py; docs/development.md, "CI").
+TEST_MARK ?=
+PYTEST_SELECT = tests $(if $(TEST_MARK),-m "$(TEST_MARK)")
 
 test: server
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_SELECT) $(PYTEST_ARGS)
+
+# The full matrix: CI with every leg running the whole suite (about 50 minutes on the 2-core CI
+# machine). Run it before resolving a large change; `.ci/run` runs the e2e slices instead.
+test-all:
+	CI_FULL_MATRIX=1 .ci/run
 
 # The same suite with numpy 1.x in the user's environment (.venv has numpy 2). There is no
 # numpy 1.x for Python 3.13 and later, so there the target says so and does nothing.
@@ -58,10 +68,10 @@ test-numpy1: server
 		$(NP1_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 'numpy<2'; \
 		touch $(NP1_VENV)/.deps; fi; \
 	$(NP1_VENV)/bin/python -c 'import numpy; print("numpy", numpy.__version__)'; \
-	$(NP1_VENV)/bin/python -m pytest -q tests $(PYTEST_ARGS)
+	$(NP1_VENV)/bin/python -m pytest -q $(PYTEST_SELECT) $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.test-deps
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 bench: server $(VENV)/.dev-deps
 	PYTHON=$(PY) bash bench/setup_perf_analyzer.sh
