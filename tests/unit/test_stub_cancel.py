@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from pytriton.proxy.stubside import _messages, _stub_cancel, _stub_metrics
-from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
+from tests.unit.test_backend_kind import _model, _no_batch_reached, _x, inline  # noqa: F401 - fixture
+from tests.unit.test_stub import FINAL, TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
 
 # -- the gate -----------------------------------------------------------------------------------
 
@@ -118,7 +119,7 @@ def _inputs_x(message):
     return [_tensors.read_tensor(None, entry.tensors[0], True)[0] for entry in message.entries]
 
 
-def test_after_a_long_batch_cancelled_requests_are_answered_without_running(setup, pool):  # noqa: F811
+def test_after_a_long_batch_cancelled_requests_are_answered_without_running(pool, setup):  # noqa: F811 - pool first: its teardown comes last
     worker = setup.worker()
     model = setup.model()
     metrics = model._metrics = Counted()
@@ -169,3 +170,48 @@ def test_after_a_long_batch_cancelled_requests_are_answered_without_running(setu
     _serve(channel, seen)
     assert [int(r.outputs()["y"][0]) for r in future.result(TIMEOUT_S)] == [80, 90]
     assert seen.get_nowait() == [8, 9]
+
+
+def test_a_stream_model_answers_its_cancelled_requests_through_their_senders(pool, setup):  # noqa: F811 - pool first: its teardown comes last
+    worker = setup.worker()
+    model = setup.model(decoupled=True)
+    metrics = model._metrics = Counted()
+    worker.channel()
+    model._cancel_gate.until = float("inf")  # as right after a long batch
+    requests = [_request(1, True), _request(2, True)]
+    assert pool.submit(model.execute, requests).result(TIMEOUT_S) is None
+    for request in requests:  # one final CANCELLED answer each; nothing reached the worker
+        ((response, flags),) = request.sender.sent
+        assert flags == FINAL and response.error.message() == _stub_cancel.CANCELLED_TEXT
+    assert metrics.cancelled_requests == 2
+
+
+# -- a backend instance's short path (stubside/_inline.py) --------------------------------------
+
+RAN: list = []  # the x of every request the callable below ran (it runs in this process here)
+
+
+def doubled(requests):
+    RAN.extend(float(request["x"][0, 0]) for request in requests)
+    return [{"y": request["x"] * 2} for request in requests]
+
+
+def test_the_backend_kind_short_path_drops_cancelled_requests_after_a_long_batch(setup, inline, monkeypatch):  # noqa: F811
+    worker = setup.worker()
+    model = _model(setup, inline, doubled)
+    assert model.execute == model._execute_short  # the common case's path
+    RAN.clear()
+    cancelled_early = FakeRequest(_x(1))
+    cancelled_early.cancelled = True
+    # Not right after a long batch: Triton is not asked, the request runs.
+    monkeypatch.setattr(_stub_cancel, "CHECK_AFTER_S", 0.0)  # from here, every batch counts as long
+    monkeypatch.setattr(_stub_cancel, "GAP_S", 3600.0)
+    assert model.execute([cancelled_early])[0].error is None and RAN == [1.0]
+    # That batch armed the check: of the next batch, the cancelled request is answered, the other runs.
+    cancelled, healthy = FakeRequest(_x(2)), FakeRequest(_x(3))
+    cancelled.cancelled = True
+    responses = model.execute([cancelled, healthy])
+    assert responses[0].error.message() == _stub_cancel.CANCELLED_TEXT
+    np.testing.assert_array_equal(responses[1].outputs()["y"], [[6]])
+    assert RAN == [1.0, 3.0]
+    _no_batch_reached(worker)
