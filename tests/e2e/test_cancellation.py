@@ -5,7 +5,8 @@ request timeout (HTTP and gRPC), on a thread and on a backend instance (tests/e2
 callables, in tests/e2e/kind_models.py, note what they saw in files). A call that runs past the model's execution timeout fails at the
 client with a clear error, and the instance is recovered: a thread instance's pure-Python call is
 interrupted (its thread ends), a process instance's worker process is replaced (``bind`` refuses an
-execution timeout for a backend instance).
+execution timeout for a backend instance). gRPC calls cancelled while they queue behind a busy
+instance never reach the callable, on thread, backend and process instances (issue 42, item 5).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def urls(tmp_path_factory):
         outputs=[Tensor(name="seen", shape=(1,), dtype=np.int32)],
     )
     plain = ModelConfig(batching=False)
-    notes = {kind: tmp_path_factory.mktemp(f"cancel-{kind}") for kind in KINDS}  # what each kind's callables saw
+    # What each kind's callables saw ("process": the Queued model of a process instance only).
+    notes = {kind: tmp_path_factory.mktemp(f"cancel-{kind}") for kind in (*KINDS, "process")}
     with Triton(config=TritonConfig(**ports)) as triton:
         for kind in KINDS:  # the watching models on each instance kind (tests/e2e/_kinds.py)
             watch = Watch(str(notes[kind]))
@@ -82,6 +84,13 @@ def urls(tmp_path_factory):
                 instance_kind=kind,
                 **tensors,
             )
+        triton.bind(
+            "Queued_process",
+            CountRuns(str(notes["process"]), QUEUED_CALL_S),
+            config=plain,
+            instance_kind="process",
+            **tensors,
+        )
         triton.bind("Spin", spin, config=ModelConfig(batching=False, execution_timeout_s=0.5), **tensors)
         triton.bind(
             "SleepProcess",
@@ -182,13 +191,20 @@ def _cancelled_metric(urls, name):
 
 
 def test_requests_cancelled_while_queued_never_reach_the_callable(urls, kind):
+    _queued_and_cancelled(urls, model("Queued", kind), kind)
+
+
+def test_requests_cancelled_while_queued_never_reach_a_process_instance(urls):
+    _queued_and_cancelled(urls, "Queued_process", "process")
+
+
+def _queued_and_cancelled(urls, name, kind):
     """Issue 42, item 5: gRPC calls cancelled right after sending, queued behind a slow instance.
 
     Before: every one of them ran the callable in full. Now only those already started run; the
     others are answered CANCELLED (counted in pytriton_requests_cancelled_total), and healthy calls
     sent beside them are all answered correctly.
     """
-    name = model("Queued", kind)
     notes = urls["notes"][kind]
     client = grpcclient.InferenceServerClient(urls["grpc"])
     errors: queue.SimpleQueue = queue.SimpleQueue()

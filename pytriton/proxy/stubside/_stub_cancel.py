@@ -31,9 +31,11 @@ from typing import Callable, List, Optional, Sequence
 
 # A batch that ran at least this long may have had requests waiting behind it.
 CHECK_AFTER_S = 0.01
-# How soon after such a batch the next one must start to have been queued behind it (Triton hands a
-# queued request to the freed instance at once; a loaded 2-core machine took a few milliseconds).
-GAP_S = 0.05
+# How soon after such a batch the next one must start to count as queued behind it. Triton hands a
+# queued request to the freed instance at once, but on a loaded 2-core machine more than 50 ms passed
+# now and then; a request that did not queue and is asked anyway costs one round trip, next to a
+# batch of at least CHECK_AFTER_S.
+GAP_S = 0.5
 
 CANCELLED_TEXT = "pytriton: the client cancelled the request before it started; the callable did not run"
 
