@@ -90,6 +90,20 @@ class Watch:
         return [{"seen": np.array([0], np.int32)}]
 
 
+class CountRuns:
+    """Notes every request it runs (``<tag>.ran``), then sleeps ``seconds`` (a second for a negative tag)."""
+
+    def __init__(self, directory, seconds):
+        self.directory = directory
+        self.seconds = seconds
+
+    def __call__(self, requests):
+        for request in requests:
+            _note(self.directory, int(request["tag"].flat[0]), "ran")
+        time.sleep(self.seconds if int(requests[0]["tag"].flat[0]) >= 0 else 1.0)
+        return [{"seen": request["tag"]} for request in requests]
+
+
 class WatchBatch:
     """Polls ``batch_cancelled()`` (the batch's view) until it turns true (or CANCEL_CAP_S); bound under ``@batch``."""
 

@@ -5,15 +5,18 @@ request timeout (HTTP and gRPC), on a thread and on a backend instance (tests/e2
 callables, in tests/e2e/kind_models.py, note what they saw in files). A call that runs past the model's execution timeout fails at the
 client with a clear error, and the instance is recovered: a thread instance's pure-Python call is
 interrupted (its thread ends), a process instance's worker process is replaced (``bind`` refuses an
-execution timeout for a backend instance).
+execution timeout for a backend instance). gRPC calls cancelled while they queue behind a busy
+instance never reach the callable, on thread, backend and process instances (issue 42, item 5).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -27,9 +30,13 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e._kinds import KINDS, model
-from tests.e2e.kind_models import CANCEL_CAP_S, Watch, WatchBatch
+from tests.e2e.kind_models import CANCEL_CAP_S, CountRuns, Watch, WatchBatch
+from tests.e2e.test_metrics import parse
 
 CAP_S = CANCEL_CAP_S  # no callable here runs longer than this, whatever happens
+QUEUED_CALL_S = 0.1  # each call of the Queued models
+# gRPC calls cancelled right after sending in the queueing test (the issue's trial sent 750).
+QUEUED_N = int(os.environ.get("PYTRITON_TEST_CANCELLED_N", "30"))
 
 
 def spin(requests):
@@ -57,7 +64,8 @@ def urls(tmp_path_factory):
         outputs=[Tensor(name="seen", shape=(1,), dtype=np.int32)],
     )
     plain = ModelConfig(batching=False)
-    notes = {kind: tmp_path_factory.mktemp(f"cancel-{kind}") for kind in KINDS}  # what each kind's callables saw
+    # What each kind's callables saw ("process": the Queued model of a process instance only).
+    notes = {kind: tmp_path_factory.mktemp(f"cancel-{kind}") for kind in (*KINDS, "process")}
     with Triton(config=TritonConfig(**ports)) as triton:
         for kind in KINDS:  # the watching models on each instance kind (tests/e2e/_kinds.py)
             watch = Watch(str(notes[kind]))
@@ -69,6 +77,20 @@ def urls(tmp_path_factory):
                 instance_kind=kind,
                 **tensors,
             )
+            triton.bind(  # one slow instance that requests queue behind (issue 42, item 5)
+                model("Queued", kind),
+                CountRuns(str(notes[kind]), QUEUED_CALL_S),
+                config=plain,
+                instance_kind=kind,
+                **tensors,
+            )
+        triton.bind(
+            "Queued_process",
+            CountRuns(str(notes["process"]), QUEUED_CALL_S),
+            config=plain,
+            instance_kind="process",
+            **tensors,
+        )
         triton.bind("Spin", spin, config=ModelConfig(batching=False, execution_timeout_s=0.5), **tensors)
         triton.bind(
             "SleepProcess",
@@ -78,7 +100,12 @@ def urls(tmp_path_factory):
             **tensors,
         )
         triton.run()
-        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}", "notes": notes}
+        yield {
+            "http": f"127.0.0.1:{ports['http_port']}",
+            "grpc": f"127.0.0.1:{ports['grpc_port']}",
+            "metrics": f"http://127.0.0.1:{ports['metrics_port']}/metrics",
+            "notes": notes,
+        }
 
 
 def _seen(urls, kind, tag):
@@ -144,6 +171,93 @@ def test_batch_cancelled_is_the_batch_view(urls, kind):
     finally:
         client.close()
     assert wait_for(lambda: _seen(urls, kind, 400), CAP_S)
+
+
+def _metric(urls, metric_name, name):
+    """The sum of ``metric_name``'s series of model ``name`` on the server's /metrics."""
+    with urllib.request.urlopen(urls["metrics"], timeout=10) as response:
+        samples = parse(response.read().decode())
+    return sum(
+        value for (metric, labels), value in samples.items() if metric == metric_name and ("model", name) in labels
+    )
+
+
+def _pending(urls, name):
+    return _metric(urls, "nv_inference_pending_request_count", name)
+
+
+def _cancelled_metric(urls, name):
+    return _metric(urls, "pytriton_requests_cancelled_total", name)
+
+
+def test_requests_cancelled_while_queued_never_reach_the_callable(urls, kind):
+    _queued_and_cancelled(urls, model("Queued", kind), kind)
+
+
+def test_requests_cancelled_while_queued_never_reach_a_process_instance(urls):
+    _queued_and_cancelled(urls, "Queued_process", "process")
+
+
+def _queued_and_cancelled(urls, name, kind):
+    """Issue 42, item 5: gRPC calls cancelled right after sending, queued behind a slow instance.
+
+    Before: every one of them ran the callable in full. Now only those already started run; the
+    others are answered CANCELLED (counted in pytriton_requests_cancelled_total), and healthy calls
+    sent beside them are all answered correctly.
+    """
+    notes = urls["notes"][kind]
+    client = grpcclient.InferenceServerClient(urls["grpc"])
+    errors: queue.SimpleQueue = queue.SimpleQueue()
+    healthy_tags = [5000 + i for i in range(5)]
+    try:
+        # The instance is busy (a 1 s call); the N calls queue in Triton behind it, and are cancelled.
+        blocker: queue.SimpleQueue = queue.SimpleQueue()
+        client.async_infer(
+            name, _tag_input(grpcclient, -1), callback=lambda result, error: blocker.put((result, error))
+        )
+        assert wait_for(lambda: (notes / "-1.ran").exists(), CAP_S)
+        started = time.monotonic()
+        calls = []
+        for i in range(QUEUED_N):
+            calls.append(
+                client.async_infer(name, _tag_input(grpcclient, 1000 + i), callback=lambda result, error: None)
+            )
+        queued = wait_for(lambda: _pending(urls, name) >= QUEUED_N, 10, 0.01)
+        for call in calls:  # right after sending them all
+            call.cancel()
+        assert queued, f"the calls did not all reach the server's queue ({_pending(urls, name)})"
+
+        def healthy(tag):
+            own = grpcclient.InferenceServerClient(urls["grpc"])
+            try:
+                result = own.infer(name, _tag_input(grpcclient, tag), client_timeout=QUEUED_N * QUEUED_CALL_S + 60)
+                if int(result.as_numpy("seen")[0]) != tag:
+                    errors.put(f"{tag}: wrong answer {result.as_numpy('seen')}")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.put(f"{tag}: {exc}")
+            finally:
+                own.close()
+
+        threads = [threading.Thread(target=healthy, args=(tag,)) for tag in healthy_tags]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(QUEUED_N * QUEUED_CALL_S + 90)
+        assert errors.empty(), [errors.get() for _ in range(errors.qsize())]
+        result, error = blocker.get(timeout=CAP_S)
+        assert error is None and int(result.as_numpy("seen")[0]) == -1, error
+        elapsed = time.monotonic() - started
+    finally:
+        client.close()
+    ran = [i for i in range(QUEUED_N) if (notes / f"{1000 + i}.ran").exists()]
+    assert all((notes / f"{tag}.ran").exists() for tag in healthy_tags)
+    print(
+        f"{kind}: {QUEUED_N} gRPC calls cancelled right after sending: the callable ran {len(ran)} of them; "
+        f"5 healthy calls beside them answered after {elapsed:.2f} s"
+    )
+    # The first one started before its cancel arrived; a second one may have been handed over too.
+    assert len(ran) <= 2, f"the callable ran {len(ran)} of {QUEUED_N} cancelled requests: {ran}"
+    assert wait_for(lambda: _cancelled_metric(urls, name) == QUEUED_N - len(ran), 10), _cancelled_metric(urls, name)
 
 
 def _session_threads(model):

@@ -52,6 +52,7 @@ from . import (
     _messages,
     _stub,
     _stub_bytes,
+    _stub_cancel,
     _stub_dlpack,
     _stub_metrics,
     _stub_print,
@@ -187,6 +188,9 @@ class InlineModel(_stub.TritonPythonModel):
         A model on the short path never comes here: ``initialize`` makes ``_execute_short`` its
         ``execute``, which does the same in one function.
         """
+        return self._gated(requests, self._execute_general)
+
+    def _execute_general(self, requests: List[PbRequest]) -> Optional[List[object]]:
         page = self._page
         if page is None:
             return self._counted(requests)
@@ -220,6 +224,10 @@ class InlineModel(_stub.TritonPythonModel):
         Anything unusual (an input over the size limit, a request that cannot be read) hands the
         whole batch to ``_counted`` before the callable is called, which answers it as always.
         """
+        if (
+            time.monotonic() < self._cancel_gate.until
+        ):  # right after a long batch: drop what was cancelled (_stub_cancel)
+            return self._gated(requests, self._execute_general)
         page_ints = self._page_ints
         item = self._page_item
         if page_ints is not None:
@@ -313,6 +321,8 @@ class InlineModel(_stub.TritonPythonModel):
                 return self._fail(requests, runner.failure(exc))
         finally:
             ended = time.monotonic()
+            if ended - started >= _stub_cancel.CHECK_AFTER_S and failed is not None:  # requests may queue behind it
+                self._cancel_gate.until = ended + _stub_cancel.GAP_S
             if page_ints is not None:
                 self._page_floats[item + 1] = ended  # type: ignore[index]  # last_active; set with page_ints
                 page_ints[item] = 0

@@ -34,7 +34,7 @@ import json
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -44,6 +44,7 @@ from . import (
     _messages,
     _segments,
     _stub_bytes,
+    _stub_cancel,
     _stub_dlpack,
     _stub_exit,
     _stub_metrics,
@@ -115,6 +116,14 @@ def _errors(message: str, requests: Sequence[object]) -> List[object]:
     if code is not None:  # HTTP 503, gRPC UNAVAILABLE (Triton 2.51 maps the code so)
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)) for _ in requests]
     return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
+
+
+def _cancelled_response() -> object:
+    """The answer to a request whose client cancelled before its batch started (Triton's CANCELLED code)."""
+    code = getattr(pb_utils.TritonError, "CANCELLED", None)
+    if code is None:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(_stub_cancel.CANCELLED_TEXT))
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(_stub_cancel.CANCELLED_TEXT, code))
 
 
 def _input_bytes(tensors: Inputs) -> int:
@@ -255,6 +264,8 @@ class TritonPythonModel:
         self._metrics: _stub_metrics.NullMetrics = _stub_metrics.NULL
         self._broken = False  # the connection ended under a batch: connect again before the next one
         self._batch: List[PbRequest] = []  # the requests of the batch in flight
+        # Requests cancelled while they queued are answered without running (_stub_cancel).
+        self._cancel_gate = _stub_cancel.Gate()
         self._connect()
         # Counted here, pushed to Triton's /metrics by a thread of their own (docs/metrics.md).
         self._metrics = _stub_metrics.create(
@@ -530,6 +541,49 @@ class TritonPythonModel:
 
     def execute(self, requests: List[PbRequest]) -> Optional[List[object]]:
         """Run one batch through the user's callable and return (or stream) the responses."""
+        return self._gated(requests, self._run_batch)
+
+    def _gated(
+        self, requests: List[PbRequest], run: Callable[[List[PbRequest]], Optional[List[object]]]
+    ) -> Optional[List[object]]:
+        """``run(requests)``, less the requests whose client cancelled while they queued (_stub_cancel).
+
+        Those are asked about only right after a long batch of this instance (``Gate``); each one
+        found is answered with Triton's CANCELLED error and counted, and never reaches the callable.
+        """
+        gate = self._cancel_gate
+        started = gate.clock()
+        try:
+            if started < gate.until and self._sequence is None:
+                dropped = _stub_cancel.cancelled(requests)
+                if dropped:
+                    return self._drop(requests, dropped, run)
+            return run(requests)
+        finally:
+            gate.ran(started, gate.clock())
+
+    def _drop(
+        self, requests: List[PbRequest], dropped: List[int], run: Callable[[List[PbRequest]], Optional[List[object]]]
+    ) -> Optional[List[object]]:
+        """Answer the ``dropped`` requests as cancelled, run the others with ``run``."""
+        self._metrics.cancelled(len(dropped))
+        self._cancel_gate.dropped()
+        skip = set(dropped)
+        kept = [request for index, request in enumerate(requests) if index not in skip]
+        if self._decoupled:
+            for index in dropped:
+                try:  # Triton may refuse a response to a cancelled request: it needs none then
+                    requests[index].get_response_sender().send(
+                        _cancelled_response(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                    )
+                except Exception:  # noqa: BLE001
+                    pass
+            if kept:
+                run(kept)
+            return None
+        return _stub_cancel.merge(len(requests), dropped, _cancelled_response, run(kept) if kept else None)
+
+    def _run_batch(self, requests: List[PbRequest]) -> Optional[List[object]]:
         self._releaser.enter()  # no arena memory is released while a batch is in flight
         self._metrics.enter(len(requests))
         try:

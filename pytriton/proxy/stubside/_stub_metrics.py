@@ -58,6 +58,7 @@ BATCH_SIZE = "pytriton_batch_size"
 ERRORS = "pytriton_callable_errors_total"
 RECONNECTS = "pytriton_stub_reconnects_total"
 IN_FLIGHT = "pytriton_requests_in_flight"
+CANCELLED = "pytriton_requests_cancelled_total"
 
 # name -> (kind, help text); every stub of every model creates the same families (Triton shares them).
 _FAMILIES: Dict[str, Tuple[str, str]] = {
@@ -69,6 +70,7 @@ _FAMILIES: Dict[str, Tuple[str, str]] = {
     BATCH_SIZE + "_count": ("COUNTER", "pytriton: batches handed to the instance (histogram count)"),
     ERRORS: ("COUNTER", "pytriton: batches that failed in the user's process (the callable raised or its result was invalid)"),
     RECONNECTS: ("COUNTER", "pytriton: times the stub abandoned a batch at the execution timeout and reconnected"),
+    CANCELLED: ("COUNTER", "pytriton: requests answered as cancelled without running: their client cancelled while they queued"),
     IN_FLIGHT: ("GAUGE", "pytriton: requests of the instance being executed (sampled once per second)"),
 }  # fmt: skip
 
@@ -131,6 +133,9 @@ class NullMetrics:
     def reconnected(self) -> None:
         pass
 
+    def cancelled(self, n_requests: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -141,7 +146,8 @@ NULL = NullMetrics()
 class StubMetrics(NullMetrics):
     """One instance's metrics: counted on the request path, pushed to Triton by a thread.
 
-    The request-path methods (:meth:`enter`, :meth:`leave`, :meth:`settled`, :meth:`reconnected`)
+    The request-path methods (:meth:`enter`, :meth:`leave`, :meth:`settled`, :meth:`reconnected`,
+    :meth:`cancelled`)
     are called by the stub's execute thread only and touch plain attributes; the flusher reads
     them (single reads and writes of Python objects are atomic under the GIL), so no lock is
     taken per batch. The backend kind's short path only appends to :attr:`finished`, which the
@@ -180,6 +186,7 @@ class StubMetrics(NullMetrics):
         self.in_flight = 0
         self.errors = 0
         self.reconnects = 0
+        self.cancelled_requests = 0
         self.duration_counts = [0] * (len(DURATION_BOUNDS) + 1)  # per bucket, not cumulative; last: +Inf
         self.duration_sum = 0.0
         self.size_counts = [0] * (len(self.size_bounds) + 1)
@@ -226,6 +233,10 @@ class StubMetrics(NullMetrics):
     def reconnected(self) -> None:
         """The stub abandoned a batch at its execution timeout and reconnects to its worker."""
         self.reconnects += 1
+
+    def cancelled(self, n_requests: int) -> None:
+        """``n_requests`` requests were answered as cancelled without running (_stub_cancel)."""
+        self.cancelled_requests += n_requests
 
     def totals(self) -> Counts:
         """What has been counted so far: the request path's counts and those of :attr:`finished`
@@ -279,7 +290,7 @@ class StubMetrics(NullMetrics):
                 series.append((name + "_bucket", {**self._labels, "le": le_text(bound)}))
             series.append((name + "_sum", self._labels))
             series.append((name + "_count", self._labels))
-        for name in (ERRORS, RECONNECTS, IN_FLIGHT):
+        for name in (ERRORS, RECONNECTS, CANCELLED, IN_FLIGHT):
             series.append((name, self._labels))
         return series
 
@@ -310,7 +321,7 @@ class StubMetrics(NullMetrics):
             values.extend(cumulative)
             values.append(float(total))
             values.append(float(cumulative[-1]))
-        values.extend((totals.errors, self.reconnects, self.in_flight))
+        values.extend((totals.errors, self.reconnects, self.cancelled_requests, self.in_flight))
         return values
 
     def flush(self) -> None:
