@@ -121,9 +121,10 @@ def main() -> None:
             )
         time.sleep(3.0)
         end = figure()
+        server = triton._backend.server
         print(
             f"{args.deaths} deaths ({args.mode}, {args.instances} instance(s)): server threads {start[0]} -> {end[0]}, "
-            f"regions {start[1]} -> {end[1]}; same server process: {triton._backend.server.pid == pid}"
+            f"regions {start[1]} -> {end[1]}; same server process: {server is not None and server.pid == pid}"
         )
     finally:
         triton.stop()
