@@ -230,3 +230,39 @@ def test_sequence_flags_need_an_id(urls):
     with ModelClient(urls["http"], "Sum") as client:
         with pytest.raises(PyTritonClientValueError, match="sequence_id"):
             client.infer_sample(np.array([1.0], np.float32), sequence_start=True)
+
+
+def test_a_string_id_to_a_model_with_integer_ids_is_refused_over_http(urls, kind):
+    # Before: Triton 2.51 answered 200 and the callable got the str "abc" (SequenceBatcher(string_ids=False)).
+    import requests
+
+    url = f"{urls['http']}/v2/models/{model('Sum', kind)}/infer"
+    body = {
+        "inputs": [{"name": "value", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}],
+        "parameters": {"sequence_id": "abc", "sequence_start": True},
+    }
+    answer = requests.post(url, json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert "'abc' is a string" in answer.json()["error"] and "string_ids=True" in answer.json()["error"]
+    body["parameters"] = {"sequence_id": "abc", "sequence_end": True}  # nor can the refused id be continued or ended
+    assert requests.post(url, json=body, timeout=30).status_code == 400
+    body["parameters"] = {"sequence_id": 6000 + len(kind), "sequence_start": True, "sequence_end": True}
+    healthy = requests.post(url, json=body, timeout=30)  # an integer id beside it is served as before
+    assert healthy.status_code == 200 and healthy.json()["outputs"][0]["data"] == [1.0]
+    if kind == "thread":
+        assert all(not isinstance(entry[0], str) for entry in DIRECT.seen)  # "abc" never reached the callable
+
+
+def test_a_string_id_to_a_model_with_integer_ids_is_refused_over_grpc(urls, kind):
+    client = grpcclient.InferenceServerClient(urls["grpc"].split("://")[1])
+    try:
+        tensor = grpcclient.InferInput("value", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[2.0]], np.float32))
+        with pytest.raises(Exception, match="is a string") as caught:
+            client.infer(model("Sum", kind), [tensor], sequence_id="abc", sequence_start=True)
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        sid = 6100 + len(kind)  # healthy traffic beside it
+        result = client.infer(model("Sum", kind), [tensor], sequence_id=sid, sequence_start=True, sequence_end=True)
+        assert float(result.as_numpy("total")[0, 0]) == 2.0
+    finally:
+        client.close()

@@ -17,7 +17,7 @@ from pytriton.client.exceptions import PyTritonClientValueError
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
 from pytriton.model_config.generator import SEQUENCE_CONTROLS, from_dict, to_dict, to_pbtxt
-from pytriton.proxy.stubside import _arena, _messages, _tensors
+from pytriton.proxy.stubside import _arena, _messages, _sequences, _tensors
 from tests.unit.test_binding import _model, context  # noqa: F401 - the fixture
 from tests.unit.test_client_core import DRIVERS, FakeServer, _drive
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
@@ -96,7 +96,9 @@ def _sequence_request(value, sequence_id, start=False, end=False, ready=True):
     flags = {"start": start, "end": end, "ready": ready}
     inputs = {"x": np.array([[value]], np.int32)}
     inputs.update({SEQUENCE_CONTROLS[key]: np.array([[int(flag)]], np.int32) for key, flag in flags.items()})
-    inputs[SEQUENCE_CONTROLS["corrid"]] = np.array([[sequence_id]], np.uint64)
+    # Triton fills the UINT64 CORRID control with 0 for a string id (it cannot hold one).
+    corrid = 0 if isinstance(sequence_id, str) else sequence_id
+    inputs[SEQUENCE_CONTROLS["corrid"]] = np.array([[corrid]], np.uint64)
     return FakeRequest(inputs, correlation_id=sequence_id)
 
 
@@ -122,6 +124,72 @@ def test_the_stub_turns_controls_into_sequence_fields_and_answers_null_requests(
         arena.close()
     assert [response.error is None for response in responses] == [True, False, True]
     np.testing.assert_array_equal(responses[2].outputs()["y"], [[30]])
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_the_generated_config_tells_the_stub_whether_ids_are_integers_only(context, string_ids):  # noqa: F811
+    raw = to_dict(_model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(string_ids=string_ids))).config)
+    assert _sequences.integer_ids(raw) is not string_ids
+    assert _sequences.integer_ids(to_dict(_model(context).config)) is False  # no sequence batcher: nothing to check
+
+
+class _CodedError:
+    """Triton's TritonError with its code (the fake utils' error has none)."""
+
+    INVALID_ARG = "INVALID_ARG"
+
+    def __init__(self, message, code=None):
+        self._message, self.code = message, code
+
+    def message(self):
+        return self._message
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_a_string_id_is_refused_as_invalid_for_a_model_with_integer_ids(setup, pool, monkeypatch, context, string_ids):  # noqa: F811
+    # Before: Triton 2.51 lets a string id through to an integer-id model and the stub handed the str
+    # to the callable (HTTP 200). Now it is answered INVALID_ARG (HTTP 400) by the stub while the
+    # integer-id requests of the same batch run as usual.
+    monkeypatch.setattr(setup.stub.pb_utils, "TritonError", _CodedError)
+    worker = setup.worker()
+    bound = _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(string_ids=string_ids)))
+    batching = to_dict(bound.config)["sequence_batching"]
+    model = setup.model(sequence=SEQUENCE_CONTROLS, config_update={"sequence_batching": batching})
+    channel = worker.channel()
+    requests = [
+        _sequence_request(1, 7, start=True),
+        _sequence_request(2, "abc", start=True),
+        _sequence_request(3, 8, end=True),
+    ]
+    future = pool.submit(model.execute, requests)
+    message = channel.recv()
+    sequences = [entry.sequence for entry in message.entries]
+    arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
+    try:  # answer whatever reached the worker first, so that a failed check below never leaves execute waiting
+        channel.send(_ok(arena, [{"y": np.array([[10 * (n + 1)]], np.int32)} for n in range(len(sequences))]))
+        responses = future.result(TIMEOUT_S)
+    finally:
+        arena.close()
+    if string_ids:
+        assert sequences == [(7, True, False), ("abc", True, False), (8, False, True)]
+    else:
+        assert sequences == [(7, True, False), (8, False, True)]  # the string id never reaches the callable
+    assert len(responses) == 3
+    if string_ids:
+        assert all(response.error is None for response in responses)
+        return
+    assert responses[0].error is None and responses[2].error is None
+    np.testing.assert_array_equal(responses[2].outputs()["y"], [[20]])
+    error = responses[1].error
+    assert error.code == "INVALID_ARG"
+    assert "'abc' is a string" in error.message() and "SequenceBatcher(string_ids=True)" in error.message()
+
+
+def test_refusals_are_recognised_and_long_ids_are_shortened():
+    text = _sequences.refusal("x" * 1000, True, "M")
+    assert text is not None and _sequences.is_refusal(text) and len(text) < 400
+    assert _sequences.refusal(5, True, "M") is None and _sequences.refusal("a", False, "M") is None
+    assert not _sequences.is_refusal("pytriton: null request of the sequence batcher")
 
 
 def test_the_worker_hands_the_sequence_fields_to_the_callable(make_worker):  # noqa: F811
