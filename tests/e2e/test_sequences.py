@@ -123,6 +123,11 @@ def urls():
             instance_kind="backend",
             **tensors,
         )
+        # A model of its own for the flood test, so that its backlog never delays the other tests.
+        flood = ModelConfig(
+            max_batch_size=2, sequence_batcher=SequenceBatcher(max_sequence_idle_microseconds=3_000_000)
+        )
+        triton.bind("SumFlood", process_running_sum, config=flood, **tensors)
         triton.run()
         yield {"http": f"http://127.0.0.1:{ports['http_port']}", "grpc": f"grpc://127.0.0.1:{ports['grpc_port']}"}
 
@@ -266,3 +271,36 @@ def test_a_string_id_to_a_model_with_integer_ids_is_refused_over_grpc(urls, kind
         assert float(result.as_numpy("total")[0, 0]) == 2.0
     finally:
         client.close()
+
+
+def test_never_ended_starts_wait_in_the_backlog_while_an_open_sequence_keeps_working(urls):
+    # The documented trust model (docs/security.md, "Sequence ids are capabilities"): starts beyond the
+    # slots wait in Triton's backlog; a sequence holding a slot is not delayed by them, and the backlog
+    # drains once the idle timeout passes. This holds on eb8c679 too: it guards the documentation.
+    flood_count = 60
+    answered = threading.Semaphore(0)
+    flood = grpcclient.InferenceServerClient(urls["grpc"].split("://")[1])
+    try:
+        with ModelClient(urls["http"], "SumFlood") as client:
+            client.infer_sample(np.array([1.0], np.float32), sequence_id=9000, sequence_start=True)
+            for index in range(flood_count):
+                tensor = grpcclient.InferInput("value", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
+                flood.async_infer(
+                    "SumFlood",
+                    [tensor],
+                    lambda result, error: answered.release(),
+                    sequence_id=9100 + index,
+                    sequence_start=True,
+                    client_timeout=120,
+                )
+            # The open sequence goes on and ends while the starts are still waiting.
+            client.infer_sample(np.array([2.0], np.float32), sequence_id=9000)
+            last = client.infer_sample(np.array([4.0], np.float32), sequence_id=9000, sequence_end=True)
+            assert float(last["total"][0]) == 7.0
+            deadline = time.monotonic() + 120
+            for _ in range(flood_count):  # every start is answered once the backlog drains
+                assert answered.acquire(timeout=max(0.0, deadline - time.monotonic())), "the backlog did not drain"
+            assert _steps(client, 9001, [1.0, 1.0]) == 2.0  # and new sequences are served again
+    finally:
+        flood.close()
