@@ -1,7 +1,8 @@
 """Measure what never-ended sequence starts cost (docs/security.md, "Sequence ids are capabilities").
 
-Run from the repository root: ``python -m tests.e2e.sequence_flood [N] [IDLE_US]`` (defaults 3000 and
-0, Triton's 1 s idle timeout). Binds a direct-strategy sequence model (``max_batch_size=4``, one
+Run from the repository root: ``python -m tests.e2e.sequence_flood [N] [IDLE_US] [CANDIDATES]``
+(defaults 3000, 0: Triton's 1 s idle timeout, and 0: the direct strategy; CANDIDATES > 0: the oldest
+strategy with that ``max_candidate_sequences``). Binds a sequence model (``max_batch_size=4``, one
 instance) on free loopback ports, opens one sequence over HTTP, sends N gRPC starts of distinct ids
 at once that are never ended, then continues and ends the open sequence and starts, continues and
 ends a new one, printing Triton's resident memory and each wait. Each client wait is bounded (300 s).
@@ -17,7 +18,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from pytriton.model_config import ModelConfig, SequenceBatcher, Tensor
+from pytriton.model_config import ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
 
@@ -42,9 +43,12 @@ def _http_step(client, sequence_id, start=False, end=False):
     client.infer("Seq", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
 
 
-def main(count: int, idle_us: int) -> None:
+def main(count: int, idle_us: int, candidates: int) -> None:
     ports = triton_ports()
-    config = ModelConfig(max_batch_size=4, sequence_batcher=SequenceBatcher(max_sequence_idle_microseconds=idle_us))
+    batcher = SequenceBatcher(max_sequence_idle_microseconds=idle_us)
+    if candidates:
+        batcher.strategy, batcher.max_candidate_sequences = SequenceStrategy.OLDEST, candidates
+    config = ModelConfig(max_batch_size=4, sequence_batcher=batcher)
     with Triton(config=TritonConfig(**ports)) as triton:
         triton.bind(
             "Seq",
@@ -55,7 +59,10 @@ def main(count: int, idle_us: int) -> None:
         )
         triton.run()
         pid = triton._backend.server.pid
-        print(f"N={count} idle_us={idle_us or 'default (1 s)'}; Triton resident before: {_rss_mib(pid):.0f} MiB")
+        strategy = f"oldest, {candidates} candidates" if candidates else "direct"
+        print(
+            f"N={count} idle_us={idle_us or 'default (1 s)'} {strategy}; Triton resident before: {_rss_mib(pid):.0f} MiB"
+        )
         http = httpclient.InferenceServerClient(
             f"127.0.0.1:{ports['http_port']}", connection_timeout=WAIT_S, network_timeout=WAIT_S
         )
@@ -99,4 +106,5 @@ def main(count: int, idle_us: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3000, int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    arguments = [int(value) for value in sys.argv[1:4]]
+    main(*(arguments + [3000, 0, 0][len(arguments) :]))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from pytriton.client import AsyncioModelClient, FuturesModelClient, ModelClient
 from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientValueError
@@ -304,3 +305,58 @@ def test_never_ended_starts_wait_in_the_backlog_while_an_open_sequence_keeps_wor
             assert _steps(client, 9001, [1.0, 1.0]) == 2.0  # and new sequences are served again
     finally:
         flood.close()
+
+
+@pytest.fixture(scope="module")
+def bounded_urls():
+    """A server of its own: an OLDEST model with many candidates, bounded to 3 open sequences per instance."""
+    ports = triton_ports()
+    batcher = SequenceBatcher(
+        strategy=SequenceStrategy.OLDEST,
+        max_candidate_sequences=1000,
+        max_sequence_idle_microseconds=30_000_000,
+        max_open_sequences=3,
+    )
+    with Triton(config=TritonConfig(**ports)) as triton:
+        for kind in ("thread", "backend"):
+            triton.bind(
+                model("Bounded", kind),
+                process_running_sum,
+                inputs=[Tensor(name="value", shape=(1,), dtype=np.float32)],
+                outputs=[Tensor(name="total", shape=(1,), dtype=np.float32)],
+                config=ModelConfig(max_batch_size=4, sequence_batcher=batcher),
+                **({"instance_kind": "backend"} if kind == "backend" else {}),
+            )
+        triton.run()
+        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}"}
+
+
+@pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_starts_beyond_the_open_sequence_bound_are_refused_while_open_sequences_go_on(bounded_urls, lib, kind):
+    # Before: no bound; every start reached the callable, which kept state for it.
+    client = lib.InferenceServerClient(bounded_urls["http" if lib is httpclient else "grpc"])
+    base = 7000 if lib is httpclient else 7100
+
+    def step(sequence_id, value, start=False, end=False):
+        tensor = lib.InferInput("value", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[value]], np.float32))
+        result = client.infer(
+            model("Bounded", kind), [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
+        )
+        return float(result.as_numpy("total")[0, 0])
+
+    try:
+        assert [step(base + n, 1.0, start=True) for n in range(3)] == [1.0, 1.0, 1.0]  # 3 open: the bound
+        with pytest.raises(InferenceServerException, match="too many open sequences") as caught:
+            step(base + 3, 1.0, start=True)
+        assert "max_open_sequences=3" in str(caught.value) and "sequence_end=True" in str(caught.value)
+        assert caught.value.status() in ("503", "StatusCode.UNAVAILABLE")
+        with pytest.raises(InferenceServerException, match="too many open sequences"):
+            step(base + 3, 1.0)  # nor does the refused sequence go on
+        assert step(base, 2.0) == 3.0  # open sequences are served beside the refusals
+        assert step(base, 4.0, end=True) == 7.0  # an end frees a place...
+        assert step(base + 4, 5.0, start=True) == 5.0  # ...for a new start
+        for sequence_id in (base + 1, base + 2, base + 4):  # leave nothing open for the other runs
+            step(sequence_id, 0.0, end=True)
+    finally:
+        client.close()

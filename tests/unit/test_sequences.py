@@ -231,3 +231,43 @@ def test_the_core_sends_the_sequence_and_the_request_timeout(driver):
     assert kwargs["timeout"] == 2_500_000  # microseconds: Request.timeout_s in the callable
     _drive(driver, core.infer((a, a), {}, None, None, False, tritonclient.http), server)
     assert "sequence_id" not in server.last_kwargs and server.last_kwargs["timeout"] == 2_500_000
+
+
+def test_open_sequences_refuse_starts_beyond_the_bound_while_open_ones_go_on():
+    opened = _sequences.OpenSequences(limit=2, idle_s=5.0, model="M")
+    assert opened.admit(1, True, False, 0.0) is None and opened.admit(2, True, False, 0.0) is None
+    text = opened.admit(3, True, False, 1.0)
+    assert text is not None and _sequences.is_bound(text) and not _sequences.is_refusal(text)
+    assert "'M' has 2 open sequences" in text and "max_open_sequences=2" in text and "sequence_end=True" in text
+    assert _sequences.is_bound(opened.admit(3, False, False, 1.5))  # the refused sequence's later requests too
+    assert opened.admit(1, False, False, 2.0) is None  # healthy traffic: open sequences are served
+    assert opened.admit(1, False, True, 2.5) is None and len(opened) == 1  # an end frees its place...
+    assert _sequences.is_bound(opened.admit(3, False, True, 2.6))  # (the refused one's end is refused, then forgotten)
+    assert opened.admit(4, True, False, 3.0) is None  # ...for a new start
+    assert opened.admit(2, True, False, 3.2) is None  # a start of an open id is no new sequence
+
+
+def test_open_sequences_expire_after_the_idle_timeout_and_a_zero_limit_keeps_nothing():
+    opened = _sequences.OpenSequences(limit=1, idle_s=1.0, model="M")
+    assert opened.admit("a", True, False, 0.0) is None
+    assert _sequences.is_bound(opened.admit("b", True, False, 0.5))
+    assert opened.admit("b", True, False, 1.2) is None  # "a" idle for 1 s: Triton ended it, so does the count
+    assert len(opened) == 1
+    assert opened.admit("c", True, True, 1.3) is not None  # a one-request sequence beyond the bound is refused...
+    assert opened.admit("c", True, False, 2.5) is None  # ...and remembered for nothing ("b" expired meanwhile)
+    unbounded = _sequences.OpenSequences(limit=0, idle_s=1.0, model="M")
+    assert all(unbounded.admit(n, True, False, 0.0) is None for n in range(100)) and len(unbounded) == 0
+
+
+def test_the_idle_timeout_is_read_as_triton_applies_it():
+    assert _sequences.idle_s({"sequence_batching": {"max_sequence_idle_microseconds": 2_500_000}}) == 2.5
+    assert _sequences.idle_s({"sequence_batching": {}}) == 1.0  # Triton's default
+
+
+def test_bind_hands_the_bound_to_the_stub(context):  # noqa: F811
+    model = _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher()))
+    assert model._private["max_open_sequences"] == 4096  # the documented default
+    model = _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(max_open_sequences=0)))
+    assert model._private["max_open_sequences"] == 0
+    with pytest.raises(PyTritonBadParameterError, match="max_open_sequences must be an int >= 0"):
+        _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(max_open_sequences=-1)))

@@ -118,8 +118,13 @@ def _errors(message: str, requests: Sequence[object]) -> List[object]:
 
 
 def _rejection(text: str) -> object:
-    """The error of a request refused before the callable: INVALID_ARG (HTTP 400) for a refused sequence id."""
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None) if _sequences.is_refusal(text) else None
+    """The error of a request refused before the callable: INVALID_ARG (HTTP 400) for a refused sequence id,
+    UNAVAILABLE (HTTP 503) for a start beyond the open-sequence bound (retry once sequences ended)."""
+    code = None
+    if _sequences.is_refusal(text):
+        code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    elif _sequences.is_bound(text):
+        code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
     return pb_utils.TritonError(text) if code is None else pb_utils.TritonError(text, code)
 
 
@@ -242,6 +247,8 @@ class TritonPythonModel:
         self._sequence: Optional[Dict[str, str]] = params.get("sequence")
         # string_ids=False: a string id, which Triton 2.51 lets through, is refused here (_sequences).
         self._integer_ids = _sequences.integer_ids(config)
+        limit = int(params.get("max_open_sequences", 0))  # 0: no bound (SequenceBatcher.max_open_sequences)
+        self._open_sequences = _sequences.OpenSequences(limit, _sequences.idle_s(config), self._model_name)
         # The generation is in the public config on purpose: a new value makes Triton reload the
         # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
         public = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
@@ -488,10 +495,13 @@ class TritonPythonModel:
         sequence_id: SequenceId = (
             raw_id if isinstance(raw_id, (int, str)) else getattr(raw_id, "value", lambda: raw_id)()  # type: ignore[assignment]
         )
+        start, end = flags.get("start", False), flags.get("end", False)
         refused = _sequences.refusal(sequence_id, self._integer_ids, self._model_name)
+        if refused is None:
+            refused = self._open_sequences.admit(sequence_id, start, end, time.monotonic())
         if refused is not None:
             return kept, refused
-        return kept, (sequence_id, flags.get("start", False), flags.get("end", False))
+        return kept, (sequence_id, start, end)
 
     def _too_large(self, nbytes: int) -> str:
         return (
