@@ -33,7 +33,11 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+_STARTS_SEEN = [0]  # starts that reached the callable (a thread instance: counted in this process)
+
+
 def _echo(requests):
+    _STARTS_SEEN[0] += sum(1 for request in requests if request.sequence_start)
     return [{"total": np.full((1, 1), float(request["value"].sum()), np.float32)} for request in requests]
 
 
@@ -69,13 +73,14 @@ def main(count: int, idle_us: int, candidates: int) -> None:
         _http_step(http, 5, start=True)  # the sequence opened before the flood
         flood = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_port']}")
         answered = threading.Semaphore(0)
+        refused = []
         for index in range(count):
             tensor = grpcclient.InferInput("value", [1, 1], "FP32")
             tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
             flood.async_infer(
                 "Seq",
                 [tensor],
-                lambda result, error: answered.release(),
+                lambda result, error: (refused.append(error) if error is not None else None, answered.release()),
                 sequence_id=1_000_000 + index,
                 sequence_start=True,
                 client_timeout=WAIT_S,
@@ -101,6 +106,9 @@ def main(count: int, idle_us: int, candidates: int) -> None:
             if not answered.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 break
         print(f"Triton resident once the starts were answered: {_rss_mib(pid):.0f} MiB")
+        print(f"starts that reached the callable: {_STARTS_SEEN[0]}; flood starts refused: {len(refused)}")
+        if refused:
+            print(f"first refusal: {refused[0]}")
         flood.close()
         http.close()
 
