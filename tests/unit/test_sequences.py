@@ -271,3 +271,9 @@ def test_bind_hands_the_bound_to_the_stub(context):  # noqa: F811
     assert model._private["max_open_sequences"] == 0
     with pytest.raises(PyTritonBadParameterError, match="max_open_sequences must be an int >= 0"):
         _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(max_open_sequences=-1)))
+
+
+def test_the_bound_is_kept_for_the_oldest_strategy_only():
+    assert _sequences.open_limit({"sequence_batching": {"oldest": {}}}, 7) == 7
+    assert _sequences.open_limit({"sequence_batching": {"direct": {}}}, 7) == 0  # Triton's slots bound it
+    assert _sequences.open_limit({}, 7) == 0

@@ -65,6 +65,17 @@ def idle_s(config: Mapping[str, Any]) -> float:
     return micros / 1e6 if micros > 0 else _TRITON_DEFAULT_IDLE_S
 
 
+def open_limit(config: Mapping[str, Any], limit: int) -> int:
+    """The bound the stub keeps: ``limit`` for the oldest strategy, 0 (none) for the direct one.
+
+    Direct: Triton's slots already bound an instance's open sequences (``max_batch_size``), and a
+    start that waited in Triton's backlog is ended by Triton right after it runs (its idle time counts
+    from its arrival), which the stub cannot see, so a count here would run ahead of Triton's and
+    refuse good starts after a flood.
+    """
+    return limit if "oldest" in (config.get("sequence_batching") or {}) else 0
+
+
 class OpenSequences:
     """The sequences one instance has started and not yet ended, bounded (``SequenceBatcher.max_open_sequences``).
 
@@ -75,10 +86,11 @@ class OpenSequences:
     the backend). Memory: at most ``limit`` open ids and ``limit`` remembered refusals, each dropped
     after the idle timeout. ``limit`` 0 admits everything and keeps nothing.
 
-    Counted per instance (stub): with the direct strategy a sequence stays on one instance, so the
-    count is exact and can never exceed the instance's slots (``max_batch_size``); with the oldest
-    strategy and several instances, a sequence whose end reaches another instance counts on the
-    instance that saw its start until it is idle there.
+    Counted per instance (stub), for the oldest strategy only (``open_limit``): with several instances
+    a sequence whose end reaches another instance counts on the instance that saw its start until it
+    is idle there. Starts that waited in Triton's backlog (more sequences than
+    ``max_candidate_sequences``) are ended by Triton soon after they run, which the stub cannot see:
+    they count until idle here, so keep ``max_candidate_sequences`` at least the bound.
     """
 
     def __init__(self, limit: int, idle_s: float, model: str) -> None:

@@ -247,7 +247,8 @@ class TritonPythonModel:
         self._sequence: Optional[Dict[str, str]] = params.get("sequence")
         # string_ids=False: a string id, which Triton 2.51 lets through, is refused here (_sequences).
         self._integer_ids = _sequences.integer_ids(config)
-        limit = int(params.get("max_open_sequences", 0))  # 0: no bound (SequenceBatcher.max_open_sequences)
+        # SequenceBatcher.max_open_sequences; 0: no bound, as for the direct strategy (_sequences.open_limit).
+        limit = _sequences.open_limit(config, int(params.get("max_open_sequences", 0)))
         self._open_sequences = _sequences.OpenSequences(limit, _sequences.idle_s(config), self._model_name)
         # The generation is in the public config on purpose: a new value makes Triton reload the
         # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
