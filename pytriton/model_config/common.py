@@ -83,6 +83,12 @@ class SequenceBatcher:
         max_candidate_sequences: OLDEST only: sequences the batcher chooses among (0: Triton's default).
         max_queue_delay_microseconds: OLDEST only: how long a batch may wait to fill up.
         preferred_batch_size: OLDEST only: batch sizes the batcher aims for.
+        max_open_sequences: OLDEST only: the most sequences one instance keeps open (started, neither
+            ended nor idle for ``max_sequence_idle_microseconds``); a start beyond it is refused with
+            503 (gRPC ``UNAVAILABLE``), and so are that sequence's later requests, so the callable never
+            sees them, while open sequences go on. 0: no bound. Counted in pytriton's stub, not written
+            to config.pbtxt; keep ``max_candidate_sequences`` at least this. (``DIRECT``: Triton's
+            slots bound an instance to ``max_batch_size`` open sequences.) docs/sequences.md.
     """
 
     strategy: SequenceStrategy = SequenceStrategy.DIRECT
@@ -91,6 +97,7 @@ class SequenceBatcher:
     max_candidate_sequences: int = 0
     max_queue_delay_microseconds: int = 0
     preferred_batch_size: Optional[List[int]] = None
+    max_open_sequences: int = 4096
 
 
 @dataclasses.dataclass

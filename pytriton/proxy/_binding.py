@@ -245,6 +245,7 @@ class BoundModel:
             self._private["backend_path"] = _process.preparation_data()["sys_path"]
         if sequence is not None:  # the stub reads these control inputs into each request's sequence fields
             self._private["sequence"] = dict(SEQUENCE_CONTROLS)
+            self._private["max_open_sequences"] = int(sequence.max_open_sequences)  # per instance, in the stub
         self._route = f"m{index}"
         if context.tcp is not None:  # the stub connects here instead (proxy/stubside/_zmq_channel.py)
             tcp = {"endpoint": context.tcp.endpoint, "token": context.tcp.token, "route": self._route}
@@ -565,7 +566,8 @@ def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatch
             f"Model {model!r}: a sequence model cannot be decoupled in pytriton; stream with a plain "
             "decoupled model, or send one request per step of the sequence."
         )
-    for field in ("max_sequence_idle_microseconds", "max_candidate_sequences", "max_queue_delay_microseconds"):
+    fields = ("max_sequence_idle_microseconds", "max_candidate_sequences", "max_queue_delay_microseconds")
+    for field in fields + ("max_open_sequences",):
         value = getattr(sequence, field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise PyTritonBadParameterError(f"Model {model!r}: SequenceBatcher.{field} must be an int >= 0.")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from pytriton.client import AsyncioModelClient, FuturesModelClient, ModelClient
 from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientValueError
@@ -123,6 +124,11 @@ def urls():
             instance_kind="backend",
             **tensors,
         )
+        # A model of its own for the flood test, so that its backlog never delays the other tests.
+        flood = ModelConfig(
+            max_batch_size=2, sequence_batcher=SequenceBatcher(max_sequence_idle_microseconds=3_000_000)
+        )
+        triton.bind("SumFlood", process_running_sum, config=flood, **tensors)
         triton.run()
         yield {"http": f"http://127.0.0.1:{ports['http_port']}", "grpc": f"grpc://127.0.0.1:{ports['grpc_port']}"}
 
@@ -230,3 +236,127 @@ def test_sequence_flags_need_an_id(urls):
     with ModelClient(urls["http"], "Sum") as client:
         with pytest.raises(PyTritonClientValueError, match="sequence_id"):
             client.infer_sample(np.array([1.0], np.float32), sequence_start=True)
+
+
+def test_a_string_id_to_a_model_with_integer_ids_is_refused_over_http(urls, kind):
+    # Before: Triton 2.51 answered 200 and the callable got the str "abc" (SequenceBatcher(string_ids=False)).
+    import requests
+
+    url = f"{urls['http']}/v2/models/{model('Sum', kind)}/infer"
+    body = {
+        "inputs": [{"name": "value", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}],
+        "parameters": {"sequence_id": "abc", "sequence_start": True},
+    }
+    answer = requests.post(url, json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert "'abc' is a string" in answer.json()["error"] and "string_ids=True" in answer.json()["error"]
+    body["parameters"] = {"sequence_id": "abc", "sequence_end": True}  # nor can the refused id be continued or ended
+    assert requests.post(url, json=body, timeout=30).status_code == 400
+    body["parameters"] = {"sequence_id": 6000 + len(kind), "sequence_start": True, "sequence_end": True}
+    healthy = requests.post(url, json=body, timeout=30)  # an integer id beside it is served as before
+    assert healthy.status_code == 200 and healthy.json()["outputs"][0]["data"] == [1.0]
+    if kind == "thread":
+        assert all(not isinstance(entry[0], str) for entry in DIRECT.seen)  # "abc" never reached the callable
+
+
+def test_a_string_id_to_a_model_with_integer_ids_is_refused_over_grpc(urls, kind):
+    client = grpcclient.InferenceServerClient(urls["grpc"].split("://")[1])
+    try:
+        tensor = grpcclient.InferInput("value", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[2.0]], np.float32))
+        with pytest.raises(Exception, match="is a string") as caught:
+            client.infer(model("Sum", kind), [tensor], sequence_id="abc", sequence_start=True)
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        sid = 6100 + len(kind)  # healthy traffic beside it
+        result = client.infer(model("Sum", kind), [tensor], sequence_id=sid, sequence_start=True, sequence_end=True)
+        assert float(result.as_numpy("total")[0, 0]) == 2.0
+    finally:
+        client.close()
+
+
+def test_never_ended_starts_wait_in_the_backlog_while_an_open_sequence_keeps_working(urls):
+    # The documented trust model (docs/security.md, "Sequence ids are capabilities"): starts beyond the
+    # slots wait in Triton's backlog; a sequence holding a slot is not delayed by them, and the backlog
+    # drains once the idle timeout passes. This holds on eb8c679 too: it guards the documentation.
+    flood_count = 60
+    answered = threading.Semaphore(0)
+    flood = grpcclient.InferenceServerClient(urls["grpc"].split("://")[1])
+    try:
+        with ModelClient(urls["http"], "SumFlood") as client:
+            client.infer_sample(np.array([1.0], np.float32), sequence_id=9000, sequence_start=True)
+            for index in range(flood_count):
+                tensor = grpcclient.InferInput("value", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
+                flood.async_infer(
+                    "SumFlood",
+                    [tensor],
+                    lambda result, error: answered.release(),
+                    sequence_id=9100 + index,
+                    sequence_start=True,
+                    client_timeout=120,
+                )
+            # The open sequence goes on and ends while the starts are still waiting.
+            client.infer_sample(np.array([2.0], np.float32), sequence_id=9000)
+            last = client.infer_sample(np.array([4.0], np.float32), sequence_id=9000, sequence_end=True)
+            assert float(last["total"][0]) == 7.0
+            deadline = time.monotonic() + 120
+            for _ in range(flood_count):  # every start is answered once the backlog drains
+                assert answered.acquire(timeout=max(0.0, deadline - time.monotonic())), "the backlog did not drain"
+            assert _steps(client, 9001, [1.0, 1.0]) == 2.0  # and new sequences are served again
+    finally:
+        flood.close()
+
+
+@pytest.fixture(scope="module")
+def bounded_urls():
+    """A server of its own: an OLDEST model with many candidates, bounded to 3 open sequences per instance."""
+    ports = triton_ports()
+    batcher = SequenceBatcher(
+        strategy=SequenceStrategy.OLDEST,
+        max_candidate_sequences=1000,
+        max_sequence_idle_microseconds=30_000_000,
+        max_open_sequences=3,
+    )
+    with Triton(config=TritonConfig(**ports)) as triton:
+        for kind in ("thread", "backend"):
+            triton.bind(
+                model("Bounded", kind),
+                process_running_sum,
+                inputs=[Tensor(name="value", shape=(1,), dtype=np.float32)],
+                outputs=[Tensor(name="total", shape=(1,), dtype=np.float32)],
+                config=ModelConfig(max_batch_size=4, sequence_batcher=batcher),
+                **({"instance_kind": "backend"} if kind == "backend" else {}),
+            )
+        triton.run()
+        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}"}
+
+
+@pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_starts_beyond_the_open_sequence_bound_are_refused_while_open_sequences_go_on(bounded_urls, lib, kind):
+    # Before: no bound; every start reached the callable, which kept state for it.
+    client = lib.InferenceServerClient(bounded_urls["http" if lib is httpclient else "grpc"])
+    base = 7000 if lib is httpclient else 7100
+
+    def step(sequence_id, value, start=False, end=False):
+        tensor = lib.InferInput("value", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[value]], np.float32))
+        result = client.infer(
+            model("Bounded", kind), [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
+        )
+        return float(result.as_numpy("total")[0, 0])
+
+    try:
+        assert [step(base + n, 1.0, start=True) for n in range(3)] == [1.0, 1.0, 1.0]  # 3 open: the bound
+        with pytest.raises(InferenceServerException, match="too many open sequences") as caught:
+            step(base + 3, 1.0, start=True)
+        assert "max_open_sequences=3" in str(caught.value) and "sequence_end=True" in str(caught.value)
+        assert caught.value.status() in ("503", "StatusCode.UNAVAILABLE")
+        with pytest.raises(InferenceServerException, match="too many open sequences"):
+            step(base + 3, 1.0)  # nor does the refused sequence go on
+        assert step(base, 2.0) == 3.0  # open sequences are served beside the refusals
+        assert step(base, 4.0, end=True) == 7.0  # an end frees a place...
+        assert step(base + 4, 5.0, start=True) == 5.0  # ...for a new start
+        for sequence_id in (base + 1, base + 2, base + 4):  # leave nothing open for the other runs
+            step(sequence_id, 0.0, end=True)
+    finally:
+        client.close()

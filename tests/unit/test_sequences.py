@@ -17,7 +17,7 @@ from pytriton.client.exceptions import PyTritonClientValueError
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
 from pytriton.model_config.generator import SEQUENCE_CONTROLS, from_dict, to_dict, to_pbtxt
-from pytriton.proxy.stubside import _arena, _messages, _tensors
+from pytriton.proxy.stubside import _arena, _messages, _sequences, _tensors
 from tests.unit.test_binding import _model, context  # noqa: F401 - the fixture
 from tests.unit.test_client_core import DRIVERS, FakeServer, _drive
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
@@ -96,7 +96,9 @@ def _sequence_request(value, sequence_id, start=False, end=False, ready=True):
     flags = {"start": start, "end": end, "ready": ready}
     inputs = {"x": np.array([[value]], np.int32)}
     inputs.update({SEQUENCE_CONTROLS[key]: np.array([[int(flag)]], np.int32) for key, flag in flags.items()})
-    inputs[SEQUENCE_CONTROLS["corrid"]] = np.array([[sequence_id]], np.uint64)
+    # Triton fills the UINT64 CORRID control with 0 for a string id (it cannot hold one).
+    corrid = 0 if isinstance(sequence_id, str) else sequence_id
+    inputs[SEQUENCE_CONTROLS["corrid"]] = np.array([[corrid]], np.uint64)
     return FakeRequest(inputs, correlation_id=sequence_id)
 
 
@@ -122,6 +124,72 @@ def test_the_stub_turns_controls_into_sequence_fields_and_answers_null_requests(
         arena.close()
     assert [response.error is None for response in responses] == [True, False, True]
     np.testing.assert_array_equal(responses[2].outputs()["y"], [[30]])
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_the_generated_config_tells_the_stub_whether_ids_are_integers_only(context, string_ids):  # noqa: F811
+    raw = to_dict(_model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(string_ids=string_ids))).config)
+    assert _sequences.integer_ids(raw) is not string_ids
+    assert _sequences.integer_ids(to_dict(_model(context).config)) is False  # no sequence batcher: nothing to check
+
+
+class _CodedError:
+    """Triton's TritonError with its code (the fake utils' error has none)."""
+
+    INVALID_ARG = "INVALID_ARG"
+
+    def __init__(self, message, code=None):
+        self._message, self.code = message, code
+
+    def message(self):
+        return self._message
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_a_string_id_is_refused_as_invalid_for_a_model_with_integer_ids(setup, pool, monkeypatch, context, string_ids):  # noqa: F811
+    # Before: Triton 2.51 lets a string id through to an integer-id model and the stub handed the str
+    # to the callable (HTTP 200). Now it is answered INVALID_ARG (HTTP 400) by the stub while the
+    # integer-id requests of the same batch run as usual.
+    monkeypatch.setattr(setup.stub.pb_utils, "TritonError", _CodedError)
+    worker = setup.worker()
+    bound = _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(string_ids=string_ids)))
+    batching = to_dict(bound.config)["sequence_batching"]
+    model = setup.model(sequence=SEQUENCE_CONTROLS, config_update={"sequence_batching": batching})
+    channel = worker.channel()
+    requests = [
+        _sequence_request(1, 7, start=True),
+        _sequence_request(2, "abc", start=True),
+        _sequence_request(3, 8, end=True),
+    ]
+    future = pool.submit(model.execute, requests)
+    message = channel.recv()
+    sequences = [entry.sequence for entry in message.entries]
+    arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
+    try:  # answer whatever reached the worker first, so that a failed check below never leaves execute waiting
+        channel.send(_ok(arena, [{"y": np.array([[10 * (n + 1)]], np.int32)} for n in range(len(sequences))]))
+        responses = future.result(TIMEOUT_S)
+    finally:
+        arena.close()
+    if string_ids:
+        assert sequences == [(7, True, False), ("abc", True, False), (8, False, True)]
+    else:
+        assert sequences == [(7, True, False), (8, False, True)]  # the string id never reaches the callable
+    assert len(responses) == 3
+    if string_ids:
+        assert all(response.error is None for response in responses)
+        return
+    assert responses[0].error is None and responses[2].error is None
+    np.testing.assert_array_equal(responses[2].outputs()["y"], [[20]])
+    error = responses[1].error
+    assert error.code == "INVALID_ARG"
+    assert "'abc' is a string" in error.message() and "SequenceBatcher(string_ids=True)" in error.message()
+
+
+def test_refusals_are_recognised_and_long_ids_are_shortened():
+    text = _sequences.refusal("x" * 1000, True, "M")
+    assert text is not None and _sequences.is_refusal(text) and len(text) < 400
+    assert _sequences.refusal(5, True, "M") is None and _sequences.refusal("a", False, "M") is None
+    assert not _sequences.is_refusal("pytriton: null request of the sequence batcher")
 
 
 def test_the_worker_hands_the_sequence_fields_to_the_callable(make_worker):  # noqa: F811
@@ -163,3 +231,49 @@ def test_the_core_sends_the_sequence_and_the_request_timeout(driver):
     assert kwargs["timeout"] == 2_500_000  # microseconds: Request.timeout_s in the callable
     _drive(driver, core.infer((a, a), {}, None, None, False, tritonclient.http), server)
     assert "sequence_id" not in server.last_kwargs and server.last_kwargs["timeout"] == 2_500_000
+
+
+def test_open_sequences_refuse_starts_beyond_the_bound_while_open_ones_go_on():
+    opened = _sequences.OpenSequences(limit=2, idle_s=5.0, model="M")
+    assert opened.admit(1, True, False, 0.0) is None and opened.admit(2, True, False, 0.0) is None
+    text = opened.admit(3, True, False, 1.0)
+    assert text is not None and _sequences.is_bound(text) and not _sequences.is_refusal(text)
+    assert "'M' has 2 open sequences" in text and "max_open_sequences=2" in text and "sequence_end=True" in text
+    assert _sequences.is_bound(opened.admit(3, False, False, 1.5))  # the refused sequence's later requests too
+    assert opened.admit(1, False, False, 2.0) is None  # healthy traffic: open sequences are served
+    assert opened.admit(1, False, True, 2.5) is None and len(opened) == 1  # an end frees its place...
+    assert _sequences.is_bound(opened.admit(3, False, True, 2.6))  # (the refused one's end is refused, then forgotten)
+    assert opened.admit(4, True, False, 3.0) is None  # ...for a new start
+    assert opened.admit(2, True, False, 3.2) is None  # a start of an open id is no new sequence
+
+
+def test_open_sequences_expire_after_the_idle_timeout_and_a_zero_limit_keeps_nothing():
+    opened = _sequences.OpenSequences(limit=1, idle_s=1.0, model="M")
+    assert opened.admit("a", True, False, 0.0) is None
+    assert _sequences.is_bound(opened.admit("b", True, False, 0.5))
+    assert opened.admit("b", True, False, 1.2) is None  # "a" idle for 1 s: Triton ended it, so does the count
+    assert len(opened) == 1
+    assert opened.admit("c", True, True, 1.3) is not None  # a one-request sequence beyond the bound is refused...
+    assert opened.admit("c", True, False, 2.5) is None  # ...and remembered for nothing ("b" expired meanwhile)
+    unbounded = _sequences.OpenSequences(limit=0, idle_s=1.0, model="M")
+    assert all(unbounded.admit(n, True, False, 0.0) is None for n in range(100)) and len(unbounded) == 0
+
+
+def test_the_idle_timeout_is_read_as_triton_applies_it():
+    assert _sequences.idle_s({"sequence_batching": {"max_sequence_idle_microseconds": 2_500_000}}) == 2.5
+    assert _sequences.idle_s({"sequence_batching": {}}) == 1.0  # Triton's default
+
+
+def test_bind_hands_the_bound_to_the_stub(context):  # noqa: F811
+    model = _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher()))
+    assert model._private["max_open_sequences"] == 4096  # the documented default
+    model = _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(max_open_sequences=0)))
+    assert model._private["max_open_sequences"] == 0
+    with pytest.raises(PyTritonBadParameterError, match="max_open_sequences must be an int >= 0"):
+        _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(max_open_sequences=-1)))
+
+
+def test_the_bound_is_kept_for_the_oldest_strategy_only():
+    assert _sequences.open_limit({"sequence_batching": {"oldest": {}}}, 7) == 7
+    assert _sequences.open_limit({"sequence_batching": {"direct": {}}}, 7) == 0  # Triton's slots bound it
+    assert _sequences.open_limit({}, 7) == 0

@@ -409,8 +409,8 @@ class InlineModel(_stub.TritonPythonModel):
         sequence = None
         if self._sequence is not None:
             tensors, sequence = self._sequence_fields(request, tensors)
-            if sequence is None:
-                return _stub._NULL_REQUEST
+            if isinstance(sequence, str):  # a null request or a refused id (_stub._sequence_fields)
+                return sequence
         if self._max_request_bytes:
             nbytes = _stub._input_bytes(tensors)
             if nbytes > self._max_request_bytes:

@@ -43,6 +43,7 @@ from . import (
     _arena,
     _messages,
     _segments,
+    _sequences,
     _stub_bytes,
     _stub_cancel,
     _stub_dlpack,
@@ -124,6 +125,17 @@ def _cancelled_response() -> object:
     if code is None:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(_stub_cancel.CANCELLED_TEXT))
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(_stub_cancel.CANCELLED_TEXT, code))
+
+
+def _rejection(text: str) -> object:
+    """The error of a request refused before the callable: INVALID_ARG (HTTP 400) for a refused sequence id,
+    UNAVAILABLE (HTTP 503) for a start beyond the open-sequence bound (retry once sequences ended)."""
+    code = None
+    if _sequences.is_refusal(text):
+        code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    elif _sequences.is_bound(text):
+        code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
+    return pb_utils.TritonError(text) if code is None else pb_utils.TritonError(text, code)
 
 
 def _input_bytes(tensors: Inputs) -> int:
@@ -243,6 +255,11 @@ class TritonPythonModel:
         # A sequence model (docs/sequences.md): the names of the control inputs Triton adds to each
         # request; they become the request's sequence fields on the wire and are not forwarded.
         self._sequence: Optional[Dict[str, str]] = params.get("sequence")
+        # string_ids=False: a string id, which Triton 2.51 lets through, is refused here (_sequences).
+        self._integer_ids = _sequences.integer_ids(config)
+        # SequenceBatcher.max_open_sequences; 0: no bound, as for the direct strategy (_sequences.open_limit).
+        limit = _sequences.open_limit(config, int(params.get("max_open_sequences", 0)))
+        self._open_sequences = _sequences.OpenSequences(limit, _sequences.idle_s(config), self._model_name)
         # The generation is in the public config on purpose: a new value makes Triton reload the
         # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
         public = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
@@ -446,8 +463,8 @@ class TritonPythonModel:
             tensors = [(tensor.name(), _read_input(tensor)) for tensor in request.inputs()]
             if self._sequence is not None:
                 tensors, sequence = self._sequence_fields(request, tensors)
-                if sequence is None:
-                    rejected[index] = _NULL_REQUEST
+                if isinstance(sequence, str):  # a null request or a refused id: answered here
+                    rejected[index] = sequence
                     continue
                 sequences.append(sequence)
             if limit:
@@ -466,11 +483,12 @@ class TritonPythonModel:
         bodies = [Entry(m, p, n, q, t) for m, (p, n, t), q in zip(metas, entries, sequence_of)]
         return Infer(segment, bodies, trace)
 
-    def _sequence_fields(self, request: PbRequest, tensors: Inputs) -> Tuple[Inputs, Optional[SequenceFields]]:
+    def _sequence_fields(self, request: PbRequest, tensors: Inputs) -> Tuple[Inputs, Union[SequenceFields, str]]:
         """The request's inputs without the sequence controls, and its ``(id, start, end)``.
 
-        The sequence is None for a null request: the direct strategy fills idle batch slots with
-        them (READY false); they are answered at once and never reach the callable.
+        In place of the fields, the text that answers the request without calling the callable: for
+        a null request (the direct strategy fills idle batch slots with them, READY false) and for a
+        string id sent to a model with integer ids (``_sequences.refusal``).
         """
         assert self._sequence is not None
         controls = {name: key for key, name in self._sequence.items()}
@@ -483,14 +501,20 @@ class TritonPythonModel:
             elif key != "corrid":
                 flags[key] = bool(np.asarray(array).reshape(-1)[0])
         if not flags.get("ready", True):
-            return kept, None
+            return kept, _NULL_REQUEST
         raw_id = request.correlation_id()
         # An int or str, or a CorrelationId-like object in some backends, whose value() is one (an object
         # without value() is passed on as it is, which the SequenceId type does not cover).
         sequence_id: SequenceId = (
             raw_id if isinstance(raw_id, (int, str)) else getattr(raw_id, "value", lambda: raw_id)()  # type: ignore[assignment]
         )
-        return kept, (sequence_id, flags.get("start", False), flags.get("end", False))
+        start, end = flags.get("start", False), flags.get("end", False)
+        refused = _sequences.refusal(sequence_id, self._integer_ids, self._model_name)
+        if refused is None:
+            refused = self._open_sequences.admit(sequence_id, start, end, time.monotonic())
+        if refused is not None:
+            return kept, refused
+        return kept, (sequence_id, start, end)
 
     def _too_large(self, nbytes: int) -> str:
         return (
@@ -502,9 +526,7 @@ class TritonPythonModel:
     def _reject(self, requests: List[PbRequest], rejected: Dict[int, str]) -> Optional[List[object]]:
         """Answer the oversized requests with their error and run the rest of the batch as usual."""
         kept = [request for index, request in enumerate(requests) if index not in rejected]
-        errors = {
-            index: pb_utils.InferenceResponse(error=pb_utils.TritonError(text)) for index, text in rejected.items()
-        }
+        errors = {index: pb_utils.InferenceResponse(error=_rejection(text)) for index, text in rejected.items()}
         if self._decoupled:
             for index, response in errors.items():
                 requests[index].get_response_sender().send(
