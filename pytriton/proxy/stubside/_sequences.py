@@ -21,10 +21,13 @@ _PREFIX = "pytriton: sequence id "
 # Every refusal for the bound starts so; answered with the UNAVAILABLE code (``is_bound``).
 _BOUND_PREFIX = "pytriton: too many open sequences: "
 
+# The model's configuration as Triton hands it to the stub (``args["model_config"]``, parsed JSON).
+ConfigJson = Mapping[str, Any]
+
 SequenceKey = Union[int, str]
 
 
-def integer_ids(config: Mapping[str, Any]) -> bool:
+def integer_ids(config: ConfigJson) -> bool:
     """Whether the model's config (Triton's JSON form) declares integer ids only.
 
     True when ``sequence_batching`` holds a CORRID control of type ``TYPE_UINT64``, which pytriton's
@@ -59,13 +62,13 @@ def is_refusal(text: str) -> bool:
 _TRITON_DEFAULT_IDLE_S = 1.0
 
 
-def idle_s(config: Mapping[str, Any]) -> float:
+def idle_s(config: ConfigJson) -> float:
     """The model's idle timeout in seconds, as Triton applies it (0 in the config: Triton's 1 s)."""
     micros = int((config.get("sequence_batching") or {}).get("max_sequence_idle_microseconds", 0) or 0)
     return micros / 1e6 if micros > 0 else _TRITON_DEFAULT_IDLE_S
 
 
-def open_limit(config: Mapping[str, Any], limit: int) -> int:
+def open_limit(config: ConfigJson, limit: int) -> int:
     """The bound the stub keeps: ``limit`` for the oldest strategy, 0 (none) for the direct one.
 
     Direct: Triton's slots already bound an instance's open sequences (``max_batch_size``), and a
