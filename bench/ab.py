@@ -36,7 +36,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
-from bench.__main__ import ROOT, free_ports, load, load_plain_models
+from bench._common import ROOT, free_ports, load, load_plain_models
 from bench.models import bind_identity, bind_stream, write_plain_models
 from pytriton.server import settings
 from pytriton.triton import Triton, TritonConfig

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from bench import kinds, report
-from bench.__main__ import ROOT, free_ports, load, load_plain_models
+from bench._common import ROOT, free_ports, load, load_plain_models
 from pytriton.decorators import batch
 from pytriton.triton import Triton, TritonConfig
 

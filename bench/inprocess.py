@@ -77,7 +77,7 @@ def _child(spec: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
 
 
 def _network_round(http_port: int, grpc_port: int, count: int, duration_s: float) -> Dict[str, Dict[str, float]]:
-    from bench.__main__ import load, parallel_load
+    from bench._common import load, parallel_load
 
     measured: Dict[str, Dict[str, float]] = {}
     for protocol, port in (("http", http_port), ("grpc", grpc_port)):
@@ -114,7 +114,7 @@ def _inprocess_round(count: int, duration_s: float) -> Dict[str, Dict[str, float
 
 def run_scenarios(quick: bool) -> Dict[str, Any]:
     """Measure every path (1 round with ``quick``, else 3); returns the rounds and their summary."""
-    from bench.__main__ import free_ports, load_plain_models
+    from bench._common import free_ports, load_plain_models
     from bench.models import bind_batch_identity, write_plain_models
     from pytriton.triton import Triton, TritonConfig
 
@@ -148,7 +148,7 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     from bench import host, report
-    from bench.__main__ import environment
+    from bench._common import environment
 
     parser = argparse.ArgumentParser(prog="python -m bench.inprocess")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")

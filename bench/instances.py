@@ -144,7 +144,7 @@ def table(results: Dict[str, Any]) -> str:
 
 
 def _round(http_port: int, grpc_port: int, count: int, duration_s: float, reverse: bool) -> Dict[str, Any]:
-    from bench.__main__ import load
+    from bench._common import load
 
     measured: Dict[str, Dict[str, float]] = {}
     for model in reversed(CPU_MODELS) if reverse else CPU_MODELS:
@@ -161,7 +161,7 @@ def _round(http_port: int, grpc_port: int, count: int, duration_s: float, revers
 
 def run_scenarios(quick: bool) -> Dict[str, Any]:
     """Measure every model (1 round with ``quick``, else 3); returns the rounds and their summary."""
-    from bench.__main__ import free_ports
+    from bench._common import free_ports
     from pytriton.triton import Triton, TritonConfig
 
     rounds_count, count, duration_s = (1, 1000, 2.0) if quick else (3, 2000, 3.0)
@@ -185,7 +185,7 @@ def run_scenarios(quick: bool) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     from bench import host, report
-    from bench.__main__ import environment
+    from bench._common import environment
 
     parser = argparse.ArgumentParser(prog="python -m bench.instances")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results")

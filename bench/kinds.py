@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from bench import report
-from bench.__main__ import ROOT, free_ports, load, load_plain_models
+from bench._common import ROOT, free_ports, load, load_plain_models
 from bench.models import _PLAIN_IDENTITY, _config, identity, write_plain_models
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig

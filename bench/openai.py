@@ -59,7 +59,7 @@ def _chat_stream(messages: np.ndarray) -> Iterator[Dict[str, np.ndarray]]:
 
 def serve(mode: str) -> None:
     """Bind the models, start Triton and the frontend, print their addresses, serve until stdin closes."""
-    from bench.__main__ import free_ports
+    from bench._common import free_ports
     from pytriton.decorators import batch
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.openai import ChatModel, OpenAIFrontend

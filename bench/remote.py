@@ -106,7 +106,7 @@ def _write_plain(repository: pathlib.Path) -> None:
 def run_scenarios(quick: bool) -> Dict[str, Any]:
     import tritonclient.http as httpclient
 
-    from bench.__main__ import free_ports, load_plain_models
+    from bench._common import free_ports, load_plain_models
     from pytriton._remote import server_command
     from pytriton.model_config import Tensor
     from pytriton.proxy.stubside import _segments

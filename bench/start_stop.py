@@ -7,7 +7,7 @@ Each repeat starts, for every kind in turn (the order rotates from repeat to rep
 ``instance_kind``, times ``run()`` and then ``stop()`` inside its own process, and reports both with
 the CPU time the model's stub had used when ``run()`` returned (less disturbed by a busy host); then
 a plain ``tritonserver`` with one Python-backend identity model is launched and timed from launch to
-ready, and from SIGINT to exit (``bench.__main__.startup_plain``): the floor a bound model's start is
+ready, and from SIGINT to exit (``bench._common.startup_plain``): the floor a bound model's start is
 compared with. Prints one JSON object: per kind the median ``run_s`` and ``stop_s`` over the repeats
 (5 by default), every sample, the ratio of ``run_s`` to the plain server's ready time, and the host's
 load average before and after.
@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from bench.__main__ import ROOT, free_ports, startup_plain
+from bench._common import ROOT, free_ports, startup_plain
 
 KINDS = ("thread", "process", "backend")
 CHILD = ROOT / "bench" / "startup_child.py"

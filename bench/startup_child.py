@@ -4,7 +4,7 @@
 (``thread`` by default). The stub CPU is the CPU time the server's children (the model's stub) had
 used when ``run()`` returned, from every thread's ``/proc/<pid>/task/<tid>/schedstat``: what the
 stub's start costs, less disturbed by other work on the machine than wall-clock time.
-``bench/__main__.py`` (start-up scenario) and ``bench/start_stop.py`` run it.
+``bench/suite.py`` (start-up scenario) and ``bench/start_stop.py`` run it.
 """
 
 import os

@@ -42,26 +42,3 @@ def test_ab_streams_from_every_variant_in_turns():
         assert model["responses_per_s"] == statistics.median(model["rounds_responses_per_s"])
         assert model["time_to_first_ms"] > 0
     assert _leftovers() == before, "the A/B run left its model repository behind"
-
-
-def test_hop_floor_measures_the_prepared_reply_next_to_the_thread_kind_and_the_plain_model():
-    from bench import hop_floor
-    from pytriton.proxy import _worker
-
-    real = _worker.InstanceWorker._infer_on
-    before = _leftovers()
-    result = hop_floor.run(count=100, rounds=2)  # raises if the prepared-reply model never answered
-    assert _worker.InstanceWorker._infer_on is real, "the prepared reply outlived the run"
-    assert len(result["rounds"]) == 2
-    for row in result["rounds"]:
-        assert set(row) == {"thread", "thread_prepared", "plain_identity"}
-        assert row["plain_identity"]["ratio"] == 1.0
-        for name in row:
-            assert row[name]["p50_us"] > 0
-            assert row[name]["ratio"] == row[name]["p50_us"] / row["plain_identity"]["p50_us"]
-    assert result["median"]["thread"]["p50_us"] == statistics.median(
-        row["thread"]["p50_us"] for row in result["rounds"]
-    )
-    assert result["budget_1_2x_us"] == 0.2 * result["median"]["plain_identity"]["p50_us"]
-    assert len(result["host"]) == 2
-    assert _leftovers() == before, "the run left its model repository behind"

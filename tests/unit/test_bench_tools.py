@@ -1,4 +1,4 @@
-"""The benchmark's helpers: trace splitting, the host-state line, the cold-path probe, interleaving, the instance scenarios' summary (no server)."""
+"""The benchmark's helpers: trace splitting, the host-state line, interleaving, the instance scenarios' summary (no server)."""
 
 from __future__ import annotations
 
@@ -57,22 +57,6 @@ def test_the_report_states_the_host_conditions() -> None:
     assert "80.0 / 20.0 us after" in lines[0]
     assert "9.5%" in lines[0]
     assert report._host_lines(None) == []
-
-
-def test_the_cold_path_probe_times_every_step_of_a_real_exchange() -> None:
-    from bench import cold_path
-
-    results = cold_path.measure(rounds=5, gap_us=50)
-    assert set(results) == {
-        "request over the socket (send + receive)",
-        "decode into Request objects",
-        "the callable (identity)",
-        "check + encode the outputs",
-        "reply over the socket (send + receive)",
-        "whole exchange",
-    }
-    for figures in results.values():
-        assert figures["hot"] > 0 and figures["after_idle"] > 0
 
 
 def test_sequential_latency_alternates_blocks_between_models(monkeypatch) -> None:
@@ -457,3 +441,37 @@ def test_gpu_kinds_plain_model_does_the_work_of_the_bound_callables(tmp_path):
     compile(small, "model.py", "exec")  # the template renders to valid Python
     assert "dynamic_batching" in (tmp_path / "plain_gpu" / "config.pbtxt").read_text()
     assert "max_batch_size: 1" in (tmp_path / "plain_gpu_large" / "config.pbtxt").read_text()
+
+
+def test_the_bench_modules_import_each_other_without_a_cycle_and_none_imports_the_entry_point() -> None:
+    # bench/__main__.py is only the entry point (`python -m bench`); the scenarios share their helpers
+    # through bench/_common.py. Read statically, so that no benchmark module needs to be importable here.
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "bench"
+    names = {path.stem for path in root.glob("*.py")}
+    graph = {}
+    for path in root.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                imported.update(alias.name for alias in node.names if alias.name in names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bench."):
+                imported.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[1] for a in node.names if a.name.startswith("bench."))
+        graph[path.stem] = imported & names
+    assert not [name for name, imported in graph.items() if "__main__" in imported], graph
+
+    def cycle_from(start, node, seen):
+        for nxt in graph[node]:
+            if nxt == start:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                if cycle_from(start, nxt, seen):
+                    return True
+        return False
+
+    assert [name for name in graph if cycle_from(name, name, set())] == []
