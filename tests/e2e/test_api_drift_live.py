@@ -84,11 +84,11 @@ def test_serve_refuses_a_bad_period():
 
 
 def test_is_alive_needs_every_model_to_serve():
-    with pytriton.triton.Triton(config=TritonConfig(**triton_ports())) as triton:
+    triton = pytriton.triton.Triton(config=TritonConfig(**triton_ports()))
+    with triton:  # the server starts here; each bind below loads its model before returning
         triton.bind("Echo", _echo, **F32)
+        assert triton.is_alive()
         triton.bind("Other", _echo, **F32)
-        assert not triton.is_alive()  # not running yet
-        triton.run()
         assert triton.is_alive()
         (stub,) = _stubs(triton._backend.server.pid, "Echo")
         os.kill(stub, signal.SIGKILL)

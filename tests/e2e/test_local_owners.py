@@ -105,12 +105,13 @@ def test_a_repository_another_user_created_is_refused_and_their_symlink_not_foll
         os.symlink({str(victim)!r}, os.path.join(version, "pytriton_private.json"))
     """)
     error: Optional[BaseException] = None
-    with Triton(config=TritonConfig(model_repository=repository, **triton_ports())) as triton:
-        triton.bind("Identity", process_models.doubled, X, Y, config=ModelConfig(max_batch_size=4))
-        try:
+    # Entering the block starts the server, which checks the repository before writing anything.
+    try:
+        with Triton(config=TritonConfig(model_repository=repository, **triton_ports())) as triton:
+            triton.bind("Identity", process_models.doubled, X, Y, config=ModelConfig(max_batch_size=4))
             triton.run()
-        except UnsafePathError as exc:
-            error = exc
+    except UnsafePathError as exc:
+        error = exc
     assert victim.read_text() == "root's configuration\n", "pytriton wrote through the planted symlink"
     assert stat.S_IMODE(victim.stat().st_mode) == 0o644 and victim.stat().st_uid == 0
     assert error is not None, "pytriton served from a repository another user owns"
