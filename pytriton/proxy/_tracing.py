@@ -20,7 +20,7 @@ trace, ``Request.span`` is None, ``traced_span`` does nothing and nothing here i
 
 Cost: while the server does not trace in OpenTelemetry mode, the stub checks one flag per batch
 and sends no field, the worker checks the message's length and ``@batch`` checks
-``State.seen`` (``python -m bench.tracing_cost``); per traced request, one span (two under
+``State.seen`` (a one-off benchmark, ``bench/history.md``); per traced request, one span (two under
 ``@batch``).
 
 Per-model settings (``Triton.bind(..., trace_config=[...])``): :func:`model_settings` turns them

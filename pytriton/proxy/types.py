@@ -236,7 +236,7 @@ def _wire_request(
 
     Why not ``__init__``: it runs for every request of every batch, often with cold caches, and
     setting the fields directly skips the argument handling and the earlier-order check (about
-    1.5 us per request with the caches evicted, ``bench.backend_cold``). Every slot is set here;
+    1.5 us per request with the caches evicted, a one-off benchmark in ``bench/history.md``). Every slot is set here;
     tests/unit/test_api_drift.py compares the result with ``__init__``'s, slot by slot.
     """
     request: Request = _new_object(Request)

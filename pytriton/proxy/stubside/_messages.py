@@ -18,7 +18,7 @@ sender found them in the receiver's own arena, there (``RECEIVER``; see ``_tenso
 
 Records are ``__slots__`` classes rather than ``NamedTuple`` or frozen dataclasses: on CPython 3.11
 constructing one took about 290 ns against 940 ns for a ``NamedTuple`` and 1,750 ns for a frozen
-dataclass with slots, and reading a field was no slower (``python -m bench.wire`` measures the whole
+dataclass with slots, and reading a field was no slower (a one-off benchmark, ``bench/history.md``, measured the whole
 data path). Their fields are ``Final``, so the type checker refuses to change a record: a final
 reply with its retire flag or duration set is a new record (:meth:`Ok.settled`). ``marshal`` carries
 only plain tuples, so ``encode`` builds one.

@@ -7,7 +7,7 @@ each metric means: docs/metrics.md.
 
 Cost. Every operation of the Python backend's metric API (``Metric.increment``, ``set``,
 ``observe``) is an inter-process round trip from the stub to the server: 15-40 us each on the
-development machine (``python -m bench.metric_api_cost``), against a whole request of
+development machine (a one-off benchmark, ``bench/history.md`` names its commit), against a whole request of
 0.4-0.6 ms. So nothing calls it on the request path: :class:`StubMetrics` counts in plain Python
 attributes there (a few hundred nanoseconds per batch), and a daemon thread of the stub
 (``pytriton-metrics``) pushes what changed to Triton every ``FLUSH_INTERVAL_S`` and once more when

@@ -14,7 +14,7 @@ the ``marshal`` encoding of its plain tuple (``encode``) (both ends run the same
 several times faster than JSON). A plain socket is used rather than ZeroMQ because ZeroMQ routes
 every message through its I/O threads: on the 2-core reference machine a ZeroMQ ``ipc://`` round
 trip took 88 us against 24 us for the socket, and 188 us against 58 us after 600 us of idleness
-(``python -m bench.transport_pingpong``, docs/architecture.md).
+(a one-off benchmark, ``bench/history.md``; docs/architecture.md).
 
 The rest of the protocol lives beside this module in the package: ``_messages`` (one record per
 message kind, with its encoding), ``_tensors`` (how a tensor is described and encoded), ``_arena``
