@@ -91,8 +91,8 @@ rollout-test: server
 	$(PY) -m bench.rollout
 
 lint: $(VENV)/.dev-deps
-	$(VENV)/bin/ruff check pytriton tests bench examples deploy
-	$(VENV)/bin/ruff format --check pytriton tests bench examples deploy
+	$(VENV)/bin/ruff check pytriton tests bench examples deploy tools
+	$(VENV)/bin/ruff format --check pytriton tests bench examples deploy tools
 	$(VENV)/bin/mypy pytriton
 
 # The documentation site (mkdocs.yml) into site/, from a venv of its own so that `make test`'s
@@ -107,6 +107,7 @@ $(DOCS_VENV)/.docs-deps: pyproject.toml
 
 docs: $(DOCS_VENV)/.docs-deps
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+	$(DOCS_VENV)/bin/python tools/docs_roles.py site  # no raw role or maintainers' note in the reference
 
 clean:
 	rm -rf $(VENV) $(NP1_VENV) $(DOCS_VENV) .venv-py3.* build *.egg-info site

@@ -3,8 +3,11 @@
 Every exception derives from :class:`PyTritonError`, so ``except PyTritonError`` catches all of
 them. Client-side errors live in :mod:`pytriton.client.exceptions`; both hierarchies share one
 private base (:mod:`pytriton._errors`), which gives every error its ``message``. When each class is
-raised: docs/configuration.md ("Errors"). Pinned by tests/unit/test_exceptions.py.
+raised: docs/configuration.md ("Errors").
 """
+
+# For maintainers (kept out of the API reference):
+# Pinned by tests/unit/test_exceptions.py.
 
 from __future__ import annotations
 

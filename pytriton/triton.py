@@ -15,18 +15,18 @@ called by ``__exit__``, ``serve()`` on SIGINT/SIGTERM, and at interpreter exit) 
 if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it. With
 ``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_embedded.py``);
 ``RemoteTriton`` binds into a server started elsewhere (``pytriton/_remote_backend.py``).
-
-Structure (docs/architecture.md, "The serving core"): ``Triton`` is the model registry (bind, unbind,
-versions, the repository files) and the public methods; where the server runs is its
-:class:`~pytriton._backend.ServerBackend` (launched binary, embedded library or remote server), chosen
-once by the constructor; restarts, stub replacement, memory recycling and the drain are its
-:class:`~pytriton._healing.Supervisor`.
-
-Unit tests (no server): tests/unit/test_self_healing.py (lifecycle states, restart budget, bind
-validation), tests/unit/test_backends.py (the three backends behind Triton), tests/unit/test_security.py
-(token and restrictions), tests/unit/test_check.py (the endpoints line),
-tests/unit/test_server_environment.py, tests/unit/test_triton_config.py; with a server: tests/e2e/.
 """
+
+# For maintainers (kept out of the API reference):
+# Structure (docs/architecture.md, "The serving core"): ``Triton`` is the model registry (bind,
+# unbind, versions, the repository files) and the public methods; where the server runs is its
+# :class:`~pytriton._backend.ServerBackend` (launched binary, embedded library or remote server),
+# chosen once by the constructor; restarts, stub replacement, memory recycling and the drain are its
+# :class:`~pytriton._healing.Supervisor`.
+# Unit tests (no server): tests/unit/test_self_healing.py (lifecycle states, restart budget, bind
+# validation), tests/unit/test_backends.py (the three backends behind Triton),
+# tests/unit/test_security.py (token and restrictions), tests/unit/test_check.py (the endpoints line),
+# tests/unit/test_server_environment.py, tests/unit/test_triton_config.py; with a server: tests/e2e/.
 
 from __future__ import annotations
 

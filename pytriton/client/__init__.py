@@ -1,8 +1,8 @@
-"""Clients for models served by Triton (HTTP and gRPC), blocking, futures, asyncio and streaming.
+"""Clients for models served by Triton (HTTP and gRPC), blocking, futures, asyncio and streaming."""
 
-Unit tests: tests/unit/test_public_api.py (the exported names), tests/unit/test_client_core.py (the
-clients).
-"""
+# For maintainers (kept out of the API reference):
+# Unit tests: tests/unit/test_public_api.py (the exported names), tests/unit/test_client_core.py (the
+# clients).
 
 from pytriton.client.client import (
     AsyncioDecoupledModelClient,

@@ -9,9 +9,10 @@ protocol). Raw ``tritonclient`` users can build the same headers with :func:`cre
 gRPC over TLS: a ``grpcs://host:port`` URL; ``root_certificates`` (PEM file of the CA that signed the
 server's certificate; the system's roots when omitted) and, for mutual TLS, ``private_key`` and
 ``certificate_chain`` (PEM files of the client's own key and certificate).
-
-Unit test: tests/unit/test_security.py (headers per protocol, the client plugin, TLS options).
 """
+
+# For maintainers (kept out of the API reference):
+# Unit test: tests/unit/test_security.py (headers per protocol, the client plugin, TLS options).
 
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 :class:`PyTritonClientError` shares its private base (:mod:`pytriton._errors`, which provides
 ``message``) with the serving side's ``PyTritonError``, but is not one: ``except PyTritonError``
-does not catch client errors. When each class is raised: docs/clients.md ("Errors"). Pinned by
-tests/unit/test_exceptions.py.
+does not catch client errors. When each class is raised: docs/clients.md ("Errors").
 """
+
+# For maintainers (kept out of the API reference): pinned by tests/unit/test_exceptions.py.
 
 from __future__ import annotations
 

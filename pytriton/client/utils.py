@@ -4,10 +4,11 @@ Every function takes a *blocking* ``tritonclient.http`` or ``tritonclient.grpc``
 ``InferenceServerClient`` (for example from :func:`create_client_from_url`) and runs the same
 operations the pytriton clients use (``pytriton.client._core``) on it, so waits, timeouts and
 error mapping are identical. The caller keeps ownership of the client.
-
-Unit test: tests/unit/test_client_core.py (these helpers on a fake server,
-``create_client_from_url``).
 """
+
+# For maintainers (kept out of the API reference):
+# Unit test: tests/unit/test_client_core.py (these helpers on a fake server,
+# ``create_client_from_url``).
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Warnings issued by pytriton's clients (filter them with the standard :mod:`warnings` machinery).
+"""Warnings issued by pytriton's clients (filter them with the standard :mod:`warnings` machinery)."""
 
-Unit test: tests/unit/test_client_core.py (the warning's type and when it is raised).
-"""
+# For maintainers (kept out of the API reference):
+# Unit test: tests/unit/test_client_core.py (the warning's type and when it is raised).
 
 from __future__ import annotations
 

@@ -3,9 +3,10 @@
 Use it as ``import pytriton.inprocess as tritonserver``; the names follow Triton's in-process Python
 API (``Server``, ``Options``, ``Model``, ``InferenceRequest``, ``Tensor``, the enums and the error
 classes). See ``docs/inprocess.md``.
-
-Unit test: tests/unit/test_inprocess.py (the public names and the modules without a server).
 """
+
+# For maintainers (kept out of the API reference):
+# Unit test: tests/unit/test_inprocess.py (the public names and the modules without a server).
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Model configuration API: declare tensors and how Triton should schedule a bound model.
+"""Model configuration API: declare tensors and how Triton should schedule a bound model."""
 
-Unit tests: tests/unit/test_model_config.py, tests/unit/test_public_api.py.
-"""
+# For maintainers (kept out of the API reference):
+# Unit tests: tests/unit/test_model_config.py, tests/unit/test_public_api.py.
 
 from pytriton.model_config.common import (
     DeviceKind,

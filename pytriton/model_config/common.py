@@ -1,8 +1,8 @@
-"""Enums and dataclasses shared by the public and the generated model configuration.
+"""Enums and dataclasses shared by the public and the generated model configuration."""
 
-Unit tests: tests/unit/test_model_config.py (batcher and queue policy in generated configs),
-tests/unit/test_api_drift.py (warmup types).
-"""
+# For maintainers (kept out of the API reference):
+# Unit tests: tests/unit/test_model_config.py (batcher and queue policy in generated configs),
+# tests/unit/test_api_drift.py (warmup types).
 
 from __future__ import annotations
 

@@ -3,10 +3,11 @@
 ``OpenAIFrontend(triton, [ChatModel(...), EmbeddingModel(...)])`` serves ``/v1/chat/completions``,
 ``/v1/completions``, ``/v1/embeddings`` and ``/v1/models`` (plus ``/health``) on 127.0.0.1 by
 default, for callables bound with ``Triton.bind`` as usual. See docs/openai.md.
-
-Unit tests: tests/unit/test_openai_requests.py, tests/unit/test_openai_app.py,
-tests/unit/test_openai_frontend.py; the exported names are pinned in tests/unit/test_public_api.py.
 """
+
+# For maintainers (kept out of the API reference):
+# Unit tests: tests/unit/test_openai_requests.py, tests/unit/test_openai_app.py,
+# tests/unit/test_openai_frontend.py; the exported names are pinned in tests/unit/test_public_api.py.
 
 from __future__ import annotations
 

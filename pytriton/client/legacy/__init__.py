@@ -5,9 +5,10 @@ today's KServe v2 protocol (HTTP and gRPC), so old client code runs against any 
 server. The same names are importable as ``tensorrtserver.api``; shared-memory helpers live in
 :mod:`pytriton.client.legacy.shared_memory` (``tensorrtserver.shared_memory``).
 See docs/legacy-client.md for what maps to what and what differs.
-
-Unit tests: tests/unit/test_public_api.py (the exported names), tests/unit/test_legacy_client.py.
 """
+
+# For maintainers (kept out of the API reference):
+# Unit tests: tests/unit/test_public_api.py (the exported names), tests/unit/test_legacy_client.py.
 
 from pytriton.client.legacy._contexts import (
     ModelControlContext,

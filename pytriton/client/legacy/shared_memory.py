@@ -7,9 +7,10 @@ process created (or opened, if the key already existed) and maps. Pass it to
 for an output. :func:`destroy_shared_memory_region` unmaps it and removes the segment once no
 handle of this process uses it; unregister it from the server first.
 Built on ``tritonclient.utils.shared_memory``.
-
-Unit test: tests/unit/test_legacy_client.py (the shared-memory helpers).
 """
+
+# For maintainers (kept out of the API reference):
+# Unit test: tests/unit/test_legacy_client.py (the shared-memory helpers).
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Development tools: the API reference's Griffe extension (docs_roles.py)."""
