@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
 
-from pytriton.inprocess import _lib, _pool, _private_modes, _request, _stubs
+from pytriton.inprocess import _lib, _pool, _private_modes, _request
 from pytriton.inprocess._enums import (
     MetricFormat,
     ModelBatchFlag,
@@ -50,6 +50,14 @@ from pytriton.proxy.stubside import _segments
 from pytriton.server._shm_guard import ShmGuard
 
 _DEFAULT_READY_TIMEOUT_S = 300.0
+_LOAD_AFTER_UNLOAD_WAIT_S = 120.0  # how long load() waits for an unload of the same model to finish
+
+
+def _unloaded(states: List[str]) -> bool:
+    """Every version of the model is destroyed (or never loaded): Triton's state after its model deleter ran."""
+    return all(state in ("", "UNAVAILABLE") for state in states)
+
+
 # Started servers are referenced here until stopped (explicitly or at exit): a server is never
 # stopped by garbage collection, which could happen on one of Triton's own callback threads.
 _LIVE: Set[Server] = set()
@@ -385,9 +393,14 @@ class Server:
 
         ``parameters``: ``"config"`` (a JSON string or a dict) overrides the model config; ``bytes``
         values are file contents (``"file:1/model.py"``). Raises the mapped Triton error on failure.
+
+        A version of the model that is still unloading (an ``unload()`` that did not wait) is waited
+        for first, up to 120 s (``UnavailableError`` after that): loading the same model while
+        Triton destroys the old one could crash the process (docs/inprocess.md).
         """
         lib = self._library()
         handle = self._handle_or_raise()
+        self._wait_while_unloading(model_name)
         if not parameters:
             with self._scratch_window():
                 lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
@@ -447,10 +460,12 @@ class Server:
     ) -> None:
         """Unload a model (and its dependents); optionally wait (bounded by ``timeout``) until it is gone.
 
-        With ``wait_until_unloaded``, returns once the model is not ready and the stub processes of
-        its old instances have exited, so an immediate ``load()`` of the same model cannot race
-        Triton's destruction of the old ones (see ``_stubs``). Raises ``UnavailableError`` when
-        that takes longer than ``timeout``.
+        With ``wait_until_unloaded``, returns once this server's model index reports every version of
+        the model ``UNAVAILABLE``: Triton sets that state only after it destroyed the old model (its
+        instances, their stubs, the backend's model state), so an immediate ``load()`` of the same
+        model cannot race that destruction (docs/inprocess.md, "Known limitation"). Only this
+        server's model is waited for, whatever other servers of the process serve. Raises
+        ``UnavailableError`` when that takes longer than ``timeout`` (None: 300 s).
         """
         lib = self._library()
         handle = self._handle_or_raise()
@@ -458,25 +473,50 @@ class Server:
         function = (
             lib.TRITONSERVER_ServerUnloadModelAndDependents if unload_dependents else lib.TRITONSERVER_ServerUnloadModel
         )
-        old = (
-            [stub for stub in _stubs.stubs(self.shm_region_prefix) if stub.serves(name)] if wait_until_unloaded else []
-        )
         lib.check(function(handle, name.encode()))
         if wait_until_unloaded:
-            # Polls readiness and the stubs, not the model index: on this Triton build, reading the
-            # index while a model unloads crashed the process in about one run in ten.
             deadline = time.monotonic() + (timeout if timeout is not None else _DEFAULT_READY_TIMEOUT_S)
-            while Model(self, name).ready():
-                if time.monotonic() >= deadline:
-                    raise UnavailableError(f"Model {name!r} was not unloaded within {timeout} s")
-                time.sleep(polling_interval)
-            alive = _stubs.wait_until_exited(old, deadline, min(polling_interval, 0.02))
-            if alive:
-                pids = ", ".join(str(stub.pid) for stub in alive)
+            states = self._wait_for_states(name, _unloaded, deadline, polling_interval)
+            if states is not None:
                 raise UnavailableError(
-                    f"Model {name!r} is unloaded but the stub processes of its old instances (pid {pids}) "
-                    f"did not exit within {timeout} s; a load of it now could race their clean-up"
+                    f"Model {name!r} was not unloaded within {timeout} s (its versions are {', '.join(states)}); "
+                    "a load of it now could race Triton's destruction of the old model"
                 )
+
+    def _wait_while_unloading(self, name: str) -> None:
+        """Before a load: wait until no version of ``name`` is UNLOADING in this server (see :meth:`load`)."""
+        deadline = time.monotonic() + _LOAD_AFTER_UNLOAD_WAIT_S
+        states = self._wait_for_states(name, lambda states: "UNLOADING" not in states, deadline, 0.05)
+        if states is not None:
+            raise UnavailableError(
+                f"Model {name!r} is still unloading after {_LOAD_AFTER_UNLOAD_WAIT_S:.0f} s; loading it again while "
+                "Triton destroys the old model could crash the process: try again once it is unloaded"
+            )
+
+    def _states(self, name: str) -> Optional[List[str]]:
+        """The states of ``name``'s versions in this server's model index ("" for a version without one).
+
+        None when the index does not list the model (its repository is no longer registered).
+        """
+        entries = [entry for entry in self._message("TRITONSERVER_ServerModelIndex", 0) if entry.get("name") == name]
+        return [str(entry.get("state") or "") for entry in entries] if entries else None
+
+    def _wait_for_states(
+        self, name: str, done: Callable[[List[str]], bool], deadline: float, interval_s: float
+    ) -> Optional[List[str]]:
+        """Poll the model index until ``done(states)``; None then, else the states seen at ``deadline``.
+
+        A model the index does not list is done once it is not ready (the only sign left of it).
+        """
+        while True:
+            states = self._states(name)
+            if states is None:
+                states = ["READY"] if Model(self, name).ready() else []
+            if done(states):
+                return None
+            if time.monotonic() >= deadline:
+                return states
+            time.sleep(interval_s)
 
     @_changes_models
     def poll_model_repository(self) -> Server:
