@@ -1,7 +1,8 @@
 """``Server``, ``Options`` and ``Model``: an in-process Triton on the bundled server library.
 
 Lifetime: ``Server.start()`` creates the ``TRITONSERVER_Server`` (``ServerNew``); ``stop()`` stops and
-deletes it (``ServerStop`` then ``ServerDelete``, each once) and is harmless when repeated. The
+deletes it (``ServerStop`` then ``ServerDelete``, each once, the delete only after Triton's model
+deleters exited: _teardown.py) and is harmless when repeated. The
 Python backend starts its model stubs as child processes; they inherit this process's environment,
 so ``start()`` puts the stub's ``python3`` first on ``PATH`` and this interpreter's ``libpython``
 first on ``LD_LIBRARY_PATH`` (in ``os.environ``) while a server runs, and restores both when the
@@ -26,9 +27,23 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    FrozenSet,
+    List,
+    Mapping,
+    Optional,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
 
-from pytriton.inprocess import _lib, _pool, _private_modes, _request
+from pytriton.inprocess import _lib, _pool, _private_modes, _request, _teardown
 from pytriton.inprocess._enums import (
     MetricFormat,
     ModelBatchFlag,
@@ -51,6 +66,8 @@ from pytriton.server._shm_guard import ShmGuard
 
 _DEFAULT_READY_TIMEOUT_S = 300.0
 _LOAD_AFTER_UNLOAD_WAIT_S = 120.0  # how long load() waits for an unload of the same model to finish
+_TEARDOWN_WAIT_S = 10.0  # how long stop() waits for Triton's model deleters before ServerDelete
+_UNDELETED: List[int] = []  # stopped servers left undeleted because models were still being destroyed
 
 
 def _unloaded(states: List[str]) -> bool:
@@ -301,6 +318,9 @@ class Server:
 
         Returns as soon as the models are unloaded (about 2 s for Python-backend models here); only a
         model that cannot unload (for example one whose stub died) makes it wait ``exit_timeout``.
+        The server is freed only once Triton's threads that destroy the models have exited (see
+        _teardown.py); if one still runs 10 s later, the server is left in memory, with a WARNING,
+        rather than freed under it (which could abort the process).
         """
         with self._lock:
             handle, self._handle = self._handle, None
@@ -310,16 +330,37 @@ class Server:
                 _LIVE.discard(self)
             lib = self._library()
             self._requests.close(lib)  # idle requests hold their models: deleted before the stop
+            before = _teardown.tasks()
             try:
                 lib.check(lib.TRITONSERVER_ServerStop(handle))
-            except InternalError as exc:  # e.g. "Exit timeout expired": the server is freed all the same
+            except InternalError as exc:  # e.g. "Exit timeout expired"
                 LOGGER.warning("Triton stopped with an error: %s", exc)
             finally:
                 try:
-                    lib.check(lib.TRITONSERVER_ServerDelete(handle))
+                    self._delete(lib, handle, before)
                 finally:
                     self._release_env()
         return self
+
+    def _delete(self, lib: _lib.Library, handle: int, before: Optional[FrozenSet[int]]) -> None:
+        """``ServerDelete``, once the model deleters that the stop started have exited (see _teardown.py).
+
+        One still running after ``_TEARDOWN_WAIT_S`` means a model is still being destroyed: the
+        server is then left undeleted (its memory is kept until the process exits), never freed
+        under that thread, which could abort the process.
+        """
+        left = _teardown.wait_for_new_tasks(before, time.monotonic() + _TEARDOWN_WAIT_S)
+        if left:
+            _UNDELETED.append(handle)
+            LOGGER.warning(
+                "Triton is still destroying models of the stopped in-process server after %.0f s (%d threads); "
+                "the server is not deleted, so that they never use freed memory: its memory is kept until the "
+                "process exits",
+                _TEARDOWN_WAIT_S,
+                len(left),
+            )
+            return
+        lib.check(lib.TRITONSERVER_ServerDelete(handle))
 
     def __enter__(self) -> Server:
         if self._handle is None:
