@@ -170,3 +170,19 @@ def test_the_stubs_numpy_rebuilds_what_this_numpy_pickled(tmp_path):
     else:
         assert report["generator"].startswith("callable.args[0]['rng'] (a numpy.random._generator.Generator)")
         assert "instance_kind='process'" in report["generator"]
+
+
+def test_dtypes_descr_cannot_rebuild_are_guarded_and_a_memmap_travels_as_its_contents(tmp_path):
+    aligned = np.dtype([("a", "u1"), ("b", "<f8")], align=True)
+    overlapping = np.dtype({"names": ["a", "b"], "formats": ["<i4", "<i4"], "offsets": [0, 0]})
+    for dtype in (aligned, overlapping, np.dtype(("<f4", (2,)))):
+        assert _portable_pickle.reduce(dtype) is NotImplemented  # no exact portable form: guarded
+        data = _dump(functools.partial(_identity, dtype))
+        assert b"_guarded" in data and pickle.loads(data).args[0] == dtype
+    table = np.zeros(2, aligned)
+    table["b"] = [1.5, 2.0]
+    assert pickle.loads(_dump(functools.partial(_identity, table))).args[0]["b"].tolist() == [1.5, 2.0]
+    mapped = np.memmap(tmp_path / "weights.bin", dtype=np.float32, mode="w+", shape=(3,))
+    mapped[:] = [1, 2, 3]
+    loaded = pickle.loads(_dump(functools.partial(_identity, mapped))).args[0]
+    assert type(loaded) is np.ndarray and loaded.tolist() == [1, 2, 3]

@@ -45,11 +45,20 @@ DtypeSpec = Union[str, List[Any]]
 _PATH_SEARCH_LIMIT = 200_000  # objects visited at most while naming where an object sits (find_path)
 
 
-def _dtype_spec(dtype: np.dtype) -> DtypeSpec:  # type: ignore[type-arg]
-    """What rebuilds ``dtype`` under either numpy major: ``'<f4'``, or the ``descr`` of a structured/sub-array dtype."""
+def _dtype_spec(dtype: np.dtype) -> Optional[DtypeSpec]:  # type: ignore[type-arg]
+    """What rebuilds ``dtype`` under either numpy major: ``'<f4'``, or the ``descr`` of a structured dtype.
+
+    None when neither rebuilds it exactly (a sub-array dtype on its own, overlapping fields).
+    """
     if dtype.fields is None and dtype.subdtype is None:
         return str(dtype.str)
-    return [list(item) for item in dtype.descr]
+    if dtype.fields is None:
+        return None
+    try:
+        spec: DtypeSpec = [list(item) for item in dtype.descr]
+        return spec if _make_dtype(spec) == dtype else None
+    except (TypeError, ValueError):  # descr refuses overlapping or out-of-order fields
+        return None
 
 
 def _make_dtype(spec: DtypeSpec) -> np.dtype:  # type: ignore[type-arg]
@@ -88,21 +97,25 @@ def _dtype(spec: DtypeSpec) -> np.dtype:  # type: ignore[type-arg]
 def reduce(obj: object) -> Any:
     """pickle's reduce value for an array, numpy scalar or dtype in the portable form, else ``NotImplemented``.
 
-    For ``Pickler.reducer_override``. Arrays whose dtype has object fields (structured with an ``O``
-    field) have no raw form and are left to :func:`guard`.
+    For ``Pickler.reducer_override``. A ``numpy.memmap`` travels as a plain array of its contents.
+    What has no such form (a structured dtype with object fields, a dtype ``descr`` does not rebuild)
+    is left to :func:`guard`.
     """
     kind = type(obj)
-    if kind is np.ndarray:
+    if kind is np.ndarray or kind is np.memmap:
         array: np.ndarray = obj  # type: ignore[type-arg,assignment]
-        if array.dtype.hasobject:
-            if array.dtype.kind != "O":
-                return NotImplemented
+        if array.dtype.kind == "O":
             return _object_array, (tuple(array.shape), list(array.reshape(-1)))  # reshape(-1): C order
-        return _array, (_dtype_spec(array.dtype), tuple(array.shape), np.ascontiguousarray(array).tobytes())
-    if isinstance(obj, np.generic) and not isinstance(obj, np.object_) and not obj.dtype.hasobject:
-        return _scalar, (_dtype_spec(obj.dtype), obj.tobytes())
+        spec = None if array.dtype.hasobject else _dtype_spec(array.dtype)
+        if spec is None:
+            return NotImplemented
+        return _array, (spec, tuple(array.shape), np.ascontiguousarray(array).tobytes())
+    if isinstance(obj, np.generic) and not obj.dtype.hasobject:
+        spec = _dtype_spec(obj.dtype)
+        return NotImplemented if spec is None else (_scalar, (spec, obj.tobytes()))
     if isinstance(obj, np.dtype) and not obj.hasobject:
-        return _dtype, (_dtype_spec(obj),)
+        spec = _dtype_spec(obj)
+        return NotImplemented if spec is None else (_dtype, (spec,))
     return NotImplemented
 
 
