@@ -259,7 +259,10 @@ def test_a_slow_load_in_a_stub_says_where_it_is_in_the_server_log(monkeypatch):
         reports = [line for line in triton.server_log if "initialize has run for" in line]
     assert reports, triton.server_log[-20:]
     assert "pytriton: model 'SlowToLoad', instance 'SlowToLoad_0_0': initialize has run for" in reports[0]
-    assert "now at: " in reports[0] and "__setstate__ (" in reports[0] and "process_models.py:" in reports[0]
+    assert "now at: " in reports[0]
+    # A report comes every 0.3 s: under load the first may still find the stub importing the user's
+    # modules, but one falls in the 1.5 s that unpickling the callable takes.
+    assert any("__setstate__ (" in line and "process_models.py:" in line for line in reports), reports
 
 
 def test_an_unrecoverable_error_in_a_stub_stops_the_server():
