@@ -1,7 +1,8 @@
 """``Server``, ``Options`` and ``Model``: an in-process Triton on the bundled server library.
 
 Lifetime: ``Server.start()`` creates the ``TRITONSERVER_Server`` (``ServerNew``); ``stop()`` stops and
-deletes it (``ServerStop`` then ``ServerDelete``, each once) and is harmless when repeated. The
+deletes it (``ServerStop`` then ``ServerDelete``, each once, the delete only after Triton's model
+deleters exited: _teardown.py) and is harmless when repeated. The
 Python backend starts its model stubs as child processes; they inherit this process's environment,
 so ``start()`` puts the stub's ``python3`` first on ``PATH`` and this interpreter's ``libpython``
 first on ``LD_LIBRARY_PATH`` (in ``os.environ``) while a server runs, and restores both when the
@@ -26,9 +27,23 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Set, Tuple, TypeVar, Union, cast
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    FrozenSet,
+    List,
+    Mapping,
+    Optional,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
 
-from pytriton.inprocess import _lib, _pool, _private_modes, _request, _stubs
+from pytriton.inprocess import _lib, _pool, _private_modes, _request, _teardown
 from pytriton.inprocess._enums import (
     MetricFormat,
     ModelBatchFlag,
@@ -50,6 +65,16 @@ from pytriton.proxy.stubside import _segments
 from pytriton.server._shm_guard import ShmGuard
 
 _DEFAULT_READY_TIMEOUT_S = 300.0
+_LOAD_AFTER_UNLOAD_WAIT_S = 120.0  # how long load() waits for an unload of the same model to finish
+_TEARDOWN_WAIT_S = 10.0  # how long stop() waits for Triton's model deleters before ServerDelete
+_UNDELETED: List[int] = []  # stopped servers left undeleted because models were still being destroyed
+
+
+def _unloaded(states: List[str]) -> bool:
+    """Every version of the model is destroyed (or never loaded): Triton's state after its model deleter ran."""
+    return all(state in ("", "UNAVAILABLE") for state in states)
+
+
 # Started servers are referenced here until stopped (explicitly or at exit): a server is never
 # stopped by garbage collection, which could happen on one of Triton's own callback threads.
 _LIVE: Set[Server] = set()
@@ -293,6 +318,9 @@ class Server:
 
         Returns as soon as the models are unloaded (about 2 s for Python-backend models here); only a
         model that cannot unload (for example one whose stub died) makes it wait ``exit_timeout``.
+        The server is freed only once Triton's threads that destroy the models have exited (see
+        _teardown.py); if one still runs 10 s later, the server is left in memory, with a WARNING,
+        rather than freed under it (which could abort the process).
         """
         with self._lock:
             handle, self._handle = self._handle, None
@@ -302,16 +330,37 @@ class Server:
                 _LIVE.discard(self)
             lib = self._library()
             self._requests.close(lib)  # idle requests hold their models: deleted before the stop
+            before = _teardown.tasks()
             try:
                 lib.check(lib.TRITONSERVER_ServerStop(handle))
-            except InternalError as exc:  # e.g. "Exit timeout expired": the server is freed all the same
+            except InternalError as exc:  # e.g. "Exit timeout expired"
                 LOGGER.warning("Triton stopped with an error: %s", exc)
             finally:
                 try:
-                    lib.check(lib.TRITONSERVER_ServerDelete(handle))
+                    self._delete(lib, handle, before)
                 finally:
                     self._release_env()
         return self
+
+    def _delete(self, lib: _lib.Library, handle: int, before: Optional[FrozenSet[int]]) -> None:
+        """``ServerDelete``, once the model deleters that the stop started have exited (see _teardown.py).
+
+        One still running after ``_TEARDOWN_WAIT_S`` means a model is still being destroyed: the
+        server is then left undeleted (its memory is kept until the process exits), never freed
+        under that thread, which could abort the process.
+        """
+        left = _teardown.wait_for_new_tasks(before, time.monotonic() + _TEARDOWN_WAIT_S)
+        if left:
+            _UNDELETED.append(handle)
+            LOGGER.warning(
+                "Triton is still destroying models of the stopped in-process server after %.0f s (%d threads); "
+                "the server is not deleted, so that they never use freed memory: its memory is kept until the "
+                "process exits",
+                _TEARDOWN_WAIT_S,
+                len(left),
+            )
+            return
+        lib.check(lib.TRITONSERVER_ServerDelete(handle))
 
     def __enter__(self) -> Server:
         if self._handle is None:
@@ -385,9 +434,14 @@ class Server:
 
         ``parameters``: ``"config"`` (a JSON string or a dict) overrides the model config; ``bytes``
         values are file contents (``"file:1/model.py"``). Raises the mapped Triton error on failure.
+
+        A version of the model that is still unloading (an ``unload()`` that did not wait) is waited
+        for first, up to 120 s (``UnavailableError`` after that): loading the same model while
+        Triton destroys the old one could crash the process (docs/inprocess.md).
         """
         lib = self._library()
         handle = self._handle_or_raise()
+        self._wait_while_unloading(model_name)
         if not parameters:
             with self._scratch_window():
                 lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
@@ -447,10 +501,12 @@ class Server:
     ) -> None:
         """Unload a model (and its dependents); optionally wait (bounded by ``timeout``) until it is gone.
 
-        With ``wait_until_unloaded``, returns once the model is not ready and the stub processes of
-        its old instances have exited, so an immediate ``load()`` of the same model cannot race
-        Triton's destruction of the old ones (see ``_stubs``). Raises ``UnavailableError`` when
-        that takes longer than ``timeout``.
+        With ``wait_until_unloaded``, returns once this server's model index reports every version of
+        the model ``UNAVAILABLE``: Triton sets that state only after it destroyed the old model (its
+        instances, their stubs, the backend's model state), so an immediate ``load()`` of the same
+        model cannot race that destruction (docs/inprocess.md, "Known limitation"). Only this
+        server's model is waited for, whatever other servers of the process serve. Raises
+        ``UnavailableError`` when that takes longer than ``timeout`` (None: 300 s).
         """
         lib = self._library()
         handle = self._handle_or_raise()
@@ -458,25 +514,50 @@ class Server:
         function = (
             lib.TRITONSERVER_ServerUnloadModelAndDependents if unload_dependents else lib.TRITONSERVER_ServerUnloadModel
         )
-        old = (
-            [stub for stub in _stubs.stubs(self.shm_region_prefix) if stub.serves(name)] if wait_until_unloaded else []
-        )
         lib.check(function(handle, name.encode()))
         if wait_until_unloaded:
-            # Polls readiness and the stubs, not the model index: on this Triton build, reading the
-            # index while a model unloads crashed the process in about one run in ten.
             deadline = time.monotonic() + (timeout if timeout is not None else _DEFAULT_READY_TIMEOUT_S)
-            while Model(self, name).ready():
-                if time.monotonic() >= deadline:
-                    raise UnavailableError(f"Model {name!r} was not unloaded within {timeout} s")
-                time.sleep(polling_interval)
-            alive = _stubs.wait_until_exited(old, deadline, min(polling_interval, 0.02))
-            if alive:
-                pids = ", ".join(str(stub.pid) for stub in alive)
+            states = self._wait_for_states(name, _unloaded, deadline, polling_interval)
+            if states is not None:
                 raise UnavailableError(
-                    f"Model {name!r} is unloaded but the stub processes of its old instances (pid {pids}) "
-                    f"did not exit within {timeout} s; a load of it now could race their clean-up"
+                    f"Model {name!r} was not unloaded within {timeout} s (its versions are {', '.join(states)}); "
+                    "a load of it now could race Triton's destruction of the old model"
                 )
+
+    def _wait_while_unloading(self, name: str) -> None:
+        """Before a load: wait until no version of ``name`` is UNLOADING in this server (see :meth:`load`)."""
+        deadline = time.monotonic() + _LOAD_AFTER_UNLOAD_WAIT_S
+        states = self._wait_for_states(name, lambda states: "UNLOADING" not in states, deadline, 0.05)
+        if states is not None:
+            raise UnavailableError(
+                f"Model {name!r} is still unloading after {_LOAD_AFTER_UNLOAD_WAIT_S:.0f} s; loading it again while "
+                "Triton destroys the old model could crash the process: try again once it is unloaded"
+            )
+
+    def _states(self, name: str) -> Optional[List[str]]:
+        """The states of ``name``'s versions in this server's model index ("" for a version without one).
+
+        None when the index does not list the model (its repository is no longer registered).
+        """
+        entries = [entry for entry in self._message("TRITONSERVER_ServerModelIndex", 0) if entry.get("name") == name]
+        return [str(entry.get("state") or "") for entry in entries] if entries else None
+
+    def _wait_for_states(
+        self, name: str, done: Callable[[List[str]], bool], deadline: float, interval_s: float
+    ) -> Optional[List[str]]:
+        """Poll the model index until ``done(states)``; None then, else the states seen at ``deadline``.
+
+        A model the index does not list is done once it is not ready (the only sign left of it).
+        """
+        while True:
+            states = self._states(name)
+            if states is None:
+                states = ["READY"] if Model(self, name).ready() else []
+            if done(states):
+                return None
+            if time.monotonic() >= deadline:
+                return states
+            time.sleep(interval_s)
 
     @_changes_models
     def poll_model_repository(self) -> Server:

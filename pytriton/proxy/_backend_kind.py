@@ -64,6 +64,7 @@ from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy._worker import InstanceWorker, error_text, wire_request
+from pytriton.proxy.stubside import _portable_pickle
 from pytriton.proxy.stubside._backend_page import Page
 from pytriton.proxy.types import Request, _wire_request
 
@@ -123,11 +124,24 @@ def pack(callables: Sequence[bytes], config: TritonModelConfig, strict: bool) ->
     return buffer.getvalue()
 
 
-class _PayloadPickler(pickle.Pickler):
+class _PayloadPickler(_portable_pickle.PortablePickler):
     """Numpy scalar types (the config's dtypes) by dtype code: the stub may run another numpy major version."""
 
-    def reducer_override(self, obj: object) -> Any:  # pickle's reduce value, or NotImplemented
+    def base_override(self, obj: object) -> Any:  # pickle's reduce value, or NotImplemented
         return _process.reduce_numpy_type(obj)
+
+
+class CallablePickler(_portable_pickle.PortablePickler, _process._CallablePickler):
+    """The pickler of a backend instance's callable (``_process.dump_callable(..., kind="backend")``).
+
+    The callable pickler's rules (decorators, the context left out), and numpy objects in the form
+    every numpy major reads: the stub may run numpy 1.x while this process runs numpy 2
+    (``stubside/_portable_pickle.py``). A numpy object that has no such form is labelled with its
+    attribute, so that a stub that cannot rebuild it says which one and what to do.
+    """
+
+    def base_override(self, obj: object) -> Any:
+        return _process._CallablePickler.reducer_override(self, obj)
 
 
 class BackendInstance(InstanceWorker):

@@ -58,7 +58,7 @@ import sys
 import threading
 import time
 import types
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union, cast
 
 import numpy as np
 
@@ -239,9 +239,14 @@ def dump_callable(func: object, model: str, slot: int, kind: str = "process") ->
     ``kind``: the instance kind it is pickled for (``"process"``, or ``"backend"``: the server's stub).
     """
     where = "its worker process" if kind == "process" else "the server's stub process"
+    pickler_type: Type[pickle.Pickler] = _CallablePickler
+    if kind == "backend":  # the stub may run another numpy major: arrays in a portable form
+        from pytriton.proxy._backend_kind import CallablePickler
+
+        pickler_type = CallablePickler
     buffer = io.BytesIO()
     try:
-        _CallablePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(func)
+        pickler_type(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(func)
     except Exception as exc:  # noqa: BLE001 - whatever pickle raises, the fix is the same
         raise PyTritonBadParameterError(
             f"Model {model!r}: instance_kind={kind!r} sends each instance's callable to {where} by "

@@ -494,3 +494,25 @@ def sleeps_for_x(requests):
     if seconds > 1.0:
         time.sleep(min(seconds, 20.0))
     return [{"y": request["x"]} for request in requests]
+
+
+# tests/e2e/test_backend_instances.py
+
+
+class Weighted:
+    """A stateful callable whose weights are numpy objects made in ``__init__`` (in the user's process).
+
+    Bound with instance_kind="backend" it is pickled under the user's numpy and unpickled by the
+    stub's (numpy 1.x beside numpy 2 on Python 3.9-3.12): stubside/_portable_pickle.py.
+    """
+
+    def __init__(self) -> None:
+        self.weights = np.arange(9, dtype=np.float32).reshape(3, 3).T  # Fortran order: not C-contiguous
+        self.bias = np.float32(0.5)
+        self.out_type = np.dtype(np.float32)
+        self.layers = {"scale": np.array([1.0, 2.0, 3.0], dtype=np.float64)}
+
+    @batch
+    def __call__(self, x):
+        y = (x @ self.weights) * self.layers["scale"] + self.bias
+        return {"y": y.astype(self.out_type)}

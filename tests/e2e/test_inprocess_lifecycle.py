@@ -129,22 +129,32 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_reloading_in_a_tight_loop_waits_for_the_old_stubs(tmp_path):
-    """``unload(wait_until_unloaded=True)`` returns after the old instances' stubs exited, not just not-ready.
+def _states(server: tritonserver.Server, name: str) -> list:
+    return [(model.state, model.reason) for key, model in server.models().items() if key[0] == name]
 
-    Triton destroys the old instances on a thread of its own after the model reports not ready; a
-    load of the same model inside that window crashed the process now and then (Triton 2.51,
-    SIGSEGV in ``StopBackendThread``). Each of three rounds checks that the stubs seen before the
-    unload are gone when it returns, then loads at once.
+
+def test_reloading_in_a_tight_loop_waits_until_triton_destroyed_the_old_model(tmp_path):
+    """``unload(wait_until_unloaded=True)`` returns after Triton destroyed the old model, not just not-ready.
+
+    Triton destroys the old model on a thread of its own (its model deleter) after the model
+    reports not ready; a load of the same model inside that window crashed the process now and then
+    (Triton 2.51, SIGSEGV in ``StopBackendThread`` and in the deleter). Each round checks that the
+    index says UNAVAILABLE ("unloaded": set after the deleter destroyed the model) and the old stubs
+    are gone when it returns, then loads at once; every other round unloads without waiting, so
+    that ``load()`` itself must wait for the unload to finish.
     """
     repository = write_repository(tmp_path / "repo", ("identity",))
     server = _explicit_server(repository, "identity")
     try:
-        for _ in range(3):
+        for round_ in range(6):
             old = child_stubs(f"{repository}/identity/")
             assert old
-            server.unload("identity", wait_until_unloaded=True, timeout=60)
-            assert not [pid for pid in old if _running(pid)]
+            if round_ % 2:
+                server.unload("identity")  # load() waits for it
+            else:
+                server.unload("identity", wait_until_unloaded=True, timeout=60)
+                assert _states(server, "identity") == [("UNAVAILABLE", "unloaded")]
+                assert not [pid for pid in old if _running(pid)]
             server.load("identity")
         (response,) = server.model("identity").infer(inputs={"INPUT0": np.array([[5]], np.float32)})
         assert float(np.from_dlpack(response.outputs["OUTPUT0"]).flat[0]) == 5
@@ -176,6 +186,35 @@ def test_stub_that_dies(tmp_path):
     assert shm_entries(prefix) == []
     # The dead stub's model never unloaded, so the backend never finalized: its directory is ours to remove.
     assert _scratch_dirs() <= scratch_before, "the Python backend's /tmp/python_env_* directory was left behind"
+
+
+def test_two_servers_over_one_repository_each_unloads_its_own_model(tmp_path):
+    """A default-mode server and an EXPLICIT one over the same repository: the second's unload waits
+    for its own model only (it once waited for the first server's stub, which never exits)."""
+    repository = write_repository(tmp_path / "repo", ("identity",))
+    one = np.ones((1, 2), np.float32)
+    first = tritonserver.Server(model_repository=str(repository)).start(wait_until_ready=True, timeout=120)
+    try:
+        (response,) = first.model("identity").infer(inputs={"INPUT0": one})
+        assert response.error is None
+        second = _explicit_server(repository)
+        try:
+            second.load("identity")
+            (response,) = second.model("identity").infer(inputs={"INPUT0": one * 2})
+            np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT0"]), one * 2)
+            second.unload("identity", wait_until_unloaded=True, timeout=60)
+            assert _states(second, "identity") == [("UNAVAILABLE", "unloaded")]
+            assert first.model("identity").ready()  # the first server's model is untouched
+            second.load("identity")  # and it loads again at once
+            assert second.model("identity").ready()
+        finally:
+            second.stop()
+        (response,) = first.model("identity").infer(inputs={"INPUT0": one * 3})
+        np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT0"]), one * 3)
+    finally:
+        first.stop()
+    assert wait_for(lambda: not child_stubs(f"{repository}/identity/"), 20)
+    assert shm_entries(first.shm_region_prefix) == []
 
 
 def test_two_servers_in_one_process(tmp_path):

@@ -21,6 +21,8 @@ The user's process imports the same modules from here (one copy of the code on b
 - ``_inline``, ``_backend_page``: the model of a backend instance (``instance_kind="backend"``), which
   runs the callable in the stub (it imports ``pytriton`` from the user's environment at
   ``initialize``, by name), and the status page it shares with the user's process.
+- ``_portable_pickle``: numpy objects of a backend callable pickled so that another numpy major
+  version unpickles them (the callable crosses from the user's numpy to the stub's).
 - ``_stub_bytes``, ``_stub_cancel``, ``_stub_dlpack``, ``_stub_exit``, ``_stub_metrics``,
   ``_stub_print``, ``_stub_slow``, ``_stub_trace``: the stub's string tensors, requests dropped
   because their client cancelled, numeric tensors through DLPack under numpy 2, unload deadline,
