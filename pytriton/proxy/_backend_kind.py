@@ -127,7 +127,7 @@ def pack(callables: Sequence[bytes], config: TritonModelConfig, strict: bool) ->
 class _PayloadPickler(_portable_pickle.PortablePickler):
     """Numpy scalar types (the config's dtypes) by dtype code: the stub may run another numpy major version."""
 
-    def base_override(self, obj: object) -> Any:  # pickle's reduce value, or NotImplemented
+    def base_override(self, obj: object) -> object:  # pickle's reduce value, or NotImplemented
         return _process.reduce_numpy_type(obj)
 
 
@@ -140,7 +140,7 @@ class CallablePickler(_portable_pickle.PortablePickler, _process._CallablePickle
     attribute, so that a stub that cannot rebuild it says which one and what to do.
     """
 
-    def base_override(self, obj: object) -> Any:
+    def base_override(self, obj: object) -> object:
         return _process._CallablePickler.reducer_override(self, obj)
 
 

@@ -194,8 +194,13 @@ class BoundModel:
                 model_name, tcp=context.tcp is not None, execution_timeout_s=self.execution_timeout_s
             )
         # Process and backend instances: each callable is pickled now, so one that cannot travel fails bind().
+        # A backend instance's stub may run another numpy major version: its arrays go in a portable form.
+        pickler = _backend_kind.CallablePickler if self.instance_kind == "backend" else None
         self._payloads = (
-            [_process.dump_callable(func, model_name, slot, self.instance_kind) for slot, func in enumerate(funcs)]
+            [
+                _process.dump_callable(func, model_name, slot, self.instance_kind, pickler)
+                for slot, func in enumerate(funcs)
+            ]
             if self.instance_kind != "thread"
             else []
         )

@@ -233,17 +233,17 @@ def _main_importable() -> bool:
     return getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None
 
 
-def dump_callable(func: object, model: str, slot: int, kind: str = "process") -> bytes:
+def dump_callable(
+    func: object, model: str, slot: int, kind: str = "process", pickler: Optional[Type[pickle.Pickler]] = None
+) -> bytes:
     """The pickled callable of one instance; raises ``PyTritonBadParameterError`` saying how to fix it.
 
     ``kind``: the instance kind it is pickled for (``"process"``, or ``"backend"``: the server's stub).
+    ``pickler``: the pickler class (default: this module's); a backend instance's is
+    ``_backend_kind.CallablePickler``, since the stub may run another numpy major version.
     """
     where = "its worker process" if kind == "process" else "the server's stub process"
-    pickler_type: Type[pickle.Pickler] = _CallablePickler
-    if kind == "backend":  # the stub may run another numpy major: arrays in a portable form
-        from pytriton.proxy._backend_kind import CallablePickler
-
-        pickler_type = CallablePickler
+    pickler_type: Type[pickle.Pickler] = _CallablePickler if pickler is None else pickler
     buffer = io.BytesIO()
     try:
         pickler_type(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(func)

@@ -143,7 +143,9 @@ def _model(setup, inline, func, *, decoupled=False, outputs=("y",), payload=None
     os.makedirs(version_dir, exist_ok=True)
     if payload is None:
         config = _config(decoupled, outputs)
-        payload = _backend_kind.pack([_process.dump_callable(func, "Unit", 0, "backend")], config, strict=False)
+        payload = _backend_kind.pack(
+            [_process.dump_callable(func, "Unit", 0, "backend", _backend_kind.CallablePickler)], config, strict=False
+        )
     with open(os.path.join(version_dir, _backend_kind.PAYLOAD_FILE), "wb") as file:
         file.write(payload)
     params = {
@@ -202,9 +204,9 @@ def test_backend_is_an_instance_kind():
 
 def test_an_unpicklable_callable_fails_at_bind_naming_the_stub_and_the_fix():
     with pytest.raises(PyTritonBadParameterError, match="instance_kind='backend'.*server's stub process.*module level"):
-        _process.dump_callable(Unpicklable(), "Unit", 0, "backend")
+        _process.dump_callable(Unpicklable(), "Unit", 0, "backend", _backend_kind.CallablePickler)
     with pytest.raises(PyTritonBadParameterError, match="instance_kind='backend'"):
-        _process.dump_callable(lambda requests: requests, "Unit", 0, "backend")
+        _process.dump_callable(lambda requests: requests, "Unit", 0, "backend", _backend_kind.CallablePickler)
 
 
 def test_what_a_backend_model_cannot_do_is_refused_with_the_alternative():
@@ -250,7 +252,9 @@ def test_bind_writes_the_payload_and_the_users_path_and_the_shim_picks_the_inlin
 
 def test_the_runner_attaches_the_model_config_for_decorators():
     config = _config()
-    data = _backend_kind.pack([_process.dump_callable(doubled, "Unit", 0, "backend")], config, strict=False)
+    data = _backend_kind.pack(
+        [_process.dump_callable(doubled, "Unit", 0, "backend", _backend_kind.CallablePickler)], config, strict=False
+    )
     runner = _backend_kind.InlineRunner.load(data, 0)
     requests = [runner.request(_x(1, 2), None, None), runner.request(_x(3, 4), None, None)]
     result = runner.call(requests)
@@ -265,10 +269,14 @@ def test_the_payload_carries_where_spans_are_exported(monkeypatch):
     monkeypatch.setattr(_tracing.State, "export_url", None)
     monkeypatch.setattr(_tracing.State, "export_resource", {})
     config = _config()
-    untraced = _backend_kind.pack([_process.dump_callable(doubled, "Unit", 0, "backend")], config, strict=False)
+    untraced = _backend_kind.pack(
+        [_process.dump_callable(doubled, "Unit", 0, "backend", _backend_kind.CallablePickler)], config, strict=False
+    )
     _tracing.configure_export(["mode=opentelemetry", "opentelemetry,url=http://collector:4318/v1/traces",
                                "opentelemetry,resource=service.name=scorer"])  # fmt: skip
-    traced = _backend_kind.pack([_process.dump_callable(doubled, "Unit", 0, "backend")], config, strict=False)
+    traced = _backend_kind.pack(
+        [_process.dump_callable(doubled, "Unit", 0, "backend", _backend_kind.CallablePickler)], config, strict=False
+    )
     monkeypatch.setattr(_tracing.State, "export_url", None)  # the stub: a fresh process
     monkeypatch.setattr(_tracing.State, "export_resource", {})
     _backend_kind.InlineRunner.load(untraced, 0)
@@ -456,7 +464,9 @@ def test_the_short_paths_inline_output_test_answers_as_the_checks_do(setup, inli
     setup.worker()
     config = _config()
     config.outputs[0] = TensorSpec(name="y", shape=shape, dtype=np.float32)
-    payload = _backend_kind.pack([_process.dump_callable(one_output, "Unit", 0, "backend")], config, strict=False)
+    payload = _backend_kind.pack(
+        [_process.dump_callable(one_output, "Unit", 0, "backend", _backend_kind.CallablePickler)], config, strict=False
+    )
     model = _model(setup, inline, one_output, payload=payload)
     assert model._short and model._one is not None  # numpy 2 too: its outputs go through DLPack there
 
@@ -552,7 +562,9 @@ def test_numpy_scalar_types_travel_by_dtype_code_not_by_name():
 
     config = _config()
     config.outputs.append(TensorSpec(name="flag", shape=(1,), dtype=np.bool_))
-    data = _backend_kind.pack([_process.dump_callable(np.bool_, "Unit", 0, "backend")], config, strict=False)
+    data = _backend_kind.pack(
+        [_process.dump_callable(np.bool_, "Unit", 0, "backend", _backend_kind.CallablePickler)], config, strict=False
+    )
     names = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
     assert "bool" not in names and "float32" not in names
     payload = pickle.loads(data)

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from pytriton.proxy import _process
+from pytriton.proxy import _backend_kind, _process
 from pytriton.proxy.stubside import _portable_pickle
 from tests.unit.test_stub_package import _stub_python
 
@@ -45,7 +45,7 @@ class Weights:
 
 
 def _dump(obj: object) -> bytes:
-    return _process.dump_callable(obj, "Model", 0, kind="backend")
+    return _process.dump_callable(obj, "Model", 0, kind="backend", pickler=_backend_kind.CallablePickler)
 
 
 def _check(loaded: Weights, original: Weights) -> None:

@@ -37,7 +37,7 @@ import functools
 import io
 import pickle
 import types
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple, Union
+from typing import IO, Any, Callable, Deque, Dict, List, Optional, Set, Tuple, Union
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def _dtype(spec: DtypeSpec) -> np.dtype:  # type: ignore[type-arg]
     return _make_dtype(spec)
 
 
-def reduce(obj: object) -> Any:
+def reduce(obj: object) -> object:
     """pickle's reduce value for an array, numpy scalar or dtype in the portable form, else ``NotImplemented``.
 
     For ``Pickler.reducer_override``. A ``numpy.memmap`` travels as a plain array of its contents.
@@ -130,7 +130,7 @@ def needs_guard(obj: object) -> bool:
     return not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, np.ufunc))
 
 
-def guard(obj: object, where: str, dump: Callable[[object], bytes]) -> Any:
+def guard(obj: object, where: str, dump: Callable[[object], bytes]) -> object:
     """pickle's reduce value that loads ``obj`` from the nested pickle ``dump(obj)``, labelled ``where``."""
     return _guarded, (where, f"{type(obj).__module__}.{type(obj).__qualname__}", np.__version__, dump(obj))
 
@@ -213,7 +213,7 @@ class PortablePickler(pickle.Pickler):
     whose attributes :func:`find_path` searches to name a guarded object (set by :meth:`dump`).
     """
 
-    def __init__(self, file: Any, protocol: int = pickle.HIGHEST_PROTOCOL) -> None:
+    def __init__(self, file: IO[bytes], protocol: int = pickle.HIGHEST_PROTOCOL) -> None:
         super().__init__(file, protocol=protocol)
         self._protocol = protocol
         self.root: Optional[object] = None
@@ -224,7 +224,7 @@ class PortablePickler(pickle.Pickler):
             self.root = obj
         super().dump(obj)
 
-    def base_override(self, obj: object) -> Any:
+    def base_override(self, obj: object) -> object:
         return NotImplemented
 
     def reducer_override(self, obj: object) -> Any:
