@@ -1,4 +1,4 @@
-"""Command line: ``pytriton install-server``, ``where-server``, ``server-command``, ``run-server`` and ``check``.
+"""Command line: ``pytriton serve``, ``install-server``, ``where-server``, ``server-command``, ``run-server``, ``check``.
 
 Also ``python -m pytriton ...``. Unit tests: tests/unit/test_check.py (``check``), tests/unit/test_cli.py.
 """
@@ -28,6 +28,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="pytriton", description="pytriton command-line tools")
     parser.add_argument("--version", action="version", version=f"pytriton {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    from pytriton import _serve
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve an application's models: pytriton serve MODULE:ATTRIBUTE (docs/serve.md)",
+        description="Import MODULE and serve ATTRIBUTE (a Triton with bound models, a bind_models(triton) "
+        "function, or a factory returning a Triton) until SIGINT/SIGTERM. Exit status: 0 after a signal, "
+        "1 when the server or the application failed, 2 when the command cannot work as given.",
+    )
+    _serve.add_arguments(serve)
     install = commands.add_parser(
         "install-server",
         help="download, verify and unpack the Triton Inference Server used by pytriton",
@@ -86,10 +96,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             metavar="PORT",
             help=f"check this {label} port instead of PYTRITON_TRITON_CONFIG_{label.upper()}_PORT or the default",
         )
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
 
     from pytriton.exceptions import PyTritonError
 
+    if args.command == "serve":
+        return _serve.main(args, argv)
     if args.command == "check":
         from pytriton._check import main as check_main
 

@@ -2,8 +2,9 @@
 
 Run it, then call it from another shell with ``client.py`` or curl (README.md beside this file)::
 
-    python examples/production/server.py                      # HTTP 8000, gRPC 8001, metrics 8002
-    python examples/production/server.py --http-port 9000     # or PYTRITON_TRITON_CONFIG_HTTP_PORT=9000
+    pytriton serve server:create_app --app-dir examples/production     # HTTP 8000, gRPC 8001, metrics 8002
+    pytriton serve server:create_app --app-dir examples/production --http-port 9000
+    python examples/production/server.py --http-port 9000               # the same, without the command
 
 The model is written the way a PyTorch model is (a module class with ``forward``, a state dict read
 from a file, ``eval()``, inference without gradients, batch-first tensors), in numpy so that the
@@ -188,16 +189,25 @@ def security_config(environ: Optional[Mapping[str, str]] = None) -> TritonSecuri
     return TritonSecurityConfig(access_token=environ.get("SERVER_ACCESS_TOKEN") or None)
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    args = _parse_args(argv)
+def create_app(argv: Sequence[str] = ()) -> Triton:
+    """The server with the model bound, not yet running: what ``pytriton serve server:create_app`` serves.
+
+    ``argv``: this file's own options (``main``); ``pytriton serve`` passes none, its options arrive
+    as ``PYTRITON_TRITON_CONFIG_*`` variables.
+    """
+    args = _parse_args(list(argv))
     weights = args.weights or pathlib.Path(os.environ.get("MODEL_WEIGHTS") or WEIGHTS)
     model = load_model(weights)  # once, before the server starts: a bad file fails here, not per request
     workspace = os.environ.get("SERVER_WORKSPACE") or None
-    config = server_config(args=argv)
-    with Triton(config=config, security_config=security_config(), workspace=workspace) as triton:
-        bind(triton, model)
+    triton = Triton(config=server_config(args=argv), security_config=security_config(), workspace=workspace)
+    bind(triton, model)
+    return triton
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    with create_app(argv) as triton:
         # Blocks until SIGINT/SIGTERM, then drains requests in flight and stops; an unrecoverable
         # server failure raises (exit status 1).
         triton.serve()

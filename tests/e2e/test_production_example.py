@@ -1,7 +1,7 @@
 """examples/production/ as its README runs it: the server in one process, client.py and curl in others.
 
-One server for the module (started as ``python server.py`` on free ports, in its own session so
-that its process group can be checked), called by the client script over HTTP and gRPC, by curl
+One server for the module (started as the image starts it, ``pytriton serve server:create_app``,
+on free ports, in its own session so that its process group can be checked), called by the client script over HTTP and gRPC, by curl
 and by plain urllib with the README's JSON request; then stopped with SIGINT, as Ctrl-C does,
 which must end it with status 0 and leave no process, shared-memory segment or workspace file.
 """
@@ -50,10 +50,16 @@ def server(tmp_path_factory) -> Iterator[Dict[str, Any]]:
     workspace = tmp_path_factory.mktemp("workspace")
     log = tmp_path_factory.mktemp("log") / "server.log"
     env = {**os.environ, "SERVER_WORKSPACE": str(workspace), "SERVER_ACCESS_TOKEN": TOKEN}
+    # The command the image runs (deploy/Dockerfile's CMD), its options for a run on loopback.
     command = [
         sys.executable,
-        str(EXAMPLE / "server.py"),
-        "--address",
+        "-m",
+        "pytriton",
+        "serve",
+        "server:create_app",
+        "--app-dir",
+        str(EXAMPLE),
+        "--host",
         "127.0.0.1",
         "--http-port",
         str(ports["http_port"]),

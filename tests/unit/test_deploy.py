@@ -335,7 +335,7 @@ def test_the_models_requirements_are_installed_before_its_files_are_copied():
     )
     users = [rest for word, rest in instructions[:install] if word == "USER"]
     assert users and users[-1].partition(":")[0] in ("0", "root"), "the packages go into the image's Python, as root"
-    assert instructions[-1] == ("CMD", '["python", "/app/server.py"]')
+    assert instructions[-1] == ("CMD", '["pytriton", "serve", "server:create_app", "--app-dir", "/app"]')
     assert shlex.split(instructions[copy_model][1])[-1].rstrip("/") == "/app"
 
 
