@@ -181,7 +181,10 @@ step "image build (deploy/Dockerfile, PYTHON_IMAGE=$BASE_IMAGE, PIP_OFFLINE=1, -
 	tail -40 "$WORK/build.log"
 	fail "image build failed (log above)"
 }
-grep -E '^(STEP|COMMIT)|install-server|check' "$WORK/build.log" | cut -c1-160 | tail -25
+# What install-server and the build's `pytriton check` said (the full log is in the build's output).
+grep -E '^STEP [0-9]+/' "$WORK/build.log" | tail -1 | cut -c1-60
+grep -viE '^(STEP|COMMIT|-->|Getting image|Writing manifest|Storing signatures|Copying (blob|config)|[0-9a-f]{64}$)' "$WORK/build.log" |
+	grep -iE 'server|wheel|sha256|numpy|stub|check' | cut -c1-200 | tail -15 || true
 "${PODMAN[@]}" image inspect "$IMAGE" --format 'image {{.Id}} user={{.Config.User}} cmd={{.Config.Cmd}} size={{.Size}}' | cut -c1-200
 
 # ---------------------------------------------------------------------------------------------
@@ -242,13 +245,19 @@ play() { # play NAME HTTP GRPC METRICS: the Deployment's playable subset as one 
 	}
 	wait_running_ready "$name-pod-0-server" "$2"
 }
+# podman schedules periodic health checks with systemd timers; on a host without systemd (this
+# kind of machine) it cannot, so the check runs podman's health check (the liveness probe) itself.
 probes_pass() { # probes_pass NAME: podman's health checks (the probes) and the same GETs from the host
 	local ctr=$1-pod-0-server # podman names a Deployment's pod NAME-pod-0
 	for _ in $(seq 30); do
 		"${PODMAN[@]}" healthcheck run "$ctr" >/dev/null 2>&1 && break
 		sleep 1
 	done
-	"${PODMAN[@]}" healthcheck run "$ctr" || fail "podman's health check (the liveness probe) of $ctr fails"
+	"${PODMAN[@]}" healthcheck run "$ctr" || {
+		"${PODMAN[@]}" logs --tail 30 "$ctr" 2>&1 | cut -c1-300
+		"${PODMAN[@]}" inspect "$ctr" --format 'state {{.State.Status}} exit {{.State.ExitCode}} restarts {{.RestartCount}} health {{json .State.Health}}' 2>&1 | cut -c1-1500
+		fail "podman's health check (the liveness probe) of $ctr fails"
+	}
 	echo "podman healthcheck of $ctr: $("${PODMAN[@]}" inspect "$ctr" --format '{{.State.Health.Status}}' 2>/dev/null)"
 	"$PY" deploy/check/traffic.py probes "$2"
 }
@@ -280,13 +289,13 @@ sleep 5 # the preStop sleep: the old pod leaves the endpoints, then gets SIGTERM
 "${PODMAN[@]}" pod stop -t 45 pytriton-example-a-pod-0 >/dev/null
 code=$("${PODMAN[@]}" inspect pytriton-example-a-pod-0-server --format '{{.State.ExitCode}}')
 [ "$code" = 0 ] || fail "the old pod's server exited with $code after SIGTERM, not 0"
-"${PODMAN[@]}" kube down "$WORK/kube-pytriton-example-a.yaml" >/dev/null
+"${PODMAN[@]}" kube down "$WORK/kube-pytriton-example-a.yaml" >>"$WORK/down.log" 2>&1
 rm "$WORK/kube-pytriton-example-a.yaml"
 sleep 2
 touch "$WORK/stop-load"
 wait "$LOAD_PID" || { LOAD_PID=""; fail "requests failed during the replacement: $(cat "$WORK/replace.json" 2>/dev/null)"; }
 LOAD_PID=""
 echo "replacement: $(cat "$WORK/replace.json"); old pod's server exit status $code"
-"${PODMAN[@]}" kube down "$WORK/kube-pytriton-example-b.yaml" >/dev/null
+"${PODMAN[@]}" kube down "$WORK/kube-pytriton-example-b.yaml" >>"$WORK/down.log" 2>&1
 rm "$WORK/kube-pytriton-example-b.yaml"
 step_end

@@ -15,8 +15,9 @@ is printed (``subset: ...``) so that the check's output says exactly what podman
   between taking the pod out of the endpoints and stopping it;
 * the ``/dev/shm`` emptyDir is dropped: podman makes emptyDirs volumes on disk owned by the pod's
   user, except on ``/dev/shm``, where it stays root-owned and the non-root server could not write;
-  the pod's own ``/dev/shm`` (tmpfs, 64 MiB) serves instead. The other emptyDirs are played as they
-  are (on disk: ``medium`` and ``sizeLimit`` are not emulated);
+  the pod's own ``/dev/shm`` (tmpfs, 64 MiB) serves instead. The other emptyDirs are played on disk
+  (``medium`` and ``sizeLimit`` are not emulated), renamed ``<pod>-<volume>``: podman 4.3 makes an
+  emptyDir a volume named as in the manifest, which two pods played side by side would share;
 * a label ``pytriton-deploy-check`` on the pod, by which the check finds and removes what it made.
 
 Everything else (security context: non-root user, read-only root, no privilege escalation, dropped
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import shlex
 import sys
 from typing import Any, Dict, List
 
@@ -34,7 +36,7 @@ import yaml
 
 PROBE_SCRIPT = (
     "import sys, urllib.request; "
-    "sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout={timeout}).status == 200 else 1)"
+    'sys.exit(0 if urllib.request.urlopen("http://127.0.0.1:{port}{path}", timeout={timeout}).status == 200 else 1)'
 )
 
 
@@ -65,9 +67,11 @@ def render(deployment: Dict[str, Any], name: str, image: str, host_ports: Dict[s
         get = probe.pop("httpGet")
         port = numbers.get(get["port"], get["port"])
         script = PROBE_SCRIPT.format(port=port, path=get["path"], timeout=probe.get("timeoutSeconds", 1))
-        probe["exec"] = {"command": ["python3", "-c", script]}
+        # podman joins an exec probe's words with spaces and runs them with `/bin/sh -c`: quote the
+        # script for that shell (in a cluster the kubelet would exec the words as they are).
+        probe["exec"] = {"command": ["python3", "-c", shlex.quote(script)]}
         changes.append(
-            f"{kind}: httpGet {get['path']} on {get['port']} -> exec python GET 127.0.0.1:{port}{get['path']}"
+            f"{kind}: httpGet {get['path']} on {get['port']} -> exec python3 GET 127.0.0.1:{port}{get['path']}"
         )
     if container.pop("lifecycle", None) is not None:
         changes.append("lifecycle.preStop dropped (podman does not run it); the check waits 5 s itself")
@@ -84,10 +88,17 @@ def render(deployment: Dict[str, Any], name: str, image: str, host_ports: Dict[s
             changes.append(
                 f"volume {mount['name']} on /dev/shm dropped: podman's pod /dev/shm (tmpfs, 64 MiB) serves instead"
             )
+    # podman 4.3 makes an emptyDir a *named* volume, named as in the manifest: two pods played from
+    # the same manifest would share /tmp and /workspace. Each pod's volumes get its name as prefix.
+    for volume in volumes.values():
+        volume["name"] = f"{name}-{volume['name']}"
+    for mount in container.get("volumeMounts", []):
+        mount["name"] = f"{name}-{mount['name']}"
     pod["spec"]["volumes"] = list(volumes.values())
     kept = [f"{m['name']} on {m['mountPath']}" for m in container.get("volumeMounts", [])]
     changes.append(
-        "emptyDir volumes played as podman volumes on disk (medium and sizeLimit not emulated): " + ", ".join(kept)
+        "emptyDir volumes played as podman volumes on disk, named after the pod (podman shares volumes by name;"
+        " medium and sizeLimit not emulated): " + ", ".join(kept)
     )
     return changes
 

@@ -654,13 +654,17 @@ def test_the_played_subset_changes_only_what_podman_cannot_emulate(kube):
         command = played[kind]["exec"]["command"]
         assert command[0] == "python3"
         assert f"127.0.0.1:{_port_number(original, get['port'])}{get['path']}" in command[-1]
+        # podman runs the words joined by spaces through /bin/sh -c: they must survive that shell.
+        assert shlex.split(" ".join(command))[:2] == ["python3", "-c"]
+        assert "urlopen(" in shlex.split(" ".join(command))[2]
         assert {k: v for k, v in played[kind].items() if k != "exec"} == {
             k: v for k, v in original[kind].items() if k != "httpGet"
         }
     # Volumes: only the /dev/shm one is dropped; every other mount stays with its emptyDir.
     assert "lifecycle" not in played
+    # Each named after the pod: podman shares volumes by name between pods.
     original_mounts = {m["mountPath"]: m["name"] for m in original["volumeMounts"]}
     played_mounts = {m["mountPath"]: m["name"] for m in played["volumeMounts"]}
-    assert played_mounts == {path: name for path, name in original_mounts.items() if path != "/dev/shm"}
+    assert played_mounts == {path: f"played-{name}" for path, name in original_mounts.items() if path != "/dev/shm"}
     assert {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]} == set(played_mounts.values())
     assert len(changes) >= 6 and all(isinstance(change, str) for change in changes)
