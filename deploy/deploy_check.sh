@@ -21,7 +21,10 @@ PY=${PY:-$REPO/.venv/bin/python}
 PYTRITON_HOME=${PYTRITON_HOME:-$HOME/.cache/pytriton}
 CACHE=$PYTRITON_HOME/deploy-check
 SUITE=${DEPLOY_CHECK_SUITE:-bookworm}
-BASE_TAR=$CACHE/debian-$SUITE-python3-rootfs.tar
+# What the base holds besides minbase: Debian's Python as the Dockerfile needs it, and jemalloc (so the
+# offline build skips its apt-get step). The tarball's name follows the list, so a change remakes it.
+BASE_PACKAGES=python3,python3-pip,python3-venv,libpython3.11,ca-certificates,libjemalloc2
+BASE_TAR=$CACHE/debian-$SUITE-$(echo "$BASE_PACKAGES" | sha256sum | cut -c1-8)-rootfs.tar
 WHEELS=$CACHE/wheels
 MIRROR=${DEPLOY_CHECK_MIRROR:-http://deb.debian.org/debian}
 RUN_ID=$(date +%s)-$$
@@ -128,7 +131,7 @@ if [ ! -f "$BASE_TAR" ]; then
 	command -v debootstrap >/dev/null || fail "debootstrap not found (apt-get install -y debootstrap)"
 	mkdir -p "$CACHE"
 	echo "no $BASE_TAR yet: debootstrap $SUITE from $MIRROR (once; a few minutes)"
-	debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,libpython3.11,ca-certificates \
+	debootstrap --variant=minbase --include="$BASE_PACKAGES" \
 		"$SUITE" "$WORK/rootfs" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
 		tail -20 "$WORK/debootstrap.log"
 		fail "debootstrap failed"
@@ -140,6 +143,7 @@ if [ ! -f "$BASE_TAR" ]; then
 	rm -rf "$WORK"/rootfs/var/lib/apt/lists/* "$WORK"/rootfs/var/cache/apt/*.bin "$WORK"/rootfs/var/cache/apt/archives/*.deb
 	tar --numeric-owner --one-file-system -C "$WORK/rootfs" -cf "$BASE_TAR.partial" .
 	mv "$BASE_TAR.partial" "$BASE_TAR"
+	find "$CACHE" -maxdepth 1 -name "debian-*-rootfs.tar" ! -path "$BASE_TAR" -delete # older package lists
 	rm -rf "$WORK/rootfs"
 fi
 ls -l "$BASE_TAR"
@@ -211,6 +215,10 @@ if "${PODMAN[@]}" exec "$CTR" sh -c 'touch /app/x || touch /usr/x || touch /opt/
 "${PODMAN[@]}" exec "$CTR" sh -c 'ps -o user=,args= -p 1 2>/dev/null || cat /proc/1/cmdline | tr "\0" " "'
 echo
 echo "server process uid $uid, root filesystem read-only (touch in /app, /usr, /opt/pytriton refused)"
+# The server runs with jemalloc (the Dockerfile's JEMALLOC step; the base has it): mapped in tritonserver.
+jemalloc=$("${PODMAN[@]}" exec "$CTR" sh -c 'for p in /proc/[0-9]*; do if tr "\0" " " <$p/cmdline 2>/dev/null | grep -q "^[^ ]*bin/tritonserver"; then grep -c libjemalloc $p/maps; fi; done' | head -1)
+[ "${jemalloc:-0}" -gt 0 ] || fail "tritonserver in the container does not use jemalloc"
+echo "tritonserver maps libjemalloc ($jemalloc mappings)"
 "$PY" deploy/check/traffic.py probes "$HTTP"
 "$PY" deploy/check/traffic.py smoke --http "$HTTP" --grpc "$GRPC"
 metrics=$(curl -fsS "http://127.0.0.1:$METRICS/metrics") || fail "no metrics on 127.0.0.1:$METRICS"
@@ -286,7 +294,10 @@ echo "$A_HTTP $B_HTTP" >"$WORK/endpoints.new" && mv "$WORK/endpoints.new" "$WORK
 sleep 2
 echo "$B_HTTP" >"$WORK/endpoints.new" && mv "$WORK/endpoints.new" "$WORK/endpoints"
 sleep 5 # the preStop sleep: the old pod leaves the endpoints, then gets SIGTERM
-"${PODMAN[@]}" pod stop -t 45 pytriton-example-a-pod-0 >/dev/null
+"${PODMAN[@]}" pod stop -t 45 pytriton-example-a-pod-0 >>"$WORK/down.log" 2>&1 || {
+	cat "$WORK/down.log"
+	fail "podman pod stop of the old pod failed"
+}
 code=$("${PODMAN[@]}" inspect pytriton-example-a-pod-0-server --format '{{.State.ExitCode}}')
 [ "$code" = 0 ] || fail "the old pod's server exited with $code after SIGTERM, not 0"
 "${PODMAN[@]}" kube down "$WORK/kube-pytriton-example-a.yaml" >>"$WORK/down.log" 2>&1
