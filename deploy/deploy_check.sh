@@ -197,14 +197,14 @@ step "container: read-only root, non-root user, HTTP and gRPC from the host"
 HTTP=$(free_port) GRPC=$(free_port) METRICS=$(free_port)
 # As deployment.yaml: read-only root; writable tmpfs on /tmp, /dev/shm (512m), /workspace and the home
 # directory, owned by the image's user; no capabilities, no privilege escalation. A drain delay of
-# 2 s: without a load balancer and a preStop hook, clients see readiness go off before new
-# requests are refused (docs/deployment.md).
+# 2 s (DEPLOY_CHECK_DRAIN_DELAY): without a load balancer and a preStop hook, clients see readiness
+# go off before new requests are refused (docs/deployment.md).
 "${PODMAN[@]}" run -d --name "deploy-check-$RUN_ID" --label "$LABEL=$RUN_ID" \
 	--read-only --tmpfs /tmp:rw,size=64m,mode=1777 --shm-size=512m \
 	--tmpfs /workspace:rw,size=64m,mode=0700,U \
 	--tmpfs /home/triton:rw,size=256m,mode=0700,U \
 	--cap-drop=ALL --security-opt=no-new-privileges --network "$NET" \
-	-e PYTRITON_TRITON_CONFIG_DRAIN_DELAY_SECS=2 -e PYTRITON_TRITON_CONFIG_EXIT_TIMEOUT_SECS=30 \
+	-e "PYTRITON_TRITON_CONFIG_DRAIN_DELAY_SECS=${DEPLOY_CHECK_DRAIN_DELAY:-2}" -e PYTRITON_TRITON_CONFIG_EXIT_TIMEOUT_SECS=30 \
 	-p "127.0.0.1:$HTTP:8000" -p "127.0.0.1:$GRPC:8001" -p "127.0.0.1:$METRICS:8002" \
 	"$IMAGE" >/dev/null
 CTR=deploy-check-$RUN_ID
