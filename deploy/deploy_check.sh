@@ -11,8 +11,10 @@
 # All traffic is on 127.0.0.1.
 #
 # Everything podman makes lives in a storage root of its own (a temporary directory), and carries
-# the label pytriton-deploy-check=<run id>; the exit trap removes the pods, containers, images and
-# that directory, and the wheels it copied into deploy/wheels/, on success and failure alike.
+# the label pytriton-deploy-check=<run id>, on a network of its own; the exit trap removes the pods,
+# containers, images, that network and directory, and the wheels it copied into deploy/wheels/, on
+# success, failure and interruption alike. Environment: PY, PYTRITON_HOME, CONTAINERS_CONF,
+# DEPLOY_CHECK_SUITE (bookworm), DEPLOY_CHECK_MIRROR, DEPLOY_CHECK_DRAIN_DELAY (2).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -93,11 +95,12 @@ cleanup() {
 		# by name and label only (never `system reset`, which removes every network).
 		"${PODMAN[@]}" network rm -f "$NET" >/dev/null 2>&1
 		"${PODMAN[@]}" network ls --filter "label=$LABEL=$RUN_ID" -q | xargs -r "${PODMAN[@]}" network rm -f >/dev/null 2>&1
-		left=$(findmnt -rn -o TARGET | grep -F "$WORK" || true)
-		for mount in $left; do umount -l "$mount"; done
 	fi
+	# Whatever is still mounted below WORK (overlay layers, a debootstrap's /proc), deepest first, and
+	# never cross into another filesystem while removing it.
+	for mount in $(findmnt -rn -o TARGET | grep -F "$WORK" | sort -r); do umount -l "$mount"; done
 	for wheel in "${COPIED_WHEELS[@]}"; do rm -f "$wheel"; done
-	rm -rf "$WORK"
+	rm -rf --one-file-system "$WORK"
 	printf 'deploy-check: %s in %d s\n' "$([ $status = 0 ] && echo passed || echo FAILED)" $(($(date +%s) - T_START))
 	exit $status
 }
@@ -239,7 +242,8 @@ LOAD_PID=""
 code=$(timeout 60 "${PODMAN[@]}" wait "$CTR") || fail "the container did not stop within 60 s of SIGTERM"
 [ "$code" = 0 ] || { "${PODMAN[@]}" logs --tail 30 "$CTR"; fail "the container exited with $code after SIGTERM, not 0"; }
 echo "drain: $(cat "$WORK/drain.json"); container exit status $code"
-"${PODMAN[@]}" logs "$CTR" 2>&1 | grep -iE 'sigterm|drain|stopp' | tail -5 | cut -c1-200 || true
+"$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if d["in_flight_at_signal"] > 0 else 1)' "$WORK/drain.json" ||
+	fail "no request was in flight when SIGTERM was sent: the drain was not tested"
 "${PODMAN[@]}" rm "$CTR" >/dev/null
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +311,8 @@ touch "$WORK/stop-load"
 wait "$LOAD_PID" || { LOAD_PID=""; fail "requests failed during the replacement: $(cat "$WORK/replace.json" 2>/dev/null)"; }
 LOAD_PID=""
 echo "replacement: $(cat "$WORK/replace.json"); old pod's server exit status $code"
+"$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if all(d["per_port"].get(p, 0) > 0 for p in sys.argv[2:]) else 1)' \
+	"$WORK/replace.json" "$A_HTTP" "$B_HTTP" || fail "the load did not reach both pods"
 "${PODMAN[@]}" kube down "$WORK/kube-pytriton-example-b.yaml" >>"$WORK/down.log" 2>&1
 rm "$WORK/kube-pytriton-example-b.yaml"
 step_end
