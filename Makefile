@@ -90,6 +90,15 @@ soak-short: server
 rollout-test: server
 	$(PY) -m bench.rollout
 
+# The container image and the Kubernetes manifests for real (deploy/deploy_check.sh, docs/deployment.md):
+# builds deploy/Dockerfile on a local Debian base (podman, offline), runs it read-only as a non-root
+# user, drains it with SIGTERM under load, plays deploy/kubernetes/ with `podman kube play` and
+# replaces its pod under load; zero failed requests. Root, podman, runc and debootstrap needed
+# (apt-get install -y podman runc buildah slirp4netns debootstrap); a few minutes, not in `make test`.
+.PHONY: deploy-check
+deploy-check: $(VENV)/.test-deps
+	PY=$(abspath $(PY)) bash deploy/deploy_check.sh
+
 lint: $(VENV)/.dev-deps
 	$(VENV)/bin/ruff check pytriton tests bench examples deploy tools
 	$(VENV)/bin/ruff format --check pytriton tests bench examples deploy tools

@@ -606,3 +606,65 @@ def test_opt_in_autoscaler_replaces_the_default_and_reads_the_adapters_queue_tim
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
     annotations = kube["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(_port_number(_container(kube["Deployment"]), "metrics"))
+
+
+def test_the_dockerfile_works_on_a_distribution_python_base():
+    """PYTHON_IMAGE may be a Debian/Ubuntu/NGC image: its Python has no ``python`` command and its pip
+    refuses to install into a PEP 668 "externally managed" Python unless told the image is the
+    environment. ``make deploy-check`` builds on such a base (Debian bookworm's python3)."""
+    assert _dockerfile_env().get("PIP_BREAK_SYSTEM_PACKAGES") == "1"
+    commands = [rest for word, rest in _dockerfile() if word == "RUN"]
+    assert commands, "deploy/Dockerfile has no RUN"
+    for rest in commands:
+        words = re.split(r"[\s;&|()]+", rest.replace("-m pip", "-m_pip"))
+        assert "python" not in words, f"RUN uses `python`, absent from distribution Pythons: {rest}"
+        assert "pip" not in words, f"RUN uses `pip`, not `python3 -m pip`: {rest}"
+
+
+def _kube_subset() -> Any:
+    spec = importlib.util.spec_from_file_location("pytriton_kube_subset", DEPLOY / "check" / "kube_subset.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_played_subset_changes_only_what_podman_cannot_emulate(kube):
+    """deploy-check plays a copy of the Deployment: what it keeps must be the manifest's own."""
+    deployment = copy.deepcopy(kube["Deployment"])
+    changes = _kube_subset().render(
+        deployment, "played", "localhost/x:1", {"http": 18000, "grpc": 18001, "metrics": 18002}, "run"
+    )
+    original, played = _container(kube["Deployment"]), _container(deployment)
+    assert played["image"] == "localhost/x:1" and deployment["spec"]["replicas"] == 1
+    # Kept as written: security context, environment, resources, ports.
+    assert played["securityContext"] == original["securityContext"]
+    assert (
+        deployment["spec"]["template"]["spec"]["securityContext"]
+        == kube["Deployment"]["spec"]["template"]["spec"]["securityContext"]
+    )
+    assert played["env"] == original["env"] and played["resources"] == original["resources"]
+    assert [(p["name"], p["containerPort"]) for p in played["ports"]] == [
+        (p["name"], p["containerPort"]) for p in original["ports"]
+    ]
+    assert {p["hostIP"] for p in played["ports"]} == {"127.0.0.1"}
+    # Probes: the same path and port, as a command; the same timing.
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = original[kind]["httpGet"]
+        command = played[kind]["exec"]["command"]
+        assert command[0] == "python3"
+        assert f"127.0.0.1:{_port_number(original, get['port'])}{get['path']}" in command[-1]
+        # podman runs the words joined by spaces through /bin/sh -c: they must survive that shell.
+        assert shlex.split(" ".join(command))[:2] == ["python3", "-c"]
+        assert "urlopen(" in shlex.split(" ".join(command))[2]
+        assert {k: v for k, v in played[kind].items() if k != "exec"} == {
+            k: v for k, v in original[kind].items() if k != "httpGet"
+        }
+    # Volumes: only the /dev/shm one is dropped; every other mount stays with its emptyDir.
+    assert "lifecycle" not in played
+    # Each named after the pod: podman shares volumes by name between pods.
+    original_mounts = {m["mountPath"]: m["name"] for m in original["volumeMounts"]}
+    played_mounts = {m["mountPath"]: m["name"] for m in played["volumeMounts"]}
+    assert played_mounts == {path: f"played-{name}" for path, name in original_mounts.items() if path != "/dev/shm"}
+    assert {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]} == set(played_mounts.values())
+    assert len(changes) >= 6 and all(isinstance(change, str) for change in changes)
