@@ -106,7 +106,7 @@ except AttributeError:  # pragma: no cover - 3.8/3.9: only the private stdlib mo
     _STDLIB = frozenset({"_thread", "_io", "_collections_abc", "_ctypes"})
 
 
-def _by_name(node: ast.Call) -> "str | None":
+def _by_name(node: ast.Call) -> str | None:
     """The module an ``importlib.import_module("...")`` or ``__import__("...")`` call names, if a constant."""
     function = node.func
     named = (isinstance(function, ast.Attribute) and function.attr == "import_module") or (
