@@ -160,3 +160,34 @@ def test_the_default_mode_is_read_from_the_environment(monkeypatch, refused_ptra
     monkeypatch.setenv("PYTRITON_HARDENING", "strict")
     with pytest.raises(PyTritonServerError, match="ptrace_scope is 3"):
         _launch.spawn([sys.executable, "-S", "-c", "pass", SECRET_FLAG], dict(os.environ), lambda: None)
+
+
+# -- pytriton check ------------------------------------------------------------------------------------------
+
+
+def test_check_lists_each_protection_and_whether_it_is_active():
+    from pytriton._check import FAIL, INFO, OK, check_hardening
+
+    items = {item.name: item for item in check_hardening({}, probe=lambda: (None, None))}
+    assert "auto" in items["hardening"].detail
+    assert {items[f"protection {name}"].status for name in ("hidden-token", "chmod-filter")} == {OK}
+
+    refused = {
+        item.name: item for item in check_hardening({"PYTRITON_HARDENING": "auto"}, probe=lambda: ("Yama", None))
+    }
+    assert refused["protection hidden-token"].status == INFO and "Yama" in refused["protection hidden-token"].detail
+
+    strict = {
+        item.name: item for item in check_hardening({"PYTRITON_HARDENING": "strict"}, probe=lambda: ("Yama", None))
+    }
+    assert (
+        strict["protection hidden-token"].status == FAIL
+        and "strict refuses to start" in strict["protection hidden-token"].detail
+    )
+    assert strict["protection chmod-filter"].status == OK
+
+    off = check_hardening({"PYTRITON_HARDENING": "off"}, probe=lambda: pytest.fail("off probes nothing"))
+    assert all("inactive" in item.detail for item in off[1:]) and "off" in off[0].detail
+
+    [invalid] = check_hardening({"PYTRITON_HARDENING": "maybe"})
+    assert invalid.status == FAIL and "off, auto, strict" in invalid.detail
