@@ -118,7 +118,15 @@ def _by_name(node: ast.Call) -> str | None:
 
 
 def mechanisms(source: str, filename: str = "<source>") -> Iterator[Tuple[str, int]]:
-    """``(mechanism, line)`` for each use of a low-level mechanism in ``source``."""
+    """``(mechanism, line)`` for each use of a low-level mechanism in ``source``, once per line."""
+    seen: Set[Tuple[str, int]] = set()
+    for use in _mechanisms(source, filename):
+        if use not in seen:
+            seen.add(use)
+            yield use
+
+
+def _mechanisms(source: str, filename: str) -> Iterator[Tuple[str, int]]:
     tree = ast.parse(source, filename)
     docstrings = _docstrings(tree)
     for node in ast.walk(tree):
@@ -220,3 +228,26 @@ importlib.import_module("numpy")
         (PRIVATE, 15),
         (PRIVATE, 16),
     ]
+
+
+def _count(revision: str) -> str:
+    """Uses outside the layer at a git revision: the figure docs/architecture.md gives before and after."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    uses: Dict[str, int] = {}
+    for path in git("ls-tree", "-r", "--name-only", revision, "pytriton").split():
+        if path.endswith(".py") and not path.startswith(PLATFORM):
+            found = len(list(mechanisms(git("show", f"{revision}:{path}"), path)))
+            if found:
+                uses[path] = found
+    return f"{revision}: {sum(uses.values())} uses in {len(uses)} modules outside pytriton/_platform/"
+
+
+if __name__ == "__main__":  # python -m tests.unit.test_platform_boundary REVISION...
+    import sys
+
+    for revision in sys.argv[1:]:
+        print(_count(revision))
