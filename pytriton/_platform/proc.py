@@ -19,7 +19,7 @@ says they must.
 from __future__ import annotations
 
 import os
-from typing import FrozenSet, List, NamedTuple, Optional, Union
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Union
 
 PROC = "/proc"
 TASK_DIR = "/proc/self/task"
@@ -156,6 +156,21 @@ def tasks(task_dir: str = TASK_DIR) -> Optional[FrozenSet[int]]:
         return frozenset(int(entry) for entry in os.listdir(task_dir) if entry.isdigit())
     except OSError:
         return None
+
+
+def meminfo(path: str = os.path.join(PROC, "meminfo")) -> Dict[str, int]:
+    """``/proc/meminfo`` in bytes (``{"MemTotal": ..., "SwapTotal": ...}``); {} if unreadable."""
+    sizes: Dict[str, int] = {}
+    try:
+        with open(path) as source:
+            for line in source:
+                name, _, rest = line.partition(":")
+                words = rest.split()
+                if words and words[0].isdigit():
+                    sizes[name] = int(words[0]) * (1024 if words[1:] == ["kB"] else 1)
+    except OSError:
+        return {}
+    return sizes
 
 
 def kernel_int(name: str, root: str = PROC) -> Optional[int]:

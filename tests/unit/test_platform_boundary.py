@@ -49,12 +49,10 @@ ALLOWED: Dict[str, Tuple[FrozenSet[str], str]] = {
         "the private launch (ptrace argv swap, seccomp filter, /proc/<pid>/mem): to _platform/launch.py once "
         "the version gates being added to it have landed",
     ),
-    "pytriton/server/_shm_guard.py": (frozenset({CTYPES}), "inotify through libc: to _platform/"),
     "pytriton/server/_watchdog.py": (
         frozenset({PROC}),
         "the crash guard runs as `python -S <file>` without pytriton on sys.path, so it keeps its own scan",
     ),
-    "pytriton/server/_allocator.py": (frozenset({PROC}), "reads /proc/meminfo for the memory cap: to _platform/"),
     "pytriton/inprocess/_private_modes.py": (
         frozenset({CTYPES, PROC}),
         "GOT trampolines (/proc/self/maps, mmap'd machine code): off the default path in issue 43 item 4",

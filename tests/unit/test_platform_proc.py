@@ -80,3 +80,16 @@ def test_the_real_proc_agrees_with_os():
     finally:
         child.kill()
         child.wait()
+
+
+def test_meminfo_in_bytes(tmp_path):
+    path = tmp_path / "meminfo"
+    path.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nHugePages_Total:       0\nSwapTotal:  1000 kB\n")
+    assert proc.meminfo(str(path)) == {
+        "MemTotal": 24_000_000 * 1024,
+        "MemFree": 100 * 1024,
+        "HugePages_Total": 0,
+        "SwapTotal": 1000 * 1024,
+    }
+    assert proc.meminfo(str(tmp_path / "missing")) == {}
+    assert proc.meminfo()["MemTotal"] > 0  # the real one
