@@ -128,3 +128,42 @@ def test_auto_starts_when_ptrace_is_refused_and_warns_once_with_the_cause(ports,
     hidden = [message for message in warnings if "access token hidden" in message]
     assert len(hidden) == 1 and "ptrace_scope is 3" in hidden[0], warnings
     _assert_clean(*info)
+
+
+# -- the in-process server (Triton(embedded=True)) ------------------------------------------------------------
+
+
+def test_off_serves_in_process_without_patching_the_backend_or_guarding_regions(monkeypatch):
+    from pytriton.inprocess import _private_modes
+    from pytriton.server import _shm_guard
+
+    monkeypatch.setenv("PYTRITON_HARDENING", "off")
+    monkeypatch.setattr(_private_modes, "protect_python_backend", lambda *a: pytest.fail("off patches nothing"))
+    monkeypatch.setattr(_shm_guard.ShmGuard, "start", lambda self: pytest.fail("off starts no guard"))
+    triton = Triton(embedded=True)
+    try:
+        spec = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+        triton.bind("Echo", identity, spec, spec)
+        triton.run()
+        assert triton.client("Echo").infer_sample(np.arange(3, dtype=np.float32))["x"].tolist() == [0.0, 1.0, 2.0]
+        prefix = triton._shm_prefix
+    finally:
+        triton.stop()
+    assert wait_for(lambda: not shm_entries(prefix), 10), f"/dev/shm leftovers: {shm_entries(prefix)}"
+
+
+def test_strict_refuses_an_in_process_start_whose_backend_cannot_be_protected(monkeypatch):
+    from pytriton.inprocess import _private_modes
+
+    monkeypatch.setenv("PYTRITON_HARDENING", "strict")
+    monkeypatch.setattr(_private_modes, "protect_python_backend", lambda *a: False)
+    monkeypatch.setattr(_private_modes, "refusal", lambda: "no trampolines on this test's architecture")
+    triton = Triton(embedded=True)
+    try:
+        spec = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+        triton.bind("Echo", identity, spec, spec)
+        with pytest.raises(PyTritonServerError) as raised:
+            triton.run()
+    finally:
+        triton.stop()
+    assert "inprocess-modes" in str(raised.value) and "no trampolines on this test's architecture" in str(raised.value)
