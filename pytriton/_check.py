@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 OK, FAIL, INFO = "ok", "fail", "info"
 _RELEVANT_ENV = re.compile(r"^(PYTRITON_|TRITON|TRITONSERVER|LD_LIBRARY_PATH$|CUDA_VISIBLE_DEVICES$)")
@@ -162,6 +162,75 @@ def check_private_launch() -> List[Item]:
     ]
 
 
+def check_hardening(
+    environ: Optional[Mapping[str, str]] = None,
+    probe: Optional[Callable[[], Tuple[Optional[str], Optional[str]]]] = None,
+) -> List[Item]:
+    """The hardening mode (``PYTRITON_HARDENING``) and which protections a server started now would have.
+
+    ``probe`` (default: the private launch tried on this Python) returns ``(trace problem, filter problem)``.
+    Under ``strict`` a protection the platform refuses is a failure (the server would not start); under
+    ``auto`` it is information (the server starts without it, with a warning); under ``off`` none applies.
+    """
+    from pytriton._platform import hardening
+    from pytriton.exceptions import PyTritonValidationError
+
+    environ = os.environ if environ is None else environ
+    try:
+        mode = hardening.resolve(None, environ)
+    except PyTritonValidationError as exc:
+        return [Item("hardening", FAIL, str(exc), "set PYTRITON_HARDENING to off, auto or strict")]
+    names = (hardening.HIDDEN_TOKEN, hardening.CHMOD_FILTER, hardening.SHM_GUARD)
+    if mode == hardening.OFF:
+        return [Item("hardening", INFO, "off: pytriton applies none of its protections (docs/security.md)")] + [
+            Item(f"protection {name}", INFO, "inactive (PYTRITON_HARDENING=off)") for name in names
+        ]
+    if probe is None:
+        from pytriton.server import _launch
+
+        def probe() -> Tuple[Optional[str], Optional[str]]:
+            return _launch.probe(sys.executable)
+
+    try:
+        trace_problem, filter_problem = probe()
+    except (OSError, subprocess.SubprocessError) as exc:
+        trace_problem = filter_problem = str(exc)
+    problems = {
+        hardening.HIDDEN_TOKEN: trace_problem,
+        hardening.CHMOD_FILTER: filter_problem,
+        hardening.SHM_GUARD: None if _shm_guard_starts() else "inotify is unavailable here",
+    }
+    items = [Item("hardening", INFO, f"{mode} (PYTRITON_HARDENING or TritonConfig.hardening; default auto)")]
+    for name in names:
+        problem = problems[name]
+        if problem is None:
+            items.append(Item(f"protection {name}", OK, f"active: {hardening.WHAT[name]}"))
+        elif mode == hardening.STRICT:
+            items.append(
+                Item(
+                    f"protection {name}",
+                    FAIL,
+                    f"refused ({problem}): strict refuses to start",
+                    "fix the cause, or use auto",
+                )
+            )
+        else:
+            items.append(
+                Item(f"protection {name}", INFO, f"inactive ({problem}): auto starts without it, with a warning")
+            )
+    return items
+
+
+def _shm_guard_starts() -> bool:
+    from pytriton.server._shm_guard import ShmGuard
+
+    guard = ShmGuard("pytriton-check-")
+    try:
+        return guard.start()
+    finally:
+        guard.stop()
+
+
 def _port_free(address: str, port: int) -> bool:
     """True when tritonserver could bind ``port`` (a port with connections in TIME_WAIT is free for it)."""
     from pytriton.server.process import port_taken
@@ -293,6 +362,7 @@ def run_checks(
     items: List[Item] = [Item("pytriton", INFO, __version__)]
     for section in (check_platform, check_python, check_numpy, check_server, check_shm, check_private_launch):
         items.extend(section())
+    items.extend(check_hardening(environ))
     items.extend(check_ports(environ, ports=ports))
     if smoke:
         items.extend(smoke_test())

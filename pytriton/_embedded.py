@@ -39,6 +39,7 @@ from pytriton import inprocess
 from pytriton._backend import StopHooks
 from pytriton._launched import LocalBackend
 from pytriton._plan import LaunchPlan
+from pytriton._platform import proc
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
@@ -108,24 +109,14 @@ def stub_environment(target: Mapping[str, str]) -> Iterator[None]:
 
 def _stub_pids(repository_prefixes: Sequence[str]) -> List[int]:
     """Backend stubs that are children of this process and serve a model of one of the repositories."""
-    own = str(os.getpid())
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for pid in proc.children(os.getpid(), running_only=True):  # a zombie holds nothing any more
+        words = proc.cmdline(pid)
+        if not words:
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat_file:
-                stat = stat_file.read().decode(errors="replace")
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if len(fields) < 2 or fields[1] != own or fields[0] == "Z":  # a zombie holds nothing any more
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline_file:
-                words = cmdline_file.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        is_stub = bool(words) and words[0].endswith("triton_python_backend_stub")
+        is_stub = words[0].endswith("triton_python_backend_stub")
         if is_stub and any(word.startswith(prefix) for word in words for prefix in repository_prefixes):
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 from pytriton._backend import Registry, StopHooks
 from pytriton._endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
 from pytriton._plan import LaunchPlan
+from pytriton._platform import hardening
 from pytriton._platform import paths as _paths
 from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
@@ -217,14 +218,17 @@ class LocalBackend:
             malloc_arena_max=self._config.server_malloc_arena_max,
             allocator=self._config.server_allocator,
         )
+        # One mode for this run, restarts included (TritonConfig.hardening, else PYTRITON_HARDENING).
+        env[hardening.ENV] = hardening.resolve(self._config.hardening)
         self._launch = (plan, env)
         server = self._new_server(plan, env)
         server.register_on_exit(self._server_exited)
         self._server = server
         if has_models:
             self.scratch.before_first_load()
-        self._shm_guard.start()
+        guarded = env[hardening.ENV] != hardening.OFF and self._shm_guard.start()
         server.start()
+        self._report_protections(server, env[hardening.ENV], guarded)
         self._start_watchdog(server, socket_dir)
         try:
             self.wait_ready(server, "Triton failed to start", workers.check)
@@ -297,6 +301,18 @@ class LocalBackend:
         self._release_watchdog()
 
     # -- the watchdog ----------------------------------------------------------------------------
+    def _report_protections(self, server: TritonServerProcess, mode: str, guarded: bool) -> None:
+        """Record the shared-memory guard beside the launch's protections; one DEBUG line says which are active."""
+        protections = server.protections or hardening.Protections(mode)
+        if mode == hardening.OFF:
+            protections.skipped(hardening.SHM_GUARD)
+        elif guarded:
+            protections.applied(hardening.SHM_GUARD)
+        else:
+            # Not fatal even under strict: the seccomp filter (active, or strict had refused the start) covers it.
+            protections.skipped(hardening.SHM_GUARD, "inotify is unavailable here")
+        LOGGER.debug("Protections of this server: %s", protections.summary())
+
     def _start_watchdog(self, server: TritonServerProcess, socket_dir: pathlib.Path) -> None:
         read_fd, write_fd = os.pipe()
         paths = [str(socket_dir)]

@@ -229,4 +229,10 @@ def protect_python_backend(backend_directory: pathlib.Path) -> bool:
     return False
 
 
-__all__ = ["CLAMPED", "patch", "protect", "protect_python_backend", "relocations", "trampoline_code"]
+def refusal() -> Optional[str]:
+    """Why :func:`protect_python_backend` last failed in this process (the WARNING's cause); None if it never did."""
+    with _LOCK:
+        return _WARNED[0] if _WARNED else None
+
+
+__all__ = ["CLAMPED", "patch", "protect", "protect_python_backend", "refusal", "relocations", "trampoline_code"]

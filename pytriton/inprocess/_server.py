@@ -43,6 +43,7 @@ from typing import (
     cast,
 )
 
+from pytriton._platform import hardening
 from pytriton.inprocess import _lib, _pool, _private_modes, _request, _teardown
 from pytriton.inprocess._enums import (
     MetricFormat,
@@ -109,9 +110,14 @@ class _StubEnvironment:
                 except PyTritonError as exc:  # no stub environment, static libpython, no install
                     raise UnavailableError(str(exc)) from exc
                 cls.backend_prefix = shm_prefix
-                # The regions are created 0644 inside this process (docs/security.md): narrow them on sight.
-                cls._guard = ShmGuard(shm_prefix)
-                cls._guard.start()
+                # The regions are created 0644 inside this process (docs/security.md): narrow them on sight,
+                # unless PYTRITON_HARDENING=off (strict: a guard that cannot start fails the start).
+                protections = hardening.Protections(hardening.resolve())
+                if protections.enabled:
+                    guard = ShmGuard(shm_prefix)
+                    if not guard.start():
+                        protections.refused(hardening.SHM_GUARD, "inotify is unavailable here")
+                    cls._guard = guard
                 cls._saved = {name: os.environ.get(name) for name in ("PATH", "LD_LIBRARY_PATH")}
                 os.environ["PATH"] = os.pathsep.join([str(stub_bin), os.environ.get("PATH", "")])
                 existing = os.environ.get("LD_LIBRARY_PATH")
@@ -255,8 +261,13 @@ class Server:
             _segments.sweep_dead_owners()
             if lib.path is not None:
                 _lib.preload_backends(pathlib.Path(self.options.backend_directory), lib.path.parent)
-                # Before the server exists: its regions are created 0600 (docs/security.md).
-                _private_modes.protect_python_backend(pathlib.Path(self.options.backend_directory))
+                # Before the server exists: its regions are created 0600 (docs/security.md); not under off,
+                # and under strict a backend that cannot be protected fails the start.
+                protections = hardening.Protections(hardening.resolve())
+                if protections.enabled:
+                    protected = _private_modes.protect_python_backend(pathlib.Path(self.options.backend_directory))
+                    if not protected and protections.mode == hardening.STRICT:
+                        protections.refused(hardening.INPROCESS_MODES, _private_modes.refusal() or "not applied")
             options_handle = ctypes.c_void_p()
             lib.check(lib.TRITONSERVER_ServerOptionsNew(ctypes.byref(options_handle)))
             try:

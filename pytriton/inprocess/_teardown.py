@@ -21,20 +21,18 @@ Unit tests: tests/unit/test_inprocess_teardown.py (a fake ``/proc``).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import FrozenSet, Optional
 
-TASK_DIR = "/proc/self/task"
+from pytriton._platform import proc
+
+TASK_DIR = proc.TASK_DIR
 
 
 def tasks(task_dir: Optional[str] = None) -> Optional[FrozenSet[int]]:
     """The ids of this process's threads, or None where ``/proc`` cannot tell (then nothing is waited for)."""
-    try:
-        return frozenset(int(entry) for entry in os.listdir(task_dir or TASK_DIR) if entry.isdigit())
-    except OSError:
-        return None
+    return proc.tasks(task_dir or TASK_DIR)
 
 
 def _python_threads() -> FrozenSet[int]:

@@ -24,17 +24,16 @@ Unit tests: tests/unit/test_process_instances.py.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import multiprocessing.spawn
 import os
-import signal
 import socket
 import sys
 import threading
 import traceback
 from typing import Any, Dict, List, Union
 
+from pytriton._platform import native
 from pytriton.proxy import _control, _process, _tracing
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
@@ -42,16 +41,12 @@ from pytriton.proxy._control import ControlLink, ControlMessage
 from pytriton.proxy._worker import InstanceWorker, _Session, error_text
 from pytriton.proxy.stubside import _zmq_channel
 
-_PR_SET_PDEATHSIG = 1
 LOGGER = logging.getLogger(__name__)
 
 
 def _die_with_parent(parent_pid: int) -> None:
     """Get SIGKILL when the user's process dies; exit now if it already has (its child was re-parented)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - every Linux libc has prctl
-        pass
+    native.die_with_parent()
     if os.getppid() != parent_pid:
         os._exit(0)
 

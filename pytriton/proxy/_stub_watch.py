@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from pytriton._platform import proc
+
 LOGGER = logging.getLogger("pytriton.triton")
 
 # How long a stub may stay stopped before it is killed (and replaced): Triton fails its requests
@@ -36,35 +38,24 @@ STOPPED_LIMIT_S = float(os.environ.get("PYTRITON_STUB_STOPPED_LIMIT_S", "2.0"))
 POLL_S = 0.25
 
 
-def proc_stat(pid: int) -> List[bytes]:
-    """``/proc/<pid>/stat`` fields after the command name (state first, then ppid); [] if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
+proc_stat = proc.stat_fields  # ``/proc/<pid>/stat`` fields after the command name; [] if the process is gone
 
 
 def start_time(pid: int) -> Optional[int]:
     """The start time of ``pid`` (clock ticks since boot; stat field 22), or None if it is gone."""
-    fields = proc_stat(pid)
-    return int(fields[19]) if len(fields) > 19 else None
+    info = proc.stat(pid)
+    return info.start_time if info is not None else None
 
 
 def is_stub(pid: int) -> bool:
     """True if ``pid`` runs Triton's Python-backend stub (its first argument names the binary)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            program = cmdline.read().split(b"\0", 1)[0]
-    except OSError:
-        return False
-    return program.endswith(b"triton_python_backend_stub")
+    return proc.program_is(pid, "triton_python_backend_stub")
 
 
 def stopped(pid: int) -> bool:
     """True if ``pid`` is a Python-backend stub stopped by a signal (state ``T``; a debugger's ``t`` is not)."""
     fields = proc_stat(pid)
-    return bool(fields) and fields[0] == b"T" and is_stub(pid)
+    return bool(fields) and fields[0] == "T" and is_stub(pid)
 
 
 class StubWatch:
@@ -107,7 +98,7 @@ class StubWatch:
             entries = list(self._watched.items())
         for key, (pid, started, description, since) in entries:
             fields = proc_stat(pid)
-            stopped = len(fields) > 19 and fields[0] == b"T" and int(fields[19]) == started
+            stopped = len(fields) > proc.START_TIME and fields[0] == "T" and int(fields[proc.START_TIME]) == started
             if not stopped:
                 since = None
             elif since is None:

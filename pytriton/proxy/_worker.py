@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ctypes
 import inspect
 import logging
 import socket
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 import numpy as np
 import numpy.typing as npt
 
+from pytriton._platform import native, proc
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _stub_watch, _tracing
@@ -65,13 +65,13 @@ def error_text(exc: BaseException) -> str:
     return f"{name}: {message}" if message else name
 
 
-_proc_stat = _stub_watch.proc_stat  # the fields of /proc/<pid>/stat after the command name
+_proc_stat = proc.stat_fields  # the fields of /proc/<pid>/stat after the command name
 
 
 def _process_running(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie (a killed stub stays a zombie until Triton reaps it)."""
     fields = _proc_stat(pid)
-    return bool(fields) and fields[0] not in (b"Z", b"X")
+    return bool(fields) and fields[0] not in ("Z", "X")
 
 
 class CancelProbe:
@@ -132,13 +132,7 @@ class CallAbandoned(BaseException):
     """
 
 
-def _raise_in_thread(ident: int, exc_type: Type[BaseException]) -> bool:
-    """Ask Python to raise ``exc_type`` in the thread ``ident``; False if that thread is gone.
-
-    Python raises it at the thread's next eval-breaker check (a loop's backward jump, a function's
-    start), which in pure-Python code comes within a few bytecodes.
-    """
-    return bool(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type)))
+_raise_in_thread = native.raise_in_thread  # Python raises it at the thread's next eval-breaker check
 
 
 class _StubLeft(Exception):

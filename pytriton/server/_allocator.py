@@ -27,6 +27,7 @@ import pathlib
 import sysconfig
 from typing import Dict, List, Optional, Sequence
 
+from pytriton._platform import proc
 from pytriton.exceptions import PyTritonValidationError
 
 LOGGER = logging.getLogger("pytriton.triton")
@@ -127,7 +128,7 @@ def preload(env: Dict[str, str], library: Optional[pathlib.Path]) -> None:
         env.setdefault("MALLOC_CONF", JEMALLOC_CONF)
 
 
-def data_limit(env: Dict[str, str], meminfo: str = "/proc/meminfo") -> Optional[int]:
+def data_limit(env: Dict[str, str], meminfo: Optional[str] = None) -> Optional[int]:
     """The soft ``RLIMIT_DATA`` for a server started with ``env``: the machine's RAM plus swap under jemalloc, else None.
 
     jemalloc maps memory with ``MAP_NORESERVE`` wherever the kernel overcommits heuristically (the
@@ -138,16 +139,10 @@ def data_limit(env: Dict[str, str], meminfo: str = "/proc/meminfo") -> Optional[
     """
     if "jemalloc" not in env.get("LD_PRELOAD", ""):
         return None
-    sizes = {}
-    try:
-        with open(meminfo) as file:
-            for line in file:
-                name, _, rest = line.partition(":")
-                if name in ("MemTotal", "SwapTotal"):
-                    sizes[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
+    sizes = proc.meminfo(meminfo) if meminfo is not None else proc.meminfo()
+    if "MemTotal" not in sizes:
         return None
-    return sum(sizes.values()) if "MemTotal" in sizes else None
+    return sizes["MemTotal"] + sizes.get("SwapTotal", 0)
 
 
 __all__ = ["CHOICES", "JEMALLOC_CONF", "data_limit", "find", "library_dirs", "preload", "resolve"]

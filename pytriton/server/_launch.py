@@ -42,7 +42,9 @@ import signal
 import struct
 import subprocess
 import time
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+
+from pytriton._platform import hardening, proc
 
 LOGGER = logging.getLogger("pytriton.server.process")  # where the server's launch has always logged
 
@@ -53,7 +55,7 @@ HIDDEN_ENV_PREFIX = "PYTRITON_HIDDEN_ARG_"
 PLACEHOLDER = "hidden:see-pytriton-docs-security"
 """What ``/proc/<pid>/cmdline`` shows in place of the secret (an invalid value: never a usable flag)."""
 
-YAMA_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+YAMA_PTRACE_SCOPE = "kernel/yama/ptrace_scope"  # under /proc/sys
 _STOP_TIMEOUT_S = 30.0  # exec of the server takes milliseconds; this only bounds a wait that went wrong
 _PTRACE_TRACEME = 0
 _PTRACE_DETACH = 17
@@ -230,34 +232,15 @@ class PrivateLaunch:
     @staticmethod
     def filtered(pid: int) -> Optional[bool]:
         """Whether process ``pid`` runs under a seccomp filter (``/proc/<pid>/status``); None if it is gone."""
-        try:
-            with open(f"/proc/{pid}/status", "rb") as status:
-                for line in status:
-                    if line.startswith(b"Seccomp:"):
-                        return line.split()[1] == b"2"
-        except OSError:
+        if proc.stat(pid) is None:
             return None
-        return False
+        return proc.status_int(pid, "Seccomp") == 2
 
 
 REAPED = (
     "the new process's stop after exec never reached pytriton: another thread of this process reaps "
     "children with waitpid(-1) (a SIGCHLD handler or a child reaper), so the process could not be traced"
 )
-
-
-def _read_int(path: str, prefix: Optional[str] = None) -> Optional[int]:
-    """The integer in file ``path`` (or after ``prefix`` on one of its lines); None if unreadable."""
-    try:
-        with open(path) as source:
-            for line in source:
-                if prefix is None:
-                    return int(line.split()[0])
-                if line.startswith(prefix):
-                    return int(line[len(prefix) :].split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def trace_refusal(error: Optional[int], ptrace_scope: Optional[int], seccomp_mode: Optional[int]) -> str:
@@ -294,7 +277,7 @@ def _refusal_from_report(report_fd: int) -> str:
     with contextlib.suppress(OSError):
         data = os.read(report_fd, 64)
     error = int(data) if data.strip().isdigit() else None
-    return trace_refusal(error, _read_int(YAMA_PTRACE_SCOPE), _read_int("/proc/self/status", "Seccomp:"))
+    return trace_refusal(error, proc.kernel_int(YAMA_PTRACE_SCOPE), proc.status_int("self", "Seccomp"))
 
 
 _POINTER = struct.Struct("@P")
@@ -312,9 +295,11 @@ def redirect_argv(pid: int, argv: List[str], hidden: Dict[int, str]) -> None:
     pointers; the environment strings lie between ``env_start`` and ``env_end`` (fields 50-51).
     Every assumption is checked (argc, the placeholder string, the variable) before anything is written.
     """
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rsplit(b")", 1)[1].split()
-    start_stack, env_start, env_end = int(fields[25]), int(fields[47]), int(fields[48])
+    fields = proc.stat_fields(pid)
+    if len(fields) <= proc.ENV_END:
+        raise OSError(f"process {pid} is gone, or its /proc/{pid}/stat is cut short")
+    start_stack, env_start = int(fields[proc.START_STACK]), int(fields[proc.ENV_START])
+    env_end = int(fields[proc.ENV_END])
     with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
         mem.seek(start_stack)
         (argc,) = _POINTER.unpack(mem.read(_POINTER.size))
@@ -338,29 +323,76 @@ def redirect_argv(pid: int, argv: List[str], hidden: Dict[int, str]) -> None:
 
 
 def spawn(
-    argv: List[str], env: Dict[str, str], before_exec: Callable[[], None], **popen: object
+    argv: List[str],
+    env: Dict[str, str],
+    before_exec: Callable[[], None],
+    *,
+    protections: Optional[hardening.Protections] = None,
+    **popen: object,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` privately (:class:`PrivateLaunch`); ``popen`` are further ``subprocess.Popen`` arguments.
 
-    ``before_exec`` runs in the child first (e.g. a parent-death signal). Where the kernel refuses the
-    trace, or the new process's stack is not as expected, a WARNING says the token is then visible and
-    the process is started with ``argv`` as given; where it refuses the filter, a WARNING says so.
-    Must be called from the thread that will not exit while the launch runs (the tracer is that thread).
+    ``before_exec`` runs in the child first (e.g. a parent-death signal). ``protections`` (default: a
+    new record in the mode of ``PYTRITON_HARDENING``) receives what was applied: under ``off`` the
+    process is started plainly (no trace, no filter, argv as given). Under ``auto``, where the kernel
+    refuses the trace, or the new process's stack is not as expected, a WARNING (once per cause) says
+    the token is then visible and the process is started with ``argv`` as given; where it refuses the
+    filter, a WARNING says so. Under ``strict`` either refusal raises ``PyTritonServerError`` naming the
+    cause, and no process is left running. Must be called from the thread that will not exit while
+    the launch runs (the tracer is that thread).
     """
+    if protections is None:
+        protections = hardening.Protections(hardening.resolve())
+    if not protections.enabled:
+        protections.skipped(hardening.HIDDEN_TOKEN)
+        protections.skipped(hardening.CHMOD_FILTER)
+        LOGGER.debug("Starting tritonserver (PYTRITON_HARDENING=off: no private launch): %s", _shown(argv))
+        plain = _try_spawn(PrivateLaunch(argv, env, traced=False, filtered=False), before_exec, popen)
+        assert isinstance(plain, subprocess.Popen)  # nothing is traced: Popen raised otherwise
+        return plain
     launch = PrivateLaunch(argv, env)
+    if not launch.filtering:
+        protections.refused(hardening.CHMOD_FILTER, f"no seccomp filter is defined for {platform.machine()}")
     LOGGER.debug("Starting tritonserver: %s", " ".join(launch.argv))  # secrets replaced by placeholders
     reason = _try_spawn(launch, before_exec, popen)
     if isinstance(reason, subprocess.Popen):
-        return reason
-    LOGGER.warning(
-        "Cannot start tritonserver with its access token hidden (%s): the token is in its command line, "
-        "readable by every local user in /proc/<pid>/cmdline. Allow a process to trace its own children "
-        "(Yama kernel.yama.ptrace_scope <= 1, seccomp allowing ptrace) to close this (docs/security.md).",
-        reason,
-    )
-    fallback = _try_spawn(PrivateLaunch(argv, env, traced=False), before_exec, popen)
-    assert isinstance(fallback, subprocess.Popen)  # nothing is traced: Popen raised otherwise
-    return fallback
+        process = reason
+        if launch.hidden:
+            protections.applied(hardening.HIDDEN_TOKEN)
+        else:
+            protections.skipped(hardening.HIDDEN_TOKEN, "no access token on the command line")
+    else:
+        protections.refused(  # raises under strict
+            hardening.HIDDEN_TOKEN,
+            reason,
+            f"Cannot start tritonserver with its access token hidden ({reason}): the token is in its command line, "
+            "readable by every local user in /proc/<pid>/cmdline. Allow a process to trace its own children "
+            "(Yama kernel.yama.ptrace_scope <= 1, seccomp allowing ptrace) to close this (docs/security.md).",
+        )
+        fallback = _try_spawn(PrivateLaunch(argv, env, traced=False), before_exec, popen)
+        assert isinstance(fallback, subprocess.Popen)  # nothing is traced: Popen raised otherwise
+        process = fallback
+    if launch.filtering:
+        if launch.filtered(process.pid) is False:
+            try:
+                protections.refused(
+                    hardening.CHMOD_FILTER,
+                    "the kernel refused the seccomp filter",
+                    "The kernel refused the seccomp filter: the Python backend's shared-memory regions are "
+                    "readable by other local users until pytriton narrows them (docs/security.md).",
+                )
+            except BaseException:
+                process.kill()  # strict: no server runs without the protection
+                process.wait()
+                raise
+        else:
+            protections.applied(hardening.CHMOD_FILTER)
+    return process
+
+
+def _shown(argv: List[str]) -> str:
+    """``argv`` for a log line, each secret flag's value replaced by the placeholder."""
+    return " ".join(hide_secrets(argv, {})[0])
 
 
 def _try_spawn(
@@ -399,12 +431,18 @@ def _try_spawn(
     except OSError as exc:
         process.wait()
         return str(exc)
-    if launch.filtering and launch.filtered(process.pid) is False:
-        LOGGER.warning(
-            "The kernel refused the seccomp filter: the Python backend's shared-memory regions are "
-            "readable by other local users until pytriton narrows them (docs/security.md)."
-        )
     return process
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hold back this module's WARNINGs (a probe reports its findings itself)."""
+    level = LOGGER.level
+    LOGGER.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        LOGGER.setLevel(level)
 
 
 def probe(executable: str) -> Tuple[Optional[str], Optional[str]]:
@@ -419,16 +457,26 @@ def probe(executable: str) -> Tuple[Optional[str], Optional[str]]:
         f"import os; a = os.environ.get('{HIDDEN_ENV_PREFIX}4', '');"
         "print(sys.argv[1] == a != '' and a.encode() not in c, any(l.split() == ['Seccomp:', '2'] for l in s.splitlines()))"
     )
-    captured: List[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: captured.append(record.getMessage())  # type: ignore[method-assign]
-    LOGGER.addHandler(handler)
-    try:
-        process = spawn([executable, "-S", "-c", code, flag], dict(os.environ), lambda: None, stdout=subprocess.PIPE)
+    # Always tried as under auto (a refusal is recorded, not raised), and without the fallback warnings.
+    protections = hardening.Protections(hardening.AUTO)
+    with _quiet():
+        process = spawn(
+            [executable, "-S", "-c", code, flag],
+            dict(os.environ),
+            lambda: None,
+            protections=protections,
+            stdout=subprocess.PIPE,
+        )
         out, _ = process.communicate(timeout=60)
-    finally:
-        LOGGER.removeHandler(handler)
+    causes = {record.name: record.cause for record in protections.records() if not record.active}
     hidden, filtered = (out.decode().split() + ["False", "False"])[:2]
-    trace_problem = None if hidden == "True" else (captured[0] if captured else "the flag did not arrive hidden")
-    filter_problem = None if filtered == "True" else "the kernel refused the seccomp filter"
+    trace_problem = None
+    if hidden != "True":
+        trace_problem = (
+            f"{causes.get(hardening.HIDDEN_TOKEN, 'the flag did not arrive hidden')}: the token would be in the "
+            "server's command line, readable by every local user in /proc/<pid>/cmdline"
+        )
+    filter_problem = (
+        None if filtered == "True" else causes.get(hardening.CHMOD_FILTER, "the kernel refused the seccomp filter")
+    )
     return trace_problem, filter_problem

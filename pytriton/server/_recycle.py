@@ -16,23 +16,11 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Tuple
+
+from pytriton._platform import proc as _proc
 
 _STUB = "triton_python_backend_stub"
-
-
-def _children(pid: int, proc: pathlib.Path) -> Iterator[int]:
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # the command may contain spaces or parentheses: the fields start after the last ")"
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1] == str(pid):
-            yield int(entry.name)
 
 
 def _resident(path: pathlib.Path) -> int:
@@ -62,7 +50,7 @@ def stub_regions(
     server_pid: int,
     repository: pathlib.Path,
     region_prefix: str,
-    proc: pathlib.Path = pathlib.Path("/proc"),
+    proc: pathlib.Path = pathlib.Path(_proc.PROC),
     shm: pathlib.Path = pathlib.Path("/dev/shm"),
 ) -> Dict[int, Tuple[str, int]]:
     """``{stub pid: (model name, resident bytes of its region)}`` for the stubs of ``server_pid``.
@@ -73,12 +61,8 @@ def stub_regions(
     """
     found: Dict[int, Tuple[str, int]] = {}
     root = str(repository).rstrip("/") + "/"
-    for pid in _children(server_pid, proc):
-        try:
-            argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        words = [word.decode(errors="replace") for word in argv if word]
+    for pid in _proc.children(server_pid, str(proc)):
+        words = [word for word in _proc.cmdline(pid, str(proc)) or [] if word]
         if not words or not words[0].endswith(_STUB):
             continue
         model = next((word[len(root) :].split("/", 1)[0] for word in words if word.startswith(root)), None)

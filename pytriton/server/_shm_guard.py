@@ -17,7 +17,6 @@ Unit test: tests/unit/test_security.py (new and reopened entries made private).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import select
@@ -25,6 +24,7 @@ import struct
 import threading
 from typing import Optional, Tuple
 
+from pytriton._platform import native
 from pytriton.proxy.stubside import _arena, _segments
 
 LOGGER = logging.getLogger(__name__)
@@ -54,15 +54,8 @@ class ShmGuard:
         if self._thread is not None:
             return True
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            descriptor = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
-            if descriptor < 0:
-                raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-            if libc.inotify_add_watch(descriptor, _arena.SHM_DIR.encode(), _IN_CREATE | _IN_ATTRIB) < 0:
-                error = ctypes.get_errno()
-                os.close(descriptor)
-                raise OSError(error, f"cannot watch {_arena.SHM_DIR}")
-        except (OSError, AttributeError) as exc:
+            descriptor = native.inotify_watch(_arena.SHM_DIR, _IN_CREATE | _IN_ATTRIB)
+        except OSError as exc:
             LOGGER.info(
                 "Cannot watch %s (%s); backend regions are made private by the stubs only.", _arena.SHM_DIR, exc
             )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import functools
 import http.client
 import logging
@@ -26,6 +25,7 @@ import threading
 import time
 from typing import IO, Callable, Deque, Dict, List, Optional
 
+from pytriton._platform import hardening, native, proc
 from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy.stubside import _stub_print
 from pytriton.server import _allocator, _launch
@@ -35,7 +35,6 @@ LOGGER = logging.getLogger(__name__)
 # (log_verbose), so that they can be shown or silenced apart from pytriton's messages.
 SERVER_LOG = logging.getLogger("pytriton.server.log")
 
-_PR_SET_PDEATHSIG = 1
 _ERROR_LINE = re.compile(
     r"^(E\d{4} |error:|Error:)|Bad option|invalid argument|unrecognized option|Unexpected argument"
 )
@@ -52,29 +51,16 @@ _PYTHON_INSTANCE = re.compile(r"python_be\.cc:\d+\] \"TRITONBACKEND_ModelInstanc
 _IN_USE = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
-def _load_prctl() -> Optional[Callable[..., int]]:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()  # resolved before fork: the child must not load libraries
-
-
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    native.die_with_parent()
 
 
 def _private_bytes(pid: int) -> int:
     """``VmData`` of ``pid`` in bytes: what ``RLIMIT_DATA`` counts (private writable mappings, stacks of threads included)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) * 1024
-    raise ValueError(f"no VmData for pid {pid}")
+    kilobytes = proc.status_int(pid, "VmData")
+    if kilobytes is None:
+        raise ValueError(f"no VmData for pid {pid}")
+    return kilobytes * 1024
 
 
 def _prepare_child(data_limit: Optional[int]) -> None:  # runs in the child between fork and exec
@@ -98,8 +84,10 @@ def raise_open_files_limit() -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         target = hard
         if target == resource.RLIM_INFINITY:
-            with open("/proc/sys/fs/nr_open") as nr_open:
-                target = int(nr_open.read())
+            nr_open = proc.kernel_int("fs/nr_open")
+            if nr_open is None:
+                raise OSError("fs.nr_open could not be read")
+            target = nr_open
         if soft != resource.RLIM_INFINITY and soft >= target:
             return
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
@@ -114,10 +102,10 @@ def kill_stub(pid: int) -> bool:
 
     Checks the command line first, so a pid reused by another process is never touched.
     """
+    argv = proc.cmdline(pid)
+    if argv is None or not any("triton_python_backend_stub" in word for word in argv):
+        return False
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            if b"triton_python_backend_stub" not in cmdline.read():
-                return False
         os.kill(pid, signal.SIGKILL)
     except (OSError, ValueError):
         return False
@@ -126,17 +114,7 @@ def kill_stub(pid: int) -> bool:
 
 def group_members(pgid: int) -> List[int]:
     """The pids of group ``pgid`` that run (zombies, which hold no memory, locks or sockets, do not count)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat:
-                    fields = stat.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                members.append(int(entry))
-    return members
+    return proc.group_members(pgid)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -211,6 +189,8 @@ class TritonServerProcess:
         self._listening = False
         self._python_backend_started = False
         self._lock = threading.Lock()
+        self.protections: Optional[hardening.Protections] = None
+        """What the last :meth:`start` applied (mode: ``PYTRITON_HARDENING`` in ``env``, else the process's)."""
 
     @property
     def pid(self) -> Optional[int]:
@@ -274,11 +254,16 @@ class TritonServerProcess:
         self._on_exit.append(callback)
 
     def start(self) -> None:
-        """Spawn the server. Returns at once; use :meth:`wait_until_ready`."""
+        """Spawn the server. Returns at once; use :meth:`wait_until_ready`.
+
+        Raises ``PyTritonServerError`` under ``PYTRITON_HARDENING=strict`` when a protection cannot be applied.
+        """
+        self.protections = hardening.Protections(hardening.resolve(None, self._env))
         self._process = _launch.spawn(
             self._argv,
             self._env,
             functools.partial(_prepare_child, _allocator.data_limit(self._env)),
+            protections=self.protections,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -16,6 +16,7 @@ import pathlib
 import typing
 from typing import Any, Dict, List, Mapping, Optional
 
+from pytriton._platform import hardening as _hardening
 from pytriton.exceptions import PyTritonValidationError
 
 LOGGER = logging.getLogger(__name__)
@@ -56,6 +57,9 @@ class TritonConfig:
       stubs: ``"auto"`` (default: jemalloc when installed, else glibc's with a warning naming the
       package), ``"jemalloc"``, ``"tcmalloc"``, ``"glibc"`` or a library's absolute path. See
       docs/soak.md, "Server memory and the allocator".
+    * ``hardening``: ``"auto"`` (default), ``"strict"`` or ``"off"``: which of pytriton's protections
+      the server is started with (also ``PYTRITON_HARDENING``; this field wins). See docs/security.md,
+      "Hardening modes".
     * ``disable_auto_complete_config``: pytriton sends complete model configs, so Triton's config
       auto-completion (one extra stub start per model load) is off unless this is set to ``False``.
     * ``max_request_bytes``: the largest request (the sum of its input tensors' bytes, strings
@@ -130,6 +134,7 @@ class TritonConfig:
     python_backend_shm_recycle_idle_secs: Optional[int] = None
     server_malloc_arena_max: Optional[int] = None
     server_allocator: Optional[str] = None
+    hardening: Optional[str] = None
     max_request_bytes: Optional[int] = None
     callable_metrics: Optional[bool] = None
     tritonserver_dir: Optional[pathlib.Path] = None
@@ -145,6 +150,8 @@ class TritonConfig:
                 setattr(self, field.name, _coerce(kind, value))
             except (TypeError, ValueError) as exc:
                 raise PyTritonValidationError(f"TritonConfig.{field.name}={value!r} is invalid: {exc}") from None
+        if self.hardening is not None:
+            self.hardening = _hardening.parse(self.hardening, "TritonConfig.hardening")
         if self.allow_http is False and self.allow_grpc is False:
             raise PyTritonValidationError(
                 "TritonConfig allows neither HTTP nor gRPC; enable at least one of "

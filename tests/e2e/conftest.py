@@ -91,6 +91,7 @@ FULL_RUN_ONLY: FrozenSet[str] = frozenset(
         "test_drain.py",
         "test_embedded.py",
         "test_examples.py",
+        "test_hardening.py",
         "test_healing.py",
         "test_hostile_requests.py",
         "test_inprocess_example.py",

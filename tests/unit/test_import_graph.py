@@ -41,11 +41,61 @@ def _resolve(importer: str, is_package: bool, level: int, module: Optional[str])
     return ".".join(base + ([module] if module else []))
 
 
+# Packages known under another name where they run: the stub loads pytriton/proxy/stubside as this package.
+ALIASES = {"_pytriton_stubside": "pytriton.proxy.stubside"}
+
+
+def _constants(tree: ast.Module) -> Dict[str, str]:
+    """Module-level ``NAME = "text"`` assignments (what a by-name import may refer to)."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = node.value.value
+    return found
+
+
+def _text(node: ast.expr, constants: Dict[str, str]) -> Optional[str]:
+    """The string ``node`` evaluates to, when built from literals and module-level string constants only."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    if isinstance(node, ast.JoinedStr):
+        parts = [
+            _text(value.value if isinstance(value, ast.FormattedValue) else value, constants) for value in node.values
+        ]
+        return None if any(part is None for part in parts) else "".join(parts)  # type: ignore[arg-type]
+    return None
+
+
+def _by_name(node: ast.Call, constants: Dict[str, str]) -> Optional[str]:
+    """The module an ``importlib.import_module(...)`` or ``__import__(...)`` call names, when it can be read."""
+    function = node.func
+    named = (isinstance(function, ast.Attribute) and function.attr == "import_module") or (
+        isinstance(function, ast.Name) and function.id in ("import_module", "__import__")
+    )
+    if not named or not node.args:
+        return None
+    name = _text(node.args[0], constants)
+    if name is None:
+        return None
+    head, _, rest = name.partition(".")
+    return ".".join(filter(None, [ALIASES.get(head, head), rest]))
+
+
 def _targets(importer: str, path: pathlib.Path, modules: Dict[str, pathlib.Path]) -> Iterator[str]:
-    """Every module of the tree that ``importer`` imports anywhere in its source."""
+    """Every module of the tree that ``importer`` imports anywhere in its source, by name (``importlib``) too."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
+    tree = ast.parse(path.read_text(), str(path))
+    constants = _constants(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            named = _by_name(node, constants)
+            if named is not None and named in modules:
+                yield named
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in modules:
                     yield alias.name
@@ -176,6 +226,20 @@ def test_the_graph_sees_function_level_relative_and_type_checking_imports(tmp_pa
     graph = {name: {t for t in _targets(name, path, modules) if t != name} for name, path in modules.items()}
     assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}}
     assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_the_graph_sees_imports_made_by_name(tmp_path: pathlib.Path) -> None:
+    """``importlib.import_module`` with a literal, a module-level constant or an f-string of constants is an arrow."""
+    modules = {name: tmp_path / f"{name}.py" for name in ("pkg.a", "pkg.b", "pkg.c", "pkg.d")}
+    modules["pkg.a"].write_text('import importlib\nRUNNER = "pkg.b"\ndef f():\n    importlib.import_module(RUNNER)\n')
+    modules["pkg.b"].write_text('PKG = "pkg"\nimport importlib\nimportlib.import_module(f"{PKG}.c")\n')
+    modules["pkg.c"].write_text('__import__("pkg.d")\nimport importlib\nimportlib.import_module(input())\n')
+    modules["pkg.d"].write_text("")
+    graph = {name: set(_targets(name, path, modules)) for name, path in modules.items()}
+    assert graph == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.d"}, "pkg.d": set()}
+    assert _by_name(ast.parse('import_module("_pytriton_stubside._stub")').body[0].value, {}) == (  # type: ignore[attr-defined]
+        "pytriton.proxy.stubside._stub"
+    )
 
 
 def test_every_known_exception_still_exists() -> None:

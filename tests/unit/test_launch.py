@@ -168,7 +168,8 @@ class _RefusingLibc:
 
 def test_the_fallback_warning_names_the_cause_and_the_consequence_not_preexec_fn(monkeypatch, caplog):
     monkeypatch.setattr(_launch, "_LIBC", _RefusingLibc())
-    monkeypatch.setattr(_launch, "_read_int", lambda path, prefix=None: 3 if "yama" in path else 0)
+    monkeypatch.setattr(_launch.proc, "kernel_int", lambda name, root="/proc": 3 if "yama" in name else None)
+    monkeypatch.setattr(_launch.proc, "status_int", lambda pid, key, root="/proc": 0)
     with caplog.at_level(logging.WARNING, logger="pytriton.server.process"):
         process = _launch.spawn(
             [sys.executable, "-c", "import sys; print(sys.argv[1])", SECRET_FLAG],

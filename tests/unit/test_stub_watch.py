@@ -21,7 +21,7 @@ def child():
     process.wait()
 
 
-def _wait_state(pid: int, state: bytes) -> None:
+def _wait_state(pid: int, state: str) -> None:
     deadline = time.monotonic() + 5.0
     while _stub_watch.proc_stat(pid)[0] != state:
         assert time.monotonic() < deadline, f"pid {pid} never reached state {state!r}"
@@ -35,14 +35,14 @@ def test_a_stopped_process_is_killed_after_the_limit_only(child, monkeypatch):
     watch.watch("session", child.pid, "model M (M-0)")
     assert watch.check(100.0) == []  # running: nothing
     os.kill(child.pid, signal.SIGSTOP)
-    _wait_state(child.pid, b"T")
+    _wait_state(child.pid, "T")
     assert watch.check(101.0) == []  # first seen stopped
     assert watch.check(102.5) == []  # 1.5 s
     os.kill(child.pid, signal.SIGCONT)  # resumed in time: the clock starts again
-    _wait_state(child.pid, b"S")
+    _wait_state(child.pid, "S")
     assert watch.check(103.5) == []
     os.kill(child.pid, signal.SIGSTOP)
-    _wait_state(child.pid, b"T")
+    _wait_state(child.pid, "T")
     assert watch.check(104.0) == []
     assert watch.check(106.1) == [child.pid] == killed
     assert watch.check(110.0) == []  # forgotten once killed
@@ -53,7 +53,7 @@ def test_only_python_backend_stubs_are_watched(child):
     watch = _stub_watch.StubWatch(limit_s=0.0, kill=lambda pid: pytest.fail("not a stub: must not be killed"))
     watch.watch("session", child.pid, "model M")  # a python process, not triton_python_backend_stub
     os.kill(child.pid, signal.SIGSTOP)
-    _wait_state(child.pid, b"T")
+    _wait_state(child.pid, "T")
     assert watch.check(1.0) == [] and watch.check(5.0) == []
     os.kill(child.pid, signal.SIGCONT)
     assert not _stub_watch.is_stub(os.getpid())
@@ -66,7 +66,7 @@ def test_a_reused_pid_is_not_killed(child, monkeypatch):
     key_pid, started, description, since = watch._watched["session"]
     watch._watched["session"] = (key_pid, started - 1, description, since)  # as if the stub had been replaced
     os.kill(child.pid, signal.SIGSTOP)
-    _wait_state(child.pid, b"T")
+    _wait_state(child.pid, "T")
     assert watch.check(1.0) == [] and watch.check(3.0) == []
     os.kill(child.pid, signal.SIGCONT)
 
@@ -93,11 +93,11 @@ def test_stopped_is_true_only_for_a_stub_in_a_signal_stop(child):
         assert not _stub_watch.stopped(stub.pid)
         os.kill(stub.pid, signal.SIGSTOP)
         os.kill(child.pid, signal.SIGSTOP)
-        _wait_state(stub.pid, b"T")
-        _wait_state(child.pid, b"T")
+        _wait_state(stub.pid, "T")
+        _wait_state(child.pid, "T")
         assert _stub_watch.stopped(stub.pid) and not _stub_watch.stopped(child.pid)  # the child is no stub
         os.kill(stub.pid, signal.SIGCONT)
-        _wait_state(stub.pid, b"S")
+        _wait_state(stub.pid, "S")
         assert not _stub_watch.stopped(stub.pid)
     finally:
         os.kill(child.pid, signal.SIGCONT)

@@ -1,0 +1,95 @@
+"""The one /proc reader (pytriton/_platform/proc.py) on a fake tree, and once on the real one."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+from pytriton._platform import proc
+
+
+def _process(root: pathlib.Path, pid: int, comm: str, state: str, ppid: int, pgid: int, argv: list) -> None:
+    entry = root / str(pid)
+    entry.mkdir()
+    # fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
+    # priority nice num_threads itrealvalue starttime (22) ...
+    rest = [state, str(ppid), str(pgid)] + ["0"] * 16 + [str(1000 + pid)] + ["0"] * 30
+    (entry / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
+    (entry / "cmdline").write_bytes(b"\0".join(word.encode() for word in argv) + (b"\0" if argv else b""))
+    (entry / "status").write_text(f"Name:\t{comm}\nVmData:\t    2048 kB\nSeccomp:\t2\n")
+
+
+def _tree(tmp_path: pathlib.Path) -> str:
+    _process(tmp_path, 10, "tritonserver", "S", 1, 10, ["/opt/tritonserver", "--model-repository=/r"])
+    _process(tmp_path, 11, "odd) name (x", "S", 10, 10, ["/b/triton_python_backend_stub", "/r/m/1/model.py", "pfx-m_0"])
+    _process(tmp_path, 12, "triton_python_b", "Z", 10, 10, [])  # a zombie: empty command line
+    _process(tmp_path, 13, "other", "T", 2, 13, ["sleep", "60"])
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "task").mkdir()
+    for task in (10, 14):
+        (tmp_path / "self" / "task" / str(task)).mkdir()
+    (tmp_path / "sys" / "kernel" / "yama").mkdir(parents=True)
+    (tmp_path / "sys" / "kernel" / "yama" / "ptrace_scope").write_text("1\n")
+    (tmp_path / "not-a-pid").mkdir()
+    return str(tmp_path)
+
+
+def test_stat_splits_after_the_last_parenthesis(tmp_path):
+    root = _tree(tmp_path)
+    info = proc.stat(11, root)
+    assert info == proc.Stat("S", 10, 10, 1011) and info.running
+    assert proc.stat_fields(11, root)[: proc.PGID + 1] == ["S", "10", "10"]
+    assert proc.stat(12, root).running is False  # zombie
+    assert proc.stat(99, root) is None and proc.stat_fields(99, root) == []  # gone
+
+
+def test_status_cmdline_and_kernel_settings(tmp_path):
+    root = _tree(tmp_path)
+    assert proc.status_int(10, "VmData", root) == 2048 and proc.status_int(10, "Seccomp", root) == 2
+    assert proc.status_field(10, "Missing", root) is None and proc.status_int(99, "VmData", root) is None
+    assert proc.cmdline(11, root) == ["/b/triton_python_backend_stub", "/r/m/1/model.py", "pfx-m_0"]
+    assert proc.cmdline(12, root) == [] and proc.cmdline(99, root) is None
+    assert proc.program_is(11, "triton_python_backend_stub", root)
+    assert not proc.program_is(12, "triton_python_backend_stub", root)  # empty argv
+    assert proc.kernel_int("kernel/yama/ptrace_scope", root) == 1
+    assert proc.kernel_int("kernel/missing", root) is None
+
+
+def test_scans_children_groups_and_tasks(tmp_path):
+    root = _tree(tmp_path)
+    assert sorted(proc.pids(root)) == [10, 11, 12, 13]
+    assert sorted(proc.children(10, root)) == [11, 12]
+    assert proc.children(10, root, running_only=True) == [11]
+    assert sorted(proc.group_members(10, root)) == [10, 11]  # the zombie does not count
+    assert proc.tasks(str(tmp_path / "self" / "task")) == {10, 14}
+    assert proc.tasks(str(tmp_path / "missing")) is None
+    assert proc.pids(str(tmp_path / "missing")) == []
+
+
+def test_the_real_proc_agrees_with_os():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        info = proc.stat(child.pid)
+        assert info is not None and info.ppid == os.getpid()
+        assert child.pid in proc.children(os.getpid())
+        assert proc.cmdline(child.pid)[0] == sys.executable
+        assert proc.owner(child.pid) == os.geteuid()
+        assert proc.stat("self").pgid == os.getpgrp()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_meminfo_in_bytes(tmp_path):
+    path = tmp_path / "meminfo"
+    path.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nHugePages_Total:       0\nSwapTotal:  1000 kB\n")
+    assert proc.meminfo(str(path)) == {
+        "MemTotal": 24_000_000 * 1024,
+        "MemFree": 100 * 1024,
+        "HugePages_Total": 0,
+        "SwapTotal": 1000 * 1024,
+    }
+    assert proc.meminfo(str(tmp_path / "missing")) == {}
+    assert proc.meminfo()["MemTotal"] > 0  # the real one
