@@ -85,3 +85,11 @@ def test_the_reader_writes_the_text_to_this_process(capsys):
     process._write_forwarded("stderr", "M/0", "warned in the stub")
     captured = capsys.readouterr()
     assert captured.out == "printed in the stub\n" and captured.err == "warned in the stub\n"
+
+
+def test_the_forwarder_keeps_the_original_descriptor_for_code_that_writes_to_it_directly(tmp_path):
+    # faulthandler (stubside/_stub_exit.py) asks sys.stderr for its fileno(); a forwarder without
+    # one failed a backend stub's failing initialize with UnsupportedOperation instead of its error.
+    with open(tmp_path / "err", "w") as original:
+        forwarder = _stub_print.LineForwarder(original, "stderr", "M/0")
+        assert forwarder.fileno() == original.fileno() and not forwarder.isatty()

@@ -51,6 +51,13 @@ class LineForwarder(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    def fileno(self) -> int:
+        """The original stream's descriptor: faulthandler and the unload deadline write there directly."""
+        return self._target.fileno()
+
+    def isatty(self) -> bool:
+        return False
+
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
