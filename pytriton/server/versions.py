@@ -108,10 +108,10 @@ def in_range(version: str, bounds: Range) -> bool:
 
 
 def range_text(bounds: Range) -> str:
-    """``("2.44", "2.51")`` -> ``2.44 to 2.51``; open ends read "any" / "and later"."""
+    """``("2.44", "2.51")`` -> ``2.44 to 2.51``; open ends read "up to", "and later", "any version"."""
     low, high = bounds
     if low is None and high is None:
-        return "every version"
+        return "any version"
     if high is None:
         return f"{low} and later"
     if low is None:
@@ -248,7 +248,7 @@ HTTP_MAX_INPUT_SIZE = Gate(
     "http-max-input-size",
     "tritonserver's --http-max-input-size bounds the buffer a JSON input's declared shape allocates; "
     "pytriton passes max_request_bytes through it",
-    "_launched.py (LaunchPlan.http_max_input_size)",
+    "_plan.py (LaunchPlan.http_max_input_size), _launched.py, _remote.py",
     triton=("2.59", None),
 )
 # The backend stub was compiled against numpy 1: with numpy 2 its own conversions return empty

@@ -63,7 +63,7 @@ def test_ranges_compare_on_the_bounds_own_length():
     assert versions.in_range("2.59.0", ("2.59", None)) and not versions.in_range("2.58.9", ("2.59", None))
     assert versions.in_range("2.4.1", ("2", None)) and not versions.in_range("1.26.4", ("2", None))
     assert versions.range_text(("2.59", None)) == "2.59 and later"
-    assert versions.range_text((None, None)) == "every version"
+    assert versions.range_text((None, None)) == "any version"
     with pytest.raises(ValueError, match="not a version"):
         versions.parse("2.51-rc1")
 
@@ -291,3 +291,13 @@ def test_every_file_pinning_2_51_is_covered_by_a_gate_or_states_a_fact():
     }
     uncovered = sorted(pinning - covered - set(_FACTS))
     assert not uncovered, f"name the version range of these workarounds in server/versions.py GATES: {uncovered}"
+
+
+def test_architecture_doc_lists_every_gate_with_its_ranges():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for gate in versions.GATES:
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{gate.name}` |")), None)
+        assert row is not None, f"docs/architecture.md, Version gates: no row for {gate.name}"
+        assert f"Triton {versions.range_text(gate.triton)}" in row, row
+        if gate.numpy is not None:
+            assert f"numpy {versions.range_text(gate.numpy)}" in row, row
