@@ -16,6 +16,8 @@ whether it applies to a given version and logs one DEBUG line per gate and versi
 not. :data:`GATES` is the registry that docs/architecture.md ("Version gates") lists.
 
 This module imports nothing of ``pytriton`` (the stub side may import it too).
+
+Unit tests: tests/unit/test_triton_versions.py.
 """
 
 from __future__ import annotations
