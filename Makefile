@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-all test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test lint docs clean
+.PHONY: demo test test-all test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test test-triton-older lint docs clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,18 @@ test-numpy1: server
 		touch $(NP1_VENV)/.deps; fi; \
 	$(NP1_VENV)/bin/python -c 'import numpy; print("numpy", numpy.__version__)'; \
 	$(NP1_VENV)/bin/python -m pytest -q $(PYTEST_SELECT) $(PYTEST_ARGS)
+
+# An older supported Triton build (docs/development.md, "An older Triton build"): install it beside the
+# default one and run the end-to-end smoke and security tests against it (PYTRITON_TRITON_VERSION).
+# TRITON_OLDER_WHEEL: the nvidia-pytriton wheel of that build on disk (offline; still sha256-checked).
+TRITON_OLDER ?= 2.48
+TRITON_OLDER_WHEEL ?=
+TRITON_OLDER_TESTS ?= tests/e2e/test_check.py tests/e2e/test_lifecycle.py tests/e2e/test_clients.py \
+	tests/e2e/test_security.py tests/e2e/test_hostile_requests.py
+test-triton-older: server
+	$(VENV)/bin/pytriton install-server --triton $(TRITON_OLDER) $(if $(TRITON_OLDER_WHEEL),--from-wheel $(TRITON_OLDER_WHEEL))
+	PYTRITON_TRITON_VERSION=$(TRITON_OLDER) $(VENV)/bin/pytriton check --no-smoke | grep 'server version'
+	PYTRITON_TRITON_VERSION=$(TRITON_OLDER) $(PY) -m pytest -q $(TRITON_OLDER_TESTS) $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.test-deps
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -101,17 +101,18 @@ def check_numpy() -> List[Item]:
 
 
 def check_server() -> List[Item]:
+    """The pinned wheel, the located install and its Triton version (read from the install's files)."""
     from pytriton.exceptions import PyTritonError
-    from pytriton.server import distribution
+    from pytriton.server import distribution, versions
 
-    arch = distribution.machine_arch() if hasattr(distribution, "machine_arch") else platform.machine()
-    pin = distribution.SOURCE_WHEEL_SHA256.get(arch, "none for this architecture")
+    arch = distribution.machine_arch()
+    try:
+        build = versions.resolve(versions.selected_version())
+    except ValueError as exc:
+        return [Item("server version", FAIL, str(exc), f"unset {versions.VERSION_ENV} or name a supported build")]
+    pin = build.sha256.get(arch, "none for this architecture")
     items = [
-        Item(
-            "server wheel pin",
-            INFO,
-            f"{distribution.SOURCE_WHEEL_NAME}=={distribution.SOURCE_WHEEL_VERSION} sha256 {pin}",
-        )
+        Item("server wheel pin", INFO, f"{distribution.SOURCE_WHEEL_NAME}=={build.wheel_version} sha256 {pin}"),
     ]
     try:
         found = distribution.find_server()
@@ -124,7 +125,11 @@ def check_server() -> List[Item]:
         state = "complete" if recorded == pin else f"complete, but from a wheel with sha256 {recorded}"
     else:
         state = "no completion marker (not made by install-server)"
-    items.append(Item("server install", OK, f"Triton {distribution.TRITON_VERSION} at {found.root} ({state})"))
+    items.append(Item("server install", OK, f"Triton {found.version} at {found.root} ({state})"))
+    chosen = f"{versions.VERSION_ENV}" if os.environ.get(versions.VERSION_ENV) else "the default build"
+    items.append(
+        Item("server version", OK, f"Triton {found.version} ({chosen}; supported: {versions.supported_text()})")
+    )
     return items
 
 

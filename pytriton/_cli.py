@@ -51,6 +51,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     install.add_argument("--force", action="store_true", help="reinstall even if already installed")
     install.add_argument(
+        "--triton",
+        metavar="VERSION",
+        help="the Triton build to install beside the others (e.g. 2.48; default 2.51; "
+        "PYTRITON_TRITON_VERSION chooses which one runs; docs/configuration.md)",
+    )
+    install.add_argument(
         "--find-links",
         type=pathlib.Path,
         metavar="DIR",
@@ -119,6 +125,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 stub_env=not args.no_stub_env,
                 stub_pyzmq=args.with_pyzmq,
                 progress=_progress,
+                triton=args.triton,
             )
         elif args.command == "server-command":
             _print_server_command(args)

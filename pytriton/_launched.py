@@ -209,6 +209,7 @@ class LocalBackend:
                 shm_region_prefix=self._prefix,
                 startup_models=startup_models,
                 access=self._access,
+                triton_version=distribution.version,
             ),
         )
         plan = self._final_plan(dataclasses.replace(plan, log_file=None))  # the server object writes the log

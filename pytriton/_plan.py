@@ -30,9 +30,10 @@ import pathlib
 from typing import TYPE_CHECKING, Container, Dict, List, Optional, Tuple
 
 from pytriton.exceptions import PyTritonBadParameterError
+from pytriton.server import versions
 from pytriton.server.command import NOT_FLAGS, LaunchSettings, effective_options
 from pytriton.server.security import AccessPolicy, Restriction
-from pytriton.server.triton_config import TritonConfig
+from pytriton.server.triton_config import DEFAULT_MAX_REQUEST_BYTES, TritonConfig
 
 if TYPE_CHECKING:
     from pytriton import inprocess
@@ -135,6 +136,8 @@ class LaunchPlan:
     cache_config: Tuple[str, ...] = ()
     buffer_manager_thread_count: Optional[int] = None
     pinned_memory_pool_byte_size: Optional[int] = None
+    # Servers from 2.59 bound a JSON input's declared size natively (versions.HTTP_MAX_INPUT_SIZE).
+    http_max_input_size: Optional[int] = None
     endpoints: Tuple[Tuple[str, object], ...] = ()
     http_restrictions: Tuple[Restriction, ...] = dataclasses.field(default=(), repr=False)
     grpc_restrictions: Tuple[Restriction, ...] = dataclasses.field(default=(), repr=False)
@@ -156,6 +159,13 @@ class LaunchPlan:
         cache_directory = config.cache_directory
         if cache_directory is None and launch.cache_directory is not None:
             cache_directory = launch.cache_directory.as_posix()
+        max_request = DEFAULT_MAX_REQUEST_BYTES if config.max_request_bytes is None else config.max_request_bytes
+        # 0 (no limit) leaves the server's own default of a newer server's flag.
+        native_input_limit = (
+            launch.triton_version is not None
+            and max_request > 0
+            and versions.HTTP_MAX_INPUT_SIZE.active(launch.triton_version)
+        )
         return cls(
             binary=binary,
             model_repository=config.model_repository or launch.model_repository,
@@ -185,6 +195,7 @@ class LaunchPlan:
             cache_config=tuple(config.cache_config or ()),
             buffer_manager_thread_count=config.buffer_manager_thread_count,
             pinned_memory_pool_byte_size=config.pinned_memory_pool_byte_size,
+            http_max_input_size=max_request if native_input_limit else None,
             endpoints=tuple(
                 (name, value) for name, value in options.items() if name not in NOT_FLAGS and name not in _TYPED
             ),
@@ -230,6 +241,7 @@ class LaunchPlan:
             ("cache_config", list(self.cache_config)),
             ("buffer_manager_thread_count", self.buffer_manager_thread_count),
             ("pinned_memory_pool_byte_size", self.pinned_memory_pool_byte_size),
+            ("http_max_input_size", self.http_max_input_size),
             ("backend_directory", self.backend_directory),
             ("cache_directory", self.cache_directory),
         ]

@@ -63,6 +63,7 @@ def server_command(
             cache_directory=distribution.cache_dir,
             shm_region_prefix=region_prefix or backend_region_prefix(f"pytriton-remote-{secrets.token_hex(4)}"),
             access=AccessPolicy(config, security),
+            triton_version=distribution.version,
         ),
     )
     env = server_environment(

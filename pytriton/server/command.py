@@ -54,6 +54,9 @@ class LaunchSettings:
     startup_models: List[str] = dataclasses.field(default_factory=list)
     # Restricted endpoints; None: only what the config itself restricts (no security config).
     access: Optional[AccessPolicy] = None
+    # The server's version (ServerDistribution.version), for the flags only some versions have
+    # (server/versions.py gates); None: none of them.
+    triton_version: Optional[str] = None
 
 
 def effective_options(config: TritonConfig) -> Dict[str, Any]:

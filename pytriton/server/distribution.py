@@ -27,22 +27,21 @@ import sysconfig
 from typing import Dict, List, Optional, Tuple
 
 from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledError
+from pytriton.server import versions
 
-TRITON_VERSION = "2.51.0"
+# The default build (versions.BUILDS lists every supported one).
+TRITON_VERSION = versions.DEFAULT_VERSION
 SOURCE_WHEEL_NAME = "nvidia-pytriton"
-SOURCE_WHEEL_VERSION = "0.7.0"
-# sha256 of the official wheels; install-server refuses anything else.
-SOURCE_WHEEL_SHA256: Dict[str, str] = {
-    "x86_64": "21f063ff93bb426d0c06b7a55e7eb9efcfe62c0dddd9a908e9877e18710128df",
-    "aarch64": "f99e07ee56fe065337453956afba17d2673e02ec6a632c3de26ce6e7b32a0898",
-}
+SOURCE_WHEEL_VERSION = versions.BUILDS[TRITON_VERSION].wheel_version
+# sha256 of the official wheels (the same dict as the build's); install-server refuses anything else.
+SOURCE_WHEEL_SHA256: Dict[str, str] = versions.BUILDS[TRITON_VERSION].sha256
 NGC_DIR = pathlib.Path("/opt/tritonserver")
 INSTALL_COMMAND = "pytriton install-server"
 STUB_NUMPY_REQUIREMENT = "numpy>=1.21,<2"
 # Pythons pytriton runs on: the server bundles a backend stub for 3.8 to 3.13 (none for 3.14), and
 # the package needs 3.9 or later. Keep in step with requires-python in pyproject.toml.
 SUPPORTED_PYTHONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((3, 9), (3, 13))
-_COMPLETE_MARKER = ".pytriton-complete"
+_COMPLETE_MARKER = versions.COMPLETE_MARKER
 
 
 def pytriton_home() -> pathlib.Path:
@@ -51,9 +50,17 @@ def pytriton_home() -> pathlib.Path:
     return pathlib.Path(home).expanduser() if home else pathlib.Path.home() / ".cache" / "pytriton"
 
 
-def install_dir(home: Optional[pathlib.Path] = None) -> pathlib.Path:
-    """Directory ``pytriton install-server`` unpacks the server into."""
-    return (home or pytriton_home()) / "tritonserver" / TRITON_VERSION
+def install_dir(home: Optional[pathlib.Path] = None, version: Optional[str] = None) -> pathlib.Path:
+    """Directory ``pytriton install-server`` unpacks build ``version`` into (default: the selected one)."""
+    return (home or pytriton_home()) / "tritonserver" / (version or _selected_version())
+
+
+def _selected_version() -> str:
+    """``PYTRITON_TRITON_VERSION`` resolved, or the default build; a clear error for an unsupported one."""
+    try:
+        return versions.selected_version()
+    except ValueError as exc:
+        raise PyTritonServerNotInstalledError(str(exc)) from None
 
 
 def python_version() -> Tuple[int, int]:
@@ -73,21 +80,25 @@ def supported_pythons_text() -> str:
     return f"{low_major}.{low_minor} to {high_major}.{high_minor}"
 
 
-def check_python_supported(version: Optional[Tuple[int, int]] = None) -> None:
+def check_python_supported(version: Optional[Tuple[int, int]] = None, triton: Optional[str] = None) -> None:
     """Raise ``PyTritonServerError`` at once if pytriton cannot serve models from this Python.
 
-    Triton's Python backend runs each model instance in a stub that embeds CPython; the bundled
-    Triton 2.51 ships that stub for a fixed set of versions only (none for 3.14), so nothing
-    could be served later on.
+    Triton's Python backend runs each model instance in a stub that embeds CPython; each build
+    ships that stub for a fixed set of versions only (2.51: 3.8 to 3.13, 2.48: 3.8 to 3.12; none for
+    3.14), so nothing could be served later on. ``triton``: the build to check against (default:
+    the selected one).
     """
     version = version or python_version()
+    build = versions.BUILDS.get(triton or _selected_version())
     low, high = SUPPORTED_PYTHONS
+    if build is not None:
+        high = min(high, build.pythons[1])
     if low <= version <= high:
         return
     raise PyTritonServerError(
-        f"pytriton supports Python {supported_pythons_text()}; this is Python {version[0]}.{version[1]}. "
-        f"Triton {TRITON_VERSION}'s Python backend ships its model stub (which embeds CPython) for those "
-        "versions only. Create the environment with one of them, e.g. `python3.13 -m venv .venv`."
+        f"pytriton supports Python {low[0]}.{low[1]} to {high[0]}.{high[1]}; this is Python {version[0]}.{version[1]}. "
+        f"Triton {triton or _selected_version()}'s Python backend ships its model stub (which embeds CPython) for those "
+        f"versions only. Create the environment with one of them, e.g. `python{high[0]}.{high[1]} -m venv .venv`."
     )
 
 
@@ -110,6 +121,8 @@ class ServerDistribution:
     backend_dir: pathlib.Path
     library_dirs: List[pathlib.Path]
     cache_dir: Optional[pathlib.Path]
+    # The Triton version, read once from the install's files (versions.read_version); a supported build.
+    version: str = TRITON_VERSION
 
 
 def _describe_candidates(candidates: List[pathlib.Path]) -> str:
@@ -148,14 +161,41 @@ def _as_distribution(root: pathlib.Path) -> Optional[ServerDistribution]:
         backend_dir=backend_dir,
         library_dirs=library_dirs,
         cache_dir=cache_dir if cache_dir.is_dir() else None,
+        version=_supported_version(root),
     )
+
+
+def _supported_version(root: pathlib.Path) -> str:
+    """The install's Triton version if it is a supported build; else a clear error naming the supported ones."""
+    found = versions.read_version(root)
+    if found is None:
+        raise PyTritonServerNotInstalledError(
+            f"Cannot tell which Triton version the server in {root} is: it has no {versions.VERSION_FILE} file "
+            f"(NGC containers and `{INSTALL_COMMAND}` write one). pytriton supports {versions.supported_text()}; "
+            f"if it is one of them, write its version (e.g. 2.51.0) into {root / versions.VERSION_FILE}."
+        )
+    try:
+        versions.resolve(found)
+    except ValueError:
+        raise PyTritonServerNotInstalledError(
+            f"The server in {root} is Triton {found}, which pytriton does not support; supported: "
+            f"{versions.supported_text()}. Run `{INSTALL_COMMAND}` (`--triton VERSION` for another build) "
+            "and unset PYTRITON_TRITONSERVER_DIR, or point it to a supported build."
+        ) from None
+    return found
 
 
 def find_server(explicit_dir: Optional[pathlib.Path] = None) -> ServerDistribution:
-    """Locate a usable server; raise ``PyTritonServerNotInstalledError`` naming the fix if none."""
+    """Locate a usable server of a supported version; raise ``PyTritonServerNotInstalledError`` naming the fix if none.
+
+    The version is read here, once per call, from the install's files, and noted for the version
+    gates (``versions.server_version``). With ``PYTRITON_TRITON_VERSION`` set, only a server of
+    that build is accepted.
+    """
     explicit = explicit_dir or (
         pathlib.Path(os.environ["PYTRITON_TRITONSERVER_DIR"]) if os.environ.get("PYTRITON_TRITONSERVER_DIR") else None
     )
+    wanted = _selected_version()
     if explicit is not None:
         explicit = explicit.expanduser()
         found = _as_distribution(explicit)
@@ -165,17 +205,30 @@ def find_server(explicit_dir: Optional[pathlib.Path] = None) -> ServerDistributi
                 "which was requested through TritonConfig.tritonserver_dir or PYTRITON_TRITONSERVER_DIR. "
                 f"Fix the path, or unset it and run `{INSTALL_COMMAND}`."
             )
-        return found
-    candidates = [install_dir(), NGC_DIR]
+        return _chosen(found, wanted)
+    candidates = [install_dir(version=wanted), NGC_DIR]
     for candidate in candidates:
         found = _as_distribution(candidate)
         if found is not None:
-            return found
+            return _chosen(found, wanted)
+    option = "" if wanted == TRITON_VERSION else f" --triton {wanted}"
     raise PyTritonServerNotInstalledError(
-        f"Triton Inference Server {TRITON_VERSION} is not installed (looked in {_describe_candidates(candidates)}). "
-        f"Run `{INSTALL_COMMAND}` once (or `python -m pytriton install-server`; "
+        f"Triton Inference Server {wanted} is not installed (looked in {_describe_candidates(candidates)}). "
+        f"Run `{INSTALL_COMMAND}{option}` once (or `python -m pytriton install-server{option}`; "
         "`--from-wheel PATH` works offline), or set PYTRITON_TRITONSERVER_DIR to an existing install."
     )
+
+
+def _chosen(found: ServerDistribution, wanted: str) -> ServerDistribution:
+    """``found``, noted as this process's server, if it is the build ``PYTRITON_TRITON_VERSION`` asks for."""
+    if os.environ.get(versions.VERSION_ENV, "").strip() and versions.resolve(found.version).triton != wanted:
+        raise PyTritonServerNotInstalledError(
+            f"{versions.VERSION_ENV} asks for Triton {wanted}, but the server in {found.root} is Triton "
+            f"{found.version}. Unset one of them, or run `{INSTALL_COMMAND} --triton {wanted}` and unset "
+            "PYTRITON_TRITONSERVER_DIR."
+        )
+    versions.note_server_version(found.version)
+    return found
 
 
 def shared_libpython_dir() -> pathlib.Path:
@@ -245,7 +298,8 @@ def stub_environment(home: Optional[pathlib.Path] = None) -> StubEnvironment:
         )
     import numpy
 
-    numpy2 = int(numpy.__version__.split(".")[0]) >= 2
+    # The stub's numpy conversions were built against numpy 1 (versions.STUB_NUMPY2).
+    numpy2 = versions.STUB_NUMPY2.active(numpy=numpy.__version__)
     if numpy2 and python_version() >= (3, 13):
         # numpy 1.x does not exist for this Python: the stub converts numeric tensors via DLPack.
         return StubEnvironment(bin_dir=pathlib.Path(sys.executable).parent, own=False, numpy2=True)

@@ -3,9 +3,11 @@
 The server binaries come from the ``nvidia-pytriton`` wheel on PyPI, the one registry package that
 ships a working ``tritonserver``. Only the server files are taken (binary, Python backend, local
 cache, backend stubs, bundled shared libraries); none of that wheel's Python code is imported or
-copied. The result is::
+copied. Each supported build (``pytriton.server.versions.BUILDS``; ``--triton VERSION``, default
+2.51) installs into its own directory, next to the others::
 
-    $PYTRITON_HOME/tritonserver/2.51.0/
+    $PYTRITON_HOME/tritonserver/<version>/     e.g. 2.51.0, 2.48.0
+        TRITON_VERSION            the build's version, read by find_server
         bin/tritonserver
         lib/                      bundled shared libraries (put on LD_LIBRARY_PATH at launch)
         backends/python/          Python backend as shipped
@@ -34,6 +36,7 @@ from typing import Callable, List, Optional
 
 from pytriton.exceptions import PyTritonServerNotInstalledError
 from pytriton.server import distribution as dist
+from pytriton.server import versions
 
 Progress = Callable[[str], None]
 
@@ -57,15 +60,24 @@ def sha256_of(path: pathlib.Path) -> str:
     return digest.hexdigest()
 
 
-def wheel_filename(arch: str) -> str:
-    """File name of the source wheel for a CPU architecture."""
-    return f"nvidia_pytriton-{dist.SOURCE_WHEEL_VERSION}-py3-none-manylinux_2_35_{arch}.whl"
+def _build(triton: Optional[str]) -> versions.Build:
+    """The supported build ``triton`` names (None: the default); ``InstallError`` naming the supported ones."""
+    try:
+        return versions.resolve(triton or dist.TRITON_VERSION)
+    except ValueError as exc:
+        raise InstallError(str(exc)) from None
 
 
-def download_wheel(dest: pathlib.Path, arch: str, progress: Progress) -> pathlib.Path:
-    """Download the source wheel with pip (no dependencies) into ``dest``."""
-    spec = f"{dist.SOURCE_WHEEL_NAME}=={dist.SOURCE_WHEEL_VERSION}"
-    progress(f"Downloading {spec} for {arch} with pip (about 55 MB)...")
+def wheel_filename(arch: str, triton: Optional[str] = None) -> str:
+    """File name of the source wheel of build ``triton`` (default: the default build) for a CPU architecture."""
+    return f"nvidia_pytriton-{_build(triton).wheel_version}-py3-none-manylinux_2_35_{arch}.whl"
+
+
+def download_wheel(dest: pathlib.Path, arch: str, progress: Progress, triton: Optional[str] = None) -> pathlib.Path:
+    """Download the source wheel of build ``triton`` (default: the default build) with pip (no dependencies) into ``dest``."""
+    build = _build(triton)
+    spec = f"{dist.SOURCE_WHEEL_NAME}=={build.wheel_version}"
+    progress(f"Downloading {spec} (Triton {build.triton}) for {arch} with pip (about {build.wheel_mb} MB)...")
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--platform", f"manylinux_2_35_{arch}", "--disable-pip-version-check", "-d", str(dest), spec,
@@ -85,18 +97,20 @@ def download_wheel(dest: pathlib.Path, arch: str, progress: Progress) -> pathlib
     return wheels[0]
 
 
-def verify_wheel(path: pathlib.Path, arch: str) -> None:
-    """Check the wheel's sha256 against the pinned value for ``arch``."""
-    expected = dist.SOURCE_WHEEL_SHA256.get(arch)
+def verify_wheel(path: pathlib.Path, arch: str, triton: Optional[str] = None) -> None:
+    """Check the wheel's sha256 against the value pinned for build ``triton`` (default: the default build) and ``arch``."""
+    build = _build(triton)
+    expected = build.sha256.get(arch)
     if expected is None:
         raise InstallError(
-            f"No Triton server build exists for the {arch} architecture; supported: "
-            f"{', '.join(sorted(dist.SOURCE_WHEEL_SHA256))}."
+            f"No Triton {build.triton} server build exists for the {arch} architecture; that build has: "
+            f"{', '.join(sorted(build.sha256))}."
         )
     actual = sha256_of(path)
     if actual != expected:
         raise InstallError(
-            f"{path} is not the expected {dist.SOURCE_WHEEL_NAME} {dist.SOURCE_WHEEL_VERSION} wheel for {arch}: "
+            f"{path} is not the expected {dist.SOURCE_WHEEL_NAME} {build.wheel_version} wheel (Triton {build.triton}) "
+            f"for {arch}: "
             f"sha256 is {actual}, expected {expected}. The file is corrupt or a different build; "
             "download it again."
         )
@@ -236,20 +250,26 @@ def install_server(
     stub_pyzmq: bool = False,
     progress: Progress = print,
     home: Optional[pathlib.Path] = None,
+    triton: Optional[str] = None,
 ) -> pathlib.Path:
     """Install the server into ``$PYTRITON_HOME/tritonserver/<version>`` and return that path.
+
+    ``triton``: the build (``"2.48"``, ``"2.48.0"``; default: the default build, not
+    ``PYTRITON_TRITON_VERSION``); an unsupported one fails naming the supported ones. Builds
+    install side by side; ``PYTRITON_TRITON_VERSION`` chooses which one runs.
 
     Idempotent: an existing complete install is kept unless ``force``. A failed install leaves
     no partial directory behind. On a Python the server has no stub for, fails at once
     (``dist.check_python_supported``), before downloading anything. ``stub_env``: also create the
     stub's numpy 1.x environment; ``stub_pyzmq``: with pyzmq in it (RemoteTriton's TCP transport).
     """
-    dist.check_python_supported()
-    target = dist.install_dir(home)
+    build = _build(triton)
+    dist.check_python_supported(triton=build.triton)
+    target = dist.install_dir(home, build.triton)
     arch = dist.machine_arch()
     marker = target / dist._COMPLETE_MARKER
     if marker.exists() and not force:
-        progress(f"Triton {dist.TRITON_VERSION} is already installed in {target}")
+        progress(f"Triton {build.triton} is already installed in {target}")
     else:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="pytriton-install-", dir=target.parent) as scratch:
@@ -259,17 +279,18 @@ def install_server(
                 if not wheel.is_file():
                     raise InstallError(f"--from-wheel {wheel}: no such file.")
             else:
-                wheel = download_wheel(scratch_dir / "download", arch, progress)
+                wheel = download_wheel(scratch_dir / "download", arch, progress, build.triton)
             progress(f"Verifying {wheel.name} ...")
-            verify_wheel(wheel, arch)
+            verify_wheel(wheel, arch, build.triton)
             staging = scratch_dir / "server"
             progress(f"Unpacking the server into {target} ...")
             unpack_server(wheel, staging, progress)
-            (staging / dist._COMPLETE_MARKER).write_text(f"{dist.SOURCE_WHEEL_SHA256[arch]}\n")
+            (staging / versions.VERSION_FILE).write_text(f"{build.triton}\n")
+            (staging / dist._COMPLETE_MARKER).write_text(f"{build.sha256[arch]}\n")
             if target.exists():
                 shutil.rmtree(target)
             staging.rename(target)
-        progress(f"Installed Triton {dist.TRITON_VERSION} in {target}")
+        progress(f"Installed Triton {build.triton} in {target}")
     if stub_env:
         create_stub_environment(progress, find_links=find_links, home=home, pyzmq=stub_pyzmq)
     return target

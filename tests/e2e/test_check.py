@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from pytriton.server import versions
 from tests.conftest import triton_ports
 
 
@@ -34,7 +35,9 @@ def test_check_json_passes_and_never_prints_secrets():
     items = {item["name"]: item for item in report["items"]}
     for name in ("platform", "glibc", "python", "shared libpython", "numpy (yours)", "numpy (stub)", "/dev/shm"):
         assert name in items
-    assert items["server install"]["status"] == "ok" and "2.51.0" in items["server install"]["detail"]
+    selected = versions.selected_version()  # 2.51.0, or the build `make test-triton-older` chose
+    assert items["server install"]["status"] == "ok" and selected in items["server install"]["detail"]
+    assert items["server version"]["status"] == "ok" and f"Triton {selected}" in items["server version"]["detail"]
     assert "sha256" in items["server wheel pin"]["detail"]
     assert items[f"http port 127.0.0.1:{ports['http_port']}"]["status"] == "ok"
     assert items["smoke test"]["status"] == "ok"
@@ -58,3 +61,19 @@ def test_run_logs_one_line_with_addresses_and_restrictions(caplog):
     assert f"HTTP 127.0.0.1:{ports['http_port']}" in line and f"GRPC 127.0.0.1:{ports['grpc_port']}" in line
     assert f"metrics 127.0.0.1:{ports['metrics_port']}" in line
     assert "http: shared-memory,model-repository" in line and "grpc: shared-memory,model-repository" in line
+
+
+def test_version_read_from_the_install_is_what_the_running_server_reports():
+    """The version read from the install's files (no server started) equals the live server's metadata."""
+    import json as json_module
+    import urllib.request
+
+    from pytriton.triton import Triton, TritonConfig
+
+    ports = triton_ports()
+    with Triton(config=TritonConfig(**ports)) as triton:
+        triton.run()
+        url = f"http://127.0.0.1:{ports['http_port']}/v2"
+        with urllib.request.urlopen(url, timeout=30) as answer:  # noqa: S310 - loopback only
+            metadata = json_module.loads(answer.read())
+    assert metadata["version"] == versions.server_version() == versions.selected_version()

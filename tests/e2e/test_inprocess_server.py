@@ -22,6 +22,7 @@ import pytest
 
 import pytriton.inprocess as tritonserver
 from pytriton.inprocess import _request
+from pytriton.server import versions
 from tests.conftest import needs_stub_strings, shm_entries, wait_for
 from tests.e2e.inprocess_models import write_repository
 
@@ -84,7 +85,7 @@ def server(repository):
 def test_server_queries(server):
     assert server.live() and server.ready()
     metadata = server.metadata()
-    assert metadata["name"] == "triton" and metadata["version"] == "2.51.0"
+    assert metadata["name"] == "triton" and metadata["version"] == versions.selected_version()
     models = server.models()
     assert set(models) >= {("identity", 1), ("add_sub", 1), ("strings", 1), ("stream", 1), ("faulty", 1)}
     assert all(model.state == "READY" for model in models.values())
