@@ -306,7 +306,13 @@ CORRID_STRING_BATCH = Gate(
 STUB_STOP_DESTRUCTION = Gate(
     "stub-stop-destruction",
     "a stopped stub wedges the Python backend; destroying a stub mid-request crashed the in-process server",
-    "proxy/_stub_watch.py, inprocess/_stubs.py",
+    "proxy/_stub_watch.py",
+    triton=("2.48", None),
+)
+MODEL_DELETER_THREADS = Gate(
+    "model-deleter-threads",
+    "ServerStop can return while the model deleter still runs; ServerDelete then frees what it holds",
+    "inprocess/_teardown.py",
     triton=("2.48", None),
 )
 DEAD_STUB_KEPT = Gate(
@@ -343,6 +349,7 @@ GATES: Tuple[Gate, ...] = (
     DRAIN_HTTP_CONNECTIONS,
     CORRID_STRING_BATCH,
     STUB_STOP_DESTRUCTION,
+    MODEL_DELETER_THREADS,
     DEAD_STUB_KEPT,
     QUEUED_CANCELLED,
     GRPC_STREAM_WEDGE,
