@@ -17,6 +17,8 @@ models' batching; :class:`QueueTimePolicy` scales the replica count on the time 
 Triton's queue.
 """
 
+# Unit tests: tests/unit/test_ray_parts.py (no Ray); on a two-node Ray cluster: tests/e2e/test_ray.py.
+
 from __future__ import annotations
 
 import math

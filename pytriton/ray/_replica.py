@@ -16,6 +16,8 @@
   pytriton's watchdog, as any killed embedded ``Triton`` does (docs/inprocess.md).
 """
 
+# Unit tests: tests/unit/test_ray_parts.py (no Ray); on a two-node Ray cluster: tests/e2e/test_ray.py.
+
 from __future__ import annotations
 
 import json

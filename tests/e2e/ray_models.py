@@ -43,3 +43,15 @@ def bind_slow_identity(triton):
         outputs=[Tensor(name="y", shape=(-1,), dtype=F32)],
         config=ModelConfig(max_batch_size=4),
     )
+
+
+def bind_identity_backend(triton):
+    """The same identity with ``instance_kind="backend"``: the callable runs in Triton's stub process."""
+    triton.bind(
+        "Identity",
+        _identity,
+        inputs=[Tensor(name="x", shape=(-1,), dtype=F32)],
+        outputs=[Tensor(name="y", shape=(-1,), dtype=F32)],
+        config=ModelConfig(max_batch_size=16),
+        instance_kind="backend",
+    )
