@@ -302,8 +302,16 @@ def test_worker_node_killed_under_load_requests_carry_on(cluster, capsys):
         assert before >= 200 and all(ok for _, _, ok, _ in log), log[:5]
         killed_at = time.monotonic()
         cluster.cluster.remove_node(cluster.worker, allow_graceful=False)  # SIGKILL of the node's processes
+        kill_s = time.monotonic() - killed_at  # remove_node returns once the node's processes are gone
+
+        def settled():  # 300 successes since the kill, 200 of them after the last failure
+            entries = list(log)
+            last_failure = max([s for s, _, ok, _ in entries if not ok], default=killed_at)
+            since_kill = sum(1 for s, _, ok, _ in entries if ok and s > killed_at)
+            return since_kill >= 300 and sum(1 for s, _, _, _ in entries if s > last_failure) >= 200
+
         deadline = time.monotonic() + 60
-        while sum(1 for s, _, ok, _ in list(log) if ok and s > killed_at) < 300 and time.monotonic() < deadline:
+        while not settled() and time.monotonic() < deadline:
             time.sleep(0.05)
         stop.set()
         for worker in workers:
@@ -315,16 +323,19 @@ def test_worker_node_killed_under_load_requests_carry_on(cluster, capsys):
                 f"\nkill a worker under load: {len(failed)} failed of {len(log)} requests "
                 f"({before} before the kill, {len(after_ok)} succeeded after it; errors: "
                 f"{dict(collections.Counter(e[3] for e in failed))}; failed requests started "
-                f"{sorted(round((e[0] - killed_at) * 1e3) for e in failed)} ms after the kill)"
+                f"{sorted(round((e[0] - killed_at) * 1e3) for e in failed)} ms after remove_node began, "
+                f"which returned after {kill_s * 1e3:.0f} ms)"
             )
         assert len(after_ok) >= 300  # requests carry on, on the head's replica
         # Only requests routed to the dead replica fail (in flight there, or sent before the router
-        # saw it gone): at most its max_ongoing_requests (32), each with a replica-death error.
+        # saw it gone, which took up to about 0.9 s here): at most its max_ongoing_requests (32) at a
+        # time, each with a replica-death error.
         assert len(failed) <= 32
         assert {e[3] for e in failed} <= {"ActorUnavailableError", "ActorDiedError", "RayActorError"}, failed
-        # Once the router knows, every request succeeds.
-        tail = sorted(log)[-100:]
-        assert all(ok for _, _, ok, _ in tail)
+        # Failures stop once the router knows: at least 200 requests after the last one, all served.
+        last_failure = max([e[0] for e in failed], default=killed_at)
+        later = [e for e in log if e[0] > last_failure]
+        assert len(later) >= 200 and all(ok for _, _, ok, _ in later)
         assert handle.where.remote().result(timeout_s=60)["node_id"] in cluster.node_ids()
     finally:
         cluster.serve.delete("kill")
