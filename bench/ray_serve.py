@@ -8,7 +8,9 @@ Serve deployment whose replica returns its input (same float32 ``[1, 16]`` reque
 JSON route for HTTP, same ``max_ongoing_requests``), and measures each through a
 ``DeploymentHandle`` and through Ray's HTTP proxy: p50 of sequential calls, and requests per second
 with ``--inflight`` requests in flight. The two deployments are measured alternately, ``--rounds``
-times; the table gives the median of the rounds. Ends the cluster by its own process ids.
+times; the table gives the median of the rounds. Then a model taking 20 ms a batch of up to 16, one
+replica, 32 in flight through the handle, with Ray's default ``max_ongoing_requests`` (5) and with the
+value ``build_app`` derives (32). Ends the cluster by its own process ids.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from ray.cluster_utils import Cluster
 
     from pytriton.ray import build_app, max_ongoing_requests_for
-    from tests.e2e.ray_models import bind_identity, bind_identity_backend
+    from tests.e2e.ray_models import bind_identity, bind_identity_backend, bind_slow_identity_16
 
     cluster = Cluster(
         initialize_head=True,
@@ -173,6 +175,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                 row.setdefault("http_rps", []).append(
                     asyncio.run(_rps_http(port, paths[name], args.inflight, args.burst))
                 )
+        # max_ongoing_requests and the batcher: a model taking 20 ms a batch of up to 16, 32 in flight,
+        # with Ray's default of 5 against the derived value.
+        batching: Dict[str, float] = {}
+        derived = max_ongoing_requests_for(bind_slow_identity_16)
+        for label, value in (("Ray's default, 5", 5), (f"derived, {derived}", derived)):
+            slow = serve.run(
+                build_app(bind_slow_identity_16, num_replicas=1, max_ongoing_requests=value),
+                name="slow",
+                route_prefix="/slow",
+            )
+            _p50_handle(slow, 5)
+            batching[label] = asyncio.run(_rps_handle(slow, args.inflight, args.burst // 3))
+            serve.delete("slow")
         medians = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in results.items()}
         print(
             json.dumps(
@@ -181,6 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "max_ongoing_requests": ongoing,
                     "load_average": os.getloadavg(),
                     "results": medians,
+                    "batching_model_handle_rps": batching,
                 },
                 indent=1,
             )
@@ -195,6 +211,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"| {name} | {figures['handle_p50_ms']:.2f} ms | {figures['http_p50_ms']:.2f} ms | "
                 f"{figures['handle_rps']:,.0f} req/s | {figures['http_rps']:,.0f} req/s |"
             )
+        print()
+        print(f"| 20 ms a batch of up to 16, handle, {args.inflight} in flight | max_ongoing_requests | req/s |")
+        print("| --- | --- | --- |")
+        for label, rps in batching.items():
+            print(f"| pytriton | {label} | {rps:,.0f} |")
     finally:
         try:
             serve.shutdown()

@@ -55,3 +55,14 @@ def bind_identity_backend(triton):
         config=ModelConfig(max_batch_size=16),
         instance_kind="backend",
     )
+
+
+def bind_slow_identity_16(triton):
+    """Identity that takes 20 ms a batch, batching up to 16 (bench.ray_serve's max_ongoing_requests figure)."""
+    triton.bind(
+        "Slow16",
+        _slow_identity,
+        inputs=[Tensor(name="x", shape=(-1,), dtype=F32)],
+        outputs=[Tensor(name="y", shape=(-1,), dtype=F32)],
+        config=ModelConfig(max_batch_size=16),
+    )
