@@ -9,8 +9,8 @@ JSON route for HTTP, same ``max_ongoing_requests``), and measures each through a
 ``DeploymentHandle`` and through Ray's HTTP proxy: p50 of sequential calls, and requests per second
 with ``--inflight`` requests in flight. The two deployments are measured alternately, ``--rounds``
 times; the table gives the median of the rounds. Then a model taking 20 ms a batch of up to 16, one
-replica, 32 in flight through the handle, with Ray's default ``max_ongoing_requests`` (5) and with the
-value ``build_app`` derives (32). Ends the cluster by its own process ids.
+replica, through the handle: with Ray's default ``max_ongoing_requests`` (5), 5 and ``--inflight``
+callers, and with the value ``build_app`` derives (32), ``--inflight`` callers. Ends the cluster by its own process ids.
 """
 
 from __future__ import annotations
@@ -186,7 +186,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 route_prefix="/slow",
             )
             _p50_handle(slow, 5)
-            batching[label] = asyncio.run(_rps_handle(slow, args.inflight, args.burst // 3))
+            if value < args.inflight:  # as many callers as slots: what the slots alone allow
+                batching[f"{label}, {value} callers"] = asyncio.run(_rps_handle(slow, value, args.burst // 3))
+            batching[f"{label}, {args.inflight} callers"] = asyncio.run(
+                _rps_handle(slow, args.inflight, args.burst // 3)
+            )
             serve.delete("slow")
         medians = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in results.items()}
         print(
@@ -212,7 +216,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{figures['handle_rps']:,.0f} req/s | {figures['http_rps']:,.0f} req/s |"
             )
         print()
-        print(f"| 20 ms a batch of up to 16, handle, {args.inflight} in flight | max_ongoing_requests | req/s |")
+        print("| 20 ms a batch of up to 16, one replica, handle | max_ongoing_requests, callers | req/s |")
         print("| --- | --- | --- |")
         for label, rps in batching.items():
             print(f"| pytriton | {label} | {rps:,.0f} |")
