@@ -257,8 +257,13 @@ def test_two_replicas_on_one_node_keep_their_own_shared_memory(cluster):
         cluster.serve.delete("same")
 
 
-def _load(handle, stop: threading.Event, threads: int, log: list, lock: threading.Lock, limit_s: float):
-    """``threads`` callers, each one request in flight, until ``stop`` (or ``limit_s``)."""
+def _load(handle, stop: threading.Event, threads: int, log: list, lock: threading.Lock, limit_s: float, inflight=None):
+    """``threads`` callers, each one request in flight, until ``stop`` (or ``limit_s``).
+
+    ``log`` gets ``(start, end, ok, error)`` per finished request; ``inflight`` (a dict, if given)
+    holds the start time of each caller's request while it is in flight.
+    """
+    inflight = {} if inflight is None else inflight
 
     def caller(index):
         deadline = time.monotonic() + limit_s
@@ -266,6 +271,7 @@ def _load(handle, stop: threading.Event, threads: int, log: list, lock: threadin
         while not stop.is_set() and time.monotonic() < deadline:
             x = np.full((1, 4), index * 100000 + n, np.float32)
             started = time.monotonic()
+            inflight[index] = started
             try:
                 out = handle.infer.remote({"x": x}).result(timeout_s=60)
                 ok = bool(np.array_equal(out["y"], x))
@@ -274,6 +280,7 @@ def _load(handle, stop: threading.Event, threads: int, log: list, lock: threadin
                 ok, error = False, type(exc).__name__
             with lock:
                 log.append((started, time.monotonic(), ok, error))
+                inflight.pop(index, None)
             n += 1
 
     workers = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(threads)]
@@ -293,8 +300,8 @@ def test_worker_node_killed_under_load_requests_carry_on(cluster, capsys):
     try:
         replicas = _wheres(handle, 2)
         assert len({r["node_id"] for r in replicas}) == 2
-        stop, lock, log = threading.Event(), threading.Lock(), []
-        workers = _load(handle, stop, threads=16, log=log, lock=lock, limit_s=120)
+        stop, lock, log, inflight = threading.Event(), threading.Lock(), [], {}
+        workers = _load(handle, stop, threads=16, log=log, lock=lock, limit_s=120, inflight=inflight)
         deadline = time.monotonic() + 60
         while len(log) < 200 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -302,16 +309,28 @@ def test_worker_node_killed_under_load_requests_carry_on(cluster, capsys):
         assert before >= 200 and all(ok for _, _, ok, _ in log), log[:5]
         killed_at = time.monotonic()
         cluster.cluster.remove_node(cluster.worker, allow_graceful=False)  # SIGKILL of the node's processes
-        kill_s = time.monotonic() - killed_at  # remove_node returns once the node's processes are gone
+        kill_s = time.monotonic() - killed_at  # how long remove_node itself took
 
-        def settled():  # 300 successes since the kill, 200 of them after the last failure
-            entries = list(log)
+        def settled():  # 300 successes since the kill, 200 requests after the last failure
+            with lock:
+                entries = list(log)
             last_failure = max([s for s, _, ok, _ in entries if not ok], default=killed_at)
             since_kill = sum(1 for s, _, ok, _ in entries if ok and s > killed_at)
             return since_kill >= 300 and sum(1 for s, _, _, _ in entries if s > last_failure) >= 200
 
-        deadline = time.monotonic() + 60
-        while not settled() and time.monotonic() < deadline:
+        def finished(snapshot):  # every request in flight at the snapshot has finished
+            with lock:
+                return all(inflight.get(index) != started for index, started in snapshot.items())
+
+        # Ray's router keeps routing to the dead replica until the controller has seen it die (about
+        # 1 s here): wait for that, then for the requests in flight then to finish, then for 200
+        # requests after the last failure.
+        deadline = time.monotonic() + 90
+        while cluster.running_replicas("kill") != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with lock:
+            snapshot = dict(inflight)
+        while not (finished(snapshot) and settled()) and time.monotonic() < deadline:
             time.sleep(0.05)
         stop.set()
         for worker in workers:
