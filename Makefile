@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-all test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test test-triton-older lint docs clean
+.PHONY: demo test test-all test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test test-triton-older test-ray lint docs clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,8 @@ PYTEST_ARGS ?=
 # (the default) runs them all. CI's legs pass "not e2e" (unit tests) and "e2e and py39_leg" and the
 # like (the e2e modules listed for that leg in tests/e2e/conftest.py; docs/development.md, "CI").
 TEST_MARK ?=
-PYTEST_SELECT = tests $(if $(TEST_MARK),-m "$(TEST_MARK)")
+# The `ray` tests need Ray in the environment: `make test-ray` runs them; every other target leaves them out.
+PYTEST_SELECT = tests -m "$(if $(TEST_MARK),($(TEST_MARK)) and not ray,not ray)"
 
 test: server
 	$(PY) -m pytest -q $(PYTEST_SELECT) $(PYTEST_ARGS)
@@ -81,6 +82,19 @@ test-triton-older: server
 	$(VENV)/bin/pytriton install-server --triton $(TRITON_OLDER) $(if $(TRITON_OLDER_WHEEL),--from-wheel $(TRITON_OLDER_WHEEL))
 	PYTRITON_TRITON_VERSION=$(TRITON_OLDER) $(VENV)/bin/pytriton check --no-smoke | grep 'server version'
 	PYTRITON_TRITON_VERSION=$(TRITON_OLDER) $(PY) -m pytest -q $(TRITON_OLDER_TESTS) $(PYTEST_ARGS)
+
+# pytriton.ray on a local two-node Ray cluster (tests/e2e/test_ray.py, marker `ray`; docs/ray.md):
+# its own venv with ray[serve] (Python 3.10+; about 100 MB), the server shared with the others.
+RAY_VENV ?= .venv-ray
+test-ray: server
+	@if ! $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then \
+		echo "test-ray: Ray 2.60 needs Python 3.10 or later; run make test-ray PYTHON=python3.11"; exit 1; fi; \
+	set -e; \
+	if [ ! -f $(RAY_VENV)/.deps ] || [ pyproject.toml -nt $(RAY_VENV)/.deps ]; then \
+		$(PYTHON) -m venv $(RAY_VENV); \
+		$(RAY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,ray]'; \
+		touch $(RAY_VENV)/.deps; fi; \
+	$(RAY_VENV)/bin/python -m pytest -q -m ray tests/e2e/test_ray.py $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.test-deps
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

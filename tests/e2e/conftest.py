@@ -102,6 +102,8 @@ FULL_RUN_ONLY: FrozenSet[str] = frozenset(
         "test_memory.py",
         "test_metrics.py",
         "test_pipeline.py",
+        "test_ray_replica.py",
+        "test_ray.py",  # marker `ray`: deselected by `make test`, run by `make test-ray` (its own venv)
         "test_production_example.py",
         "test_start_overlap.py",
         "test_tracing.py",
