@@ -28,6 +28,10 @@ from pytriton.model_config import ModelConfig
 from pytriton.ray._replica import BindModels, PyTritonReplica, PyTritonRequestError, parse_v2_inputs
 from pytriton.triton import TritonConfig
 
+# An object of Ray's API (an application, an autoscaling context): untyped here, since Ray is an
+# optional dependency that the type checker does not see.
+RayObject = Any
+
 __all__ = [
     "BindModels",
     "PyTritonReplica",
@@ -54,7 +58,13 @@ class _BindRecorder:
         self.models: List[Tuple[str, int, int]] = []  # (name, max_batch_size or 0, instances)
 
     def bind(
-        self, model_name: str, infer_func: Any, inputs: Any = None, outputs: Any = None, *args: Any, **kwargs: Any
+        self,
+        model_name: str,
+        infer_func: object,
+        inputs: object = None,
+        outputs: object = None,
+        *args: object,
+        **kwargs: object,
     ) -> None:
         config = kwargs.get("config")
         if config is None and len(args) >= 2:  # bind(name, func, inputs, outputs, model_version, config)
@@ -63,7 +73,7 @@ class _BindRecorder:
         instances = len(infer_func) if isinstance(infer_func, (list, tuple)) else 1
         self.models.append((model_name, config.max_batch_size if config.batching else 0, instances))
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> RayObject:
         raise AttributeError(
             f"pytriton.ray: bind_models used triton.{name} while its models were being counted in the "
             "driver; pass max_ongoing_requests= to build_app to skip that count"
@@ -105,7 +115,7 @@ class QueueTimePolicy:
             raise ValueError(f"target_queue_ms must be > 0, got {target_queue_ms!r}")
         self.target_queue_ms = float(target_queue_ms)
 
-    def __call__(self, ctx: Any) -> Tuple[int, Dict[str, Any]]:
+    def __call__(self, ctx: RayObject) -> Tuple[int, Dict[str, object]]:
         current = int(ctx.current_num_replicas)
         per_replica = (ctx.aggregated_metrics or {}).get(QUEUE_METRIC) or {}
         if current == 0 or not per_replica:
@@ -121,7 +131,7 @@ def queue_time_autoscaling(
     upscale_delay_s: float = 10.0,
     downscale_delay_s: float = 60.0,
     look_back_period_s: float = 10.0,
-) -> Dict[str, Any]:
+) -> Dict[str, object]:
     """An ``autoscaling_config`` for :func:`build_app` that scales on Triton's queue time (:class:`QueueTimePolicy`)."""
     return {
         "min_replicas": min_replicas,
@@ -142,8 +152,8 @@ def build_app(
     triton_config: Optional[TritonConfig] = None,
     name: str = "PyTriton",
     max_ongoing_requests: Optional[int] = None,
-    **deployment_options: Any,
-) -> Any:
+    **deployment_options: object,
+) -> RayObject:
     """A Ray Serve application whose replicas serve what ``bind_models`` binds (``serve.run`` it).
 
     Args:

@@ -27,12 +27,19 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from pytriton import inprocess
 from pytriton.triton import Triton, TritonConfig
+
+# A Starlette request handed over by Ray's HTTP proxy, and the response returned to it: untyped
+# here, since Ray (and its Starlette) is an optional dependency the type checker does not see.
+HttpObject = Any
+# KServe v2 JSON: parsed and produced as plain Python values.
+Json = Any
 
 BindModels = Callable[[Triton], None]
 
 # KServe v2 datatype names and numpy dtypes (the JSON form of the protocol: BYTES travel as strings).
-_V2_TO_NUMPY: Dict[str, Any] = {
+_V2_TO_NUMPY: Dict[str, type] = {
     "BOOL": np.bool_,
     "INT8": np.int8,
     "INT16": np.int16,
@@ -58,7 +65,7 @@ class PyTritonRequestError(ValueError):
         self.status = status
 
 
-def _to_v2_output(name: str, array: np.ndarray) -> Dict[str, Any]:
+def _to_v2_output(name: str, array: np.ndarray) -> Dict[str, Json]:
     if array.dtype.kind in ("O", "S", "U"):
         data = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
         datatype = "BYTES"
@@ -70,7 +77,7 @@ def _to_v2_output(name: str, array: np.ndarray) -> Dict[str, Any]:
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
 
 
-def parse_v2_inputs(body: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+def parse_v2_inputs(body: Mapping[str, Json]) -> Dict[str, np.ndarray]:
     """The numpy inputs of a KServe v2 JSON inference body; :class:`PyTritonRequestError` if malformed."""
     entries = body.get("inputs")
     if not isinstance(entries, list) or not entries:
@@ -127,7 +134,7 @@ class PyTritonReplica:
         names: List[str] = self._triton._model_names()
         return names
 
-    def _model(self, model_name: Optional[str]) -> Any:
+    def _model(self, model_name: Optional[str]) -> inprocess.Model:
         if model_name is None:
             if len(self._models) != 1:
                 raise PyTritonRequestError(f"Several models are bound ({sorted(self._models)}): name one", 400)
@@ -139,9 +146,9 @@ class PyTritonReplica:
 
     async def infer(
         self,
-        inputs: Mapping[str, Any],
+        inputs: Mapping[str, object],
         model_name: Optional[str] = None,
-        parameters: Optional[Mapping[str, Any]] = None,
+        parameters: Optional[Mapping[str, object]] = None,
     ) -> Dict[str, np.ndarray]:
         """Infer with ``inputs`` (name to array, batch axis included for batching models).
 
@@ -168,7 +175,7 @@ class PyTritonReplica:
                     outputs[name] = np.array(np.from_dlpack(tensor), copy=True)
         return outputs
 
-    def where(self) -> Dict[str, Any]:
+    def where(self) -> Dict[str, object]:
         """Where this replica runs: Ray node id, process id, shared-memory prefix, bound models."""
         node_id = ""
         try:
@@ -218,7 +225,7 @@ class PyTritonReplica:
         if not self._triton.is_alive():
             raise RuntimeError("pytriton: the embedded server or a model's stub is not serving")
 
-    async def __call__(self, request: Any) -> Any:
+    async def __call__(self, request: HttpObject) -> HttpObject:
         """HTTP ingress (a Starlette request from Ray's proxy): KServe v2 JSON.
 
         Routes (after the application's route prefix): ``POST /v2/models/<m>/infer``,
