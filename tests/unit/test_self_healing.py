@@ -20,7 +20,7 @@ from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.server import _watchdog
 from pytriton.server.process import TritonServerProcess, kill_stub
-from pytriton.triton import Triton
+from pytriton.triton import Triton, TritonLifecyclePolicy
 from tests.conftest import process_group_alive, wait_for
 
 
@@ -109,7 +109,11 @@ def test_kill_stub_leaves_other_processes_alone():
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "2", True])
 def test_execution_timeout_is_validated_at_bind(bad):
     x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
-    with Triton() as triton, pytest.raises(PyTritonBadParameterError, match="execution_timeout_s"):
+    offline = TritonLifecyclePolicy(launch_triton_on_startup=False)  # a unit test: no server on entering
+    with (
+        Triton(triton_lifecycle_policy=offline) as triton,
+        pytest.raises(PyTritonBadParameterError, match="execution_timeout_s"),
+    ):
         triton.bind("Bad", lambda requests: [], x, x, config=ModelConfig(execution_timeout_s=bad))
 
 

@@ -476,14 +476,16 @@ def test_model_settings_become_tritons_per_model_body():
 
 
 def test_bind_trace_config_needs_a_server_in_opentelemetry_mode(tmp_path):
-    from pytriton.triton import Triton, TritonConfig
+    from pytriton.triton import Triton, TritonConfig, TritonLifecyclePolicy
 
+    # No server: the context must not start one (a unit test), so the policy leaves that to run().
+    offline = TritonLifecyclePolicy(launch_triton_on_startup=False)
     inputs, outputs = [Tensor(name="k", shape=(1,), dtype=np.int32)], [Tensor(name="y", shape=(1,), dtype=np.int32)]
-    with Triton(workspace=tmp_path / "a") as triton:
+    with Triton(workspace=tmp_path / "a", triton_lifecycle_policy=offline) as triton:
         with pytest.raises(PyTritonValidationError, match="mode=opentelemetry"):
             triton.bind("m", _identity, inputs, outputs, trace_config=["rate=1"])
     config = TritonConfig(trace_config=["mode=opentelemetry"])
-    with Triton(config=config, workspace=tmp_path / "b") as triton:
+    with Triton(config=config, workspace=tmp_path / "b", triton_lifecycle_policy=offline) as triton:
         triton.bind("m", _identity, inputs, outputs, trace_config=["rate=1"])
         triton.bind("plain", _identity, inputs, outputs)
         with pytest.raises(PyTritonValidationError, match="same trace_config"):
@@ -491,7 +493,7 @@ def test_bind_trace_config_needs_a_server_in_opentelemetry_mode(tmp_path):
         assert triton._traces.by_name == {"m": {"trace_rate": "1"}}
         # The stubs of a tracing server forward trace contexts.
         assert all(model._private["trace"] for model in triton._models.values())
-    with Triton(workspace=tmp_path / "c") as triton:
+    with Triton(workspace=tmp_path / "c", triton_lifecycle_policy=offline) as triton:
         triton.bind("plain", _identity, inputs, outputs)
         assert not triton._models[("plain", 1)]._private["trace"]
 
