@@ -267,11 +267,15 @@ class Supervisor:
                 with self._registry.lock:
                     if not self._registry.running():
                         return None
-                    server = self._backend.replace_server(self._registry.model_names())
+                    names = self._registry.model_names()
+                    # Loaded by the new server at its start, as at the first: every bound model
+                    # without a warmup (bound before run() or loaded live since); a model unbound
+                    # since is not loaded again.
+                    startup = [name for name in self._registry.startup_models() if name in names]
+                    server = self._backend.replace_server(startup)
                 self._backend.wait_ready(server, "Triton failed to restart")
-                startup = self._registry.startup_models()
-                for name in self._registry.model_names():
-                    if name not in startup:  # bound after run(): load it again
+                for name in names:
+                    if name not in startup:  # a model with a warmup: through the repository API
                         self._registry.request_load(name)
                 self._registry.apply_trace_settings(startup)  # a new server knows none
             except Exception as exc:  # noqa: BLE001 - any failed step is a failed attempt, retried or given up

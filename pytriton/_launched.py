@@ -397,6 +397,10 @@ class LaunchedBackend(LocalBackend):
     def replace_server(self, model_names: List[str]) -> TritonServerProcess:
         """End the dead server's process group and leftovers, then start the plan again loading ``model_names``.
 
+        ``model_names``: the models the new server loads at its start (``--load-model``), whether
+        they were bound before the first start or loaded live since (the supervisor passes the
+        bound models without a warmup; it loads the others through the repository API after).
+
         Called by the supervisor under the registry's lock, after it checked that ``Triton`` still runs.
         """
         old = self._server
@@ -405,7 +409,7 @@ class LaunchedBackend(LocalBackend):
         self.scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
         _segments.sweep_segments(f"{self._site.shm_prefix}-pb")  # its Python-backend regions
         plan, env = self._launch
-        plan = plan.loading_only(set(model_names))  # a model unbound since run() is not loaded again
+        plan = plan.loading(model_names)
         server = TritonServerProcess(
             plan.to_argv(), env, log_path=self._config.log_file, data_headroom=self._settings.server_data_headroom
         )

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import math
 import pathlib
-from typing import TYPE_CHECKING, Container, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Container, Dict, List, Optional, Sequence, Tuple
 
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.server import versions
@@ -214,6 +214,10 @@ class LaunchPlan:
         wanted = int(math.ceil(bound_s)) + 1
         current = self.exit_timeout_secs
         return dataclasses.replace(self, exit_timeout_secs=wanted if current is None else max(wanted, current))
+
+    def loading(self, names: Sequence[str]) -> LaunchPlan:
+        """This plan with ``names`` as its start-up models (``--load-model``), in that order."""
+        return dataclasses.replace(self, startup_models=tuple(names))
 
     def loading_only(self, names: Container[str]) -> LaunchPlan:
         """This plan with the start-up models restricted to those in ``names`` (their order kept)."""

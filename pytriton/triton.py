@@ -491,6 +491,13 @@ class Triton:
                 loaded = True
             finally:
                 self._backend.after_load(loaded)
+            # A restarted server loads it at its start with the others (--load-model), as if it had
+            # been bound before run(): in the soak's crash probes (make soak-short) a restarted 2.51
+            # that loaded them one by one through the repository API died (SIGSEGV) in 3 of 3 runs,
+            # and did not when it loaded them at its start. One with a warmup is loaded through the
+            # repository API, as at the first start (run()).
+            if model.name not in self._startup_models and not any(self._warmup(v) for v in self._versions(model.name)):
+                self._startup_models.append(model.name)
         except BaseException:
             if len(versions) > 1:
                 for version in versions:

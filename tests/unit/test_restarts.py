@@ -80,6 +80,7 @@ class FakeServer:
     started: List[FakeServer] = []
 
     def __init__(self, argv: List[str], env: Any, **_: Any) -> None:
+        self.argv = argv
         self.pid = 4000 + len(FakeServer.started)
         self.alive = False
         self.listening = False
@@ -268,3 +269,20 @@ def test_a_failure_escaping_the_restart_ends_serve_instead_of_leaving_a_dead_ser
     assert not thread.is_alive()
     assert isinstance(supervisor.failure, PyTritonServerError) and "a bug in the restart" in str(supervisor.failure)
     assert triton._wakeup.is_set()
+
+
+def test_a_restart_loads_the_live_bound_models_at_its_start_and_the_warmed_ones_after(supervised, monkeypatch):
+    # Models bound while the server ran (the server started on entering `with Triton()`) are loaded by
+    # the restarted server at its start, as models bound before run() are: the soak's crash probes
+    # saw a restarted 2.51 die (SIGSEGV) while it loaded them one by one. A model with a warmup is
+    # still loaded through the repository API after the start, as at the first start.
+    triton, supervisor, _ = supervised
+    triton._startup_models = ["early", "live"]  # "live" was appended by its live bind (Triton._load_live)
+    monkeypatch.setattr(triton, "_model_names", lambda: ["early", "live", "warmed"])
+    loads: List[str] = []
+    monkeypatch.setattr(triton, "_request_load", loads.append)
+    FakeServer.outcomes = ["ready"]
+    supervisor._restart_server(-11)
+    argv = FakeServer.started[-1].argv
+    assert [arg for arg in argv if arg.startswith("--load-model=")] == ["--load-model=early", "--load-model=live"]
+    assert loads == ["warmed"]
