@@ -26,6 +26,7 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from pytriton import inprocess
 from pytriton.triton import Triton, TritonConfig
@@ -65,7 +66,7 @@ class PyTritonRequestError(ValueError):
         self.status = status
 
 
-def _to_v2_output(name: str, array: np.ndarray) -> Dict[str, Json]:
+def _to_v2_output(name: str, array: npt.NDArray[np.generic]) -> Dict[str, Json]:
     if array.dtype.kind in ("O", "S", "U"):
         data = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
         datatype = "BYTES"
@@ -77,12 +78,12 @@ def _to_v2_output(name: str, array: np.ndarray) -> Dict[str, Json]:
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
 
 
-def parse_v2_inputs(body: Mapping[str, Json]) -> Dict[str, np.ndarray]:
+def parse_v2_inputs(body: Mapping[str, Json]) -> Dict[str, npt.NDArray[np.generic]]:
     """The numpy inputs of a KServe v2 JSON inference body; :class:`PyTritonRequestError` if malformed."""
     entries = body.get("inputs")
     if not isinstance(entries, list) or not entries:
         raise PyTritonRequestError('The body needs "inputs": a list of {"name", "shape", "datatype", "data"}')
-    inputs: Dict[str, np.ndarray] = {}
+    inputs: Dict[str, npt.NDArray[np.generic]] = {}
     for entry in entries:
         if not isinstance(entry, dict) or not {"name", "shape", "datatype", "data"} <= entry.keys():
             raise PyTritonRequestError('Each input needs "name", "shape", "datatype" and "data"')
@@ -149,7 +150,7 @@ class PyTritonReplica:
         inputs: Mapping[str, object],
         model_name: Optional[str] = None,
         parameters: Optional[Mapping[str, object]] = None,
-    ) -> Dict[str, np.ndarray]:
+    ) -> Dict[str, npt.NDArray[np.generic]]:
         """Infer with ``inputs`` (name to array, batch axis included for batching models).
 
         ``model_name`` may be left out when one model is bound. Returns name to array; the arrays
@@ -166,7 +167,7 @@ class PyTritonReplica:
         for name, value in inputs.items():
             array = np.asarray(value)
             tensors[name] = InprocessTensor.from_bytes_array(array) if array.dtype.kind in ("O", "S", "U") else array
-        outputs: Dict[str, np.ndarray] = {}
+        outputs: Dict[str, npt.NDArray[np.generic]] = {}
         async for response in model.async_infer(inputs=tensors, parameters=dict(parameters or {})):
             for name, tensor in response.outputs.items():
                 if tensor.data_type == DataType.BYTES:
