@@ -6,6 +6,7 @@ backend's scratch directory and the restart count.
 """
 
 import json
+import os
 import sys
 import threading
 
@@ -41,6 +42,11 @@ def main() -> None:
     triton = Triton(
         config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics), max_server_restarts=max_restarts
     )
+    if os.environ.get("PYTRITON_TEST_FAST_RETRIES") == "1":
+        # Only that the program gives up is tested with it; the retries' delays are the unit tests'
+        # (tests/unit/test_restarts.py, a fake clock): 0.05 s doubling to 0.2 s instead of 0.5 to 4 s.
+        triton._supervisor.policy._retry_base_s = 0.05
+        triton._supervisor.policy._retry_cap_s = 0.2
     triton.bind(
         "Echo",
         lambda requests: [dict(r.items()) for r in requests],

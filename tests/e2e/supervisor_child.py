@@ -81,6 +81,10 @@ def _commands(triton: Triton) -> None:
             plan, env = triton._backend._launch
             missing = pathlib.Path("/nonexistent/pytriton-test/tritonserver")
             triton._backend._launch = (dataclasses.replace(plan, binary=missing), env)
+            # What a spent budget does is tested here; the retries' delays are the unit tests' (with a
+            # fake clock, tests/unit/test_restarts.py): 0.05 s doubling to 0.2 s instead of 0.5 to 4 s.
+            triton._supervisor.policy._retry_base_s = 0.05
+            triton._supervisor.policy._retry_cap_s = 0.2
             _say("missing")
 
 

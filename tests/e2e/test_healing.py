@@ -464,7 +464,7 @@ def test_a_request_that_crashes_the_server_is_survived(ports, caplog, crash):
         triton.stop()
 
 
-def _spawn_child(ports, max_restarts):
+def _spawn_child(ports, max_restarts, fast_retries=False):
     process = subprocess.Popen(
         [sys.executable, str(CHILD), *(str(ports[key]) for key in ("http_port", "grpc_port", "metrics_port"))]
         + [str(max_restarts)],
@@ -472,6 +472,7 @@ def _spawn_child(ports, max_restarts):
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        env={**os.environ, "PYTRITON_TEST_FAST_RETRIES": "1" if fast_retries else "0"},
     )
     return process
 
@@ -488,7 +489,7 @@ def test_crashes_beyond_the_burst_are_restarted_and_a_server_that_cannot_start_e
     # max_server_restarts=1: the second crash in the window is restarted after a delay, not given up
     # on (requests can crash Triton; docs/security.md). Then the server cannot start any more (its
     # model repository is gone): after 3 failed starts the program exits non-zero.
-    process = _spawn_child(ports, max_restarts=1)
+    process = _spawn_child(ports, max_restarts=1, fast_retries=True)
     try:
         first = _next_report(process)
         assert _echo(ports, "Echo") is None

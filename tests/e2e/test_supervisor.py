@@ -180,7 +180,8 @@ def test_a_spent_restart_budget_ends_the_program_non_zero_with_one_clear_line():
         child.send("missing-binary")
         assert child.next_line() == "missing"
         _crash(ports)
-        # 8 attempts with 0.5 + 1 + 2 + 4 + 4 + 4 + 4 s between them; then serve() stops everything and raises.
+        # 8 attempts (delays shortened by the child's missing-binary command); then serve() stops
+        # everything and raises.
         returncode = child.process.wait(timeout=120)
         for pump in child.pumps:
             pump.join(10)  # every line read

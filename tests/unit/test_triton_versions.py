@@ -7,6 +7,7 @@ against the live server's metadata (``make test-triton-older`` runs it on an old
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import pathlib
@@ -48,7 +49,10 @@ def _server_dir(root: pathlib.Path, version: str = "") -> pathlib.Path:
 
 
 def _pin_fake_wheel(tmp_path, monkeypatch, triton: str) -> pathlib.Path:
-    build = versions.BUILDS[triton]
+    # The install's mechanics, on any interpreter CI runs: the build is taken to ship this Python's
+    # stub (the older builds have none for 3.13; test_an_older_build_refuses_a_python_it_has_no_stub_for).
+    build = dataclasses.replace(versions.BUILDS[triton], pythons=((3, 8), (3, 13)))
+    monkeypatch.setitem(versions.BUILDS, triton, build)
     wheel = _fake_wheel(tmp_path / f"nvidia_pytriton-{build.wheel_version}-py3-none-manylinux_2_35_x86_64.whl")
     monkeypatch.setitem(build.sha256, dist.machine_arch(), hashlib.sha256(wheel.read_bytes()).hexdigest())
     return wheel
@@ -174,9 +178,19 @@ def test_install_an_older_build_beside_the_default(home, tmp_path, monkeypatch):
 
 def test_install_verifies_against_the_chosen_builds_pin(home, tmp_path, monkeypatch):
     wheel = _pin_fake_wheel(tmp_path, monkeypatch, "2.51.0")  # pinned for 2.51 only
+    # On any interpreter: the refusal tested here is the pin's, not the missing 3.13 stub's.
+    monkeypatch.setitem(
+        versions.BUILDS, "2.48.0", dataclasses.replace(versions.BUILDS["2.48.0"], pythons=((3, 8), (3, 13)))
+    )
     with pytest.raises(InstallError, match=r"not the expected nvidia-pytriton 0\.5\.10 wheel \(Triton 2\.48\.0\)"):
         install_server(wheel, stub_env=False, progress=lambda _: None, triton="2.48")
     assert not (home / "tritonserver" / "2.48.0").exists()
+
+
+def test_an_older_build_refuses_a_python_it_has_no_stub_for():
+    with pytest.raises(PyTritonServerError, match=r"this is Python 3\.13\. Triton 2\.48\.0's Python backend"):
+        dist.check_python_supported((3, 13), triton="2.48.0")
+    dist.check_python_supported((3, 13), triton="2.51.0")  # 2.51 ships a 3.13 stub
 
 
 def test_install_of_an_unsupported_build_fails_before_downloading(home, monkeypatch):
