@@ -100,8 +100,13 @@ try:
     import sys
 
     _STDLIB = frozenset(sys.stdlib_module_names)  # Python 3.10+
-except AttributeError:  # pragma: no cover - 3.8/3.9: only the private stdlib modules pytriton uses
-    _STDLIB = frozenset({"_thread", "_io", "_collections_abc", "_ctypes"})
+except AttributeError:  # pragma: no cover - 3.9: the stdlib's own modules, read from its directory
+    import pkgutil
+    import sysconfig
+
+    _STDLIB = frozenset(sys.builtin_module_names) | frozenset(
+        module.name for module in pkgutil.iter_modules([sysconfig.get_paths()["stdlib"]])
+    )
 
 
 def _by_name(node: ast.Call) -> str | None:

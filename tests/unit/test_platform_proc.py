@@ -6,6 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 from pytriton._platform import proc
 
@@ -71,6 +72,10 @@ def test_scans_children_groups_and_tasks(tmp_path):
 def test_the_real_proc_agrees_with_os():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
+        # Between fork and exec the child's cmdline is not yet its own: wait (bounded) for the exec.
+        deadline = time.monotonic() + 10.0
+        while not proc.cmdline(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         info = proc.stat(child.pid)
         assert info is not None and info.ppid == os.getpid()
         assert child.pid in proc.children(os.getpid())
