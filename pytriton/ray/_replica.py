@@ -29,6 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pytriton import inprocess
+from pytriton.exceptions import PyTritonBadParameterError
+from pytriton.model_config import dtypes
 from pytriton.triton import Triton, TritonConfig
 
 # A Starlette request handed over by Ray's HTTP proxy, and the response returned to it: untyped
@@ -38,24 +40,6 @@ HttpObject = Any
 Json = Any
 
 BindModels = Callable[[Triton], None]
-
-# KServe v2 datatype names and numpy dtypes (the JSON form of the protocol: BYTES travel as strings).
-_V2_TO_NUMPY: Dict[str, type] = {
-    "BOOL": np.bool_,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
-_NUMPY_TO_V2: Dict[str, str] = {np.dtype(v).str[1:]: k for k, v in _V2_TO_NUMPY.items() if k != "BYTES"}
 
 
 class PyTritonRequestError(ValueError):
@@ -71,9 +55,12 @@ def _to_v2_output(name: str, array: npt.NDArray[np.generic]) -> Dict[str, Json]:
         data = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
         datatype = "BYTES"
     else:
-        datatype = _NUMPY_TO_V2.get(array.dtype.str[1:], "")
-        if not datatype:
-            raise PyTritonRequestError(f"Output {name!r} has dtype {array.dtype}, which KServe v2 JSON cannot carry")
+        try:
+            datatype = dtypes.triton_type(array.dtype)
+        except PyTritonBadParameterError:
+            raise PyTritonRequestError(
+                f"Output {name!r} has dtype {array.dtype}, which KServe v2 JSON cannot carry"
+            ) from None
         data = array.reshape(-1).tolist()
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
 
@@ -87,11 +74,12 @@ def parse_v2_inputs(body: Mapping[str, Json]) -> Dict[str, npt.NDArray[np.generi
     for entry in entries:
         if not isinstance(entry, dict) or not {"name", "shape", "datatype", "data"} <= entry.keys():
             raise PyTritonRequestError('Each input needs "name", "shape", "datatype" and "data"')
-        dtype = _V2_TO_NUMPY.get(str(entry["datatype"]))
-        if dtype is None:
-            raise PyTritonRequestError(f"Input {entry['name']!r}: unknown datatype {entry['datatype']!r}")
         try:
-            if dtype is np.object_:
+            dtype = dtypes.numpy_type(str(entry["datatype"]))
+        except PyTritonBadParameterError:
+            raise PyTritonRequestError(f"Input {entry['name']!r}: unknown datatype {entry['datatype']!r}") from None
+        try:
+            if dtype is np.bytes_:
                 flat = np.array([str(v).encode("utf-8") for v in np.asarray(entry["data"]).reshape(-1)], dtype=object)
                 array = flat.reshape([int(d) for d in entry["shape"]])
             else:
