@@ -150,7 +150,7 @@ def check_shm(free_bytes: Callable[[str], int] = _free_bytes) -> List[Item]:
 
 def check_private_launch() -> List[Item]:
     """Whether the server can start with its token hidden and its regions private (docs/security.md)."""
-    from pytriton.server import _launch
+    from pytriton._platform import launch as _launch
 
     try:
         trace_problem, filter_problem = _launch.probe(sys.executable)
@@ -191,7 +191,7 @@ def check_hardening(
             Item(f"protection {name}", INFO, "inactive (PYTRITON_HARDENING=off)") for name in names
         ]
     if probe is None:
-        from pytriton.server import _launch
+        from pytriton._platform import launch as _launch
 
         def probe() -> Tuple[Optional[str], Optional[str]]:
             return _launch.probe(sys.executable)

@@ -166,11 +166,11 @@ def _print_server_command(args: argparse.Namespace) -> None:
 
 
 def _run_server(args: argparse.Namespace) -> int:
-    """Run the server in the foreground (private launch: server/_launch.py); its exit code, or 0 after a signal."""
+    """Run the server in the foreground (private launch: _platform/launch.py); its exit code, or 0 after a signal."""
     import signal
 
     from pytriton._exit import describe_exit
-    from pytriton.server import _launch
+    from pytriton._platform import launch as _launch
     from pytriton.server.process import _die_with_parent
 
     argv, env, _ = _server(args, os.environ.get(TOKEN_VARIABLE) or None)

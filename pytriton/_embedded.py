@@ -13,7 +13,7 @@ or ``Triton.client`` (an :class:`~pytriton.inprocess.InProcessModelClient`).
 
 Processes and lifetimes: the Python backend still runs one stub process per model instance; in this
 mode the stubs are children of this process; if it dies, the watchdog kills them as soon as the kernel
-has torn the dead process down (about 2 s on a loaded 2-core machine; server/_watchdog.py says why
+has torn the dead process down (about 2 s on a loaded 2-core machine; _platform/watchdog.py says why
 the stubs' own detection is not relied on).
 :class:`EmbeddedServer` stands in for :class:`~pytriton.server.process.TritonServerProcess`, so
 ``Triton``'s start-up, live binding, unbinding, stub replacement, memory recycling and ``stop()``

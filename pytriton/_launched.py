@@ -2,7 +2,7 @@
 
 :class:`LocalBackend` owns what a server started by this process needs, whichever way it runs: the
 launch plan (pytriton/_plan.py) and the server's environment, the server object, the watchdog process
-that cleans up if this process is killed (server/_watchdog.py), the guard that keeps the Python
+that cleans up if this process is killed (_platform/watchdog.py), the guard that keeps the Python
 backend's shared-memory regions private (server/_shm_guard.py) and the Python backend's scratch
 directory (server/_scratch.py). :class:`LaunchedBackend` runs the plan as the ``tritonserver`` binary
 and talks to it over its network endpoints (:class:`pytriton._endpoints.ServerEndpoints`);
@@ -32,6 +32,7 @@ from pytriton._endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
 from pytriton._plan import LaunchPlan
 from pytriton._platform import hardening
 from pytriton._platform import paths as _paths
+from pytriton._platform import watchdog as _watchdog_script
 from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
 from pytriton.proxy.stubside import _segments, _stub_print
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 # glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
 LOGGER = logging.getLogger("pytriton.triton")
 SERVER_MALLOC_ARENA_MAX = 1
-_WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
+_WATCHDOG = pathlib.Path(_watchdog_script.__file__)  # run as a script (python -S), never imported there
 
 
 def server_environment(

@@ -16,7 +16,7 @@ fields. It is rendered
 A change to the launch (the drain's longer exit timeout, the log file, the models a restarted server
 loads) is a new plan made with :func:`dataclasses.replace` (or the helpers below), never an edit of
 argv strings. The restriction groups carry the access token: they are left out of ``repr``, and
-argv's restriction flags are hidden from other users by the private launch (server/_launch.py).
+argv's restriction flags are hidden from other users by the private launch (_platform/launch.py).
 
 Unit test: tests/unit/test_plan.py.
 """

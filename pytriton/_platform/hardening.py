@@ -3,13 +3,15 @@
 The protections (docs/security.md, "Hardening modes"):
 
 - ``hidden-token``: the access token never appears in the server's command line (the private launch
-  traces the new process with ``ptrace`` and swaps one argv pointer; server/_launch.py);
+  traces the new process with ``ptrace`` and swaps one argv pointer; _platform/launch.py);
 - ``chmod-filter``: a seccomp filter on the server and its stubs refuses any ``chmod`` that would let
-  group or other open a shared-memory region (server/_launch.py);
+  group or other open a shared-memory region (_platform/launch.py);
 - ``shm-guard``: an inotify watcher narrows each region of this instance to 0600 on sight
   (server/_shm_guard.py; the in-process server's defence, a second line for the others);
-- ``inprocess-modes``: the in-process server's Python backend creates its regions 0600 from the start
-  (inprocess/_private_modes.py, machine code patched into the backend library in this process).
+- ``inprocess-modes``: the in-process server's Python backend creates its regions 0600 from the start:
+  the server is created from a thread with its own umask 077 and the chmod filter, which the threads
+  Triton starts from it inherit (launch.py, :func:`~pytriton._platform.launch.call_confined`); no
+  other thread of the user's process is touched.
 
 Modes:
 

@@ -6,8 +6,9 @@
 - :func:`raise_in_thread`: CPython's ``PyThreadState_SetAsyncExc`` (a callable past its deadline).
 - :func:`inotify_watch`: an inotify descriptor on one directory (the shared-memory guard).
 
-Everything else that needs ``ctypes`` lives in this package too (the private launch's ``ptrace`` and
-seccomp filter are in ``server/_launch.py`` until they move here; see tests/unit/test_platform_boundary.py).
+Everything else that needs ``ctypes`` lives in this package too: the private launch's ``ptrace`` and
+seccomp filter, and the in-process server's confined start thread, are in ``launch.py``
+(tests/unit/test_platform_boundary.py keeps such calls inside the layer).
 """
 
 from __future__ import annotations

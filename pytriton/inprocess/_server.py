@@ -43,8 +43,8 @@ from typing import (
     cast,
 )
 
-from pytriton._platform import hardening
-from pytriton.inprocess import _lib, _pool, _private_modes, _request, _teardown
+from pytriton._platform import hardening, launch
+from pytriton.inprocess import _lib, _pool, _request, _teardown
 from pytriton.inprocess._enums import (
     MetricFormat,
     ModelBatchFlag,
@@ -261,13 +261,7 @@ class Server:
             _segments.sweep_dead_owners()
             if lib.path is not None:
                 _lib.preload_backends(pathlib.Path(self.options.backend_directory), lib.path.parent)
-                # Before the server exists: its regions are created 0600 (docs/security.md); not under off,
-                # and under strict a backend that cannot be protected fails the start.
-                protections = hardening.Protections(hardening.resolve())
-                if protections.enabled:
-                    protected = _private_modes.protect_python_backend(pathlib.Path(self.options.backend_directory))
-                    if not protected and protections.mode == hardening.STRICT:
-                        protections.refused(hardening.INPROCESS_MODES, _private_modes.refusal() or "not applied")
+            protections = hardening.Protections(hardening.resolve())
             options_handle = ctypes.c_void_p()
             lib.check(lib.TRITONSERVER_ServerOptionsNew(ctypes.byref(options_handle)))
             try:
@@ -289,9 +283,22 @@ class Server:
                     self._release_env()
                     raise
                 server = ctypes.c_void_p()
+
+                def create() -> None:
+                    lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
+
                 try:
                     with self._scratch_window():
-                        lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
+                        if protections.enabled:
+                            # Created from a confined thread: the threads Triton starts from it (where the
+                            # backend creates its regions and forks its stubs) have umask 077 and the chmod
+                            # filter, so every region is 0600 from its first byte (docs/security.md); under
+                            # strict a thread that cannot be confined fails the start before the server exists.
+                            launch.call_confined(create, protections)
+                        else:
+                            protections.skipped(hardening.INPROCESS_MODES)
+                            create()
+                    LOGGER.debug("In-process server started: %s", protections.summary())
                 except TritonError as exc:
                     failures = self._error_log.load_failures() if self._error_log is not None else []
                     self._release_env()
@@ -299,6 +306,8 @@ class Server:
                         raise type(exc)(f"{exc}: " + "; ".join(failures)) from None
                     raise
                 except BaseException:
+                    if server.value:  # interrupted while the server was being created: it exists, unwanted
+                        lib.TRITONSERVER_ServerDelete(server)
                     self._release_env()
                     raise
                 self._requests = _pool.RequestPool()

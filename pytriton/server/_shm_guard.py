@@ -2,10 +2,10 @@
 
 Triton's Python backend creates one region per model instance in ``/dev/shm`` and sets its mode to
 0644 itself (``fchmod`` after ``shm_open``; a umask does not help). A server that
-:class:`~pytriton.triton.Triton` starts never gets there: its launch (server/_launch.py) refuses
-that ``fchmod``, so its regions are 0600 from their first byte, and this guard is only a second
-line. It is the defence of the in-process server, whose backend runs inside the user's process
-(pytriton/inprocess/_server.py), and of kernels without seccomp: :class:`ShmGuard` watches
+:class:`~pytriton.triton.Triton` starts never gets there: its launch (_platform/launch.py) refuses
+that ``fchmod``, so its regions are 0600 from their first byte, and the in-process server
+(pytriton/inprocess/_server.py) does the same from a confined start thread: this guard is only a
+second line. It is the defence where seccomp or a thread's own umask is refused: :class:`ShmGuard` watches
 ``/dev/shm`` for names with the backend's prefix being created or having their mode changed, and
 sets 0600 as soon as an inotify event reaches its thread.
 

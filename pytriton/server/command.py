@@ -25,7 +25,7 @@ NOT_FLAGS = frozenset(
         "python_backend_shm_recycle_idle_secs",
         "server_malloc_arena_max",
         "server_allocator",
-        "hardening",  # how the server is launched (server/_launch.py), not a flag
+        "hardening",  # how the server is launched (_platform/launch.py), not a flag
         "disable_auto_complete_config",
         # Merged with the security config by AccessPolicy (security.py), which writes the flags.
         "http_restricted_api",

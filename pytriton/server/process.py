@@ -26,9 +26,10 @@ import time
 from typing import IO, Callable, Deque, Dict, List, Optional
 
 from pytriton._platform import hardening, native, proc
+from pytriton._platform import launch as _launch
 from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy.stubside import _stub_print
-from pytriton.server import _allocator, _launch
+from pytriton.server import _allocator
 
 LOGGER = logging.getLogger(__name__)
 # The server's own output lines go to a logger of their own, documented in docs/configuration.md

@@ -28,7 +28,7 @@ class Workspace:
     is garbage-collected or, at the latest, when the interpreter exits normally (``weakref.finalize``,
     which runs after the ``atexit`` handlers registered later, ``Triton.stop`` among them). Only the
     process that created it removes it that way: a forked child that exits leaves it alone. A
-    killed process leaves it to the crash guard (``server/_watchdog.py``, see :func:`cleanup_paths`).
+    killed process leaves it to the crash guard (``_platform/watchdog.py``, see :func:`cleanup_paths`).
 
     Ownership (``_platform/paths.py``, docs/security.md): the directory, given or fresh, and every
     directory :meth:`subdir` makes must be owned by the serving user and not writable by group or

@@ -17,9 +17,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from pytriton._platform import hardening, proc
+from pytriton._platform import launch as _launch
 from pytriton.exceptions import PyTritonServerError
 from pytriton.model_config import Tensor
-from pytriton.server import _launch
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import owned_resources, process_group_alive, shm_entries, wait_for
 from tests.e2e.kind_models import identity
@@ -133,12 +133,11 @@ def test_auto_starts_when_ptrace_is_refused_and_warns_once_with_the_cause(ports,
 # -- the in-process server (Triton(embedded=True)) ------------------------------------------------------------
 
 
-def test_off_serves_in_process_without_patching_the_backend_or_guarding_regions(monkeypatch):
-    from pytriton.inprocess import _private_modes
+def test_off_serves_in_process_without_confining_threads_or_guarding_regions(monkeypatch):
     from pytriton.server import _shm_guard
 
     monkeypatch.setenv("PYTRITON_HARDENING", "off")
-    monkeypatch.setattr(_private_modes, "protect_python_backend", lambda *a: pytest.fail("off patches nothing"))
+    monkeypatch.setattr(_launch, "call_confined", lambda *a: pytest.fail("off confines no thread"))
     monkeypatch.setattr(_shm_guard.ShmGuard, "start", lambda self: pytest.fail("off starts no guard"))
     triton = Triton(embedded=True)
     try:
@@ -153,11 +152,8 @@ def test_off_serves_in_process_without_patching_the_backend_or_guarding_regions(
 
 
 def test_strict_refuses_an_in_process_start_whose_backend_cannot_be_protected(monkeypatch):
-    from pytriton.inprocess import _private_modes
-
     monkeypatch.setenv("PYTRITON_HARDENING", "strict")
-    monkeypatch.setattr(_private_modes, "protect_python_backend", lambda *a: False)
-    monkeypatch.setattr(_private_modes, "refusal", lambda: "no trampolines on this test's architecture")
+    monkeypatch.setattr(_launch, "confine_thread", lambda: "no seccomp filter on this test's machine")
     triton = Triton(embedded=True)
     try:
         spec = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
@@ -166,4 +162,4 @@ def test_strict_refuses_an_in_process_start_whose_backend_cannot_be_protected(mo
             triton.run()
     finally:
         triton.stop()
-    assert "inprocess-modes" in str(raised.value) and "no trampolines on this test's architecture" in str(raised.value)
+    assert "inprocess-modes" in str(raised.value) and "no seccomp filter on this test's machine" in str(raised.value)

@@ -393,7 +393,7 @@ def test_model_client_shaped_bytes(server):
 
 
 def test_backend_regions_are_private(server):
-    """The Python backend creates them in this process, 0600 from the start (inprocess/_private_modes.py).
+    """The Python backend creates them in this process, 0600 from the start (a confined start thread, _platform/launch.py).
 
     tests/e2e/test_local_users.py shows that another user never opens one.
     """
@@ -402,3 +402,31 @@ def test_backend_regions_are_private(server):
     assert names
     modes = {name: os.stat(os.path.join("/dev/shm", name)).st_mode & 0o777 for name in names}
     assert set(modes.values()) == {0o600}, {name: oct(mode) for name, mode in modes.items()}
+
+
+def test_only_the_servers_threads_are_confined_and_no_machine_code_is_written(server):
+    """The threads Triton started (and the stubs they forked) have umask 077 and the chmod filter; the rest does not.
+
+    Under the default hardening (auto) nothing is patched into this process: its main thread (the
+    application) keeps its umask and runs unfiltered, and may still widen a file's mode; the stubs,
+    forked by the backend's confined threads, run as a launched server's do.
+    """
+    from pytriton._platform import proc
+
+    stubs = [
+        pid
+        for pid in proc.children(os.getpid(), running_only=True)
+        if proc.program_is(pid, "triton_python_backend_stub")
+    ]
+    assert stubs
+    for pid in stubs:
+        assert (proc.status_field(pid, "Umask"), proc.status_int(pid, "Seccomp")) == ("0077", 2), pid
+    threads = proc.tasks() or frozenset()
+    confined = [tid for tid in threads if proc.status_int(f"self/task/{tid}", "Seccomp") == 2]
+    assert confined and len(confined) < len(threads)  # Triton's threads; not this one
+    assert proc.status_int(f"self/task/{threading.get_native_id()}", "Seccomp") == 0
+    with tempfile.NamedTemporaryFile() as plain:  # healthy traffic beside it: the application may widen a mode
+        os.fchmod(plain.fileno(), 0o644)
+        assert os.fstat(plain.fileno()).st_mode & 0o777 == 0o644
+    (response,) = server.model("identity").infer(inputs={"INPUT0": np.array([[5]], np.float32)})
+    assert float(np.from_dlpack(response.outputs["OUTPUT0"]).flat[0]) == 5

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
+import py_compile
 import subprocess
 
 import pytest
@@ -30,34 +31,51 @@ def _fresh_memo(monkeypatch):
     monkeypatch.setattr(_bytecode, "_memo", {})
 
 
-def test_the_bytecode_is_a_hash_checked_pyc_of_this_interpreter_and_cached(tmp_path):
-    source = b"VALUE = 41 + 1\n"
-    data = _bytecode.bytecode(source, "m.py", tmp_path / "cache")
+def _source(directory: pathlib.Path, text: str, name: str = "m.py") -> pathlib.Path:
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+def test_the_bytecode_is_the_standard_librarys_hash_checked_pyc_and_cached(tmp_path):
+    source = _source(tmp_path, "VALUE = 41 + 1\n")
+    data = _bytecode.bytecode(source, tmp_path / "cache")
     assert data is not None
     assert data[:4] == importlib.util.MAGIC_NUMBER
     assert int.from_bytes(data[4:8], "little") == 0b11  # hash-based, checked (PEP 552)
-    assert data[8:16] == importlib.util.source_hash(source)
+    assert data[8:16] == importlib.util.source_hash(source.read_bytes())
+    # What py_compile writes for the same source, byte for byte.
+    reference = py_compile.compile(
+        str(source),
+        str(tmp_path / "ref.pyc"),
+        source.name,
+        invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+    )
+    assert pathlib.Path(reference).read_bytes() == data
     cached = list((tmp_path / "cache").rglob("*.pyc"))
     assert len(cached) == 1 and cached[0].read_bytes() == data
-    assert cached[0].stat().st_mode & 0o777 == 0o600 and cached[0].parent.stat().st_mode & 0o777 == 0o700
+    assert cached[0].parent.stat().st_mode & 0o777 == 0o700
     assert not list((tmp_path / "cache").rglob("*.tmp"))
 
 
 def test_a_damaged_cache_file_is_compiled_again_and_a_source_that_does_not_compile_gets_none(tmp_path):
-    source = b"X = 1\n"
-    good = _bytecode.bytecode(source, "m.py", tmp_path)
-    (cached,) = tmp_path.rglob("*.pyc")
+    source = _source(tmp_path, "X = 1\n")
+    good = _bytecode.bytecode(source, tmp_path / "cache")
+    (cached,) = (tmp_path / "cache").rglob("*.pyc")
     cached.write_bytes(b"garbage")
     _bytecode._memo.clear()
-    assert _bytecode.bytecode(source, "m.py", tmp_path) == good
+    assert _bytecode.bytecode(source, tmp_path / "cache") == good
     assert cached.read_bytes() == good
-    assert _bytecode.bytecode(b"def (:\n", "bad.py", tmp_path) is None
+    assert _bytecode.bytecode(_source(tmp_path, "def (:\n", "bad.py"), tmp_path / "cache") is None
 
 
-def test_an_unwritable_cache_only_costs_the_compile(tmp_path):
+def test_an_unwritable_cache_leaves_the_copy_without_bytecode(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
-    assert _bytecode.bytecode(b"X = 2\n", "m.py", blocked) is not None
+    assert _bytecode.bytecode(_source(tmp_path, "X = 2\n"), blocked) is None
+    (tmp_path / "a").mkdir()
+    _bytecode.copy_with_bytecode(tmp_path / "m.py", tmp_path / "a" / "m.py", _write, blocked)
+    assert sorted(path.name for path in (tmp_path / "a").iterdir()) == ["m.py"]  # the stub compiles it
 
 
 def test_copies_get_a_private_pycache_and_none_without_a_cache_dir(tmp_path):

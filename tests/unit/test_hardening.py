@@ -1,4 +1,4 @@
-"""The hardening switch (pytriton/_platform/hardening.py) and the launch that obeys it (server/_launch.py).
+"""The hardening switch (pytriton/_platform/hardening.py) and the launch that obeys it (_platform/launch.py).
 
 The launch runs this interpreter as the child (no server): it prints the argv ``main`` received, whether its
 ``/proc/self/cmdline`` shows the secret, and its seccomp mode. A refused ``ptrace`` is simulated the way
@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from pytriton._platform import hardening
+from pytriton._platform import launch as _launch
 from pytriton.exceptions import PyTritonServerError, PyTritonValidationError
-from pytriton.server import _launch
 from pytriton.server.triton_config import TritonConfig
 
 SECRET_FLAG = "--http-restricted-api=model-repository:triton-access-token=s3cret-token"

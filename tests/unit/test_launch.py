@@ -1,4 +1,4 @@
-"""The private launch (pytriton/server/_launch.py) on a plain child process: no server needed.
+"""The private launch (pytriton/_platform/launch.py) on a plain child process: no server needed.
 
 The child is this interpreter running a small script that reports what it sees: its argv as ``main``
 received it, its ``/proc/self/cmdline`` as every other user reads it, and whether a chmod that
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from pytriton.server import _launch
+from pytriton._platform import launch as _launch
 from pytriton.server.process import TritonServerProcess
 from tests.conftest import wait_for
 

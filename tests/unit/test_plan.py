@@ -14,8 +14,8 @@ import pytest
 
 import pytriton.inprocess as tritonserver
 from pytriton._plan import LaunchPlan, PythonBackendOptions
+from pytriton._platform import launch as _launch
 from pytriton.exceptions import PyTritonBadParameterError
-from pytriton.server import _launch
 from pytriton.server.command import NOT_FLAGS, LaunchSettings
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig
 from pytriton.server.triton_config import TritonConfig

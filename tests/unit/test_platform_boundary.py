@@ -44,19 +44,6 @@ ALLOWED: Dict[str, Tuple[FrozenSet[str], str]] = {
     ),
     "pytriton/proxy/stubside/_stub_dlpack.py": (frozenset({CTYPES}), "the stub's DLPack exchange (C structs)"),
     # -- to be moved into _platform (issue 43 item 4's follow-up).
-    "pytriton/server/_launch.py": (
-        frozenset({CTYPES, PTRACE, PRCTL, PROC}),
-        "the private launch (ptrace argv swap, seccomp filter, /proc/<pid>/mem): to _platform/launch.py once "
-        "the version gates being added to it have landed",
-    ),
-    "pytriton/server/_watchdog.py": (
-        frozenset({PROC}),
-        "the crash guard runs as `python -S <file>` without pytriton on sys.path, so it keeps its own scan",
-    ),
-    "pytriton/inprocess/_private_modes.py": (
-        frozenset({CTYPES, PROC}),
-        "GOT trampolines (/proc/self/maps, mmap'd machine code): off the default path in issue 43 item 4",
-    ),
     "pytriton/openai/_transport.py": (
         frozenset({PRIVATE}),
         "subclasses uvicorn's internal protocol classes (issue 43 item 4: stock uvicorn unless a benchmark says otherwise)",

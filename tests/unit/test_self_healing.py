@@ -16,9 +16,9 @@ import pytest
 
 from pytriton._backend import State
 from pytriton._exit import describe_exit
+from pytriton._platform import watchdog as _watchdog
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.server import _watchdog
 from pytriton.server.process import TritonServerProcess, kill_stub
 from pytriton.triton import Triton, TritonLifecyclePolicy
 from tests.conftest import process_group_alive, wait_for

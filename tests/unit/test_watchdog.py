@@ -1,4 +1,4 @@
-"""The clean-up watchdog (``pytriton/server/_watchdog.py``) run as ``Triton.run`` runs it, against fakes.
+"""The clean-up watchdog (``pytriton/_platform/watchdog.py``) run as ``Triton.run`` runs it, against fakes.
 
 The "server" is a sleeping process in a session of its own (its own process group), the
 "segments" are files in ``/dev/shm`` with a unique prefix, and the test holds the pipe's write end
@@ -18,7 +18,7 @@ import tempfile
 
 import pytest
 
-from pytriton.server import _watchdog
+from pytriton._platform import watchdog as _watchdog
 from tests.conftest import wait_for
 
 WATCHDOG = pathlib.Path(_watchdog.__file__)

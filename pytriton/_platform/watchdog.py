@@ -1,7 +1,8 @@
 """Clean-up guard: removes a ``Triton`` instance's leftovers if its process dies without stopping.
 
 Started by ``Triton.run`` as ``<python> -S <path of this file> READ_FD SERVER_PGID SHM_PREFIX PATH...``
-(a script that imports only the standard library, without ``site``). It blocks reading a pipe whose
+(a script that imports only the standard library and its sibling ``proc.py``, the layer's one ``/proc``
+reader, without ``site``). It blocks reading a pipe whose
 write end only the user's process holds, which sends newline-terminated lines: ``scratch PATH``
 once a Python backend's scratch directory is known (server/_scratch.py), ``pgid N`` when a
 restarted server runs in process group N, and ``done`` from ``Triton.stop`` (nothing left to do).
@@ -32,19 +33,24 @@ import sys
 import time
 from typing import List
 
+try:  # imported as part of pytriton (its path, tests)
+    from pytriton._platform import proc
+except ImportError:  # run as `python -S <this file>`: sys.path[0] is this directory, whose proc.py is stdlib-only
+    import proc  # type: ignore[no-redef]
+
 STUB_EXECUTABLE = "triton_python_backend_stub"
 
 
-def _stub_of(pid: str, shm_prefix: str) -> bool:
+def _stub_of(pid: int, shm_prefix: str) -> bool:
     """True if process ``pid`` is a Python-backend stub of ours whose region name starts with ``shm_prefix-``."""
-    try:
-        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
-            return False
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
-            argv = cmdline_file.read().decode(errors="replace").split("\0")
-    except OSError:
+    if proc.owner(pid) != os.geteuid():
         return False
-    return os.path.basename(argv[0]) == STUB_EXECUTABLE and any(arg.startswith(f"{shm_prefix}-") for arg in argv[1:])
+    argv = proc.cmdline(pid) or []
+    return (
+        bool(argv)
+        and os.path.basename(argv[0]) == STUB_EXECUTABLE
+        and any(arg.startswith(f"{shm_prefix}-") for arg in argv[1:])
+    )
 
 
 def kill_stubs(shm_prefix: str) -> List[int]:
@@ -54,20 +60,20 @@ def kill_stubs(shm_prefix: str) -> List[int]:
     through it, so a pid reused between the check and the signal is never hit.
     """
     killed = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or not _stub_of(pid, shm_prefix):
+    for pid in proc.pids():
+        if not _stub_of(pid, shm_prefix):
             continue
         pidfd = -1
         with contextlib.suppress(OSError, AttributeError):
-            pidfd = os.pidfd_open(int(pid))  # Linux 5.3, Python 3.9
+            pidfd = os.pidfd_open(pid)  # Linux 5.3, Python 3.9
         try:
             if pidfd >= 0:
                 if _stub_of(pid, shm_prefix):  # still the same process: the pidfd pins it
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                    killed.append(int(pid))
+                    killed.append(pid)
             else:
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
         except OSError:
             pass  # it exited meanwhile
         finally:

@@ -41,8 +41,9 @@ import platform
 import signal
 import struct
 import subprocess
+import threading
 import time
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from pytriton._platform import hardening, proc
 
@@ -63,6 +64,8 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _GROUP_OTHER = 0o077
+_CLONE_FS = 0x00000200
+_T = TypeVar("_T")
 
 # Per architecture: the audit arch value, and the chmod-family syscalls with the index of their mode argument.
 _ARCHES: Dict[str, Tuple[int, Dict[int, int], bool]] = {
@@ -151,6 +154,30 @@ _LIBC = _libc()  # resolved before any fork: the child must not load libraries
 _ulong = ctypes.c_ulong  # variadic prctl: a bare Python int would be passed as a 32-bit int
 
 
+def _program(machine: str) -> Optional[_SockFprog]:
+    """The chmod filter for ``machine`` as the kernel takes it; None where none is defined or libc is missing."""
+    program = chmod_filter(machine)
+    if program is None or _LIBC is None:
+        return None
+    rows = (_SockFilter * len(program))(*(_SockFilter(*row) for row in program))
+    fprog = _SockFprog(len(program), ctypes.cast(rows, ctypes.POINTER(_SockFilter)))
+    fprog._rows = rows  # type: ignore[attr-defined]  # keeps the rows alive as long as the program
+    return fprog
+
+
+def _install_filter(fprog: _SockFprog) -> int:
+    """Install ``fprog`` on the calling thread (and what it starts later); 0, else the errno. Fork-safe (no allocation)."""
+    assert _LIBC is not None
+    if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, _ulong(1), _ulong(0), _ulong(0), _ulong(0)) != 0:
+        return ctypes.get_errno() or errno.EPERM
+    # No SECCOMP_FILTER_FLAG_TSYNC: only this thread is filtered, never its process's other threads.
+    if _LIBC.prctl(
+        _PR_SET_SECCOMP, _ulong(_SECCOMP_MODE_FILTER), _ulong(ctypes.addressof(fprog)), _ulong(0), _ulong(0)
+    ):
+        return ctypes.get_errno() or errno.EPERM
+    return 0
+
+
 class PrivateLaunch:
     """How to start one server process privately; one instance per ``Popen``.
 
@@ -165,12 +192,7 @@ class PrivateLaunch:
             self.argv, self.env, self.hidden = hide_secrets(argv, env)
         else:
             self.argv, self.env, self.hidden = list(argv), dict(env), {}
-        program = chmod_filter(platform.machine()) if filtered else None
-        self._filter: Optional[ctypes.Array[_SockFilter]] = None
-        self._fprog: Optional[_SockFprog] = None
-        if program is not None and _LIBC is not None:
-            self._filter = (_SockFilter * len(program))(*(_SockFilter(*row) for row in program))
-            self._fprog = _SockFprog(len(program), ctypes.cast(self._filter, ctypes.POINTER(_SockFilter)))
+        self._fprog = _program(platform.machine()) if filtered else None
         self.filtering = self._fprog is not None
         """Whether :meth:`preexec` installs the chmod filter (False where the architecture is unknown)."""
         self.report_fd: Optional[int] = None
@@ -181,17 +203,8 @@ class PrivateLaunch:
         os.umask(0o077)
         if _LIBC is None:
             return
-        if (
-            self._fprog is not None
-            and _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, _ulong(1), _ulong(0), _ulong(0), _ulong(0)) == 0
-        ):
-            _LIBC.prctl(
-                _PR_SET_SECCOMP,
-                _ulong(_SECCOMP_MODE_FILTER),
-                _ulong(ctypes.addressof(self._fprog)),
-                _ulong(0),
-                _ulong(0),
-            )
+        if self._fprog is not None:
+            _install_filter(self._fprog)
         if self.hidden and _LIBC.ptrace(_PTRACE_TRACEME, 0, None, None) != 0:
             error = ctypes.get_errno()
             # Popen reports only "Exception occurred in preexec_fn.": the errno goes to the parent
@@ -388,6 +401,72 @@ def spawn(
         else:
             protections.applied(hardening.CHMOD_FILTER)
     return process
+
+
+def confine_thread() -> Optional[str]:
+    """Give the calling thread what :class:`PrivateLaunch` gives a server: umask 077 and the chmod filter.
+
+    For the in-process server, whose Python backend runs in the user's own process: the thread that
+    creates the server (and so every thread Triton starts from it, which is where the backend creates
+    its regions and forks its stubs) gets a private copy of the process's umask, root and working
+    directory (``unshare(CLONE_FS)``), sets the umask to 077 there, and installs the chmod filter on
+    itself only (no ``TSYNC``). The process's other threads keep their umask and are never filtered.
+    Both are permanent for the thread and inherited by the threads and processes it starts. Returns
+    None when both are in place, else why not (after a refused ``unshare`` nothing is changed; after
+    a refused filter only the private umask is).
+    """
+    if _LIBC is None:
+        return "the C library cannot be loaded with ctypes"
+    fprog = _program(platform.machine())
+    if fprog is None:
+        return f"no seccomp filter is defined for {platform.machine()}"
+    if _LIBC.unshare(ctypes.c_int(_CLONE_FS)) != 0:
+        error = ctypes.get_errno()
+        return f"unshare(CLONE_FS) refused ({os.strerror(error)}), so the umask cannot be set for one thread only"
+    os.umask(0o077)  # this thread's own copy now
+    error = _install_filter(fprog)
+    if error:
+        return f"the kernel refused the seccomp filter ({os.strerror(error)})"
+    return None
+
+
+def call_confined(call: Callable[[], _T], protections: hardening.Protections) -> _T:
+    """Run ``call`` in a new thread confined by :func:`confine_thread`; its result, or its exception re-raised.
+
+    ``protections`` records :data:`~hardening.INPROCESS_MODES`: applied, or refused with the cause
+    (``strict`` raises before ``call`` runs; ``auto`` warns once and runs it unconfined in effect).
+    Under ``off`` the caller should simply call ``call()``. The thread ends when ``call`` returns;
+    threads it started (Triton's) keep the confinement. An interrupt while waiting (Ctrl-C) waits
+    for ``call`` to finish (a C call cannot be abandoned half-way) and is then re-raised.
+    """
+    outcome: Dict[str, Any] = {}
+
+    def confined() -> None:
+        try:
+            reason = confine_thread()
+            if reason is None:
+                protections.applied(hardening.INPROCESS_MODES)
+            else:
+                protections.refused(  # raises under strict: call() never runs
+                    hardening.INPROCESS_MODES,
+                    reason,
+                    f"Cannot confine the in-process server's threads ({reason}): the Python backend's shared-memory "
+                    "regions are readable by other local users until pytriton's guard narrows them (docs/security.md).",
+                )
+            outcome["result"] = call()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=confined, name="pytriton-confined-start")
+    thread.start()
+    try:
+        thread.join()
+    except BaseException:
+        thread.join()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]  # type: ignore[no-any-return]
 
 
 def _shown(argv: List[str]) -> str:
