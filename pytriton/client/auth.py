@@ -17,10 +17,9 @@ server's certificate; the system's roots when omitted) and, for mutual TLS, ``pr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 from typing import Any, Dict, Mapping, Optional, Union
-
-from tritonclient._plugin import InferenceServerClientPlugin
 
 from pytriton.client._url import TritonUrl
 from pytriton.client.exceptions import PyTritonClientValueError
@@ -82,14 +81,26 @@ def grpc_metadata(headers: Optional[Mapping[str, str]]) -> Optional[Dict[str, st
     return metadata
 
 
-class _HeaderPlugin(InferenceServerClientPlugin):  # type: ignore[misc]  # tritonclient is untyped
-    """Adds fixed headers to every call of a tritonclient client (sync or asyncio, HTTP or gRPC)."""
+@functools.cache
+def _header_plugin_class(protocol: str) -> Any:
+    """A plugin class that adds fixed headers to every call of a tritonclient client of ``protocol``.
 
-    def __init__(self, headers: Dict[str, str]):
-        self._headers = headers
+    Its base is tritonclient's public ``InferenceServerClientPlugin`` as ``tritonclient.http`` and
+    ``tritonclient.grpc`` export it (the client of that protocol has imported its package already).
+    """
+    if protocol == "grpc":
+        from tritonclient.grpc import InferenceServerClientPlugin
+    else:
+        from tritonclient.http import InferenceServerClientPlugin
 
-    def __call__(self, request: Any) -> None:
-        request.headers.update(self._headers)
+    class HeaderPlugin(InferenceServerClientPlugin):  # type: ignore[misc]  # tritonclient is untyped
+        def __init__(self, headers: Dict[str, str]):
+            self._headers = headers
+
+        def __call__(self, request: Any) -> None:
+            request.headers.update(self._headers)
+
+    return HeaderPlugin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +148,8 @@ class ClientSecurity:
     def apply(self, client: Any, url: TritonUrl) -> Any:
         """Make ``client`` send the access token on every call; returns ``client``."""
         if self.access_token is not None:
-            client.register_plugin(_HeaderPlugin(create_auth_headers(self.access_token, url.protocol)))
+            plugin = _header_plugin_class(url.protocol)
+            client.register_plugin(plugin(create_auth_headers(self.access_token, url.protocol)))
         return client
 
     def as_kwargs(self) -> Dict[str, Any]:

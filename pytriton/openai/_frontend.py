@@ -40,6 +40,7 @@ import threading
 import urllib.parse
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, Optional, Sequence, Tuple, Union
 
+from pytriton._platform.uvicorn_http import ConnectionLimits, coalescing_protocol
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonInvalidOperationError
 from pytriton.openai._app import DEFAULT_MAX_BODY_BYTES, AppState, create_app
 from pytriton.openai._backend import Backend, GrpcBackend, InProcessBackend
@@ -52,7 +53,6 @@ from pytriton.openai._models import (
     model_info,
 )
 from pytriton.openai._requests import MAX_JSON_DEPTH
-from pytriton.openai._transport import ConnectionLimits, coalescing_protocol
 
 if TYPE_CHECKING:
     import uvicorn
@@ -302,7 +302,7 @@ class OpenAIFrontend:
             )  # fmt: skip
             # No proxy-headers middleware: nothing here trusts X-Forwarded-* (and it costs a layer per
             # request); no Server header: the frontend does not advertise its stack; no WebSockets: no
-            # route takes them. The protocol sends each answer's head and body together (_transport.py).
+            # route takes them. The protocol sends each answer's head and body together (_platform/uvicorn_http.py).
             config = uvicorn.Config(
                 create_app(state), log_level="warning", access_log=False, lifespan="off",
                 timeout_graceful_shutdown=int(GRACEFUL_STOP_S), proxy_headers=False, server_header=False,

@@ -181,7 +181,7 @@ class RecordingTransport:
 
 
 def test_a_write_waits_for_the_next_one_or_the_end_of_its_loop_step():
-    from pytriton.openai._transport import CoalescingTransport
+    from pytriton._platform.uvicorn_http import CoalescingTransport
 
     async def main():
         raw = RecordingTransport()

@@ -12,8 +12,9 @@ Two kinds of entry:
 - for good: the in-process API's own binding of Triton's C API (``inprocess/``: ``ctypes`` is how a C library
   is called), and ``proxy/stubside/``, which runs inside Triton's stub process and may import only the
   standard library, numpy and itself (so it cannot use ``_platform``);
-- to be moved (the follow-up of issue 43 item 4): each says where it goes. A new file, or a new mechanism in a
-  listed file, fails this test; an entry whose mechanism is gone fails too (the list only shrinks).
+and nothing else: the private launch, the watchdog, the in-process server's confined start thread and the
+OpenAI frontend's uvicorn protocol all live in ``_platform/``. A new file, or a new mechanism in a listed file,
+fails this test; an entry whose mechanism is gone fails too (the list only shrinks).
 """
 
 from __future__ import annotations
@@ -43,15 +44,6 @@ ALLOWED: Dict[str, Tuple[FrozenSet[str], str]] = {
         "the stub's numpy-2 shims (C structs, numpy._core); version-gated by issue 43 item 3",
     ),
     "pytriton/proxy/stubside/_stub_dlpack.py": (frozenset({CTYPES}), "the stub's DLPack exchange (C structs)"),
-    # -- to be moved into _platform (issue 43 item 4's follow-up).
-    "pytriton/openai/_transport.py": (
-        frozenset({PRIVATE}),
-        "subclasses uvicorn's internal protocol classes (issue 43 item 4: stock uvicorn unless a benchmark says otherwise)",
-    ),
-    "pytriton/client/auth.py": (
-        frozenset({PRIVATE}),
-        "tritonclient's plugin base class lives in its private module tritonclient._plugin",
-    ),
 }
 
 

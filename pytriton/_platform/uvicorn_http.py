@@ -1,5 +1,16 @@
 """uvicorn's HTTP protocol with one send per event-loop step, and bounds on the connections it holds.
 
+In the platform layer because it subclasses uvicorn's internal protocol classes
+(``uvicorn.protocols.http``), which a uvicorn release may change: the OpenAI frontend
+(``pytriton/openai/_frontend.py``) is its only user. Stock uvicorn's public settings cannot give the
+bounds below: ``limit_concurrency`` answers 503 to every new client while idle or half-sent
+connections are held, and nothing bounds the time to a request's headers. ``python -m
+bench.openai_transport`` measures both on one host (200 such connections against a bound of 100,
+12 s later): stock uvicorn still holds 200 of 200 and answers a chat completion 503; this protocol
+holds none and answers 200, at the same per-request latency within noise (docs/architecture.md).
+Written against uvicorn 0.54 (``httptools_impl`` and ``h11_impl``); the OpenAI limits' tests
+(tests/e2e/test_openai.py) fail if a release changes what it relies on.
+
 Bounds (:class:`ConnectionLimits`; why: uvicorn 0.54 itself holds a connection that never sends a
 whole request's headers for ever, and takes any number of them): at most ``max_connections`` open,
 where one more evicts the connection waiting longest for its request's headers, or is answered 503
