@@ -185,7 +185,7 @@ def check_hardening(
         mode = hardening.resolve(None, environ)
     except PyTritonValidationError as exc:
         return [Item("hardening", FAIL, str(exc), "set PYTRITON_HARDENING to off, auto or strict")]
-    names = (hardening.HIDDEN_TOKEN, hardening.CHMOD_FILTER, hardening.SHM_GUARD)
+    names = (hardening.HIDDEN_TOKEN, hardening.CHMOD_FILTER, hardening.SHM_GUARD, hardening.INPROCESS_MODES)
     if mode == hardening.OFF:
         return [Item("hardening", INFO, "off: pytriton applies none of its protections (docs/security.md)")] + [
             Item(f"protection {name}", INFO, "inactive (PYTRITON_HARDENING=off)") for name in names
@@ -204,6 +204,7 @@ def check_hardening(
         hardening.HIDDEN_TOKEN: trace_problem,
         hardening.CHMOD_FILTER: filter_problem,
         hardening.SHM_GUARD: None if _shm_guard_starts() else "inotify is unavailable here",
+        hardening.INPROCESS_MODES: _thread_confines(),
     }
     items = [Item("hardening", INFO, f"{mode} (PYTRITON_HARDENING or TritonConfig.hardening; default auto)")]
     for name in names:
@@ -224,6 +225,23 @@ def check_hardening(
                 Item(f"protection {name}", INFO, f"inactive ({problem}): auto starts without it, with a warning")
             )
     return items
+
+
+def _thread_confines() -> Optional[str]:
+    """Why the in-process server's start thread could not be confined here; None if it can (tried on a thread that then ends)."""
+    import threading
+
+    from pytriton._platform import launch as _launch
+
+    found: List[Optional[str]] = ["the probe thread did not finish"]
+
+    def attempt() -> None:
+        found[0] = _launch.confine_thread()
+
+    thread = threading.Thread(target=attempt, name="pytriton-check-confine")
+    thread.start()
+    thread.join(10.0)
+    return found[0]
 
 
 def _shm_guard_starts() -> bool:

@@ -171,6 +171,8 @@ def test_check_lists_each_protection_and_whether_it_is_active():
     items = {item.name: item for item in check_hardening({}, probe=lambda: (None, None))}
     assert "auto" in items["hardening"].detail
     assert {items[f"protection {name}"].status for name in ("hidden-token", "chmod-filter")} == {OK}
+    if _launch.chmod_filter(os.uname().machine) is not None:  # the in-process start thread is confinable here
+        assert items["protection inprocess-modes"].status == OK
 
     refused = {
         item.name: item for item in check_hardening({"PYTRITON_HARDENING": "auto"}, probe=lambda: ("Yama", None))
@@ -189,5 +191,16 @@ def test_check_lists_each_protection_and_whether_it_is_active():
     off = check_hardening({"PYTRITON_HARDENING": "off"}, probe=lambda: pytest.fail("off probes nothing"))
     assert all("inactive" in item.detail for item in off[1:]) and "off" in off[0].detail
 
+    [invalid] = check_hardening({"PYTRITON_HARDENING": "maybe"})
+    assert invalid.status == FAIL and "off, auto, strict" in invalid.detail
+
+
+def test_check_names_why_the_in_process_start_thread_cannot_be_confined(monkeypatch):
+    from pytriton._check import FAIL, check_hardening
+
+    monkeypatch.setattr(_launch, "confine_thread", lambda: "unshare(CLONE_FS) refused (Operation not permitted)")
+    strict = {item.name: item for item in check_hardening({"PYTRITON_HARDENING": "strict"}, probe=lambda: (None, None))}
+    item = strict["protection inprocess-modes"]
+    assert item.status == FAIL and "unshare(CLONE_FS) refused" in item.detail and "strict refuses" in item.detail
     [invalid] = check_hardening({"PYTRITON_HARDENING": "maybe"})
     assert invalid.status == FAIL and "off, auto, strict" in invalid.detail
