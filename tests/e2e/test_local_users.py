@@ -256,8 +256,9 @@ def test_no_in_process_region_is_opened_by_another_user(tmp_path):
     """The in-process server (issue 25, item 2): its backend runs in this process, yet every region is 0600 at birth.
 
     Each load of a model starts a stub with a new region; the watcher opens every one it can the moment
-    inotify reports it. Before the backend's modes were clamped (inprocess/_private_modes.py) each region
-    was created 0644 and narrowed by the shared-memory guard a moment later, which the watcher won.
+    inotify reports it. The server is created from a confined thread (_platform/launch.py, call_confined):
+    the threads Triton starts from it create each region 0600 and cannot widen it. With the shared-memory
+    guard alone each region was created 0644 and narrowed a moment later, which the watcher won.
     """
     import pytriton.inprocess as tritonserver
     from tests.e2e.inprocess_models import write_repository
