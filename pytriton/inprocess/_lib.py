@@ -325,12 +325,6 @@ def preload_backends(backend_directory: pathlib.Path, lib_dir: pathlib.Path) -> 
                 _PRELOADED[key] = None
 
 
-def preloaded(backend: pathlib.Path) -> Any:
-    """The library :func:`preload_backends` loaded from ``backend``, or None if it did not load it."""
-    with _LOCK:
-        return _PRELOADED.get(str(backend.resolve()))
-
-
 def _load_global(name: str) -> object:
     return ctypes.CDLL(name, mode=getattr(os, "RTLD_GLOBAL", 0) | getattr(os, "RTLD_NOW", 0))
 
