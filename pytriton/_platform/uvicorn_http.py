@@ -7,7 +7,8 @@ bounds below: ``limit_concurrency`` answers 503 to every new client while idle o
 connections are held, and nothing bounds the time to a request's headers. ``python -m
 bench.openai_transport`` measures both on one host (200 such connections against a bound of 100,
 12 s later): stock uvicorn still holds 200 of 200 and answers a chat completion 503; this protocol
-holds none and answers 200, at the same per-request latency within noise (docs/architecture.md).
+holds none and answers 200, with no per-request latency difference above the host's noise
+(docs/architecture.md, "The platform layer").
 Written against uvicorn 0.54 (``httptools_impl`` and ``h11_impl``); the OpenAI limits' tests
 (tests/e2e/test_openai.py) fail if a release changes what it relies on.
 
