@@ -439,7 +439,8 @@ def call_confined(call: Callable[[], _T], protections: hardening.Protections) ->
     threads it started (Triton's) keep the confinement. An interrupt while waiting (Ctrl-C) waits
     for ``call`` to finish (a C call cannot be abandoned half-way) and is then re-raised.
     """
-    outcome: Dict[str, Any] = {}
+    results: List[_T] = []
+    errors: List[BaseException] = []
 
     def confined() -> None:
         try:
@@ -453,9 +454,9 @@ def call_confined(call: Callable[[], _T], protections: hardening.Protections) ->
                     f"Cannot confine the in-process server's threads ({reason}): the Python backend's shared-memory "
                     "regions are readable by other local users until pytriton's guard narrows them (docs/security.md).",
                 )
-            outcome["result"] = call()
+            results.append(call())
         except BaseException as exc:  # handed to the waiting thread
-            outcome["error"] = exc
+            errors.append(exc)
 
     thread = threading.Thread(target=confined, name="pytriton-confined-start")
     thread.start()
@@ -464,9 +465,9 @@ def call_confined(call: Callable[[], _T], protections: hardening.Protections) ->
     except BaseException:
         thread.join()
         raise
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]  # type: ignore[no-any-return]
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 def _shown(argv: List[str]) -> str:
