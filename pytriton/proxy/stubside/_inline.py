@@ -406,17 +406,17 @@ class InlineModel(_stub.TritonPythonModel):
             parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
             return self._runner.request(data, parameters, names, None, request.timeout() / 1e6)
         tensors = [(tensor.name(), _stub._read_input(tensor)) for tensor in request.inputs()]
+        raw_parameters = request.parameters()
+        parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
         sequence = None
         if self._sequence is not None:
-            tensors, sequence = self._sequence_fields(request, tensors)
+            tensors, sequence, parameters = self._sequence_fields(request, tensors, parameters)
             if isinstance(sequence, str):  # a null request or a refused id (_stub._sequence_fields)
                 return sequence
         if self._max_request_bytes:
             nbytes = _stub._input_bytes(tensors)
             if nbytes > self._max_request_bytes:
                 return self._too_large(nbytes)
-        raw_parameters = request.parameters()
-        parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
         data = {name: _input_array(value) for name, value in tensors}
         return self._runner.request(data, parameters, names, sequence, request.timeout() / 1e6)
 
