@@ -17,7 +17,8 @@ only to idle instances, so one stuck instance costs nothing but its own capacity
   :data:`STUCK_TEXT` (HTTP 503, gRPC UNAVAILABLE) at once and its instance serves the requests
   queued behind it. A thread instance's call is told it was abandoned (``CallAbandoned``, its
   requests read as cancelled) and its result is discarded, in a thread or in a worker process; a
-  backend instance's stub is killed and replaced by ``_healing``. The model
+  backend instance's call is failed the same way through a signal to its stub, which is killed and
+  replaced by ``_healing`` only if the call does not end (proxy/_backend_kind.py). The model
   stays loaded and ready throughout: it can serve again at once.
 * A stub stopped by a signal cannot take a request at all: when every instance's stub has been
   stopped for :data:`STOPPED_AFTER_S`, the model is unloaded until ``proxy/_stub_watch.py`` has
