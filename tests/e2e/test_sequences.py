@@ -296,6 +296,22 @@ def test_never_ended_starts_wait_in_the_backlog_while_an_open_sequence_keeps_wor
                     sequence_start=True,
                     client_timeout=120,
                 )
+            # A new start that carries Triton's request timeout (pytriton's clients send their
+            # inference_timeout_s as it) is refused with a retryable 503 at that time instead of waiting for
+            # the backlog to drain, and is dropped from the backlog (docs/security.md).
+            # Once a flood start is answered, both slots are held (9000 and that start, idle for 3 s).
+            assert answered.acquire(timeout=60), "no start of the flood was served"
+            answered.release()
+            raw = httpclient.InferenceServerClient(urls["http"].split("://")[1], network_timeout=60)
+            try:
+                tensor = httpclient.InferInput("value", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
+                began = time.monotonic()
+                with pytest.raises(InferenceServerException, match="timeout of the corresponding sequence") as late:
+                    raw.infer("SumFlood", [tensor], sequence_id=9002, sequence_start=True, timeout=500_000)
+                assert late.value.status() == "503" and time.monotonic() - began < 2.9  # before the 3 s idle
+            finally:
+                raw.close()
             # The open sequence goes on and ends while the starts are still waiting.
             client.infer_sample(np.array([2.0], np.float32), sequence_id=9000)
             last = client.infer_sample(np.array([4.0], np.float32), sequence_id=9000, sequence_end=True)
