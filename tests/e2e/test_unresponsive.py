@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.proxy.stubside._messages import STUCK_SIGNAL
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 from tests.e2e._kinds import bind_kinds, model
@@ -138,6 +139,30 @@ def _parallel_client(ports: Dict[str, int], name: str, until: threading.Event) -
         if status != 200:
             statuses.setdefault(body, status)  # type: ignore[call-overload]  # what failed, for the assertion
     return statuses
+
+
+def test_the_watchs_signal_never_fails_healthy_calls_of_a_backend_instance(server):
+    """The signal that fails a stuck backend call (``_messages.STUCK_SIGNAL``), sent 300 times to a stub that
+    is idle and then serving instant requests: every request succeeds and the stub lives on (only a call
+    older than 0.1 s is failed, and the stub's own waits survive the signal)."""
+    triton, ports, _ = server
+    name = model("Hangs", "backend")
+    assert wait_for(lambda: _infer(ports, name, 0.5)[0] == 200, 30, 0.2)
+    (stub,) = _stubs(triton._backend.server.pid, name)
+    for _ in range(100):  # idle
+        os.kill(stub, STUCK_SIGNAL)
+        time.sleep(0.002)
+    done = threading.Event()
+    client, client_result = _in_background(_parallel_client, ports, name, done)
+    for _ in range(200):  # serving
+        os.kill(stub, STUCK_SIGNAL)
+        time.sleep(0.005)
+    done.set()
+    client.join(60)
+    statuses = client_result["value"]
+    assert set(statuses) == {200} and statuses[200] > 0, statuses
+    assert _stubs(triton._backend.server.pid, name) == [stub]
+    assert triton.server_restarts == 0
 
 
 @pytest.mark.parametrize("name", ["Slow2", "Slow2_process"])
