@@ -341,7 +341,8 @@ class Triton:
         """
         validate_model_name(model_name)
         trace_settings = self._traces.parse(model_name, trace_config, bool(self._versions(model_name)))
-        if config is not None and not isinstance(self._backend, RemoteBackend):  # a remote server's flags are its own
+        # A remote server's flags are its own; an embedded server has no endpoints (callers set the parameter).
+        if config is not None and not isinstance(self._backend, RemoteBackend) and not self._backend.embedded:
             check_owner_forwarded(
                 config.sequence_batcher,
                 self._config.http_header_forward_pattern,
