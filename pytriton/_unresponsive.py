@@ -1,4 +1,4 @@
-"""A model that cannot answer: free its instances from calls that never end; report a stopped stub not ready.
+"""A model that cannot answer: free its instances from calls that never end; replace stubs that are all stopped.
 
 Why: a model whose callable hangs on every instance, with no execution timeout, serves nothing: the
 stub waits for its worker, Triton queues every further request behind it, and nothing ever fails.
