@@ -1,4 +1,4 @@
-"""A model that cannot answer: free its instances from calls that never end; report a stopped stub not ready.
+"""A model that cannot answer: free its instances from calls that never end; replace stubs that are all stopped.
 
 Why: a model whose callable hangs on every instance, with no execution timeout, serves nothing: the
 stub waits for its worker, Triton queues every further request behind it, and nothing ever fails.
@@ -17,12 +17,14 @@ only to idle instances, so one stuck instance costs nothing but its own capacity
   :data:`STUCK_TEXT` (HTTP 503, gRPC UNAVAILABLE) at once and its instance serves the requests
   queued behind it. A thread instance's call is told it was abandoned (``CallAbandoned``, its
   requests read as cancelled) and its result is discarded, in a thread or in a worker process; a
-  backend instance's stub is killed and replaced by ``_healing``. The model
+  backend instance's call is failed the same way through a signal to its stub, which is killed and
+  replaced by ``_healing`` only if the call does not end (proxy/_backend_kind.py). The model
   stays loaded and ready throughout: it can serve again at once.
 * A stub stopped by a signal cannot take a request at all: when every instance's stub has been
-  stopped for :data:`STOPPED_AFTER_S`, the model is unloaded until ``proxy/_stub_watch.py`` has
-  killed it (2 s) and ``_healing`` has loaded the replacement generation, so that readiness says
-  not ready meanwhile. This is the only unload left, and only when nothing can serve.
+  stopped for :data:`STOPPED_AFTER_S`, a new generation of stubs is loaded next to them at once
+  (requests wait in Triton's queue meanwhile) and the stopped ones are killed once it serves, so
+  that only the requests Triton had already given them fail (Triton's 500). The model is not
+  unloaded: without a ready version Triton answers every request 404 (it did for 2.8 s).
 
 The decision is :class:`HungCalls` (pure, a fake clock in tests); the actions run on the supervisor
 thread of :mod:`pytriton._healing` (one event at a time, never during a restart). Hook: the
@@ -44,6 +46,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Se
 
 from pytriton.exceptions import PyTritonValidationError
 from pytriton.proxy.stubside._messages import STUCK_TEXT
+from pytriton.server.process import kill_stub
 
 LOGGER = logging.getLogger("pytriton.triton")
 
@@ -151,7 +154,7 @@ class UnresponsiveWatch:
     """A thread that posts the events of :data:`EVENTS` to the supervisor's queue.
 
     ``("stuck", (name, Stuck))``: every instance is stuck and ``Stuck.busy`` are in a call to fail;
-    ``("unresponsive", (name, (seconds, why)))``: every stub is stopped (unload);
+    ``("unresponsive", (name, (seconds, why)))``: every stub is stopped (replace them);
     ``("responsive", name)``: a stopped stub of an unloaded model resumed or was replaced.
 
     ``models()`` returns ``{name: [instance states]}`` for every bound model without an execution
@@ -274,7 +277,8 @@ def handle(
 ) -> None:
     """Act on one event of :data:`EVENTS` on the supervisor's thread.
 
-    ``unloaded``: the supervisor's record of the models this module unloaded, with their generation then.
+    ``unloaded``: the supervisor's record of the models whose every stub was stopped, with their generation
+    then (the name is kept from when they were unloaded; now they are replaced).
     """
     if kind == "stuck":
         _fail_stuck_calls(payload, registry=registry, supervisor=supervisor)
@@ -284,16 +288,30 @@ def handle(
         models = registry.versions(name)
         if not models or supervisor.restarting:
             return  # unbound meanwhile, or the restart in progress loads every model again anyway
+        # Not unloaded (issue 42 item 4): with no ready version Triton answers every request 404 (2.8 s of
+        # them, measured). A new generation of stubs is loaded next to the stopped ones at once, as for a
+        # dead stub: requests wait in Triton's queue meanwhile, and Triton switches to it once it is ready.
+        unloaded[name] = models[0].generation
+        started = time.monotonic()
+        failure = supervisor.load_next_generation(name)
+        if failure is not None:
+            LOGGER.error("Model %s: every stub is stopped, and loading new ones failed: %s", name, failure)
+            return
+        # The stopped stubs answer nothing again (and a resumed one would abort Triton, proxy/_stub_watch.py):
+        # end them now rather than at the stub watch's limit, so that what Triton gave them fails at once.
+        pids = [pid for model in models for pid in model.retire_generation()]
+        ended = sum(1 for pid in pids if kill_stub(pid))
         LOGGER.warning(
-            "Model %s: every instance has been stuck for %.1f s (%s); unloading it from Triton so that its readiness "
-            "says not ready until its stubs are replaced (%s=0 keeps models loaded).",
+            "Model %s: every instance's stub has been stopped for %.1f s (%s); loaded new stubs (generation %d) in "
+            "%.2f s and ended %d stopped one(s); requests that Triton had given them failed (%s=0 turns this off).",
             name,
             stuck,
             why,
+            models[0].generation,
+            time.monotonic() - started,
+            ended,
             ENV,
         )
-        unloaded[name] = models[0].generation
-        server.repository_request("unload", name)
         return
     name = payload
     models = registry.versions(name)
@@ -301,8 +319,7 @@ def handle(
     if not models or generation is None:
         return  # unbound, or never unloaded
     if models[0].generation != generation:
-        LOGGER.warning("Model %s: loaded again by its stub replacement (generation %d).", name, models[0].generation)
-        return
+        return  # replaced (the stopped-stub case above, or by _healing after a stub death)
     deadline = time.monotonic() + _RELOAD_WAIT_S  # the requests Triton queued before the unload are served first
     while any(model.busy for model in models) and time.monotonic() < deadline and server.is_serving():
         time.sleep(0.05)

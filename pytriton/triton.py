@@ -60,7 +60,14 @@ from pytriton.exceptions import (
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
-from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, short_socket_dir, validate_model_name
+from pytriton.proxy._binding import (
+    BindingContext,
+    BoundModel,
+    WorkerStarts,
+    check_owner_forwarded,
+    short_socket_dir,
+    validate_model_name,
+)
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._process import refuse_in_worker
 from pytriton.proxy.stubside import _segments, _stub_bytes
@@ -334,6 +341,14 @@ class Triton:
         """
         validate_model_name(model_name)
         trace_settings = self._traces.parse(model_name, trace_config, bool(self._versions(model_name)))
+        # A remote server's flags are its own; an embedded server has no endpoints (callers set the parameter).
+        if config is not None and not isinstance(self._backend, RemoteBackend) and not self._backend.embedded:
+            check_owner_forwarded(
+                config.sequence_batcher,
+                self._config.http_header_forward_pattern,
+                self._config.grpc_header_forward_pattern,
+                model_name,
+            )
         with self._lock:
             if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")

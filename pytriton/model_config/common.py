@@ -89,6 +89,15 @@ class SequenceBatcher:
             sees them, while open sequences go on. 0: no bound. Counted in pytriton's stub, not written
             to config.pbtxt; keep ``max_candidate_sequences`` at least this. (``DIRECT``: Triton's
             slots bound an instance to ``max_batch_size`` open sequences.) docs/sequences.md.
+        owner_header: opt-in isolation of callers: the name of a request header (or gRPC metadata
+            key) that carries each caller's credential, e.g. ``"authorization"``. A sequence is then
+            owned by the credential its start carried: a request of it with another credential, or
+            none, is refused with 400 (gRPC ``INVALID_ARGUMENT``) before the callable, so a caller can
+            only continue, end or restart its own sequences. The server must forward that header to
+            the model (``TritonConfig(http_header_forward_pattern=..., grpc_header_forward_pattern=...)``,
+            checked by ``Triton.bind``); the callable never sees it. ``OLDEST`` needs one instance
+            (owners are kept per instance). None (default): any caller that knows an id may use it.
+            docs/sequences.md, "Sequence ids and who may use them".
     """
 
     strategy: SequenceStrategy = SequenceStrategy.DIRECT
@@ -98,6 +107,7 @@ class SequenceBatcher:
     max_queue_delay_microseconds: int = 0
     preferred_batch_size: Optional[List[int]] = None
     max_open_sequences: int = 4096
+    owner_header: Optional[str] = None
 
 
 @dataclasses.dataclass

@@ -66,6 +66,7 @@ from pytriton.proxy._outputs import OutputChecker
 from pytriton.proxy._worker import InstanceWorker, error_text, wire_request
 from pytriton.proxy.stubside import _portable_pickle
 from pytriton.proxy.stubside._backend_page import Page
+from pytriton.proxy.stubside._messages import STUCK_SIGNAL
 from pytriton.proxy.types import Request, _wire_request
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ LOGGER = logging.getLogger(__name__)
 PAYLOAD_FILE = "pytriton_backend.pkl"
 # How often the user's process reads a backend model's page for a PyTritonUnrecoverableError (BackendInstance).
 UNRECOVERABLE_POLL_S = 0.1
+# How long a stuck call may take to end after its stub got the watch's signal before the stub is killed.
+STUCK_GRACE_S = 2.0
 _FORMAT = 1  # the payload layout; a stub refuses one it does not know
 
 
@@ -189,29 +192,54 @@ class BackendInstance(InstanceWorker):
         return self._page.busy(self._slot) and self.connected
 
     def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
-        """The call runs in the stub itself, so nothing but the stub's end ends it: kill the stub.
+        """The call runs in the stub itself: signal the stub, whose handler fails the call; kill it if that fails.
 
-        For pytriton/_unresponsive.py. Triton fails the batch (with its own error about the stub, not
-        ``text``) and ``_healing`` loads a new generation as for any dead stub, without unloading the
-        model. False if no stub of this slot is attached and busy. ``older_than_s`` is not checked: the
-        status page has no call start.
+        For pytriton/_unresponsive.py. The stub's handler (``stubside/_inline.py``, ``_messages.STUCK_SIGNAL``)
+        raises in the call, whose batch is then answered ``STUCK_TEXT`` with Triton's UNAVAILABLE code
+        (HTTP 503, gRPC UNAVAILABLE) as for the other kinds, and the instance serves on. A call that does
+        not end so within :data:`STUCK_GRACE_S` (blocked in native code, or a callable that swallows
+        ``BaseException``) ends with the stub: it is killed, Triton fails the batch with its own error about
+        the stub (HTTP 500), and ``_healing`` loads a new generation as for any dead stub, without unloading
+        the model. False if no stub of this slot is attached and busy. ``text`` and ``older_than_s`` are
+        the stub's own (a call younger than ``_messages.STUCK_MIN_AGE_S`` is left alone there).
         """
         if not self.busy:
             return False
-        pids = [s.stub_pid for s in list(self._sessions) if s.connected and s.stub_pid and not s.retired]
+        pids = self._stub_pids()
+        before = self._page.last_active(self._slot)
         for pid in pids:  # a live connection: the pid is that stub's (or its zombie's), never reused meanwhile
+            try:
+                os.kill(pid, STUCK_SIGNAL)
+            except ProcessLookupError:
+                continue
+        if pids:
+            timer = threading.Timer(STUCK_GRACE_S, self._kill_if_still_stuck, args=(pids, before))
+            timer.daemon = True
+            timer.name = f"pytriton-{self._name}-stuck"
+            timer.start()
+        return bool(pids)
+
+    def _stub_pids(self) -> List[int]:
+        return [s.stub_pid for s in list(self._sessions) if s.connected and s.stub_pid and not s.retired]
+
+    def _kill_if_still_stuck(self, pids: List[int], before: float) -> None:
+        """Kill the stubs of ``pids`` still attached if the call the signal was to fail is still running."""
+        if not self.busy or self._page.last_active(self._slot) != before:
+            return  # the call ended (failed by the signal, or finished)
+        for pid in set(pids) & set(self._stub_pids()):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
             LOGGER.warning(
-                "Model %s: instance %s: its call was failed as stuck (PYTRITON_UNRESPONSIVE_AFTER_S); a backend "
-                "instance's call runs in its stub, so the stub (pid %d) was killed and is replaced.",
+                "Model %s: instance %s: its call was failed as stuck (PYTRITON_UNRESPONSIVE_AFTER_S) but did not "
+                "end within %.0f s (blocked in native code?); a backend instance's call runs in its stub, so the stub "
+                "(pid %d) was killed and is replaced.",
                 self._config.model_name,
                 self._name,
+                STUCK_GRACE_S,
                 pid,
             )
-        return bool(pids)
 
     @property  # type: ignore[override]
     def last_active(self) -> float:

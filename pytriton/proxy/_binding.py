@@ -179,6 +179,17 @@ class BoundModel:
             raise PyTritonBadParameterError(f"Model {model_name!r}: max_batch_size must be >= 1 when batching.")
         self.execution_timeout_s = _execution_timeout(config.execution_timeout_s, model_name)
         sequence = _sequence_batcher(config, model_name)
+        if (
+            sequence is not None
+            and sequence.owner_header
+            and sequence.strategy is SequenceStrategy.OLDEST
+            and len(funcs) > 1
+        ):
+            raise PyTritonBadParameterError(
+                f"Model {model_name!r}: SequenceBatcher.owner_header with the OLDEST strategy needs one instance "
+                "(a sequence moves between instances, and each keeps the owners of the sequences it saw start); "
+                "use the DIRECT strategy, or bind one callable."
+            )
         self.generation = 0  # grows with each reload that replaces a dead stub (see proxy/stubside/_stub.py)
         self.infer_funcs = funcs
         self.instance_kind = _process.check_instance_kind(instance_kind, model_name)
@@ -251,6 +262,8 @@ class BoundModel:
         if sequence is not None:  # the stub reads these control inputs into each request's sequence fields
             self._private["sequence"] = dict(SEQUENCE_CONTROLS)
             self._private["max_open_sequences"] = int(sequence.max_open_sequences)  # per instance, in the stub
+            if sequence.owner_header:  # the stub keeps each sequence's owner (_sequences.SequenceOwners)
+                self._private["owner_header"] = sequence.owner_header
         self._route = f"m{index}"
         if context.tcp is not None:  # the stub connects here instead (proxy/stubside/_zmq_channel.py)
             tcp = {"endpoint": context.tcp.endpoint, "token": context.tcp.token, "route": self._route}
@@ -576,7 +589,49 @@ def _sequence_batcher(config: ModelConfig, model: str) -> Optional[SequenceBatch
         value = getattr(sequence, field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise PyTritonBadParameterError(f"Model {model!r}: SequenceBatcher.{field} must be an int >= 0.")
+    header = sequence.owner_header
+    if header is not None and (not isinstance(header, str) or not _HEADER_NAME.fullmatch(header)):
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: SequenceBatcher.owner_header must be None or a lower-case header name "
+            f"(letters, digits, '-', '_'; gRPC metadata keys are lower case), e.g. 'authorization'; got {header!r}."
+        )
     return sequence
+
+
+# A header name that is also a valid gRPC metadata key (lower case), as SequenceBatcher.owner_header takes.
+_HEADER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,127}")
+
+
+def check_owner_forwarded(
+    sequence: Optional[SequenceBatcher], http_pattern: Optional[str], grpc_pattern: Optional[str], model: str
+) -> None:
+    """Raise unless the server forwards ``sequence.owner_header`` to models over HTTP and gRPC.
+
+    Triton forwards a request header as a request parameter when the server's
+    ``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern`` (RE2, searched in the
+    name, HTTP names without case) matches it; without that, every request of an owner-checked model
+    would be refused as carrying no credential. Python's ``re`` stands in for RE2 here.
+    """
+    if sequence is None or not sequence.owner_header:
+        return
+    header = sequence.owner_header
+    missing = []
+    for setting, pattern in (
+        ("http_header_forward_pattern", http_pattern),
+        ("grpc_header_forward_pattern", grpc_pattern),
+    ):
+        try:
+            forwarded = pattern is not None and re.search(pattern, header) is not None
+        except re.error:
+            forwarded = False
+        if not forwarded:
+            missing.append(setting)
+    if missing:
+        settings = ", ".join(f"{name}={header!r}" for name in missing)
+        raise PyTritonBadParameterError(
+            f"Model {model!r}: SequenceBatcher.owner_header={header!r} needs the server to forward that header to "
+            f"the model; start it with TritonConfig({settings}) (a pattern that matches {header!r})."
+        )
 
 
 def _execution_timeout(value: object, model: str) -> Optional[float]:

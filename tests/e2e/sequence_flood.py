@@ -1,11 +1,14 @@
 """Measure what never-ended sequence starts cost (docs/security.md, "Sequence ids are capabilities").
 
-Run from the repository root: ``python -m tests.e2e.sequence_flood [N] [IDLE_US] [CANDIDATES]``
-(defaults 3000, 0: Triton's 1 s idle timeout, and 0: the direct strategy; CANDIDATES > 0: the oldest
-strategy with that ``max_candidate_sequences``). Binds a sequence model (``max_batch_size=4``, one
-instance) on free loopback ports, opens one sequence over HTTP, sends N gRPC starts of distinct ids
-at once that are never ended, then continues and ends the open sequence and starts, continues and
-ends a new one, printing Triton's resident memory and each wait. Each client wait is bounded (300 s).
+Run from the repository root:
+``python -m tests.e2e.sequence_flood [N] [IDLE_US] [CANDIDATES] [SLOTS] [NEW_TIMEOUT_MS]``
+(defaults 3000, 0: Triton's 1 s idle timeout, 0: the direct strategy, 4, 0; CANDIDATES > 0: the
+oldest strategy with that ``max_candidate_sequences``; SLOTS: ``max_batch_size``, the direct
+strategy's slots of the one instance; NEW_TIMEOUT_MS > 0: the new sequence's requests carry Triton's
+request ``timeout``, as pytriton's clients send their ``inference_timeout_s``). Binds a sequence
+model on free loopback ports, opens one sequence over HTTP, sends N gRPC starts of distinct ids at
+once that are never ended, then continues and ends the open sequence and starts, continues and ends
+a new one, printing Triton's resident memory and each wait. Each client wait is bounded (300 s).
 """
 
 from __future__ import annotations
@@ -41,18 +44,18 @@ def _echo(requests):
     return [{"total": np.full((1, 1), float(request["value"].sum()), np.float32)} for request in requests]
 
 
-def _http_step(client, sequence_id, start=False, end=False):
+def _http_step(client, sequence_id, start=False, end=False, timeout_us=None):
     tensor = httpclient.InferInput("value", [1, 1], "FP32")
     tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
-    client.infer("Seq", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    client.infer("Seq", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end, timeout=timeout_us)
 
 
-def main(count: int, idle_us: int, candidates: int) -> None:
+def main(count: int, idle_us: int, candidates: int, slots: int = 4, new_timeout_ms: int = 0) -> None:
     ports = triton_ports()
     batcher = SequenceBatcher(max_sequence_idle_microseconds=idle_us)
     if candidates:
         batcher.strategy, batcher.max_candidate_sequences = SequenceStrategy.OLDEST, candidates
-    config = ModelConfig(max_batch_size=4, sequence_batcher=batcher)
+    config = ModelConfig(max_batch_size=slots, sequence_batcher=batcher)
     with Triton(config=TritonConfig(**ports)) as triton:
         triton.bind(
             "Seq",
@@ -65,7 +68,8 @@ def main(count: int, idle_us: int, candidates: int) -> None:
         pid = triton._backend.server.pid
         strategy = f"oldest, {candidates} candidates" if candidates else "direct"
         print(
-            f"N={count} idle_us={idle_us or 'default (1 s)'} {strategy}; Triton resident before: {_rss_mib(pid):.0f} MiB"
+            f"N={count} idle_us={idle_us or 'default (1 s)'} {strategy} slots={slots} "
+            f"new_timeout_ms={new_timeout_ms or 'none'}; Triton resident before: {_rss_mib(pid):.0f} MiB"
         )
         http = httpclient.InferenceServerClient(
             f"127.0.0.1:{ports['http_port']}", connection_timeout=WAIT_S, network_timeout=WAIT_S
@@ -85,6 +89,7 @@ def main(count: int, idle_us: int, candidates: int) -> None:
                 sequence_start=True,
                 client_timeout=WAIT_S,
             )
+        flooded = time.monotonic()
         time.sleep(0.3)
         print(f"Triton resident with the starts waiting: {_rss_mib(pid):.0f} MiB")
         began = time.monotonic()
@@ -96,8 +101,9 @@ def main(count: int, idle_us: int, candidates: int) -> None:
             print(f"the sequence opened before the flood failed after {time.monotonic() - began:.2f} s: {exc}")
         began = time.monotonic()
         try:
-            _http_step(http, 7, start=True)
-            _http_step(http, 7, end=True)
+            timeout_us = new_timeout_ms * 1000 or None
+            _http_step(http, 7, start=True, timeout_us=timeout_us)
+            _http_step(http, 7, end=True, timeout_us=timeout_us)
             print(f"a new sequence: served in {time.monotonic() - began:.2f} s")
         except Exception as exc:  # noqa: BLE001
             print(f"a new sequence failed after {time.monotonic() - began:.2f} s: {exc}")
@@ -105,7 +111,10 @@ def main(count: int, idle_us: int, candidates: int) -> None:
         for _ in range(count):  # every flood start is answered once the backlog drains
             if not answered.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 break
-        print(f"Triton resident once the starts were answered: {_rss_mib(pid):.0f} MiB")
+        print(
+            f"Triton resident once the starts were answered: {_rss_mib(pid):.0f} MiB "
+            f"(the flood drained {time.monotonic() - flooded:.1f} s after it was sent)"
+        )
         print(f"starts that reached the callable: {_STARTS_SEEN[0]}; flood starts refused: {len(refused)}")
         if refused:
             print(f"first refusal: {refused[0]}")
@@ -114,5 +123,5 @@ def main(count: int, idle_us: int, candidates: int) -> None:
 
 
 if __name__ == "__main__":
-    arguments = [int(value) for value in sys.argv[1:4]]
-    main(*(arguments + [3000, 0, 0][len(arguments) :]))
+    arguments = [int(value) for value in sys.argv[1:6]]
+    main(*(arguments + [3000, 0, 0, 4, 0][len(arguments) :]))

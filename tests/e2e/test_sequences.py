@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from pytriton.client import AsyncioModelClient, FuturesModelClient, ModelClient
 from pytriton.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientValueError
+from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, SequenceBatcher, SequenceStrategy, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports
@@ -295,6 +296,22 @@ def test_never_ended_starts_wait_in_the_backlog_while_an_open_sequence_keeps_wor
                     sequence_start=True,
                     client_timeout=120,
                 )
+            # A new start that carries Triton's request timeout (pytriton's clients send their
+            # inference_timeout_s as it) is refused with a retryable 503 at that time instead of waiting for
+            # the backlog to drain, and is dropped from the backlog (docs/security.md).
+            # Once a flood start is answered, both slots are held (9000 and that start, idle for 3 s).
+            assert answered.acquire(timeout=60), "no start of the flood was served"
+            answered.release()
+            raw = httpclient.InferenceServerClient(urls["http"].split("://")[1], network_timeout=60)
+            try:
+                tensor = httpclient.InferInput("value", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
+                began = time.monotonic()
+                with pytest.raises(InferenceServerException, match="timeout of the corresponding sequence") as late:
+                    raw.infer("SumFlood", [tensor], sequence_id=9002, sequence_start=True, timeout=500_000)
+                assert late.value.status() == "503" and time.monotonic() - began < 2.9  # before the 3 s idle
+            finally:
+                raw.close()
             # The open sequence goes on and ends while the starts are still waiting.
             client.infer_sample(np.array([2.0], np.float32), sequence_id=9000)
             last = client.infer_sample(np.array([4.0], np.float32), sequence_id=9000, sequence_end=True)
@@ -360,3 +377,138 @@ def test_starts_beyond_the_open_sequence_bound_are_refused_while_open_sequences_
             step(sequence_id, 0.0, end=True)
     finally:
         client.close()
+
+
+# -- the owner check: SequenceBatcher(owner_header=...) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def owned_urls():
+    """A server of its own that forwards the ``authorization`` header; DIRECT models (2 instances) that check owners."""
+    ports = triton_ports()
+    forward = dict(http_header_forward_pattern="^authorization$", grpc_header_forward_pattern="^authorization$")
+    batcher = SequenceBatcher(max_sequence_idle_microseconds=10_000_000, owner_header="authorization")
+    with Triton(config=TritonConfig(**forward, **ports)) as triton:
+        for kind in ("thread", "backend"):
+            triton.bind(
+                model("Owned", kind),
+                [process_running_sum, process_running_sum],
+                inputs=[Tensor(name="value", shape=(1,), dtype=np.float32)],
+                outputs=[Tensor(name="total", shape=(1,), dtype=np.float32)],
+                config=ModelConfig(max_batch_size=4, sequence_batcher=batcher),
+                **({"instance_kind": "backend"} if kind == "backend" else {}),
+            )
+        triton.run()
+        yield {"http": f"127.0.0.1:{ports['http_port']}", "grpc": f"127.0.0.1:{ports['grpc_port']}"}
+
+
+@pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_caller_with_another_credential_cannot_touch_a_sequence_while_its_owner_goes_on(owned_urls, lib, kind):
+    # Before: any caller that knew an id could continue, end or restart another caller's sequence.
+    address = owned_urls["http" if lib is httpclient else "grpc"]
+    base = 11000 if lib is httpclient else 11100
+    owners = 4
+    stop = threading.Event()
+    refusals, failures, ended = [], [], set()
+
+    def step(client, who, sequence_id, value, start=False, end=False):
+        tensor = lib.InferInput("value", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[value]], np.float32))
+        headers = {"authorization": f"Bearer {who}"} if who else None
+        result = client.infer(
+            model("Owned", kind),
+            [tensor],
+            sequence_id=sequence_id,
+            sequence_start=start,
+            sequence_end=end,
+            headers=headers,
+        )
+        return float(result.as_numpy("total")[0, 0])
+
+    def attacker():  # holds a credential of its own and goes through the owners' ids while they run
+        client = lib.InferenceServerClient(address)
+        try:
+            for attempt in range(400):
+                if stop.is_set():
+                    break
+                sequence_id = base + attempt % owners
+                # Continues and restarts: a stranger's end flag still ends the sequence in Triton (see below).
+                start = attempt % 2 == 1
+                if sequence_id in ended:  # the owner is done with it: any caller may start that id anew
+                    continue
+                try:
+                    step(client, "mallory" if attempt % 5 else None, sequence_id, 1000.0, start=start)
+                    if sequence_id in ended:  # its owner's end came first: a new sequence of mallory's
+                        step(client, "mallory", sequence_id, 0.0, end=True)
+                    else:
+                        failures.append(f"attempt {attempt} on {sequence_id} was served")
+                except InferenceServerException as exc:
+                    refusals.append(exc)
+        finally:
+            client.close()
+
+    totals = {}
+
+    def owner(index):
+        client = lib.InferenceServerClient(address)
+        try:
+            sequence_id = base + index
+            totals[sequence_id] = [step(client, f"alice-{index}", sequence_id, 1.0, start=True)]
+            for _ in range(8):
+                totals[sequence_id].append(step(client, f"alice-{index}", sequence_id, 1.0))
+            ended.add(sequence_id)
+            totals[sequence_id].append(step(client, f"alice-{index}", sequence_id, 1.0, end=True))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(f"owner {index}: {exc}")
+        finally:
+            client.close()
+
+    first = lib.InferenceServerClient(address)
+    try:  # the owners' sequences are open before the attacker starts
+        for index in range(owners):
+            assert step(first, f"alice-{index}", base + index, 0.0, start=True) == 0.0
+    finally:
+        first.close()
+    threads = [threading.Thread(target=attacker)] + [threading.Thread(target=owner, args=(n,)) for n in range(owners)]
+    for thread in threads:
+        thread.start()
+    for thread in threads[1:]:
+        thread.join(120)
+    stop.set()
+    threads[0].join(120)
+    assert failures == []
+    assert totals == {base + n: [float(k) for k in range(1, 11)] for n in range(owners)}  # nothing of mallory's
+    assert any("started by another caller" in str(exc) for exc in refusals), "no attempt met an open sequence"
+    for exc in refusals:
+        assert exc.status() in ("400", "StatusCode.INVALID_ARGUMENT"), exc
+        text = str(exc)  # Triton's own answer to a continue once its owner had ended the sequence
+        assert "started by another caller" in text or "carries no 'authorization'" in text or "START flag" in text
+        assert "alice" not in str(exc)  # no credential is echoed
+    # A caller's own sequences work the same with the check.
+    client = lib.InferenceServerClient(address)
+    try:
+        assert step(client, "mallory", base + 50, 2.0, start=True) == 2.0
+        assert step(client, "mallory", base + 50, 3.0, end=True) == 5.0
+        assert step(client, "alice-0", base + 50, 1.0, start=True, end=True) == 1.0  # an ended id is free
+        # The limit of a check in the model: Triton's batcher acts on a stranger's end flag before any
+        # backend sees the request, so the sequence is ended in Triton though the stranger's request is
+        # refused and the state stays untouched; the owner's next request then needs a new start.
+        assert step(client, "alice-0", base + 60, 1.0, start=True) == 1.0
+        with pytest.raises(InferenceServerException, match="started by another caller"):
+            step(client, "mallory", base + 60, 1.0, end=True)
+        with pytest.raises(InferenceServerException, match="must specify the START flag"):
+            step(client, "alice-0", base + 60, 1.0)
+    finally:
+        client.close()
+
+
+def test_bind_refuses_an_owner_check_the_server_does_not_forward():
+    with Triton(config=TritonConfig(**triton_ports())) as triton:
+        with pytest.raises(PyTritonBadParameterError, match="http_header_forward_pattern='authorization'"):
+            triton.bind(
+                "NotForwarded",
+                process_running_sum,
+                inputs=[Tensor(name="value", shape=(1,), dtype=np.float32)],
+                outputs=[Tensor(name="total", shape=(1,), dtype=np.float32)],
+                config=ModelConfig(max_batch_size=4, sequence_batcher=SequenceBatcher(owner_header="authorization")),
+            )

@@ -14,6 +14,7 @@ import asyncio
 import importlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -705,3 +706,78 @@ def test_read_only_inputs_are_copied_so_the_callable_may_change_them(inline):
     writable = np.arange(4, dtype=np.float32)
     assert inline._writable(writable) is writable  # no copy where none is needed
     assert inline._input_array(read_only).flags.writeable
+
+
+# -- the unresponsive-model watch's signal (issue 42 item 4) -----------------------------------------
+
+
+def sleeps_x_seconds(requests):
+    """Sleeps the first value of ``x`` seconds, in short sleeps as a polling callable does; echoes ``x``."""
+    deadline = time.monotonic() + float(requests[0]["x"].flat[0])
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [{"y": request["x"]} for request in requests]
+
+
+def test_the_watchs_signal_fails_a_stuck_call_retryably_and_spares_a_young_one(setup, inline):  # noqa: F811
+    # Before: the watch killed a backend instance's stub, and its batch got Triton's 500.
+    setup.worker()
+    previous = signal.getsignal(_messages.STUCK_SIGNAL)
+    try:
+        model = _model(setup, inline, sleeps_x_seconds)  # installs the handler: this test runs on the main thread
+        assert signal.getsignal(_messages.STUCK_SIGNAL) == model._on_stuck_signal
+        model._on_stuck_signal(_messages.STUCK_SIGNAL, None)  # no call in progress: nothing happens
+        for path in ("short", "general"):
+            if path == "general":  # the path of sequence, decoupled, traced or BYTES models
+                model.execute = lambda requests: model._gated(requests, model._execute_general)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), _messages.STUCK_SIGNAL))
+            timer.start()
+            began = time.monotonic()
+            responses = model.execute([FakeRequest(_x(5.0)), FakeRequest(_x(5.0))])
+            timer.join()
+            assert time.monotonic() - began < 4.0  # failed, not waited for
+            assert [r.error.message() for r in responses] == [_messages.STUCK_TEXT] * 2, path
+            # A call younger than STUCK_MIN_AGE_S is not the one the watch saw: it runs to its end.
+            timer = threading.Timer(0.01, os.kill, (os.getpid(), _messages.STUCK_SIGNAL))
+            timer.start()
+            (response,) = model.execute([FakeRequest(_x(0.3))])
+            timer.join()
+            assert response.error is None and response.outputs()["y"][0, 0] == np.float32(0.3), path
+        setup.finalize(model)
+    finally:
+        signal.signal(_messages.STUCK_SIGNAL, previous)
+
+
+def test_a_stuck_backend_call_that_ignores_the_signal_is_ended_with_its_stub(tmp_path, monkeypatch):
+    from pytriton.proxy.stubside._backend_page import Page
+
+    page = Page.create(str(tmp_path / "backend.page"), 1)
+    sent = []
+    monkeypatch.setattr(_backend_kind, "STUCK_GRACE_S", 0.05)
+    monkeypatch.setattr(_backend_kind.os, "kill", lambda pid, number: sent.append((pid, number)))
+    monkeypatch.setattr(_backend_kind.BackendInstance, "busy", property(lambda self: page.busy(0)))
+    monkeypatch.setattr(_backend_kind.BackendInstance, "_stub_pids", lambda self: [4242])
+    instance = _instance(page, tmp_path)
+    try:
+        assert not instance.fail_stuck_call(_messages.STUCK_TEXT)  # nothing in a call
+        page.enter(0)
+        assert instance.fail_stuck_call(_messages.STUCK_TEXT)
+        assert wait_until(lambda: len(sent) == 2)  # the call went on: the stub is killed after the grace
+        assert sent == [(4242, _messages.STUCK_SIGNAL), (4242, signal.SIGKILL)]
+        sent.clear()
+        monkeypatch.setattr(_backend_kind, "STUCK_GRACE_S", 0.3)
+        assert instance.fail_stuck_call(_messages.STUCK_TEXT)
+        page.leave(0)  # the signal failed the call: the stub serves on
+        time.sleep(0.6)
+        assert sent == [(4242, _messages.STUCK_SIGNAL)]
+    finally:
+        page.close()
+
+
+def wait_until(condition, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()

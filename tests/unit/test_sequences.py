@@ -6,6 +6,8 @@ End to end: tests/e2e/test_sequences.py.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tritonclient.http
@@ -277,3 +279,112 @@ def test_the_bound_is_kept_for_the_oldest_strategy_only():
     assert _sequences.open_limit({"sequence_batching": {"oldest": {}}}, 7) == 7
     assert _sequences.open_limit({"sequence_batching": {"direct": {}}}, 7) == 0  # Triton's slots bound it
     assert _sequences.open_limit({}, 7) == 0
+
+
+# -- the owner check (SequenceBatcher.owner_header) -------------------------------------------------
+
+
+def test_owners_let_only_the_starting_credential_continue_end_or_restart_a_sequence():
+    owners = _sequences.SequenceOwners("authorization", idle_s=5.0, model="M")
+    assert owners.check(7, True, False, "Bearer alice", 0.0) is None
+    assert owners.check(8, True, False, "Bearer bob", 0.0) is None  # another caller's own sequence
+    for start, end in ((False, False), (False, True), (True, False), (True, True)):  # continue, end, restart
+        text = owners.check(7, start, end, "Bearer bob", 1.0)
+        assert text is not None and _sequences.is_refusal(text) and "started by another caller" in text
+        assert "alice" not in text and "bob" not in text  # no credential is echoed
+    assert owners.check(7, False, False, "Bearer alice", 1.0) is None  # the owner goes on
+    assert owners.check(8, False, True, "Bearer bob", 1.0) is None  # and so does bob with his
+    assert owners.check(7, False, True, "Bearer alice", 2.0) is None  # its end
+    assert owners.check(7, False, True, "Bearer alice", 2.0) is None  # checked again (a partly refused batch)
+    assert owners.check(7, False, False, "Bearer bob", 2.0) is not None  # still the owner's
+    assert owners.refused == 5
+    assert owners.check(7, True, False, "Bearer bob", 2.5) is None  # but free for a new start
+    assert owners.check(7, False, False, "Bearer alice", 2.5) is not None  # now bob's
+
+
+def test_owners_refuse_requests_without_a_credential_and_unowned_continues():
+    owners = _sequences.SequenceOwners("authorization", idle_s=5.0, model="M")
+    text = owners.check(7, True, False, None, 0.0)
+    assert text is not None and "carries no 'authorization' credential" in text and "forward_pattern" in text
+    assert owners.check(7, True, False, "", 0.0) is not None  # two different values: refused the same way
+    text = owners.check(9, False, False, "Bearer alice", 0.0)  # never started here: nobody owns it yet
+    assert text is not None and "has no owner" in text and "sequence_start=True" in text
+    assert len(owners) == 0
+
+
+def test_owners_expire_with_the_idle_timeout_and_are_bounded(monkeypatch):
+    owners = _sequences.SequenceOwners("authorization", idle_s=1.0, model="M")
+    assert owners.check(7, True, False, "a", 0.0) is None
+    assert owners.check(7, False, False, "a", 0.9) is None  # each request renews it
+    assert owners.check(7, True, False, "b", 1.5) is not None
+    assert owners.check(7, True, False, "b", 2.0) is None  # idle past the timeout: Triton ended it
+    monkeypatch.setattr(_sequences, "MAX_OWNERS", 3)
+    for n in range(10):
+        assert owners.check(100 + n, True, False, "a", 2.0) is None
+    assert len(owners) == 3
+
+
+def test_the_credential_is_found_without_case_and_taken_out_of_the_parameters():
+    found, kept = _sequences.credential({"Authorization": "Bearer a", "k": 1}, "authorization")
+    assert found == "Bearer a" and kept == {"k": 1}
+    assert _sequences.credential({"k": 1}, "authorization") == (None, {"k": 1})
+    assert _sequences.credential(None, "authorization") == (None, None)
+    found, kept = _sequences.credential({"Authorization": "a", "authorization": "b"}, "authorization")
+    assert found == "" and kept is None  # ambiguous: refused as carrying none
+    assert _sequences.credential({"authorization": "a", "Authorization": "a"}, "authorization")[0] == "a"
+
+
+def test_the_stub_refuses_a_strangers_request_before_the_callable_and_hides_the_credential(setup, pool, monkeypatch):  # noqa: F811
+    # Before: any caller could continue, end or restart another's sequence by its id; the stub had no owner.
+    monkeypatch.setattr(setup.stub.pb_utils, "TritonError", _CodedError)
+    worker = setup.worker()
+    model = setup.model(sequence=SEQUENCE_CONTROLS, owner_header="authorization")
+    channel = worker.channel()
+
+    def run(requests):
+        future = pool.submit(model.execute, requests)
+        message = channel.recv()
+        arena = _arena.SharedArena(f"{setup.shm_prefix}-w")
+        try:
+            channel.send(_ok(arena, [{"y": np.array([[1]], np.int32)} for _ in message.entries]))
+            return message, future.result(TIMEOUT_S)
+        finally:
+            arena.close()
+
+    def request(value, sequence_id, who, **flags):
+        req = _sequence_request(value, sequence_id, **flags)
+        req._parameters = json.dumps({"Authorization": who, "kept": 1} if who else {})
+        return req
+
+    message, responses = run([request(1, 7, "alice", start=True), request(2, 8, "bob", start=True)])
+    assert [entry.sequence for entry in message.entries] == [(7, True, False), (8, True, False)]
+    assert [entry.parameters for entry in message.entries] == [{"kept": 1}, {"kept": 1}]  # no credential
+    assert all(response.error is None for response in responses)
+    message, responses = run(
+        [request(3, 7, "bob"), request(4, 7, "alice"), request(5, 7, None, end=True), request(6, 8, "bob", end=True)]
+    )
+    assert [entry.sequence for entry in message.entries] == [(7, False, False), (8, False, True)]
+    assert [response.error is None for response in responses] == [False, True, False, True]
+    assert responses[0].error.code == "INVALID_ARG" and "started by another caller" in responses[0].error.message()
+
+
+def test_bind_checks_the_owner_header_and_hands_it_to_the_stub(context):  # noqa: F811
+    from pytriton.proxy._binding import check_owner_forwarded
+
+    batcher = SequenceBatcher(owner_header="authorization")
+    model = _model(context, config=ModelConfig(sequence_batcher=batcher))
+    assert model._private["owner_header"] == "authorization"
+    assert "owner_header" not in _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher()))._private
+    for bad in ("Authorization", "", "a b", 5):
+        with pytest.raises(PyTritonBadParameterError, match="owner_header must be None or a lower-case header"):
+            _model(context, config=ModelConfig(sequence_batcher=SequenceBatcher(owner_header=bad)))
+    oldest = SequenceBatcher(strategy=SequenceStrategy.OLDEST, owner_header="authorization")
+    with pytest.raises(PyTritonBadParameterError, match="OLDEST strategy needs one instance"):
+        _model(context, config=ModelConfig(sequence_batcher=oldest), infer_funcs=[lambda r: r, lambda r: r])
+    check_owner_forwarded(batcher, "authorization", "(?i)^authorization$", "M")
+    check_owner_forwarded(SequenceBatcher(), None, None, "M")  # no owner check: nothing to forward
+    with pytest.raises(PyTritonBadParameterError, match="grpc_header_forward_pattern='authorization'") as raised:
+        check_owner_forwarded(batcher, "authorization", "x-other", "M")
+    assert "http_header_forward_pattern" not in str(raised.value)
+    with pytest.raises(PyTritonBadParameterError, match="http_header_forward_pattern"):
+        check_owner_forwarded(batcher, "[", None, "M")

@@ -95,7 +95,7 @@ def test_the_watch_fails_stuck_calls_once_and_never_unloads_for_them():
     assert events[-1] == ("stuck", ("m", _stuck(1.0, IN_ONE_CALL, [0])))
 
 
-def test_the_watch_unloads_a_model_whose_every_stub_is_stopped_until_one_resumes():
+def test_the_watch_reports_a_model_whose_every_stub_is_stopped_once_until_one_resumes():
     states: Dict[str, List[Tuple[bool, float, bool]]] = {"m": [(False, 1.0, True)]}
     events: List[Tuple[str, Any]] = []
     watch = UnresponsiveWatch(lambda: dict(states), events.append, limit_s=1.0)
@@ -168,6 +168,9 @@ class _Model:
     def fail_stuck_calls(self, instances, text, older_than_s):
         self.failed.append((list(instances), text, older_than_s))
 
+    def retire_generation(self):
+        return [4200 + self.generation]  # the pid of its (stopped) stub of the older generation
+
 
 class _FakeTriton:
     """Registry, server and supervisor at once: what ``_unresponsive`` sees of each, recording the actions."""
@@ -226,17 +229,22 @@ def test_the_view_hides_calls_bounded_by_a_timeout_or_streaming_but_not_stopped_
     }
 
 
-def test_the_supervisor_unloads_then_loads_a_new_generation(caplog):
+def test_every_stub_stopped_loads_new_stubs_and_ends_the_stopped_ones_without_an_unload(caplog, monkeypatch):
+    # Before (issue 42 item 4): the model was unloaded, and every request got a 404 until it was loaded again.
+    killed = []
+    monkeypatch.setattr(_unresponsive, "kill_stub", lambda pid: killed.append(pid) or True)
     triton = _FakeTriton()
-    _handle(triton, "responsive", "m")  # never unloaded: nothing to load
+    _handle(triton, "responsive", "m")  # never stopped: nothing to load
     _handle(triton, "unresponsive", ("m", (0.5, STOPPED)))
-    _handle(triton, "responsive", "m")
-    assert triton.calls == [("unload", "m"), ("next-generation", "m")]
+    assert triton.calls == [("next-generation", "m")]  # no unload
+    assert killed == [4204]  # the stopped stub of the old generation, once the new one serves
     assert any(STOPPED in record.getMessage() for record in caplog.records)
+    _handle(triton, "responsive", "m")  # the stopped stub is gone: replaced already, nothing more to load
+    assert triton.calls == [("next-generation", "m")]
     triton.restarting = True
     _handle(triton, "unresponsive", ("m", (0.5, STOPPED)))  # a restart reloads everything anyway
     _handle(triton, "unresponsive", ("gone", (0.5, STOPPED)))
-    assert len(triton.calls) == 2
+    assert len(triton.calls) == 1 and killed == [4204]
 
 
 def test_the_supervisor_fails_stuck_calls_of_each_version_without_unloading(caplog):
@@ -254,12 +262,14 @@ def test_the_supervisor_fails_stuck_calls_of_each_version_without_unloading(capl
     assert triton.models["m"][0].failed == []
 
 
-def test_no_second_load_when_the_stub_replacement_loaded_the_model_already():
+def test_a_failed_load_of_new_stubs_is_logged_and_nothing_is_killed(caplog, monkeypatch):
+    killed = []
+    monkeypatch.setattr(_unresponsive, "kill_stub", lambda pid: killed.append(pid) or True)
     triton = _FakeTriton()
+    monkeypatch.setattr(triton, "load_next_generation", lambda name: RuntimeError("no room"))
     _handle(triton, "unresponsive", ("paused", (0.5, STOPPED)))
-    triton.load_next_generation("paused")  # _healing replaced the killed stub meanwhile
-    _handle(triton, "responsive", "paused")
-    assert triton.calls == [("unload", "paused"), ("next-generation", "paused")]
+    assert killed == [] and triton.calls == []
+    assert any("no room" in record.getMessage() for record in caplog.records if record.levelname == "ERROR")
 
 
 def test_a_bad_limit_in_the_environment_is_logged_and_the_default_applies(caplog, monkeypatch):

@@ -27,8 +27,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import site
 import sys
+import threading
 import time
 from typing import (
     TYPE_CHECKING,
@@ -70,6 +72,11 @@ if TYPE_CHECKING:
 PAYLOAD_FILE = "pytriton_backend.pkl"  # pytriton.proxy._backend_kind.PAYLOAD_FILE
 _RUNNER_MODULE = "pytriton.proxy._backend_kind"  # imported by name: it lives in the user's environment
 _CHECK_EVERY = _messages.STREAM_WINDOW  # a stream asks Triton whether its clients cancelled every this many chunks
+
+
+class _FailedAsStuck(BaseException):
+    """Raised in a call by the watch's signal (``_messages.STUCK_SIGNAL``): not an ``Exception``, so that a
+    callable's ``except Exception`` does not swallow it; its batch is answered ``STUCK_TEXT`` (HTTP 503)."""
 
 
 def _user_path(params: Dict[str, Any]) -> None:
@@ -170,6 +177,18 @@ class InlineModel(_stub.TritonPythonModel):
         if self._short:
             # Triton calls model.execute: the short path is the instance's execute, one call less per batch.
             self.execute = self._execute_short  # type: ignore[method-assign]
+        # The unresponsive-model watch fails a stuck call with a signal (_messages.STUCK_SIGNAL) rather than
+        # by killing the stub: the handler runs on the main thread, which runs execute, between two bytecodes
+        # of the call (a sleep or a wait is interrupted). 0.0: no call in progress, or it began just now.
+        self._call_started = 0.0
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(_messages.STUCK_SIGNAL, self._on_stuck_signal)
+
+    def _on_stuck_signal(self, signum: int, frame: object) -> None:
+        started = self._call_started
+        if started and time.monotonic() - started >= _messages.STUCK_MIN_AGE_S:
+            self._call_started = 0.0
+            raise _FailedAsStuck()
 
     def finalize(self) -> None:
         runner = getattr(self, "_runner", None)
@@ -282,9 +301,11 @@ class InlineModel(_stub.TritonPythonModel):
             failed = True
             started = time.monotonic()
             try:
+                self._call_started = started  # until the callable's result is in (_on_stuck_signal)
                 result = runner.func(batch)
                 if type(result) is not list:
                     result = runner.resolve(result)
+                self._call_started = 0.0
                 responses = None
                 one = self._one
                 if one is not None:
@@ -318,6 +339,9 @@ class InlineModel(_stub.TritonPythonModel):
                 failed = False
                 return responses
             except BaseException as exc:  # noqa: BLE001 - every exception fails this batch only
+                self._call_started = 0.0
+                if type(exc) is _FailedAsStuck:  # failed by the watch: retryable, and not the callable's error
+                    return self._fail(requests, _messages.STUCK_TEXT)
                 return self._fail(requests, runner.failure(exc))
         finally:
             ended = time.monotonic()
@@ -369,9 +393,13 @@ class InlineModel(_stub.TritonPythonModel):
         started = time.perf_counter() if observed else 0.0
         text: Optional[str] = None
         try:
+            self._call_started = time.monotonic()  # until the callable's result is in (_on_stuck_signal)
             result = runner.call(batch)
+            self._call_started = 0.0
         except BaseException as exc:  # noqa: BLE001 - every exception fails this batch only
-            text = runner.failure(exc)
+            self._call_started = 0.0
+            # Failed by the watch: retryable, and not the callable's error.
+            text = _messages.STUCK_TEXT if type(exc) is _FailedAsStuck else runner.failure(exc)
             result = None
         try:
             if text is not None:
@@ -406,17 +434,17 @@ class InlineModel(_stub.TritonPythonModel):
             parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
             return self._runner.request(data, parameters, names, None, request.timeout() / 1e6)
         tensors = [(tensor.name(), _stub._read_input(tensor)) for tensor in request.inputs()]
+        raw_parameters = request.parameters()
+        parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
         sequence = None
         if self._sequence is not None:
-            tensors, sequence = self._sequence_fields(request, tensors)
+            tensors, sequence, parameters = self._sequence_fields(request, tensors, parameters)
             if isinstance(sequence, str):  # a null request or a refused id (_stub._sequence_fields)
                 return sequence
         if self._max_request_bytes:
             nbytes = _stub._input_bytes(tensors)
             if nbytes > self._max_request_bytes:
                 return self._too_large(nbytes)
-        raw_parameters = request.parameters()
-        parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
         data = {name: _input_array(value) for name, value in tensors}
         return self._runner.request(data, parameters, names, sequence, request.timeout() / 1e6)
 

@@ -28,6 +28,7 @@ Imported on both sides (inside the stub: standard library only). Unit tests: tes
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Final, List, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
@@ -75,6 +76,12 @@ STUCK_TEXT = (
     "execution_timeout_s, more instances or a larger PYTRITON_UNRESPONSIVE_AFTER_S if its calls rightly run this long)"
 )
 RETRYABLE_TEXTS = frozenset({UNAVAILABLE_TEXT, STUCK_TEXT})  # answered with Triton's UNAVAILABLE code
+# A backend instance's call runs in its stub (stubside/_inline.py): the watch fails it by sending the stub
+# this signal (signal.SIGUSR2), whose handler raises in the call so that its batch is answered STUCK_TEXT;
+# a call younger than STUCK_MIN_AGE_S is not the one the watch saw stuck (it reports only calls it saw at
+# two polls, 0.25 s apart) and is left alone. A stub that does not answer so is killed (proxy/_backend_kind.py).
+STUCK_SIGNAL = signal.SIGUSR2
+STUCK_MIN_AGE_S = 0.1
 
 Frame = Tuple["_Marshallable", ...]  # what marshal carries: a plain tuple of plain values
 # A request parameter as Triton passes it (the JSON of ``InferenceRequest.parameters()``).

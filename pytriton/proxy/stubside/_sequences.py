@@ -8,13 +8,17 @@ see. The stub refuses such a request with the text built here, answered with Tri
 code (HTTP 400, gRPC ``INVALID_ARGUMENT``); the callable never sees it.
 
 ``OpenSequences`` bounds the sequences one instance has open (``SequenceBatcher.max_open_sequences``).
+``SequenceOwners`` lets only the caller that started a sequence use it (``SequenceBatcher.owner_header``);
+its refusals start like the id refusals and are answered with INVALID_ARG too.
 
 Runs in the stub: standard library only (tests/unit/test_stub_package.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Union
+import hashlib
+import hmac
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 # Every refusal starts so; the stub answers texts that do with the INVALID_ARG code (``is_refusal``).
 _PREFIX = "pytriton: sequence id "
@@ -145,7 +149,7 @@ class OpenSequences:
         )
 
 
-def _trim(table: Dict[SequenceKey, float], size: int) -> None:
+def _trim(table: Dict[SequenceKey, Any], size: int) -> None:
     while len(table) > size:
         del table[next(iter(table))]
 
@@ -153,3 +157,109 @@ def _trim(table: Dict[SequenceKey, float], size: int) -> None:
 def is_bound(text: str) -> bool:
     """Whether an error text is a refusal by ``OpenSequences`` (answered as UNAVAILABLE: retry later)."""
     return text.startswith(_BOUND_PREFIX)
+
+
+# How many owners one instance remembers at most; beyond it the least recently used are forgotten
+# (their sequences' later requests are then refused as unowned: start them again).
+MAX_OWNERS = 65536
+
+
+def credential(parameters: Optional[Dict[str, Any]], header: str) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """The caller's credential for ``SequenceBatcher.owner_header`` and the parameters without it.
+
+    Triton forwards a header that the server's ``--http/grpc-header-forward-pattern`` matches as a
+    request parameter of that name (HTTP keeps the client's spelling, ``Authorization``; gRPC metadata
+    is lower case). Names are compared without case. The credential is taken out of the parameters,
+    so the callable never sees it. ``(None, ...)`` when the request carries none; a request carrying
+    two different values (a header and a body parameter spelt differently) gets ``""``, which is
+    refused like a missing one.
+    """
+    if not parameters:
+        return None, parameters
+    values = {str(value) for key, value in parameters.items() if key.lower() == header}
+    if not values:
+        return None, parameters
+    kept = {key: value for key, value in parameters.items() if key.lower() != header}
+    return (values.pop() if len(values) == 1 else ""), (kept or None)
+
+
+class SequenceOwners:
+    """Who started each open sequence of one instance (``SequenceBatcher.owner_header``), by credential digest.
+
+    ``check`` records the SHA-256 digest of the credential that starts a sequence (the credential
+    itself is not kept) and refuses any later request of it, its end and a new start of the same id
+    included, that carries another credential, or none; a request that is not a start of a sequence
+    this instance has no owner for is refused too. So a caller can only continue, end or restart the
+    sequences it started; other callers' sequences go on unaffected. A sequence's owner is forgotten
+    once no request of it came for the model's idle timeout (Triton has ended it then), or beyond
+    ``MAX_OWNERS`` (the least recently used); after its end any caller may start the id anew. ``check``
+    is idempotent (the stub repeats it for the rest of a partly refused batch).
+
+    What it cannot stop: Triton's batcher acts on a request's END flag before any backend sees the
+    request, so a stranger's refused end still ends the sequence in Triton (its owner's next request
+    then needs a new start); the state in the callable is never touched by a stranger. Memory: at most ``MAX_OWNERS`` (id, digest, time) entries.
+    Per instance: sound where a sequence stays on one instance (``DIRECT``; ``OLDEST`` with one
+    instance, which ``bind`` requires).
+    """
+
+    def __init__(self, header: str, idle_s: float, model: str) -> None:
+        self.header = header
+        self._idle_s = idle_s
+        self._model = model
+        # id -> (digest, last use, ended); insertion order is last-use order (moved on use).
+        self._owners: Dict[SequenceKey, Tuple[bytes, float, bool]] = {}
+        self.refused = 0  # refusals so far (the stub logs them, rate-limited)
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def check(
+        self, sequence_id: SequenceKey, start: bool, end: bool, credential: Optional[str], now: float
+    ) -> Optional[str]:
+        """None to let this request through (and note its owner), or the error text that refuses it."""
+        self._expire(now)
+        if not credential:
+            return self._refuse(
+                f"{_PREFIX}{_shown(sequence_id)} of model {self._model!r}: the request carries no "
+                f"{self.header!r} credential (or two different ones); this model lets only the caller that started a "
+                f"sequence use it (SequenceBatcher.owner_header={self.header!r}): send that header, and let the "
+                "server forward it (TritonConfig http_header_forward_pattern and grpc_header_forward_pattern)"
+            )
+        digest = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest()
+        owner = self._owners.get(sequence_id)
+        if owner is not None and owner[2] and start:  # an ended sequence's id is free for a new start
+            owner = None
+        if owner is not None and not hmac.compare_digest(owner[0], digest):
+            return self._refuse(
+                f"{_PREFIX}{_shown(sequence_id)} of model {self._model!r} was started by another caller "
+                f"(another {self.header!r} credential); only its owner may continue, end or restart it: "
+                "use an id of your own"
+            )
+        if owner is None and not start:
+            return self._refuse(
+                f"{_PREFIX}{_shown(sequence_id)} of model {self._model!r} has no owner on this instance (it was "
+                "never started, has ended, or was idle past max_sequence_idle_microseconds): start it with "
+                "sequence_start=True"
+            )
+        # Kept past the sequence's end (marked ended) until idle: the stub repeats a check when it runs
+        # the rest of a batch after refusing some of it; a new start takes the id over at once.
+        self._owners.pop(sequence_id, None)
+        self._owners[sequence_id] = (digest, now, end or bool(owner is not None and owner[2]))
+        _trim(self._owners, MAX_OWNERS)
+        return None
+
+    def _refuse(self, text: str) -> str:
+        self.refused += 1
+        return text
+
+    def _expire(self, now: float) -> None:
+        while self._owners:
+            oldest = next(iter(self._owners))
+            if now - self._owners[oldest][1] < self._idle_s:
+                break
+            del self._owners[oldest]
+
+
+def _shown(sequence_id: SequenceKey) -> str:
+    text = repr(sequence_id)
+    return text if len(text) <= 66 else text[:64] + "..."

@@ -260,6 +260,14 @@ class TritonPythonModel:
         # SequenceBatcher.max_open_sequences; 0: no bound, as for the direct strategy (_sequences.open_limit).
         limit = _sequences.open_limit(config, int(params.get("max_open_sequences", 0)))
         self._open_sequences = _sequences.OpenSequences(limit, _sequences.idle_s(config), self._model_name)
+        # SequenceBatcher.owner_header: only the caller that started a sequence may use it (_sequences).
+        owner_header = params.get("owner_header")
+        self._owners = (
+            _sequences.SequenceOwners(owner_header, _sequences.idle_s(config), self._model_name)
+            if owner_header
+            else None
+        )
+        self._owner_log_at = -1e9  # when the last owner refusal was logged (_log_owner_refusal)
         # The generation is in the public config on purpose: a new value makes Triton reload the
         # model, which is how a dead stub is replaced (Triton.bind's healing, docs/architecture.md).
         public = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
@@ -461,8 +469,10 @@ class TritonPythonModel:
         rejected: Dict[int, str] = {}
         for index, (request, names) in enumerate(zip(requests, requested)):
             tensors = [(tensor.name(), _read_input(tensor)) for tensor in request.inputs()]
+            raw_parameters = request.parameters()
+            parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
             if self._sequence is not None:
-                tensors, sequence = self._sequence_fields(request, tensors)
+                tensors, sequence, parameters = self._sequence_fields(request, tensors, parameters)
                 if isinstance(sequence, str):  # a null request or a refused id: answered here
                     rejected[index] = sequence
                     continue
@@ -472,9 +482,7 @@ class TritonPythonModel:
                 if nbytes > limit:
                     rejected[index] = self._too_large(nbytes)
             groups.append(tensors)
-            raw_parameters = request.parameters()
             # The request's timeout is the client's ``timeout`` parameter, in microseconds (0: none).
-            parameters = json.loads(raw_parameters) if raw_parameters != "{}" else None
             entries.append((parameters, names, request.timeout() / 1e6))
         if rejected:
             raise RequestsTooLarge(rejected)
@@ -483,12 +491,16 @@ class TritonPythonModel:
         bodies = [Entry(m, p, n, q, t) for m, (p, n, t), q in zip(metas, entries, sequence_of)]
         return Infer(segment, bodies, trace)
 
-    def _sequence_fields(self, request: PbRequest, tensors: Inputs) -> Tuple[Inputs, Union[SequenceFields, str]]:
-        """The request's inputs without the sequence controls, and its ``(id, start, end)``.
+    def _sequence_fields(
+        self, request: PbRequest, tensors: Inputs, parameters: Optional[Dict[str, object]]
+    ) -> Tuple[Inputs, Union[SequenceFields, str], Optional[Dict[str, object]]]:
+        """The request's inputs without the sequence controls, its ``(id, start, end)`` and its parameters
+        (without the owner credential, ``SequenceBatcher.owner_header``).
 
         In place of the fields, the text that answers the request without calling the callable: for
-        a null request (the direct strategy fills idle batch slots with them, READY false) and for a
-        string id sent to a model with integer ids (``_sequences.refusal``).
+        a null request (the direct strategy fills idle batch slots with them, READY false), for a
+        string id sent to a model with integer ids (``_sequences.refusal``), for a request of a
+        sequence another caller owns (``_sequences.SequenceOwners``) and beyond the open bound.
         """
         assert self._sequence is not None
         controls = {name: key for key, name in self._sequence.items()}
@@ -501,7 +513,7 @@ class TritonPythonModel:
             elif key != "corrid":
                 flags[key] = bool(np.asarray(array).reshape(-1)[0])
         if not flags.get("ready", True):
-            return kept, _NULL_REQUEST
+            return kept, _NULL_REQUEST, parameters
         raw_id = request.correlation_id()
         # An int or str, or a CorrelationId-like object in some backends, whose value() is one (an object
         # without value() is passed on as it is, which the SequenceId type does not cover).
@@ -510,11 +522,29 @@ class TritonPythonModel:
         )
         start, end = flags.get("start", False), flags.get("end", False)
         refused = _sequences.refusal(sequence_id, self._integer_ids, self._model_name)
+        if refused is None and self._owners is not None:  # checked first: a stranger's request counts nowhere
+            credential, parameters = _sequences.credential(parameters, self._owners.header)
+            refused = self._owners.check(sequence_id, start, end, credential, time.monotonic())
+            if refused is not None:
+                self._log_owner_refusal(refused)
         if refused is None:
             refused = self._open_sequences.admit(sequence_id, start, end, time.monotonic())
         if refused is not None:
-            return kept, refused
-        return kept, (sequence_id, start, end)
+            return kept, refused, parameters
+        return kept, (sequence_id, start, end), parameters
+
+    def _log_owner_refusal(self, text: str) -> None:
+        """One log line per refusal of a stranger's request, at most one a second (the rest are counted in it)."""
+        assert self._owners is not None
+        now = time.monotonic()
+        if now - self._owner_log_at < 1.0:
+            return
+        self._owner_log_at = now
+        _stub_metrics.log(
+            pb_utils,
+            f"pytriton: {self._owners.refused} sequence requests of model {self._model_name!r} refused so far "
+            f"by the owner check; the latest: {text}",
+        )
 
     def _too_large(self, nbytes: int) -> str:
         return (
