@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 # Every refusal starts so; the stub answers texts that do with the INVALID_ARG code (``is_refusal``).
 _PREFIX = "pytriton: sequence id "
@@ -29,6 +29,7 @@ _BOUND_PREFIX = "pytriton: too many open sequences: "
 ConfigJson = Mapping[str, Any]
 
 SequenceKey = Union[int, str]
+_V = TypeVar("_V")  # the value type of a table or parameters mapping, kept as it is
 
 
 def integer_ids(config: ConfigJson) -> bool:
@@ -149,7 +150,7 @@ class OpenSequences:
         )
 
 
-def _trim(table: Dict[SequenceKey, Any], size: int) -> None:
+def _trim(table: Dict[SequenceKey, _V], size: int) -> None:
     while len(table) > size:
         del table[next(iter(table))]
 
@@ -164,7 +165,7 @@ def is_bound(text: str) -> bool:
 MAX_OWNERS = 65536
 
 
-def credential(parameters: Optional[Dict[str, Any]], header: str) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+def credential(parameters: Optional[Dict[str, _V]], header: str) -> Tuple[Optional[str], Optional[Dict[str, _V]]]:
     """The caller's credential for ``SequenceBatcher.owner_header`` and the parameters without it.
 
     Triton forwards a header that the server's ``--http/grpc-header-forward-pattern`` matches as a
