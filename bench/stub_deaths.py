@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -89,13 +89,17 @@ class HealthyClient:
 
     ``counts``: ``ok``, ``other_failed`` (any failure of ``Other``), ``echo_dead_instance`` (an ``Echo``
     request routed to the dead instance: "not healthy"), ``echo_failed`` (any other ``Echo`` failure).
-    ``errors`` keeps the first few failure texts.
+    ``errors`` keeps the first few failure texts; ``outage_s`` adds up, over each run of healthy failures,
+    the time from its first failure to the next answer (the failure count alone depends on how fast a
+    refused connection comes back).
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.counts: Dict[str, int] = {"ok": 0, "other_failed": 0, "echo_dead_instance": 0, "echo_failed": 0}
         self.errors: List[str] = []
+        self.outage_s = 0.0
+        self._failing_since: Optional[float] = None
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._thread = threading.Thread(target=self._run, name="healthy-client", daemon=True)
@@ -126,6 +130,9 @@ class HealthyClient:
                 try:
                     _infer(client, model)
                     self.counts["ok"] += 1
+                    if self._failing_since is not None:
+                        self.outage_s += time.monotonic() - self._failing_since
+                        self._failing_since = None
                 except Exception as exc:  # noqa: BLE001 - counted, the client goes on
                     text = str(exc)
                     if model == "Other":
@@ -133,6 +140,8 @@ class HealthyClient:
                     else:
                         key = "echo_dead_instance" if "not healthy" in text else "echo_failed"
                     self.counts[key] += 1
+                    if key != "echo_dead_instance" and self._failing_since is None:
+                        self._failing_since = time.monotonic()
                     if key != "echo_dead_instance" and len(self.errors) < 5:
                         self.errors.append(f"{model}: {text[:200]}")
                     client.close()  # a new connection after a failure
@@ -165,8 +174,17 @@ def main() -> None:
             return server.pid
 
         def figure() -> Tuple[int, int]:
+            deadline = time.monotonic() + 60
+            while True:  # while the server is being replaced, its pid is gone for a moment
+                try:
+                    threads = len(os.listdir(f"/proc/{server_pid()}/task"))
+                    break
+                except (OSError, AssertionError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
             regions = [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
-            return len(os.listdir(f"/proc/{server_pid()}/task")), len(regions)
+            return threads, len(regions)
 
         first_pid = server_pid()
         assert _serves(url)
@@ -208,11 +226,15 @@ def main() -> None:
         while (end[0] > start[0] * 1.1 or end[1] > start[1] + 2) and time.monotonic() < deadline:
             time.sleep(0.5)
             end = figure()
+        _serves(url)  # a replacement server counts once it serves again (threads start with its models)
+        time.sleep(1.0)
+        end = figure()
         print(
             f"{args.deaths} deaths ({args.mode}, {args.instances} instance(s)): server threads {start[0]} -> {end[0]}, "
             f"regions {start[1]} -> {end[1]}; healthy client: {healthy.counts['ok']} answered, "
             f"{healthy.healthy_failures()} failed (Other {healthy.counts['other_failed']}, Echo "
-            f"{healthy.counts['echo_failed']}), {healthy.counts['echo_dead_instance']} routed to the dead instance; "
+            f"{healthy.counts['echo_failed']}; {healthy.outage_s:.2f} s without an answer), "
+            f"{healthy.counts['echo_dead_instance']} routed to the dead instance; "
             f"server processes: {'same' if server_pid() == first_pid else 'replaced'}"
         )
         for error in healthy.errors:

@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Sequence, Set, Tuple
 from pytriton import _unresponsive
 from pytriton._backend import Registry, ServerBackend
 from pytriton._exit import describe_exit
-from pytriton.exceptions import PyTritonServerError, PyTritonValidationError
+from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy._binding import BoundModel
 from pytriton.server import _drain, _recycle
 from pytriton.server._restarts import RestartPolicy
@@ -96,8 +96,9 @@ class Supervisor:
         # Regions of model generations that only a new server process frees (server/_recycle.py), per server pid.
         try:
             self._pinned_limit = _recycle.pinned_limit(dict(os.environ))
-        except ValueError as exc:
-            raise PyTritonValidationError(str(exc)) from None
+        except ValueError as exc:  # as for pytriton's other PYTRITON_* knobs: said, and the default applies
+            LOGGER.error("%s Using the default, %d.", exc, _recycle.PINNED_REGIONS_LIMIT)
+            self._pinned_limit = _recycle.PINNED_REGIONS_LIMIT
         self._pinned = _recycle.PinnedRegions()
         self._pinned_server: Optional[int] = None
         self._pinned_clean_count = 0  # regions of a scan that found every one with a live stub
