@@ -373,6 +373,59 @@ def test_stub_deaths_under_traffic_leave_no_threads_or_regions_behind(ports, mon
     _assert_clean(*info)
 
 
+def test_pinned_generations_under_traffic_replace_the_server_at_the_limit(ports, monkeypatch):
+    """Under traffic the server is replaced once ``PYTRITON_RECYCLE_PINNED_REGIONS`` regions are pinned.
+
+    3 deaths of a two-instance model pin 6 regions, past a limit of 4: the server is replaced while
+    the healthy client keeps sending (no idle moment: idle recycling waits 10 s), and its threads
+    and regions come back to the start. The replacement refuses the requests that arrive during it
+    (docs/architecture.md, "Stub death"): those failures are the price of the bound and are not
+    asserted away here; the client must be served again afterwards.
+    """
+    from bench.stub_deaths import HealthyClient
+
+    monkeypatch.setenv("PYTRITON_RECYCLE_PINNED_REGIONS", "4")
+    triton = Triton(config=TritonConfig(**ports))
+    x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+    triton.bind("Echo", [echo, echo], x, x)
+    triton.bind("Other", echo, x, x)
+    triton.run()
+    healthy = HealthyClient(f"127.0.0.1:{ports['http_port']}")
+    prefix = triton._backend.region_prefix
+
+    def threads():
+        try:
+            return len(os.listdir(f"/proc/{triton._backend.server.pid}/task"))
+        except OSError:  # the server is being replaced
+            return 10**6
+
+    try:
+        assert _wait_serving(ports, "Echo") and _wait_serving(ports, "Other")
+        start = (threads(), len(shm_entries(prefix)))
+        healthy.start()
+        for death in range(3):
+            stubs = _stubs(triton._backend.server.pid, "Echo")
+            assert len(stubs) == 2, (death, stubs)
+            os.kill(stubs[0], signal.SIGKILL)
+            assert _wait_serving(ports, "Echo", streak=5), f"death {death + 1}: Echo did not recover"
+            assert wait_for(lambda: len(_stubs(triton._backend.server.pid, "Echo")) == 2, 20)
+        grown = (threads(), len(shm_entries(prefix)))
+        assert grown[1] >= start[1] + 4 or triton._supervisor.recycles >= 1, (start, grown)
+        assert wait_for(lambda: triton._supervisor.recycles >= 1, 30), f"not replaced: {start} -> {grown}"
+        ok_before = healthy.counts["ok"]
+        assert wait_for(lambda: healthy.counts["ok"] > ok_before + 10, 30), healthy.errors  # served again
+        assert _wait_serving(ports, "Echo", streak=5) and _wait_serving(ports, "Other", streak=5)
+        end = (threads(), len(shm_entries(prefix)))
+        healthy.stop()
+        print(f"start {start}, grown {grown}, end {end}; healthy {healthy.counts}, outage {healthy.outage_s:.2f} s")
+        assert end[0] <= start[0] * 1.1 and end[1] <= start[1] + 2, (start, grown, end)
+        info = owned_resources(triton)
+    finally:
+        healthy.stop()
+        triton.stop()
+    _assert_clean(*info)
+
+
 # Seconds the stub stays stopped in the test below; PYTRITON_TEST_STUB_PAUSE_S=30 runs the issue's case by hand.
 STUB_PAUSE_S = float(os.environ.get("PYTRITON_TEST_STUB_PAUSE_S", "4"))
 
