@@ -12,7 +12,7 @@ and ended by :meth:`request_stop` plus :meth:`join`; every server it starts belo
 
 Unit tests: tests/unit/test_restarts.py (the restart loop and its backoff, with a fake clock and a
 fake server), tests/unit/test_self_healing.py (which lost stubs are replaced),
-tests/unit/test_recycle.py (what recycling reads); restarts, replacements and recycling end to end:
+tests/unit/test_recycle.py (what recycling reads, when pinned generations recycle the server); restarts, replacements and recycling end to end:
 tests/e2e/test_healing.py, tests/e2e/test_memory.py, tests/e2e/test_hostile_requests.py (crash floods),
 tests/e2e/test_supervisor.py (a real EMFILE at a restart retried; a spent budget ending the program).
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -92,6 +93,16 @@ class Supervisor:
         self._recycled_at: Dict[str, float] = {}
         # Models unloaded because they stopped answering (pytriton/_unresponsive.py), with their generation then.
         self._unresponsive_unloaded: Dict[str, int] = {}
+        # Regions of model generations that only a new server process frees (server/_recycle.py), per server pid.
+        try:
+            self._pinned_limit = _recycle.pinned_limit(dict(os.environ))
+        except ValueError as exc:  # as for pytriton's other PYTRITON_* knobs: said, and the default applies
+            LOGGER.error("%s Using the default, %d.", exc, _recycle.PINNED_REGIONS_LIMIT)
+            self._pinned_limit = _recycle.PINNED_REGIONS_LIMIT
+        self._pinned = _recycle.PinnedRegions()
+        self._pinned_server: Optional[int] = None
+        self._pinned_clean_count = 0  # regions of a scan that found every one with a live stub
+        self.recycles = 0  # how many times the server was replaced to free pinned generations
         backend.on_exit(self.on_server_exit)
 
     # -- the thread -----------------------------------------------------------------------------
@@ -141,21 +152,32 @@ class Supervisor:
         This thread also spawns every replacement server: ``PR_SET_PDEATHSIG`` fires when the
         *thread* that forked the server ends, so that thread must live as long as the server.
         """
-        # Between events the supervisor looks for grown shared-memory regions of idle models.
-        poll_s = self._settings.recycle_idle_s / 4 if self._settings.recycle_byte_size else None
+        # Between events the supervisor looks for grown shared-memory regions of idle models, and for
+        # pinned model generations that only a new server process frees.
+        polls = self._settings.recycle_byte_size or self._backend.restartable
+        poll_s = self._settings.recycle_idle_s / 4 if polls else None
         # Readiness while a callable hangs or a stub is stopped (pytriton/_unresponsive.py); the watch ends
         # within a poll once the registry stops running.
         _unresponsive.watch_for(self._registry, self._events.put)
+        # The upkeep runs every poll_s even while events keep coming (a stub killed every second
+        # would otherwise postpone it for as long as the deaths go on).
+        next_poll = time.monotonic() + poll_s if poll_s is not None else None
         while True:
             try:
-                kind, payload = self._events.get(timeout=poll_s)
+                if next_poll is not None and time.monotonic() >= next_poll:
+                    raise queue.Empty
+                timeout = None if next_poll is None else max(0.0, next_poll - time.monotonic())
+                kind, payload = self._events.get(timeout=timeout)
             except queue.Empty:
                 kind, payload = "recycle", None
+                next_poll = time.monotonic() + poll_s if poll_s is not None else None
             if kind == "stop" or not self._registry.running():
                 return
             if kind == "recycle":
                 try:
-                    self._recycle_grown_models()
+                    if self._settings.recycle_byte_size:
+                        self._recycle_grown_models()
+                    self._recycle_pinned_server()
                 except Exception:  # noqa: BLE001 - memory upkeep must never stop the supervisor
                     LOGGER.exception("pytriton: checking the Python backend's shared memory failed")
                 continue
@@ -417,6 +439,66 @@ class Supervisor:
                 resident / (1 << 20),
                 models[0].generation,
                 time.monotonic() - started,
+            )
+
+    def _recycle_pinned_server(self) -> None:
+        """Replace the server once pinned model generations are worth it (server/_recycle.py).
+
+        A stub death after which Triton was handed a request for the dead instance pins that model
+        generation (about 36 threads and one 4 MiB region per instance) for as long as the server
+        process lives. When every model has been idle for ``recycle_idle_s``, any pinned region is
+        reason enough; under traffic, only :data:`~pytriton.server._recycle.PINNED_REGIONS_LIMIT`
+        of them, since the requests that arrive while the new server starts are refused. Only where
+        the backend can replace its server (a launched ``tritonserver``); runs on the supervisor
+        thread, never during a restart or a stub replacement.
+        """
+        if not self._backend.restartable or self.restarting or self.healing:
+            return
+        server, prefix = self._backend.server, self._backend.region_prefix
+        if server is None or server.pid is None or prefix is None or not server.is_alive():
+            return
+        if self._pinned_server != server.pid:  # a new server: nothing of the old one counts
+            self._pinned.reset()
+            self._pinned_server, self._pinned_clean_count = server.pid, 0
+        regions = _recycle.server_regions(prefix)
+        if not self._pinned.tracking and len(regions) <= self._pinned_clean_count:
+            return  # the common case, without reading every process's /proc entry
+        pinned = self._pinned.update(regions, _recycle.live_stub_regions(server.pid, prefix))
+        if not self._pinned.tracking:
+            self._pinned_clean_count = len(regions)
+        models = self._registry.models()
+        busy = any(model.busy for model in models)
+        idle_for = None if busy else time.monotonic() - max((m.last_active for m in models), default=0.0)
+        reason = _recycle.server_recycle_reason(
+            len(pinned), self._pinned_limit, idle_for, self._settings.recycle_idle_s
+        )
+        if reason is not None:
+            self._recycle_server(reason)
+
+    def _recycle_server(self, reason: str) -> None:
+        """Let the batches in flight end (at most ``exit_timeout_s``), then start a new server as a restart does."""
+        with self._registry.lock:
+            if not self._registry.running() or self.restarting or self.healing:
+                return
+            self.restarting = True
+        started = time.monotonic()
+        try:
+            deadline = started + self._settings.exit_timeout_s
+            while any(m.busy for m in self._registry.models()) and time.monotonic() < deadline:
+                if not self._registry.running():
+                    return
+                time.sleep(0.01)
+            LOGGER.warning("pytriton: replacing tritonserver to free what stub deaths left in it (%s).", reason)
+            server = self._start_until_ready()
+        finally:
+            with self._registry.lock:
+                self.restarting = False
+        if server is not None:
+            self.recycles += 1
+            LOGGER.warning(
+                "tritonserver replaced in %.2f s (pid %s); the pinned model generations are gone.",
+                time.monotonic() - started,
+                server.pid,
             )
 
     # -- the drain (on the thread that stops the Triton) -------------------------------------------

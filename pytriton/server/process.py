@@ -424,7 +424,8 @@ class TritonServerProcess:
             try:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                LOGGER.warning("tritonserver did not stop within %.1f s; killing it", grace_s)
+                if grace_s > 0:  # 0: the caller ends it at once on purpose (a restart, a replacement)
+                    LOGGER.warning("tritonserver did not stop within %.1f s; killing it", grace_s)
         self._kill_group(process.pid)
         process.wait()
         # Stubs are reaped by whoever inherits them; wait until they are gone, so that their slot

@@ -79,3 +79,68 @@ def test_any_region_over_looks_only_at_this_servers_regions_in_shm(tmp_path):
     assert _recycle.any_region_over(PREFIX, 2 * MIB, shm=shm)
     assert not _recycle.any_region_over(PREFIX, 4 * MIB, shm=shm)
     assert not _recycle.any_region_over(PREFIX, 0, shm=tmp_path / "missing")
+
+
+# -- pinned model generations: regions without a live stub, and when the server is replaced ----------
+
+
+def test_live_stub_regions_names_only_regions_of_live_stubs_of_this_server(tmp_path):
+    proc, repository = tmp_path / "proc", tmp_path / "repo"
+    proc.mkdir()
+    _process(proc, 100, 1, ["tritonserver"])
+    _process(proc, 101, 100, _stub(repository, "Echo", f"{PREFIX}-aaa"))
+    _process(proc, 102, 100, [])  # a dead stub not yet reaped (a zombie): empty command line
+    _process(proc, 103, 100, ["/bin/sh", f"{PREFIX}-ccc"])  # no stub
+    _process(proc, 200, 1, ["tritonserver"])
+    _process(proc, 201, 200, _stub(repository, "Echo", f"{PREFIX}-ddd"))  # another server's stub
+    assert _recycle.live_stub_regions(100, PREFIX, proc=proc) == {f"{PREFIX}-aaa"}
+
+
+def test_server_regions_lists_this_servers_prefix_only(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    for name in (f"{PREFIX}-aaa", f"{PREFIX}-bbb", "someone-else-aaa"):
+        (shm / name).write_bytes(b"x")
+    assert _recycle.server_regions(PREFIX, shm=shm) == {f"{PREFIX}-aaa", f"{PREFIX}-bbb"}
+    assert _recycle.server_regions(PREFIX, shm=tmp_path / "missing") == set()
+
+
+def test_pinned_regions_counts_a_region_only_after_the_grace_without_a_live_stub():
+    now = [0.0]
+    pinned = _recycle.PinnedRegions(grace_s=5.0, clock=lambda: now[0])
+    assert pinned.update({"a", "b"}, {"a", "b"}) == set() and not pinned.tracking
+    # b's stub died: a grace period first (a region exists for a moment around every load and unload)
+    assert pinned.update({"a", "b"}, {"a"}) == set() and pinned.tracking
+    now[0] = 4.9
+    assert pinned.update({"a", "b", "c"}, {"a"}) == set()  # c: a load under way, no stub yet
+    now[0] = 5.0
+    assert pinned.update({"a", "b", "c"}, {"a"}) == {"b"}
+    now[0] = 9.95
+    assert pinned.update({"a", "b", "c"}, {"a"}) == {"b", "c"}
+    # c got its stub, b's region was removed after all (an unload that completed): both forgotten
+    now[0] = 20.0
+    assert pinned.update({"a", "c"}, {"a", "c"}) == set() and not pinned.tracking
+    assert pinned.update({"a", "c"}, {"a"}) == set()  # c's stub died now: its grace starts again
+
+
+def test_server_recycle_reason_idle_server_any_pinned_busy_server_at_the_limit():
+    assert _recycle.server_recycle_reason(0, 16, 100.0, 10.0) is None
+    reason = _recycle.server_recycle_reason(1, 16, 10.0, 10.0)
+    assert reason is not None and "idle" in reason
+    assert _recycle.server_recycle_reason(1, 16, 9.9, 10.0) is None  # not idle long enough
+    assert _recycle.server_recycle_reason(15, 16, None, 10.0) is None  # a batch runs, below the limit
+    reason = _recycle.server_recycle_reason(16, 16, None, 10.0)
+    assert reason is not None and "limit of 16" in reason
+    assert _recycle.server_recycle_reason(99, 0, None, 10.0) is None  # 0: never under traffic
+    assert _recycle.server_recycle_reason(99, 0, 11.0, 10.0) is not None
+
+
+def test_pinned_limit_reads_the_variable_and_refuses_nonsense():
+    import pytest
+
+    assert _recycle.pinned_limit({}) == _recycle.PINNED_REGIONS_LIMIT
+    assert _recycle.pinned_limit({"PYTRITON_RECYCLE_PINNED_REGIONS": " 4 "}) == 4
+    assert _recycle.pinned_limit({"PYTRITON_RECYCLE_PINNED_REGIONS": "0"}) == 0
+    for bad in ("-1", "many", "2.5"):
+        with pytest.raises(ValueError, match="PYTRITON_RECYCLE_PINNED_REGIONS"):
+            _recycle.pinned_limit({"PYTRITON_RECYCLE_PINNED_REGIONS": bad})
