@@ -318,7 +318,7 @@ MODEL_DELETER_THREADS = Gate(
 DEAD_STUB_KEPT = Gate(
     "dead-stub-kept",
     "the Python backend neither restarts a dead stub nor completes the unload of its model",
-    "_healing.py",
+    "_healing.py, server/_recycle.py",
     triton=("2.48", None),
 )
 QUEUED_CANCELLED = Gate(
