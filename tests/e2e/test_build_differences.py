@@ -61,8 +61,10 @@ def triton():
         triton.bind("Held", held, X, Y, config=ModelConfig(batching=False))
         triton.bind("Beside", echo, X, Y, config=ModelConfig(batching=False))
         triton.run()
-        yield triton
-    RELEASE.set()
+        try:
+            yield triton
+        finally:
+            RELEASE.set()  # a call still held (a failed test) returns before the stop
 
 
 def _infer(triton, model, timeout_s):
