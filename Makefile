@@ -77,11 +77,18 @@ test-numpy1: server
 TRITON_OLDER ?= 2.48
 TRITON_OLDER_WHEEL ?=
 TRITON_OLDER_TESTS ?= tests/e2e/test_check.py tests/e2e/test_lifecycle.py tests/e2e/test_clients.py \
-	tests/e2e/test_security.py tests/e2e/test_hostile_requests.py
+	tests/e2e/test_security.py tests/e2e/test_hostile_requests.py tests/e2e/test_healing.py \
+	tests/e2e/test_build_differences.py
+# Left out on 2.48 to 2.50 (every older build): they send requests into a stub that then dies, and
+# those builds never answer such a request (gate dead-stub-request-unanswered, server/versions.py);
+# tests/e2e/test_build_differences.py pins what each build does instead.
+TRITON_OLDER_DESELECT ?= tests/e2e/test_healing.py::test_killed_stub_is_replaced \
+	tests/e2e/test_healing.py::test_a_stopped_stub_fails_requests_fast_and_is_replaced_without_a_server_abort
 test-triton-older: server
 	$(VENV)/bin/pytriton install-server --triton $(TRITON_OLDER) $(if $(TRITON_OLDER_WHEEL),--from-wheel $(TRITON_OLDER_WHEEL))
 	PYTRITON_TRITON_VERSION=$(TRITON_OLDER) $(VENV)/bin/pytriton check --no-smoke | grep 'server version'
-	PYTRITON_TRITON_VERSION=$(TRITON_OLDER) $(PY) -m pytest -q $(TRITON_OLDER_TESTS) $(PYTEST_ARGS)
+	PYTRITON_TRITON_VERSION=$(TRITON_OLDER) $(PY) -m pytest -q $(TRITON_OLDER_TESTS) \
+		$(foreach test,$(TRITON_OLDER_DESELECT),--deselect $(test)) $(PYTEST_ARGS)
 
 # pytriton.ray on a local two-node Ray cluster (tests/e2e/test_ray.py, marker `ray`; docs/ray.md):
 # its own venv with ray[serve] (Python 3.10+; about 100 MB), the server shared with the others.

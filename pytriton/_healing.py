@@ -32,7 +32,7 @@ from pytriton._backend import Registry, ServerBackend
 from pytriton._exit import describe_exit
 from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy._binding import BoundModel
-from pytriton.server import _drain, _recycle
+from pytriton.server import _drain, _recycle, versions
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server.process import TritonServerProcess, kill_stub
 from pytriton.server.settings import Settings
@@ -144,6 +144,16 @@ class Supervisor:
         LOGGER.error(
             "Model %s: a stub process died (generation %d); replacing the model's instances.", model_name, generation
         )
+        version = versions.server_version()
+        if version is not None and versions.DEAD_STUB_REQUEST_UNANSWERED.active(version):
+            # Nothing outside the server can answer those requests there; say why a client hangs.
+            LOGGER.warning(
+                "Model %s: on Triton %s a request that reached the dead stub is never answered (the Python "
+                "backend waits for its reply without a timeout; 2.51 fails it): its client waits until its own "
+                "timeout. The new generation serves the requests that follow.",
+                model_name,
+                version,
+            )
         self._events.put(("stub", (model_name, generation)))
 
     def _supervise(self) -> None:

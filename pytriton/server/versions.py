@@ -321,6 +321,18 @@ DEAD_STUB_KEPT = Gate(
     "_healing.py, server/_recycle.py",
     triton=("2.48", None),
 )
+# A bug of the older builds only: python_backend r24.07 to r24.09 (Triton 2.48 to 2.50) waits for the
+# stub's reply to an execute on a condition variable with no timeout and no health check; r24.10
+# (2.51) went back to the 24.05 path, which polls the stub's health and fails the request with "Stub
+# process ... is not healthy". Nothing outside the server can answer the waiting request, so pytriton
+# only says so (the model is still replaced and serves new requests).
+DEAD_STUB_REQUEST_UNANSWERED = Gate(
+    "dead-stub-request-unanswered",
+    "a request that reached the instance of a stub that died is never answered (the backend waits for the "
+    "stub's reply without a timeout); 2.51 fails it with 'Stub process is not healthy'",
+    "_healing.py",
+    triton=("2.48", "2.50"),
+)
 QUEUED_CANCELLED = Gate(
     "cancelled-while-queued",
     "a request cancelled while it waited for a busy instance still reaches execute",
@@ -351,6 +363,7 @@ GATES: Tuple[Gate, ...] = (
     STUB_STOP_DESTRUCTION,
     MODEL_DELETER_THREADS,
     DEAD_STUB_KEPT,
+    DEAD_STUB_REQUEST_UNANSWERED,
     QUEUED_CANCELLED,
     GRPC_STREAM_WEDGE,
     METRIC_SERIES_PER_STUB,

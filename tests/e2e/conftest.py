@@ -85,6 +85,7 @@ FULL_RUN_ONLY: FrozenSet[str] = frozenset(
         "test_serve_cli.py",
         "test_supervisor.py",
         "test_bench_ab.py",
+        "test_build_differences.py",
         "test_check.py",
         "test_clients_compat.py",
         "test_docs.py",

@@ -8,6 +8,7 @@ its review puts it in one. The markers are registered, and ``.ci/run`` selects b
 from __future__ import annotations
 
 import pathlib
+import shlex
 import subprocess
 import sys
 
@@ -64,3 +65,14 @@ def test_not_e2e_selects_the_unit_tests_and_a_leg_selects_its_modules():
     assert collected("not e2e") == {"tests/unit/test_ci_legs.py"}
     assert collected("e2e and py39_leg") == {"tests/e2e/test_security.py"}
     assert collected("e2e") == {"tests/e2e/test_security.py", "tests/e2e/test_check.py"}
+
+
+def test_ci_runs_every_test_once_on_python3_as_two_halves_that_cover_the_suite():
+    """.ci/run splits the README's `make test` on python3 into its e2e and unit halves (run side by side):
+    together they must select every test (``-m e2e`` and ``-m "not e2e"``), both on python3's venv."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [line for line in ci.splitlines() if not line.lstrip().startswith("#")]
+    halves = [line for line in commands if " test TEST_MARK=" in line and "PYTHON=" not in line]
+    marks = sorted(shlex.split(line.split("TEST_MARK=", 1)[1])[0] for line in halves)
+    assert marks == ["e2e", "not e2e"], halves
+    assert "make server" in ci  # the install the halves share is made before either starts

@@ -12,16 +12,21 @@ import hashlib
 import logging
 import pathlib
 import re
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from pytriton._backend import State
 from pytriton._plan import LaunchPlan
 from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledError
+from pytriton.model_config import Tensor
 from pytriton.server import distribution as dist
 from pytriton.server import versions
 from pytriton.server.command import LaunchSettings
 from pytriton.server.install import InstallError, install_server
 from pytriton.server.triton_config import TritonConfig
+from pytriton.triton import Triton
 from tests.unit.test_install import _fake_wheel
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -315,3 +320,33 @@ def test_architecture_doc_lists_every_gate_with_its_ranges():
         assert f"Triton {versions.range_text(gate.triton)}" in row, row
         if gate.numpy is not None:
             assert f"numpy {versions.range_text(gate.numpy)}" in row, row
+
+
+def test_dead_stub_request_gate_covers_the_builds_whose_backend_waits_without_a_timeout():
+    # python_backend r24.07-r24.09 (2.48-2.50) wait for a stub's reply with no timeout; r24.10 (2.51) polls its health.
+    gate = versions.DEAD_STUB_REQUEST_UNANSWERED
+    assert [v for v in sorted(versions.BUILDS, key=versions.parse) if gate.active(v)] == ["2.48.0", "2.49.0", "2.50.0"]
+
+
+@pytest.mark.parametrize("version, warned", [("2.48.0", True), ("2.50.0", True), ("2.51.0", False), (None, False)])
+def test_a_lost_stub_warns_that_its_request_stays_unanswered_only_where_the_build_does_that(
+    version, warned, monkeypatch, caplog
+):
+    # The Triton and state seams as in tests/unit/test_self_healing.py; no server runs.
+    monkeypatch.setattr(versions, "_SERVER_VERSION", version)
+    caplog.set_level(logging.WARNING, logger="pytriton._healing")
+    triton = Triton()
+    x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+    triton.bind("Model", lambda requests: [], x, x)
+    try:
+        triton._state = State.RUNNING
+        triton._backend._server = SimpleNamespace(pid=42, is_alive=lambda: True)
+        triton._supervisor.on_stub_lost("Model", 0, 42)
+        assert triton._supervisor._events.get_nowait() == ("stub", ("Model", 0))  # replaced on every build
+    finally:
+        triton._backend._server = None
+        triton.stop()
+    lines = [r.getMessage() for r in caplog.records if "is never answered" in r.getMessage()]
+    assert bool(lines) == warned, lines
+    if warned:
+        assert f"on Triton {version} " in lines[0] and "its own timeout" in lines[0]
