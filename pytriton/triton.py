@@ -13,16 +13,16 @@ model instance), one worker thread per model instance (a worker process for mode
 private directory and shared-memory segments named ``pytriton-<pid>-<token>-*``. ``stop()`` (also
 called by ``__exit__``, ``serve()`` on SIGINT/SIGTERM, and at interpreter exit) removes all of it;
 if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it. With
-``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_embedded.py``);
-``RemoteTriton`` binds into a server started elsewhere (``pytriton/_remote_backend.py``).
+``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_serving/embedded.py``);
+``RemoteTriton`` binds into a server started elsewhere (``pytriton/_serving/remote.py``).
 """
 
 # For maintainers (kept out of the API reference):
 # Structure (docs/architecture.md, "The serving core"): ``Triton`` is the model registry (bind,
 # unbind, versions, the repository files) and the public methods; where the server runs is its
-# :class:`~pytriton._backend.ServerBackend` (launched binary, embedded library or remote server),
+# :class:`~pytriton._serving.backend.ServerBackend` (launched binary, embedded library or remote server),
 # chosen once by the constructor; restarts, stub replacement, memory recycling and the drain are its
-# :class:`~pytriton._healing.Supervisor`.
+# :class:`~pytriton._serving.supervisor.Supervisor`.
 # Unit tests (no server): tests/unit/test_self_healing.py (lifecycle states, restart budget, bind
 # validation), tests/unit/test_backends.py (the three backends behind Triton),
 # tests/unit/test_security.py (token and restrictions), tests/unit/test_check.py (the endpoints line),
@@ -44,13 +44,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from pytriton import _registry
-from pytriton._backend import ServerBackend, State
-from pytriton._endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
-from pytriton._healing import Supervisor, wait_detached
-from pytriton._launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
-from pytriton._remote_backend import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
-from pytriton._trace_settings import ModelTraceSettings
+from pytriton._serving import running as _running
+from pytriton._serving.backend import ServerBackend, State
+from pytriton._serving.endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
+from pytriton._serving.launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
+from pytriton._serving.remote import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
+from pytriton._serving.supervisor import Supervisor, wait_detached
+from pytriton._serving.trace_settings import ModelTraceSettings
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
@@ -181,7 +181,7 @@ class Triton:
         if embedded is not False:
             # The in-process server's modules only where it is asked for: a program that launches the
             # binary (and its stubs and worker processes, which import this module again) skips them.
-            from pytriton._embedded import check_embedded_flag
+            from pytriton._serving.embedded import check_embedded_flag
 
             embedded = check_embedded_flag(embedded)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
@@ -197,7 +197,7 @@ class Triton:
         def backend(site: Site) -> ServerBackend:
             if not embedded:
                 return LaunchedBackend(site, access, security.access_token)
-            from pytriton._embedded import EmbeddedBackend
+            from pytriton._serving.embedded import EmbeddedBackend
 
             return EmbeddedBackend(site, access)
 
@@ -586,11 +586,11 @@ class Triton:
             self._startup_models = startup
             self._state = State.RUNNING
             if self._backend.offers_pipelines:
-                _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
+                _running.register(self)  # its models become reachable from callables (docs/pipelines.md)
             try:
                 came_up = self._backend.start(self._repository, startup, bool(self._models), self._socket_dir, workers)
                 workers.wait()  # at once for the start-up models (their stubs said hello); the later ones load next
-                if came_up:  # else it died right after it came up: the supervisor restarts it (_launched.py)
+                if came_up:  # else it died right after it came up: the supervisor restarts it (_serving/launched.py)
                     for name in later:
                         self._request_load(name)
                     self._traces.apply(startup)
@@ -745,7 +745,7 @@ class Triton:
             running = self._state is State.RUNNING
             self._state = State.STOPPED  # a restart in progress starts no further server once stopped
         atexit.unregister(self.stop)
-        _registry.unregister(self)
+        _running.unregister(self)
         started = time.monotonic()
         self._supervisor.request_stop()
         self._backend.stop(self._supervisor, running)  # the drain, then the server ends (a remote one stays)
@@ -848,7 +848,7 @@ class Triton:
 
 
 class _RegistryView:
-    """What the supervisor and the backends see of a ``Triton`` (:class:`pytriton._backend.Registry`)."""
+    """What the supervisor and the backends see of a ``Triton`` (:class:`pytriton._serving.backend.Registry`)."""
 
     def __init__(self, triton: Triton) -> None:
         self._triton = triton
@@ -894,7 +894,7 @@ REMOTE_LIFECYCLE_POLICY = TritonLifecyclePolicy(launch_triton_on_startup=True, l
 class RemoteTriton(Triton):
     """A ``Triton`` that serves bound callables through a Triton server running elsewhere (docs/remote.md).
 
-    It is a ``Triton`` constructed with the remote backend (pytriton/_remote_backend.py): the same
+    It is a ``Triton`` constructed with the remote backend (pytriton/_serving/remote.py): the same
     ``bind``, worker threads in this process and proxy model in the server's stubs, but no server is
     started: :meth:`run` connects and loads the bound models through the server's model-repository API
     (with the access token when that API is restricted); :meth:`stop` unloads them again, leaving the

@@ -191,7 +191,7 @@ class BackendInstance(InstanceWorker):
     def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
         """The call runs in the stub itself, so nothing but the stub's end ends it: kill the stub.
 
-        For pytriton/_unresponsive.py. Triton fails the batch (with its own error about the stub, not
+        For pytriton/_serving/unresponsive.py. Triton fails the batch (with its own error about the stub, not
         ``text``) and ``_healing`` loads a new generation as for any dead stub, without unloading the
         model. False if no stub of this slot is attached and busy. ``older_than_s`` is not checked: the
         status page has no call start.

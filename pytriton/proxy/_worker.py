@@ -594,7 +594,7 @@ class InstanceWorker:
         Only a call that has run for ``older_than_s`` is failed: one that began after the watch saw the
         stuck call end is left alone.
 
-        For pytriton/_unresponsive.py, when every instance of the model has been in one call too long.
+        For pytriton/_serving/unresponsive.py, when every instance of the model has been in one call too long.
         The stub gets the error as the batch's reply (``text`` is a retryable one, HTTP 503), then the
         connection is shut down, so that the stub's next send fails before anything was delivered
         and it connects again (a new session, served by a new thread). The stuck call is then handled

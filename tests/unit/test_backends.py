@@ -1,7 +1,7 @@
 """``Triton`` over its three server backends, and the supervisor over a fake backend (no server started).
 
-pytriton/_backend.py defines the seams; pytriton/_launched.py, pytriton/_embedded.py and
-pytriton/_remote_backend.py implement ``ServerBackend``; pytriton/_healing.py's ``Supervisor`` works on
+pytriton/_serving/backend.py defines the seams; pytriton/_serving/launched.py, pytriton/_serving/embedded.py and
+pytriton/_serving/remote.py implement ``ServerBackend``; pytriton/_serving/supervisor.py's ``Supervisor`` works on
 a backend and the registry. The e2e suites (test_lifecycle, test_embedded, test_remote, test_healing,
 test_drain) run the same paths against a real server.
 """
@@ -19,12 +19,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import pytest
 
-from pytriton import _backend, triton
-from pytriton._backend import ServerBackend, State
-from pytriton._embedded import EmbeddedBackend
-from pytriton._healing import Supervisor
-from pytriton._launched import LaunchedBackend
-from pytriton._remote_backend import RemoteBackend
+from pytriton import triton
+from pytriton._serving import backend as _backend
+from pytriton._serving.backend import ServerBackend, State
+from pytriton._serving.embedded import EmbeddedBackend
+from pytriton._serving.launched import LaunchedBackend
+from pytriton._serving.remote import RemoteBackend
+from pytriton._serving.supervisor import Supervisor
 from pytriton.exceptions import PyTritonInvalidOperationError
 from pytriton.model_config.tensor import Tensor
 from pytriton.server._restarts import RestartPolicy
@@ -107,6 +108,13 @@ def test_urls_and_token_come_from_the_backend():
             server.stop()
     with pytest.raises(PyTritonInvalidOperationError, match="stopped"):
         embedded.inprocess_server  # noqa: B018
+
+
+def test_the_launched_backend_finds_the_watchdog_script():
+    """The watchdog runs as a script by its path, next to the server package (not where the backend module is)."""
+    from pytriton._serving import launched
+
+    assert launched._WATCHDOG.is_file() and launched._WATCHDOG.parent.name == "server"
 
 
 def test_stopping_a_triton_that_never_ran_touches_no_server():

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from pytriton._plan import LaunchPlan
+from pytriton._serving.plan import LaunchPlan
 from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledError
 from pytriton.server import distribution as dist
 from pytriton.server import versions

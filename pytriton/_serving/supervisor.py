@@ -26,9 +26,9 @@ import threading
 import time
 from typing import Any, Dict, Optional, Sequence, Set, Tuple
 
-from pytriton import _unresponsive
-from pytriton._backend import Registry, ServerBackend
 from pytriton._exit import describe_exit
+from pytriton._serving import unresponsive as _unresponsive
+from pytriton._serving.backend import Registry, ServerBackend
 from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy._binding import BoundModel
 from pytriton.server import _drain, _recycle

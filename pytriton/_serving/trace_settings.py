@@ -3,7 +3,7 @@
 Triton keeps one trace setting per model name, so every version of a name must be bound with the same
 ``trace_config``; a new server (a restart) knows none, and a name unbound for good must have its
 settings cleared, or a model bound later under that name would inherit them. Where the settings go
-is the backend's business (:meth:`pytriton._backend.ServerBackend.send_trace_settings`). Owns no
+is the backend's business (:meth:`pytriton._serving.backend.ServerBackend.send_trace_settings`). Owns no
 resource. Unit tests: tests/unit/test_tracing.py; with a server: tests/e2e/test_tracing.py.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Sequence
 
-from pytriton._backend import ServerBackend
+from pytriton._serving.backend import ServerBackend
 from pytriton.exceptions import PyTritonServerError, PyTritonValidationError
 from pytriton.proxy import _tracing
 

@@ -3,11 +3,11 @@
 :class:`pytriton.triton.Triton` is the model registry and the public methods; where the server runs is a
 :class:`ServerBackend`, one of three:
 
-- :class:`pytriton._launched.LaunchedBackend`: the ``tritonserver`` binary, a process of its own (the default);
-- :class:`pytriton._embedded.EmbeddedBackend`: Triton's server library in this process (``Triton(embedded=True)``);
-- :class:`pytriton._remote_backend.RemoteBackend`: a server started elsewhere (``RemoteTriton``).
+- :class:`pytriton._serving.launched.LaunchedBackend`: the ``tritonserver`` binary, a process of its own (the default);
+- :class:`pytriton._serving.embedded.EmbeddedBackend`: Triton's server library in this process (``Triton(embedded=True)``);
+- :class:`pytriton._serving.remote.RemoteBackend`: a server started elsewhere (``RemoteTriton``).
 
-Self-healing and the drain are one :class:`pytriton._healing.Supervisor`, which works on the backend and
+Self-healing and the drain are one :class:`pytriton._serving.supervisor.Supervisor`, which works on the backend and
 on the registry through :class:`Registry`. Nothing here owns a resource; the protocols state who does.
 Unit test: tests/unit/test_backends.py.
 """
@@ -76,7 +76,7 @@ class Registry(Protocol):
 
 
 class StopHooks(Protocol):
-    """What a backend's :meth:`ServerBackend.stop` may call on the supervisor (pytriton/_healing.py)."""
+    """What a backend's :meth:`ServerBackend.stop` may call on the supervisor (pytriton/_serving/supervisor.py)."""
 
     def drain(self, deadline: float) -> bool:
         """The drain: the delay, then refusing new batches while those in flight finish (until ``deadline``)."""

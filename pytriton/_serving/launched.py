@@ -1,12 +1,12 @@
 """Server backends on this machine: the launched ``tritonserver`` binary, and the base it shares with embedded mode.
 
 :class:`LocalBackend` owns what a server started by this process needs, whichever way it runs: the
-launch plan (pytriton/_plan.py) and the server's environment, the server object, the watchdog process
+launch plan (pytriton/_serving/plan.py) and the server's environment, the server object, the watchdog process
 that cleans up if this process is killed (server/_watchdog.py), the guard that keeps the Python
 backend's shared-memory regions private (server/_shm_guard.py) and the Python backend's scratch
 directory (server/_scratch.py). :class:`LaunchedBackend` runs the plan as the ``tritonserver`` binary
-and talks to it over its network endpoints (:class:`pytriton._endpoints.ServerEndpoints`);
-:class:`pytriton._embedded.EmbeddedBackend` runs it in this process.
+and talks to it over its network endpoints (:class:`pytriton._serving.endpoints.ServerEndpoints`);
+:class:`pytriton._serving.embedded.EmbeddedBackend` runs it in this process.
 
 Resource lifetimes: :meth:`LocalBackend.start` starts the server, the watchdog and the guard;
 :meth:`LocalBackend.stop` ends the server (after the drain); :meth:`LocalBackend.release` ends a server
@@ -27,11 +27,11 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from pytriton._backend import Registry, StopHooks
-from pytriton._endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
-from pytriton._plan import LaunchPlan
 from pytriton._platform import hardening
 from pytriton._platform import paths as _paths
+from pytriton._serving.backend import Registry, StopHooks
+from pytriton._serving.endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
+from pytriton._serving.plan import LaunchPlan
 from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
 from pytriton.proxy.stubside import _segments, _stub_print
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 # glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
 LOGGER = logging.getLogger("pytriton.triton")
 SERVER_MALLOC_ARENA_MAX = 1
-_WATCHDOG = pathlib.Path(__file__).parent / "server" / "_watchdog.py"
+_WATCHDOG = pathlib.Path(__file__).parents[1] / "server" / "_watchdog.py"
 
 
 def server_environment(

@@ -33,9 +33,9 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from pytriton._backend import Registry, StopHooks
-from pytriton._healing import wait_detached
 from pytriton._platform import paths as _paths
+from pytriton._serving.backend import Registry, StopHooks
+from pytriton._serving.supervisor import wait_detached
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
