@@ -86,9 +86,11 @@ def main() -> None:
     triton.run()
     url = f"127.0.0.1:{http}"
     try:
-        server = triton._backend.server
+        local = triton._local  # the launched server's capabilities (pytriton/_serving/backend.py)
+        assert local is not None
+        server = local.server
         assert server is not None and server.pid is not None
-        pid, prefix = server.pid, triton._backend.region_prefix
+        pid, prefix = server.pid, local.region_prefix
         assert prefix is not None
 
         def figure() -> Tuple[int, int]:
@@ -121,7 +123,7 @@ def main() -> None:
             )
         time.sleep(3.0)
         end = figure()
-        server = triton._backend.server
+        server = local.server
         print(
             f"{args.deaths} deaths ({args.mode}, {args.instances} instance(s)): server threads {start[0]} -> {end[0]}, "
             f"regions {start[1]} -> {end[1]}; same server process: {server is not None and server.pid == pid}"

@@ -45,7 +45,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from pytriton._serving import running as _running
-from pytriton._serving.backend import ServerBackend, State
+from pytriton._serving.backend import InProcessServer, LocalServer, ServerBackend, State
 from pytriton._serving.endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
 from pytriton._serving.launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
 from pytriton._serving.remote import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
@@ -226,6 +226,9 @@ class Triton:
         self._pid = os.getpid()
         self._shm_prefix = _segments.shm_prefix(self._pid, self._token)
         self._backend = make_backend(Site(settings, self._workspace, self._shm_prefix))
+        # The server on this host, started by this process (launched or embedded), if it is: its scratch
+        # directory, regions, process and log are ours to watch (a remote server's are not).
+        self._local = self._backend if isinstance(self._backend, LocalServer) else None
         # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
         self._traces = ModelTraceSettings(self._backend, self._config.trace_config)
         # (name, version) -> model; the versions of one name share its config.pbtxt and its generation.
@@ -484,13 +487,15 @@ class Triton:
         try:
             self._write_name(model.name)
             model.start_workers()
-            self._backend.before_load()
+            if self._local is not None:
+                self._local.before_load()
             loaded = False
             try:
                 self._request_load(model.name)
                 loaded = True
             finally:
-                self._backend.after_load(loaded)
+                if self._local is not None:
+                    self._local.after_load(loaded)
             # A restarted server loads it at its start with the others (--load-model), as if it had
             # been bound before run(): in the soak's crash probes (make soak-short) a restarted 2.51
             # that loaded them one by one through the repository API died (SIGSEGV) in 3 of 3 runs,
@@ -516,11 +521,12 @@ class Triton:
         except (http.client.HTTPException, OSError) as exc:
             raise self._load_interrupted(model_name, exc) from None
         self._traces.apply([model_name])
-        self._backend.loaded()
+        if self._local is not None:
+            self._local.loaded()
 
     def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
         """The error for a load whose connection broke: usually the server died while loading the model."""
-        server = self._backend.server
+        server = self._local.server if self._local is not None else None
         deadline = time.monotonic() + 2.0
         while server is not None and server.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)  # a crashing server takes a moment to be reaped
@@ -595,13 +601,14 @@ class Triton:
                         self._request_load(name)
                     self._traces.apply(startup)
             except BaseException:
-                self._backend.after_load(False)
+                if self._local is not None:
+                    self._local.after_load(False)
                 self.stop()
                 raise
             if came_up:
                 self._backend.started()
-            else:
-                self._backend.after_load(False)
+            elif self._local is not None:
+                self._local.after_load(False)
             self._supervisor.start()
             LOGGER.info("Triton ready with %d model(s) in %.2f s", len(self._models), time.monotonic() - started)
             LOGGER.info("%s", self._endpoints_line())
@@ -781,7 +788,7 @@ class Triton:
     @property
     def server_log(self) -> List[str]:
         """The last lines the server printed (always empty for ``RemoteTriton``: the output is its owner's)."""
-        return self._backend.server_log()
+        return self._local.server_log() if self._local is not None else []
 
     @property
     def http_url(self) -> str:
@@ -797,7 +804,7 @@ class Triton:
     @property
     def embedded(self) -> bool:
         """True if this ``Triton`` runs the server inside this process (``Triton(embedded=True)``)."""
-        return self._backend.embedded
+        return isinstance(self._backend, InProcessServer)
 
     @property
     def inprocess_server(self) -> inprocess.Server:
@@ -814,6 +821,11 @@ class Triton:
             State.STOPPED: "stopped",
             State.CREATED: "not running yet (call run() first)",
         }[self._state]
+        if not isinstance(self._backend, InProcessServer):
+            where = "binds into a server elsewhere" if self._local is None else "runs the tritonserver binary"
+            raise PyTritonInvalidOperationError(
+                f"inprocess_server exists only for Triton(embedded=True); this {type(self).__name__} {where}."
+            )
         return self._backend.inprocess_server(not_running)
 
     def model(self, model_name: str, model_version: int = -1) -> inprocess.Model:

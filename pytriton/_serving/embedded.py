@@ -33,7 +33,7 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set
 
 from pytriton import inprocess
 from pytriton._platform import proc
@@ -372,10 +372,6 @@ class EmbeddedBackend(LocalBackend):
     loaded through the library, and the server never dies on its own, so it is never restarted.
     """
 
-    restartable = False
-    embedded = True
-    can_trace = False
-
     # Triton's library loads the start-up models inside one call that nothing can interrupt: a stub
     # waiting for a worker process that failed would hold it forever, so the workers are ready first.
     starts_beside_workers = False
@@ -392,9 +388,6 @@ class EmbeddedBackend(LocalBackend):
     def _probe(self) -> Callable[[], bool]:
         return lambda: True  # EmbeddedServer.wait_until asks the library instead
 
-    def replace_server(self, model_names: List[str]) -> TritonServerProcess:
-        raise PyTritonInvalidOperationError("An embedded Triton server is never restarted (it cannot die on its own).")
-
     def repository_request(self, action: str, model_name: str) -> None:
         """A model-repository call (``load``/``unload``) on the in-process server."""
         server = self._server
@@ -404,12 +397,6 @@ class EmbeddedBackend(LocalBackend):
             server.load(model_name)
         else:
             server.unload(model_name)
-
-    def send_trace_settings(self, model_name: str, settings: Dict[str, object]) -> None:
-        """Nothing to send: an embedded Triton cannot trace (``bind(trace_config=...)`` is refused)."""
-
-    def pending_requests(self) -> Dict[Tuple[str, str], int]:
-        return {}
 
     def stop(self, hooks: StopHooks, running: bool) -> None:
         """No network endpoints, so nothing to drain: unload, wait for the batches in flight, stop."""
@@ -435,9 +422,6 @@ class EmbeddedBackend(LocalBackend):
 
     def endpoints_line(self) -> str:
         return "Triton runs embedded in this process: no network endpoints"
-
-    def trace_problem(self) -> str:
-        return " (Triton(embedded=True) cannot trace)"
 
     def inprocess_server(self, not_running: Optional[str]) -> inprocess.Server:
         server = self._server

@@ -32,7 +32,7 @@ from pytriton._platform import paths as _paths
 from pytriton._serving.backend import Registry, StopHooks
 from pytriton._serving.endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
 from pytriton._serving.plan import LaunchPlan
-from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
+from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
 from pytriton.proxy.stubside import _segments, _stub_print
 from pytriton.server import _allocator
@@ -46,7 +46,7 @@ from pytriton.server.settings import Settings
 from pytriton.server.workspace import Workspace, cleanup_paths
 
 if TYPE_CHECKING:
-    from pytriton import inprocess
+    pass
 
 # glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
 LOGGER = logging.getLogger("pytriton.triton")
@@ -116,7 +116,6 @@ class LocalBackend:
 
     loads_at_startup = True
     region_prefix: Optional[str]
-    can_trace = True
     offers_pipelines = True
     # The server starts while worker processes load their callables (WorkerStarts); False where the
     # wait for the server cannot look at the workers, so they must be ready before it starts.
@@ -365,9 +364,6 @@ class LaunchedBackend(LocalBackend):
     :meth:`replace_server`, which starts the same plan again (without models unbound meanwhile).
     """
 
-    restartable = True
-    embedded = False
-
     def __init__(self, site: Site, access: AccessPolicy, token: Optional[str]) -> None:
         super().__init__(site, access)
         self.endpoints = ServerEndpoints(site.settings, access)
@@ -455,11 +451,3 @@ class LaunchedBackend(LocalBackend):
 
     def endpoints_line(self) -> str:
         return self.endpoints.endpoints_line()
-
-    def trace_problem(self) -> str:
-        return ""
-
-    def inprocess_server(self, not_running: Optional[str]) -> inprocess.Server:
-        raise PyTritonInvalidOperationError(
-            "inprocess_server exists only for Triton(embedded=True); this Triton runs the tritonserver binary."
-        )

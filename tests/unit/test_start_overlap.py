@@ -73,15 +73,10 @@ class FakeProcessInstance:
 
 
 class FakeBackend:
-    """A ``ServerBackend`` whose server comes up when every worker is ready; polls like the launched one."""
+    """A ``ServerBackend`` (the core only) whose server comes up when every worker is ready; polls like the launched one."""
 
     loads_at_startup = True
-    restartable = False
-    region_prefix: Optional[str] = None
-    can_trace = False
-    embedded = False
     offers_pipelines = False
-    server = None
 
     def __init__(self, polls: bool = True) -> None:
         self.polls = polls
@@ -90,9 +85,6 @@ class FakeBackend:
 
     def attach(self, registry: Any) -> None:
         self.calls.append("attach")
-
-    def on_exit(self, callback: Any) -> None:
-        pass
 
     def prepare(self, timeout_s: Optional[float] = None) -> bool:
         return False
@@ -121,9 +113,6 @@ class FakeBackend:
 
     def started(self) -> None:
         self.calls.append("started")
-
-    def after_load(self, loaded: bool) -> None:
-        pass
 
     def stop(self, hooks: Any, running: bool) -> None:
         self.calls.append("stop")
