@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import pathlib
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 if TYPE_CHECKING:
     from pytriton import inprocess
@@ -243,7 +243,7 @@ class RestartableServer(LocalServer, Protocol):
 class TracingServer(Protocol):
     """A server that takes per-model trace settings (``bind(trace_config=...)``; not the embedded one)."""
 
-    def send_trace_settings(self, model_name: str, settings: Dict[str, Any]) -> None:
+    def send_trace_settings(self, model_name: str, settings: Dict[str, object]) -> None:
         """Set a model's trace settings on the server."""
 
 

@@ -221,7 +221,7 @@ class RemoteBackend:
         }
         return json.dumps(config), files
 
-    def send_trace_settings(self, model_name: str, settings: Dict[str, Any]) -> None:
+    def send_trace_settings(self, model_name: str, settings: Dict[str, object]) -> None:
         """Set ``model_name``'s trace settings on the server at ``url``, with the access token.
 
         They go where the models are loaded: ``TritonConfig``'s ports describe a server this

@@ -63,7 +63,7 @@ from pytriton.proxy import _process, _tracing
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy._worker import InstanceWorker, error_text, wire_request
+from pytriton.proxy._worker import InstanceWorker, error_text
 from pytriton.proxy.stubside import _portable_pickle
 from pytriton.proxy.stubside._backend_page import Page
 from pytriton.proxy.types import Request, _wire_request
@@ -339,7 +339,7 @@ class InlineRunner:
         timeout_s: float = 0.0,
     ) -> Request:
         """One ``Request`` as the callable of any kind sees it."""
-        return wire_request(data, parameters, requested, sequence, timeout_s)
+        return _wire_request(data, parameters, requested, timeout_s or None, None, 0, sequence)
 
     @staticmethod
     def attach_cancellation(requests: List[Request], triton_requests: Sequence[PbRequest]) -> None:

@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Tuple, Type, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +39,6 @@ from pytriton.proxy.stubside._messages import (
     Infer,
     Message,
     Ok,
-    SequenceFields,
     Tensors,
 )
 from pytriton.proxy.types import CURRENT_BATCH, CURRENT_MODEL, Request, _wire_request
@@ -215,34 +214,6 @@ class _Session:
         self.arena.close()
         self.reader.close()
         self.drop_loop()
-
-
-_Parameter = TypeVar("_Parameter")  # a request parameter's value type (wire or Triton's): any, kept as it is
-
-
-def wire_request(
-    data: Dict[str, npt.NDArray[np.generic]],
-    parameters: Optional[Dict[str, _Parameter]],
-    requested: Optional[List[str]],
-    sequence: Optional[SequenceFields],
-    timeout_s: Optional[float],
-) -> Request:
-    """One ``Request`` as the callable of any kind sees it, from a request's decoded fields.
-
-    Shared by the worker (thread and process instances) and backend instances (proxy/_backend_kind.py).
-    """
-    if sequence is None:
-        return Request(data, parameters, requested_output_names=requested, timeout_s=timeout_s or None)
-    sequence_id, start, end = sequence
-    return Request(
-        data,
-        parameters,
-        requested_output_names=requested,
-        sequence_id=sequence_id,
-        sequence_start=start,
-        sequence_end=end,
-        timeout_s=timeout_s or None,
-    )
 
 
 class InstanceWorker:
@@ -687,10 +658,7 @@ class InstanceWorker:
                 entry.sequence,
                 entry.timeout_s,
             )
-            if sequence is None:  # the common case: no Python frame but the builder's
-                requests.append(_wire_request(data, parameters, requested, timeout_s or None, None, 0))
-            else:
-                requests.append(wire_request(data, parameters, requested, sequence, timeout_s))
+            requests.append(_wire_request(data, parameters, requested, timeout_s or None, None, 0, sequence))
         if session.channel is not None:  # Request.is_cancelled() asks the stub over this connection
             probe = session.probe = CancelProbe(session.channel, len(requests))
             for index, request in enumerate(requests):
