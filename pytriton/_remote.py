@@ -17,13 +17,14 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from pytriton._serving.launched import server_environment
 from pytriton._serving.plan import LaunchPlan
+from pytriton._serving.policy import REMOTE_LIFECYCLE_POLICY
 from pytriton._serving.remote import CONNECT_TIMEOUT_S, LOAD_TIMEOUT_S, TRANSPORTS
 from pytriton.proxy._binding import backend_region_prefix
 from pytriton.server.command import LaunchSettings
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig
 from pytriton.server.triton_config import TritonConfig
-from pytriton.triton import REMOTE_LIFECYCLE_POLICY, RemoteTriton
+from pytriton.triton import RemoteTriton
 
 __all__ = [
     "CONNECT_TIMEOUT_S",

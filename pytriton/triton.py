@@ -31,39 +31,51 @@ if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) rem
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import http.client
 import logging
 import os
 import pathlib
 import secrets
 import shutil
-import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 from pytriton._serving import running as _running
 from pytriton._serving.backend import InProcessServer, LocalServer, ServerBackend, State
 from pytriton._serving.endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
 from pytriton._serving.launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
+from pytriton._serving.models import (
+    BoundModels,
+    RegistryView,
+    attach_thread_context,
+    check_stub_support,
+    has_warmup,
+    load_interrupted,
+    retire,
+)
+from pytriton._serving.policy import (
+    REMOTE_LIFECYCLE_POLICY,
+    TritonLifecyclePolicy,
+    lifecycle_policy,
+    restart_policy,
+)
 from pytriton._serving.remote import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
-from pytriton._serving.supervisor import Supervisor, wait_detached
+from pytriton._serving.signals import StopSignals
+from pytriton._serving.supervisor import Supervisor
 from pytriton._serving.trace_settings import ModelTraceSettings
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
     PyTritonModelAlreadyBoundError,
-    PyTritonModelConfigError,
-    PyTritonValidationError,
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, short_socket_dir, validate_model_name
-from pytriton.proxy._context import TritonContext, attach_context
+from pytriton.proxy._context import TritonContext
 from pytriton.proxy._process import refuse_in_worker
-from pytriton.proxy.stubside import _segments, _stub_bytes
+from pytriton.proxy.stubside import _segments
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server.distribution import check_python_supported, pytriton_home
 from pytriton.server.process import raise_open_files_limit
@@ -96,36 +108,6 @@ MONITORING_PERIOD_SEC = MONITORING_PERIOD_S  # the name before NVIDIA PyTriton 0
 def _say(message: str) -> None:
     """One line on stderr for a user whose program configured no logging (see ``serve``)."""
     print(f"pytriton: {message}", file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class TritonLifecyclePolicy:
-    """When the server starts and where its model store lives (NVIDIA PyTriton's names and defaults).
-
-    Args:
-        launch_triton_on_startup: True (the default, as in NVIDIA PyTriton): entering the
-            ``Triton`` context starts the server, and a model bound inside the block is loaded
-            before ``bind`` returns. False: the server starts at :meth:`Triton.run` (or ``serve()``)
-            with every model bound by then. Without a ``with`` block the server always starts at
-            ``run()``.
-        local_model_store: the model store is a directory of this process's workspace. pytriton
-            always writes the store locally (``TritonConfig.model_repository`` or the workspace).
-
-    Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`). ``RemoteTriton``
-    (a server started elsewhere) reads ``launch_triton_on_startup`` as "connect on entering the
-    context" and ``local_model_store`` as shared repository, or files sent with each load
-    (docs/remote.md).
-    """
-
-    launch_triton_on_startup: bool = True
-    local_model_store: bool = False
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            if not isinstance(getattr(self, field.name), bool):
-                raise PyTritonBadParameterError(
-                    f"TritonLifecyclePolicy.{field.name} must be a bool, got {getattr(self, field.name)!r}."
-                )
 
 
 class Triton:
@@ -166,18 +148,8 @@ class Triton:
         embedded: bool = False,
     ):
         check_python_supported()  # no backend stub for this Python: fail now, not at run()
-        if isinstance(max_server_restarts, bool) or not isinstance(max_server_restarts, int) or max_server_restarts < 0:
-            raise PyTritonBadParameterError(f"max_server_restarts must be an int >= 0, got {max_server_restarts!r}.")
-        if (
-            isinstance(restart_window_s, bool)
-            or not isinstance(restart_window_s, (int, float))
-            or restart_window_s <= 0
-        ):
-            raise PyTritonBadParameterError(f"restart_window_s must be a positive number, got {restart_window_s!r}.")
-        if triton_lifecycle_policy is not None and not isinstance(triton_lifecycle_policy, TritonLifecyclePolicy):
-            raise PyTritonBadParameterError(
-                f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(triton_lifecycle_policy).__name__}."
-            )
+        restarts = restart_policy(max_server_restarts, restart_window_s)
+        policy = lifecycle_policy(triton_lifecycle_policy, TritonLifecyclePolicy())
         if embedded is not False:
             # The in-process server's modules only where it is asked for: a program that launches the
             # binary (and its stubs and worker processes, which import this module again) skips them.
@@ -201,13 +173,7 @@ class Triton:
 
             return EmbeddedBackend(site, access)
 
-        self._setup(
-            settings,
-            workspace,
-            triton_lifecycle_policy or TritonLifecyclePolicy(),
-            backend,
-            RestartPolicy(max_server_restarts, float(restart_window_s)),
-        )
+        self._setup(settings, workspace, policy, backend, restarts)
 
     def _setup(
         self,
@@ -232,7 +198,7 @@ class Triton:
         # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
         self._traces = ModelTraceSettings(self._backend, self._config.trace_config)
         # (name, version) -> model; the versions of one name share its config.pbtxt and its generation.
-        self._models: Dict[Tuple[str, int], BoundModel] = {}
+        self._models = BoundModels()
         self._lock = threading.RLock()
         self._wakeup = threading.Event()
         self._state = State.CREATED
@@ -242,7 +208,7 @@ class Triton:
         self._stub_numpy2 = False
         self._startup_models: List[str] = []
         self._connect_timeout_s: Optional[float] = None  # connect(timeout_s=...) for a server started elsewhere
-        view = _RegistryView(self)
+        view = RegistryView(self)
         self._backend.attach(view)
         # Self-healing and the drain (docs/architecture.md): a supervisor thread restarts a dead server
         # and replaces dead stubs, one event at a time; restarts are delayed after repeated crashes.
@@ -340,7 +306,7 @@ class Triton:
         with self._lock:
             if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")
-            if (model_name, model_version) in self._models:
+            if (model_name, model_version) in self._models:  # before a BoundModel is built (admit checks again)
                 raise PyTritonModelAlreadyBoundError(
                     f"Model {model_name!r} version {model_version} is already bound; "
                     "bind another model_version to serve several versions of one name."
@@ -358,19 +324,9 @@ class Triton:
                 context=self._binding_context(),
                 instance_kind=instance_kind,
             )
-            siblings = self._versions(model_name)
-            if siblings:
-                problem = model.incompatibility(siblings[0])
-                if problem:
-                    raise PyTritonValidationError(
-                        f"Model {model_name!r} version {model_version} differs from version {siblings[0].version}, "
-                        f"which is already bound: {problem}. Triton keeps one configuration per model name, so "
-                        "every version must declare the same inputs, outputs, ModelConfig and number of instances."
-                    )
-                model.generation = siblings[0].generation
+            siblings = self._models.admit(model)  # checked against the versions already bound
             key = (model_name, model.version)
-            self._models[key] = model
-            self._attach_context(model)
+            attach_thread_context(model, self.triton_context)
             if trace_settings is not None:
                 self._traces.by_name[model_name] = trace_settings
             if self._state is State.RUNNING:
@@ -427,58 +383,21 @@ class Triton:
             if not remaining:
                 self._traces.by_name.pop(model_name, None)
             deadline = time.monotonic() + self._settings.exit_timeout_s
-            if self._state is State.RUNNING and not remaining:
-                wait_detached(removed, deadline)
-            while any(model.busy for model in removed) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            for model in removed:
-                model.stop_workers()
-                if self._repository is not None:
-                    model.remove_version_files(self._repository)
-            if not remaining and self._repository is not None:
-                removed[0].remove_files(self._repository)
+            retire(removed, bool(remaining), self._repository, deadline, self._state is State.RUNNING)
 
     def _versions(self, model_name: str) -> List[BoundModel]:
-        """The bound versions of ``model_name``, lowest first."""
-        return sorted((m for (name, _), m in self._models.items() if name == model_name), key=lambda m: m.version)
+        return self._models.versions(model_name)
 
     def _model_names(self) -> List[str]:
-        """Each bound model name once, in binding order."""
-        return list(dict.fromkeys(name for name, _ in self._models))
+        return self._models.names()
 
     def _write_name(self, model_name: str) -> None:
-        """Write the repository files of every bound version of ``model_name`` (one shared config.pbtxt)."""
         assert self._repository is not None
-        versions = self._versions(model_name)
-        numbers = [model.version for model in versions]
-        for model in versions:
-            model.write_repository(self._repository, numbers)
-
-    def _attach_context(self, model: BoundModel) -> None:
-        """Let decorators find the model config: ``__triton_context__`` on each callable (or its instance).
-
-        Thread instances only: a process or backend instance's callable runs elsewhere and gets its
-        context there (``_process_child``, ``_backend_kind``). The context is keyed by the callable,
-        so recording those here too let binding one callable on another kind change the config its
-        thread-instance model's decorators read.
-        """
-        if model.instance_kind != "thread":
-            return
-        for func in model.infer_funcs:
-            attach_context(func, self.triton_context, model.config)
-
-    def _check_stub_support(self, model: BoundModel) -> None:
-        if self._stub_numpy2 and model.has_bytes_tensors:
-            problem = _stub_bytes.numpy2_problem()  # the stub runs with this process's numpy
-            if problem:
-                raise PyTritonBadParameterError(
-                    f"Model {model.name!r} declares BYTES (string) tensors, which Triton's Python backend stub "
-                    f"cannot handle here: {problem}"
-                )
+        self._models.write_name(self._repository, model_name)
 
     def _load_live(self, model: BoundModel) -> None:
         assert self._repository is not None
-        self._check_stub_support(model)
+        check_stub_support(model, self._stub_numpy2)
         versions = self._versions(model.name)
         if len(versions) > 1:
             # Triton reloads the served versions too: their new stubs need their own slot locks.
@@ -501,7 +420,7 @@ class Triton:
             # that loaded them one by one through the repository API died (SIGSEGV) in 3 of 3 runs,
             # and did not when it loaded them at its start. One with a warmup is loaded through the
             # repository API, as at the first start (run()).
-            if model.name not in self._startup_models and not any(self._warmup(v) for v in self._versions(model.name)):
+            if model.name not in self._startup_models and not any(has_warmup(v) for v in self._versions(model.name)):
                 self._startup_models.append(model.name)
         except BaseException:
             if len(versions) > 1:
@@ -509,40 +428,18 @@ class Triton:
                     version.generation -= 1  # the served versions keep their running stubs
             raise
 
-    @staticmethod
-    def _warmup(model: BoundModel) -> bool:
-        return bool(model.config.model_warmup or model.direct_warmup)
-
     def _request_load(self, model_name: str) -> None:
         for version in self._versions(model_name):
             version.run_direct_warmup()  # warmups Triton cannot express (model_config/warmup.py)
         try:
             self._backend.repository_request("load", model_name)
         except (http.client.HTTPException, OSError) as exc:
-            raise self._load_interrupted(model_name, exc) from None
+            server = self._local.server if self._local is not None else None
+            restarted = self._state is State.RUNNING and self._supervisor.active()
+            raise load_interrupted(model_name, exc, server, self._versions(model_name), restarted) from None
         self._traces.apply([model_name])
         if self._local is not None:
             self._local.loaded()
-
-    def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
-        """The error for a load whose connection broke: usually the server died while loading the model."""
-        server = self._local.server if self._local is not None else None
-        deadline = time.monotonic() + 2.0
-        while server is not None and server.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)  # a crashing server takes a moment to be reaped
-        died = server is not None and not server.is_alive()
-        message = f"Triton could not load model {model_name!r}: " + (
-            "tritonserver died while loading it" if died else f"the connection broke ({type(exc).__name__}: {exc})"
-        )
-        versions = self._versions(model_name)
-        if died and versions and versions[0].config.model_warmup:
-            message += (
-                ". Triton 2.51 sometimes crashes when a model's warmup fails; the callable's error, if it "
-                "raised one, is logged by 'pytriton.proxy'"
-            )
-        if died and self._state is State.RUNNING and self._supervisor.active():
-            message += "; pytriton restarts the server with the other models"
-        return PyTritonModelConfigError(message + ".")
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
@@ -568,7 +465,7 @@ class Triton:
             raise_open_files_limit()
             self._stub_numpy2 = self._backend.prepare(self._connect_timeout_s)
             for model in self._models.values():
-                self._check_stub_support(model)
+                check_stub_support(model, self._stub_numpy2)
             self._binding_context()
             assert self._socket_dir is not None
             self._repository = self._backend.model_store(self._workspace)
@@ -580,15 +477,7 @@ class Triton:
             workers = WorkerStarts(list(self._models.values()))
             for model in self._models.values():
                 model.start_workers(wait=False)
-            # Models with a warmup are loaded through the repository API once the server is up, not
-            # with --load-model: when a warmup fails at start-up, Triton 2.51 sometimes crashes on its
-            # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
-            later = [
-                name
-                for name in self._model_names()
-                if not self._backend.loads_at_startup or any(self._warmup(v) for v in self._versions(name))
-            ]
-            startup = [name for name in self._model_names() if name not in later]
+            startup, later = self._models.split_start(self._backend.loads_at_startup)  # warmups: later
             self._startup_models = startup
             self._state = State.RUNNING
             if self._backend.offers_pipelines:
@@ -644,29 +533,10 @@ class Triton:
             raise PyTritonBadParameterError(
                 f"monitoring_period_s must be a positive number, got {monitoring_period_s!r}."
             )
-        # The handlers are installed before run(): the server answers ready inside run(), and a
-        # SIGINT sent right after that must stop it even where the parent started this process
-        # with SIGINT ignored (no KeyboardInterrupt then). A Ctrl-C during the start still aborts
-        # the start at once where Python's own SIGINT handler was in place.
-        previous: Dict[int, Any] = {}
-        starting = True
-
-        def on_signal(signum: int, frame: object) -> None:
-            self._wakeup.set()
-            if starting and signum == signal.SIGINT and previous.get(signum) is signal.default_int_handler:
-                raise KeyboardInterrupt
-
-        def restore() -> None:  # before stop(): a second Ctrl-C interrupts a stop as it always did
-            while previous:
-                number, handler = previous.popitem()
-                signal.signal(number, handler)
-
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[int(signum)] = signal.signal(signum, on_signal)
+        signals = StopSignals(self._wakeup)  # SIGINT/SIGTERM wake the wait below (_serving/signals.py)
         try:
             self.run()
-            starting = False
+            signals.starting = False
             # serve() is how a program runs a server from a terminal: where logging is not configured, the
             # lines a user needs (where it listens, that it stopped) would be lost, so they go to stderr.
             console = not LOGGER.hasHandlers()
@@ -678,7 +548,7 @@ class Triton:
                     if self._supervisor.failure is not None:
                         break
             finally:
-                restore()
+                signals.restore()  # before stop(): a second Ctrl-C interrupts a stop as it always did
                 started = time.monotonic()
                 self.stop()
                 # The stop line either way: on stderr, or through the logging the program configured.
@@ -687,7 +557,7 @@ class Triton:
                 else:
                     LOGGER.info("Triton stopped in %.2f s", time.monotonic() - started)
         finally:
-            restore()
+            signals.restore()
         failure = self._supervisor.failure
         if failure is not None:
             raise failure
@@ -859,50 +729,6 @@ class Triton:
         return inprocess.InProcessModelClient(self.inprocess_server, model_name, model_version)
 
 
-class _RegistryView:
-    """What the supervisor and the backends see of a ``Triton`` (:class:`pytriton._serving.backend.Registry`)."""
-
-    def __init__(self, triton: Triton) -> None:
-        self._triton = triton
-
-    @property
-    def lock(self) -> threading.RLock:
-        return self._triton._lock
-
-    def running(self) -> bool:
-        return self._triton._state is State.RUNNING
-
-    def models(self) -> List[BoundModel]:
-        return list(self._triton._models.values())
-
-    def versions(self, model_name: str) -> List[BoundModel]:
-        return self._triton._versions(model_name)
-
-    def model_names(self) -> List[str]:
-        return self._triton._model_names()
-
-    def repository(self) -> Optional[pathlib.Path]:
-        return self._triton._repository
-
-    def startup_models(self) -> List[str]:
-        return self._triton._startup_models
-
-    def write_name(self, model_name: str) -> None:
-        self._triton._write_name(model_name)
-
-    def request_load(self, model_name: str) -> None:
-        self._triton._request_load(model_name)
-
-    def apply_trace_settings(self, model_names: Sequence[str]) -> None:
-        self._triton._traces.apply(model_names)
-
-    def wake(self) -> None:
-        self._triton._wakeup.set()
-
-
-REMOTE_LIFECYCLE_POLICY = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=False)
-
-
 class RemoteTriton(Triton):
     """A ``Triton`` that serves bound callables through a Triton server running elsewhere (docs/remote.md).
 
@@ -961,11 +787,7 @@ class RemoteTriton(Triton):
         tcp_encryption: bool = True,
     ):
         check_python_supported()
-        policy = REMOTE_LIFECYCLE_POLICY if triton_lifecycle_policy is None else triton_lifecycle_policy
-        if not isinstance(policy, TritonLifecyclePolicy):
-            raise PyTritonBadParameterError(
-                f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(policy).__name__}."
-            )
+        policy = lifecycle_policy(triton_lifecycle_policy, REMOTE_LIFECYCLE_POLICY)
         settings = resolve_settings(config)
         remote = RemoteBackend(
             url,

@@ -288,7 +288,7 @@ JSON_DECLARED_SIZE_CAP = Gate(
 CRASH_RESTART = Gate(
     "restart-after-crash",
     "requests and failing warmups can crash tritonserver",
-    "server/_restarts.py, _serving/launched.py, _serving/backend.py, triton.py",
+    "server/_restarts.py, _serving/launched.py, _serving/backend.py, _serving/models.py, triton.py",
     triton=("2.48", None),
 )
 DRAIN_HTTP_CONNECTIONS = Gate(
