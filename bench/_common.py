@@ -106,7 +106,7 @@ def load_plain_models(port: int, names: List[str], token: Optional[str] = None) 
 
 def startup_plain(repeats: int) -> Dict[str, Any]:
     """Median launch-to-ready and SIGINT-to-exit of a plain ``tritonserver`` with one Python-backend model."""
-    from pytriton._launched import server_environment as _server_environment
+    from pytriton._serving.launched import server_environment as _server_environment
     from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 
     server = find_server()

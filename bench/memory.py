@@ -105,7 +105,8 @@ def _shm_bytes(prefix: str) -> int:
 
 def snapshot(triton: Triton, label: str) -> Dict[str, Any]:
     """Memory of every process involved, in MiB."""
-    server = triton._backend.server.pid if triton._backend.server is not None else None  # noqa: SLF001 (bench-only peek)
+    process = triton._local.server if triton._local is not None else None  # noqa: SLF001 (bench-only peek)
+    server = process.pid if process is not None else None
     processes = {"user": os.getpid()}
     if server is not None:
         processes["server"] = server

@@ -51,7 +51,7 @@ if __name__ == "__main__":  # process and backend instances import this module a
     started = time.perf_counter()
     triton.run()
     run_s = time.perf_counter() - started
-    server = triton._backend.server
+    server = triton._local.server if triton._local is not None else None
     stub_cpu_s = children_cpu_s(server.pid) if server is not None and server.pid else 0.0
     print(f"ready {run_s:.4f} {stub_cpu_s:.4f}", flush=True)
     sys.stdin.readline()

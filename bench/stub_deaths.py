@@ -165,11 +165,13 @@ def main() -> None:
     url = f"127.0.0.1:{http}"
     healthy = HealthyClient(url)
     try:
-        prefix = triton._backend.region_prefix
+        local = triton._local  # the launched server's capabilities (pytriton/_serving/backend.py)
+        assert local is not None
+        prefix = local.region_prefix
         assert prefix is not None
 
         def server_pid() -> int:
-            server = triton._backend.server
+            server = local.server
             assert server is not None and server.pid is not None
             return server.pid
 

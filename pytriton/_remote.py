@@ -1,7 +1,7 @@
 """``RemoteTriton``'s command-line side: the ``tritonserver`` command a ``RemoteTriton`` can bind into (docs/remote.md).
 
 ``RemoteTriton`` itself is a ``Triton`` constructed with the remote backend: the class is in
-:mod:`pytriton.triton` (importable from here too), the backend in :mod:`pytriton._remote_backend`.
+:mod:`pytriton.triton` (importable from here too), the backend in :mod:`pytriton._serving.remote`.
 :func:`server_command` builds the argv and environment of a server started with
 ``--model-control-mode=explicit`` from this machine's pytriton install; ``pytriton server-command``
 prints it (:func:`command_text`).
@@ -15,15 +15,16 @@ import pathlib
 import secrets
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from pytriton._launched import server_environment
-from pytriton._plan import LaunchPlan
-from pytriton._remote_backend import CONNECT_TIMEOUT_S, LOAD_TIMEOUT_S, TRANSPORTS
+from pytriton._serving.launched import server_environment
+from pytriton._serving.plan import LaunchPlan
+from pytriton._serving.policy import REMOTE_LIFECYCLE_POLICY
+from pytriton._serving.remote import CONNECT_TIMEOUT_S, LOAD_TIMEOUT_S, TRANSPORTS
 from pytriton.proxy._binding import backend_region_prefix
 from pytriton.server.command import LaunchSettings
 from pytriton.server.distribution import find_server, shared_libpython_dir, stub_environment
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig
 from pytriton.server.triton_config import TritonConfig
-from pytriton.triton import REMOTE_LIFECYCLE_POLICY, RemoteTriton
+from pytriton.triton import RemoteTriton
 
 __all__ = [
     "CONNECT_TIMEOUT_S",

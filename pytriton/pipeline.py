@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from pytriton import _registry
+from pytriton._serving import running as _running
 from pytriton.client._core import map_error
 from pytriton.client.exceptions import PyTritonClientError, PyTritonClientValueError
 from pytriton.exceptions import PyTritonInvalidOperationError
@@ -73,12 +73,12 @@ class PipelineCycleError(PyTritonClientError):
 
 def register(triton: object) -> None:
     """Make ``triton``'s models reachable through :func:`model` (``Triton.run()`` does it)."""
-    _registry.register(triton)
+    _running.register(triton)
 
 
 def unregister(triton: object) -> None:
     """The reverse of :func:`register` (``Triton.stop()`` does it); handles to its models are dropped."""
-    _registry.unregister(triton)
+    _running.unregister(triton)
 
 
 def _forget(triton: object) -> None:
@@ -90,7 +90,7 @@ def _forget(triton: object) -> None:
         handle.close()
 
 
-_registry.on_unregister.append(_forget)
+_running.on_unregister.append(_forget)
 
 
 def model(name: str, version: Optional[int] = None, *, url: Optional[str] = None) -> ModelHandle:
@@ -104,7 +104,7 @@ def model(name: str, version: Optional[int] = None, *, url: Optional[str] = None
     """
     triton = None
     if url is None:
-        owners = _registry.owners(name)
+        owners = _running.owners(name)
         if not owners:
             raise PyTritonInvalidOperationError(
                 f"No running Triton in this process has bound model {name!r}; bind it and call run() first, "

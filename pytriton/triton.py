@@ -13,16 +13,16 @@ model instance), one worker thread per model instance (a worker process for mode
 private directory and shared-memory segments named ``pytriton-<pid>-<token>-*``. ``stop()`` (also
 called by ``__exit__``, ``serve()`` on SIGINT/SIGTERM, and at interpreter exit) removes all of it;
 if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) remove it. With
-``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_embedded.py``);
-``RemoteTriton`` binds into a server started elsewhere (``pytriton/_remote_backend.py``).
+``Triton(embedded=True)`` the server runs inside this process instead (``pytriton/_serving/embedded.py``);
+``RemoteTriton`` binds into a server started elsewhere (``pytriton/_serving/remote.py``).
 """
 
 # For maintainers (kept out of the API reference):
 # Structure (docs/architecture.md, "The serving core"): ``Triton`` is the model registry (bind,
 # unbind, versions, the repository files) and the public methods; where the server runs is its
-# :class:`~pytriton._backend.ServerBackend` (launched binary, embedded library or remote server),
+# :class:`~pytriton._serving.backend.ServerBackend` (launched binary, embedded library or remote server),
 # chosen once by the constructor; restarts, stub replacement, memory recycling and the drain are its
-# :class:`~pytriton._healing.Supervisor`.
+# :class:`~pytriton._serving.supervisor.Supervisor`.
 # Unit tests (no server): tests/unit/test_self_healing.py (lifecycle states, restart budget, bind
 # validation), tests/unit/test_backends.py (the three backends behind Triton),
 # tests/unit/test_security.py (token and restrictions), tests/unit/test_check.py (the endpoints line),
@@ -31,32 +31,44 @@ if the process is killed, the watchdog and the kernel (``PR_SET_PDEATHSIG``) rem
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import http.client
 import logging
 import os
 import pathlib
 import secrets
 import shutil
-import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
-from pytriton import _registry
-from pytriton._backend import ServerBackend, State
-from pytriton._endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
-from pytriton._healing import Supervisor, wait_detached
-from pytriton._launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
-from pytriton._remote_backend import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
-from pytriton._trace_settings import ModelTraceSettings
+from pytriton._serving import running as _running
+from pytriton._serving.backend import InProcessServer, LocalServer, ServerBackend, State
+from pytriton._serving.endpoints import STARTUP_TIMEOUT_S  # noqa: F401 - a kept name
+from pytriton._serving.launched import SERVER_MALLOC_ARENA_MAX, LaunchedBackend, Site  # noqa: F401 - a kept name
+from pytriton._serving.models import (
+    BoundModels,
+    RegistryView,
+    attach_thread_context,
+    check_stub_support,
+    has_warmup,
+    load_interrupted,
+    retire,
+)
+from pytriton._serving.policy import (
+    REMOTE_LIFECYCLE_POLICY,
+    TritonLifecyclePolicy,
+    lifecycle_policy,
+    restart_policy,
+)
+from pytriton._serving.remote import TRANSPORTS, RemoteBackend, TcpOptions  # noqa: F401  (TRANSPORTS: a kept name)
+from pytriton._serving.signals import StopSignals
+from pytriton._serving.supervisor import Supervisor
+from pytriton._serving.trace_settings import ModelTraceSettings
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
     PyTritonModelAlreadyBoundError,
-    PyTritonModelConfigError,
-    PyTritonValidationError,
 )
 from pytriton.model_config.model_config import ModelConfig
 from pytriton.model_config.tensor import Tensor
@@ -68,9 +80,9 @@ from pytriton.proxy._binding import (
     short_socket_dir,
     validate_model_name,
 )
-from pytriton.proxy._context import TritonContext, attach_context
+from pytriton.proxy._context import TritonContext
 from pytriton.proxy._process import refuse_in_worker
-from pytriton.proxy.stubside import _segments, _stub_bytes
+from pytriton.proxy.stubside import _segments
 from pytriton.server._restarts import RestartPolicy
 from pytriton.server.distribution import check_python_supported, pytriton_home
 from pytriton.server.process import raise_open_files_limit
@@ -103,36 +115,6 @@ MONITORING_PERIOD_SEC = MONITORING_PERIOD_S  # the name before NVIDIA PyTriton 0
 def _say(message: str) -> None:
     """One line on stderr for a user whose program configured no logging (see ``serve``)."""
     print(f"pytriton: {message}", file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class TritonLifecyclePolicy:
-    """When the server starts and where its model store lives (NVIDIA PyTriton's names and defaults).
-
-    Args:
-        launch_triton_on_startup: True (the default, as in NVIDIA PyTriton): entering the
-            ``Triton`` context starts the server, and a model bound inside the block is loaded
-            before ``bind`` returns. False: the server starts at :meth:`Triton.run` (or ``serve()``)
-            with every model bound by then. Without a ``with`` block the server always starts at
-            ``run()``.
-        local_model_store: the model store is a directory of this process's workspace. pytriton
-            always writes the store locally (``TritonConfig.model_repository`` or the workspace).
-
-    Both flags are validated and kept (:attr:`Triton.triton_lifecycle_policy`). ``RemoteTriton``
-    (a server started elsewhere) reads ``launch_triton_on_startup`` as "connect on entering the
-    context" and ``local_model_store`` as shared repository, or files sent with each load
-    (docs/remote.md).
-    """
-
-    launch_triton_on_startup: bool = True
-    local_model_store: bool = False
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            if not isinstance(getattr(self, field.name), bool):
-                raise PyTritonBadParameterError(
-                    f"TritonLifecyclePolicy.{field.name} must be a bool, got {getattr(self, field.name)!r}."
-                )
 
 
 class Triton:
@@ -173,22 +155,12 @@ class Triton:
         embedded: bool = False,
     ):
         check_python_supported()  # no backend stub for this Python: fail now, not at run()
-        if isinstance(max_server_restarts, bool) or not isinstance(max_server_restarts, int) or max_server_restarts < 0:
-            raise PyTritonBadParameterError(f"max_server_restarts must be an int >= 0, got {max_server_restarts!r}.")
-        if (
-            isinstance(restart_window_s, bool)
-            or not isinstance(restart_window_s, (int, float))
-            or restart_window_s <= 0
-        ):
-            raise PyTritonBadParameterError(f"restart_window_s must be a positive number, got {restart_window_s!r}.")
-        if triton_lifecycle_policy is not None and not isinstance(triton_lifecycle_policy, TritonLifecyclePolicy):
-            raise PyTritonBadParameterError(
-                f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(triton_lifecycle_policy).__name__}."
-            )
+        restarts = restart_policy(max_server_restarts, restart_window_s)
+        policy = lifecycle_policy(triton_lifecycle_policy, TritonLifecyclePolicy())
         if embedded is not False:
             # The in-process server's modules only where it is asked for: a program that launches the
             # binary (and its stubs and worker processes, which import this module again) skips them.
-            from pytriton._embedded import check_embedded_flag
+            from pytriton._serving.embedded import check_embedded_flag
 
             embedded = check_embedded_flag(embedded)
         if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
@@ -204,17 +176,11 @@ class Triton:
         def backend(site: Site) -> ServerBackend:
             if not embedded:
                 return LaunchedBackend(site, access, security.access_token)
-            from pytriton._embedded import EmbeddedBackend
+            from pytriton._serving.embedded import EmbeddedBackend
 
             return EmbeddedBackend(site, access)
 
-        self._setup(
-            settings,
-            workspace,
-            triton_lifecycle_policy or TritonLifecyclePolicy(),
-            backend,
-            RestartPolicy(max_server_restarts, float(restart_window_s)),
-        )
+        self._setup(settings, workspace, policy, backend, restarts)
 
     def _setup(
         self,
@@ -233,10 +199,13 @@ class Triton:
         self._pid = os.getpid()
         self._shm_prefix = _segments.shm_prefix(self._pid, self._token)
         self._backend = make_backend(Site(settings, self._workspace, self._shm_prefix))
+        # The server on this host, started by this process (launched or embedded), if it is: its scratch
+        # directory, regions, process and log are ours to watch (a remote server's are not).
+        self._local = self._backend if isinstance(self._backend, LocalServer) else None
         # OpenTelemetry trace mode: stubs forward trace contexts (docs/tracing.md); per-model settings by name.
         self._traces = ModelTraceSettings(self._backend, self._config.trace_config)
         # (name, version) -> model; the versions of one name share its config.pbtxt and its generation.
-        self._models: Dict[Tuple[str, int], BoundModel] = {}
+        self._models = BoundModels()
         self._lock = threading.RLock()
         self._wakeup = threading.Event()
         self._state = State.CREATED
@@ -246,7 +215,7 @@ class Triton:
         self._stub_numpy2 = False
         self._startup_models: List[str] = []
         self._connect_timeout_s: Optional[float] = None  # connect(timeout_s=...) for a server started elsewhere
-        view = _RegistryView(self)
+        view = RegistryView(self)
         self._backend.attach(view)
         # Self-healing and the drain (docs/architecture.md): a supervisor thread restarts a dead server
         # and replaces dead stubs, one event at a time; restarts are delayed after repeated crashes.
@@ -341,8 +310,9 @@ class Triton:
         """
         validate_model_name(model_name)
         trace_settings = self._traces.parse(model_name, trace_config, bool(self._versions(model_name)))
-        # A remote server's flags are its own; an embedded server has no endpoints (callers set the parameter).
-        if config is not None and not isinstance(self._backend, RemoteBackend) and not self._backend.embedded:
+        # Only a server launched here has endpoint flags of ours: a remote server's flags are its own, and
+        # an embedded server has no endpoints (callers set the parameter).
+        if config is not None and isinstance(self._backend, LaunchedBackend):
             check_owner_forwarded(
                 config.sequence_batcher,
                 self._config.http_header_forward_pattern,
@@ -352,7 +322,7 @@ class Triton:
         with self._lock:
             if self._state is State.STOPPED:
                 raise PyTritonInvalidOperationError("This Triton instance is stopped; create a new one to bind models.")
-            if (model_name, model_version) in self._models:
+            if (model_name, model_version) in self._models:  # before a BoundModel is built (admit checks again)
                 raise PyTritonModelAlreadyBoundError(
                     f"Model {model_name!r} version {model_version} is already bound; "
                     "bind another model_version to serve several versions of one name."
@@ -370,19 +340,9 @@ class Triton:
                 context=self._binding_context(),
                 instance_kind=instance_kind,
             )
-            siblings = self._versions(model_name)
-            if siblings:
-                problem = model.incompatibility(siblings[0])
-                if problem:
-                    raise PyTritonValidationError(
-                        f"Model {model_name!r} version {model_version} differs from version {siblings[0].version}, "
-                        f"which is already bound: {problem}. Triton keeps one configuration per model name, so "
-                        "every version must declare the same inputs, outputs, ModelConfig and number of instances."
-                    )
-                model.generation = siblings[0].generation
+            siblings = self._models.admit(model)  # checked against the versions already bound
             key = (model_name, model.version)
-            self._models[key] = model
-            self._attach_context(model)
+            attach_thread_context(model, self.triton_context)
             if trace_settings is not None:
                 self._traces.by_name[model_name] = trace_settings
             if self._state is State.RUNNING:
@@ -439,58 +399,21 @@ class Triton:
             if not remaining:
                 self._traces.by_name.pop(model_name, None)
             deadline = time.monotonic() + self._settings.exit_timeout_s
-            if self._state is State.RUNNING and not remaining:
-                wait_detached(removed, deadline)
-            while any(model.busy for model in removed) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            for model in removed:
-                model.stop_workers()
-                if self._repository is not None:
-                    model.remove_version_files(self._repository)
-            if not remaining and self._repository is not None:
-                removed[0].remove_files(self._repository)
+            retire(removed, bool(remaining), self._repository, deadline, self._state is State.RUNNING)
 
     def _versions(self, model_name: str) -> List[BoundModel]:
-        """The bound versions of ``model_name``, lowest first."""
-        return sorted((m for (name, _), m in self._models.items() if name == model_name), key=lambda m: m.version)
+        return self._models.versions(model_name)
 
     def _model_names(self) -> List[str]:
-        """Each bound model name once, in binding order."""
-        return list(dict.fromkeys(name for name, _ in self._models))
+        return self._models.names()
 
     def _write_name(self, model_name: str) -> None:
-        """Write the repository files of every bound version of ``model_name`` (one shared config.pbtxt)."""
         assert self._repository is not None
-        versions = self._versions(model_name)
-        numbers = [model.version for model in versions]
-        for model in versions:
-            model.write_repository(self._repository, numbers)
-
-    def _attach_context(self, model: BoundModel) -> None:
-        """Let decorators find the model config: ``__triton_context__`` on each callable (or its instance).
-
-        Thread instances only: a process or backend instance's callable runs elsewhere and gets its
-        context there (``_process_child``, ``_backend_kind``). The context is keyed by the callable,
-        so recording those here too let binding one callable on another kind change the config its
-        thread-instance model's decorators read.
-        """
-        if model.instance_kind != "thread":
-            return
-        for func in model.infer_funcs:
-            attach_context(func, self.triton_context, model.config)
-
-    def _check_stub_support(self, model: BoundModel) -> None:
-        if self._stub_numpy2 and model.has_bytes_tensors:
-            problem = _stub_bytes.numpy2_problem()  # the stub runs with this process's numpy
-            if problem:
-                raise PyTritonBadParameterError(
-                    f"Model {model.name!r} declares BYTES (string) tensors, which Triton's Python backend stub "
-                    f"cannot handle here: {problem}"
-                )
+        self._models.write_name(self._repository, model_name)
 
     def _load_live(self, model: BoundModel) -> None:
         assert self._repository is not None
-        self._check_stub_support(model)
+        check_stub_support(model, self._stub_numpy2)
         versions = self._versions(model.name)
         if len(versions) > 1:
             # Triton reloads the served versions too: their new stubs need their own slot locks.
@@ -499,19 +422,21 @@ class Triton:
         try:
             self._write_name(model.name)
             model.start_workers()
-            self._backend.before_load()
+            if self._local is not None:
+                self._local.before_load()
             loaded = False
             try:
                 self._request_load(model.name)
                 loaded = True
             finally:
-                self._backend.after_load(loaded)
+                if self._local is not None:
+                    self._local.after_load(loaded)
             # A restarted server loads it at its start with the others (--load-model), as if it had
             # been bound before run(): in the soak's crash probes (make soak-short) a restarted 2.51
             # that loaded them one by one through the repository API died (SIGSEGV) in 3 of 3 runs,
             # and did not when it loaded them at its start. One with a warmup is loaded through the
             # repository API, as at the first start (run()).
-            if model.name not in self._startup_models and not any(self._warmup(v) for v in self._versions(model.name)):
+            if model.name not in self._startup_models and not any(has_warmup(v) for v in self._versions(model.name)):
                 self._startup_models.append(model.name)
         except BaseException:
             if len(versions) > 1:
@@ -519,39 +444,18 @@ class Triton:
                     version.generation -= 1  # the served versions keep their running stubs
             raise
 
-    @staticmethod
-    def _warmup(model: BoundModel) -> bool:
-        return bool(model.config.model_warmup or model.direct_warmup)
-
     def _request_load(self, model_name: str) -> None:
         for version in self._versions(model_name):
             version.run_direct_warmup()  # warmups Triton cannot express (model_config/warmup.py)
         try:
             self._backend.repository_request("load", model_name)
         except (http.client.HTTPException, OSError) as exc:
-            raise self._load_interrupted(model_name, exc) from None
+            server = self._local.server if self._local is not None else None
+            restarted = self._state is State.RUNNING and self._supervisor.active()
+            raise load_interrupted(model_name, exc, server, self._versions(model_name), restarted) from None
         self._traces.apply([model_name])
-        self._backend.loaded()
-
-    def _load_interrupted(self, model_name: str, exc: BaseException) -> PyTritonModelConfigError:
-        """The error for a load whose connection broke: usually the server died while loading the model."""
-        server = self._backend.server
-        deadline = time.monotonic() + 2.0
-        while server is not None and server.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)  # a crashing server takes a moment to be reaped
-        died = server is not None and not server.is_alive()
-        message = f"Triton could not load model {model_name!r}: " + (
-            "tritonserver died while loading it" if died else f"the connection broke ({type(exc).__name__}: {exc})"
-        )
-        versions = self._versions(model_name)
-        if died and versions and versions[0].config.model_warmup:
-            message += (
-                ". Triton 2.51 sometimes crashes when a model's warmup fails; the callable's error, if it "
-                "raised one, is logged by 'pytriton.proxy'"
-            )
-        if died and self._state is State.RUNNING and self._supervisor.active():
-            message += "; pytriton restarts the server with the other models"
-        return PyTritonModelConfigError(message + ".")
+        if self._local is not None:
+            self._local.loaded()
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
@@ -577,7 +481,7 @@ class Triton:
             raise_open_files_limit()
             self._stub_numpy2 = self._backend.prepare(self._connect_timeout_s)
             for model in self._models.values():
-                self._check_stub_support(model)
+                check_stub_support(model, self._stub_numpy2)
             self._binding_context()
             assert self._socket_dir is not None
             self._repository = self._backend.model_store(self._workspace)
@@ -589,34 +493,27 @@ class Triton:
             workers = WorkerStarts(list(self._models.values()))
             for model in self._models.values():
                 model.start_workers(wait=False)
-            # Models with a warmup are loaded through the repository API once the server is up, not
-            # with --load-model: when a warmup fails at start-up, Triton 2.51 sometimes crashes on its
-            # way out (SIGSEGV) instead of printing the warmup's error; the load API reports it.
-            later = [
-                name
-                for name in self._model_names()
-                if not self._backend.loads_at_startup or any(self._warmup(v) for v in self._versions(name))
-            ]
-            startup = [name for name in self._model_names() if name not in later]
+            startup, later = self._models.split_start(self._backend.loads_at_startup)  # warmups: later
             self._startup_models = startup
             self._state = State.RUNNING
             if self._backend.offers_pipelines:
-                _registry.register(self)  # its models become reachable from callables (docs/pipelines.md)
+                _running.register(self)  # its models become reachable from callables (docs/pipelines.md)
             try:
                 came_up = self._backend.start(self._repository, startup, bool(self._models), self._socket_dir, workers)
                 workers.wait()  # at once for the start-up models (their stubs said hello); the later ones load next
-                if came_up:  # else it died right after it came up: the supervisor restarts it (_launched.py)
+                if came_up:  # else it died right after it came up: the supervisor restarts it (_serving/launched.py)
                     for name in later:
                         self._request_load(name)
                     self._traces.apply(startup)
             except BaseException:
-                self._backend.after_load(False)
+                if self._local is not None:
+                    self._local.after_load(False)
                 self.stop()
                 raise
             if came_up:
                 self._backend.started()
-            else:
-                self._backend.after_load(False)
+            elif self._local is not None:
+                self._local.after_load(False)
             self._supervisor.start()
             LOGGER.info("Triton ready with %d model(s) in %.2f s", len(self._models), time.monotonic() - started)
             LOGGER.info("%s", self._endpoints_line())
@@ -652,29 +549,10 @@ class Triton:
             raise PyTritonBadParameterError(
                 f"monitoring_period_s must be a positive number, got {monitoring_period_s!r}."
             )
-        # The handlers are installed before run(): the server answers ready inside run(), and a
-        # SIGINT sent right after that must stop it even where the parent started this process
-        # with SIGINT ignored (no KeyboardInterrupt then). A Ctrl-C during the start still aborts
-        # the start at once where Python's own SIGINT handler was in place.
-        previous: Dict[int, Any] = {}
-        starting = True
-
-        def on_signal(signum: int, frame: object) -> None:
-            self._wakeup.set()
-            if starting and signum == signal.SIGINT and previous.get(signum) is signal.default_int_handler:
-                raise KeyboardInterrupt
-
-        def restore() -> None:  # before stop(): a second Ctrl-C interrupts a stop as it always did
-            while previous:
-                number, handler = previous.popitem()
-                signal.signal(number, handler)
-
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[int(signum)] = signal.signal(signum, on_signal)
+        signals = StopSignals(self._wakeup)  # SIGINT/SIGTERM wake the wait below (_serving/signals.py)
         try:
             self.run()
-            starting = False
+            signals.starting = False
             # serve() is how a program runs a server from a terminal: where logging is not configured, the
             # lines a user needs (where it listens, that it stopped) would be lost, so they go to stderr.
             console = not LOGGER.hasHandlers()
@@ -686,7 +564,7 @@ class Triton:
                     if self._supervisor.failure is not None:
                         break
             finally:
-                restore()
+                signals.restore()  # before stop(): a second Ctrl-C interrupts a stop as it always did
                 started = time.monotonic()
                 self.stop()
                 # The stop line either way: on stderr, or through the logging the program configured.
@@ -695,7 +573,7 @@ class Triton:
                 else:
                     LOGGER.info("Triton stopped in %.2f s", time.monotonic() - started)
         finally:
-            restore()
+            signals.restore()
         failure = self._supervisor.failure
         if failure is not None:
             raise failure
@@ -760,7 +638,7 @@ class Triton:
             running = self._state is State.RUNNING
             self._state = State.STOPPED  # a restart in progress starts no further server once stopped
         atexit.unregister(self.stop)
-        _registry.unregister(self)
+        _running.unregister(self)
         started = time.monotonic()
         self._supervisor.request_stop()
         self._backend.stop(self._supervisor, running)  # the drain, then the server ends (a remote one stays)
@@ -796,7 +674,7 @@ class Triton:
     @property
     def server_log(self) -> List[str]:
         """The last lines the server printed (always empty for ``RemoteTriton``: the output is its owner's)."""
-        return self._backend.server_log()
+        return self._local.server_log() if self._local is not None else []
 
     @property
     def http_url(self) -> str:
@@ -812,7 +690,7 @@ class Triton:
     @property
     def embedded(self) -> bool:
         """True if this ``Triton`` runs the server inside this process (``Triton(embedded=True)``)."""
-        return self._backend.embedded
+        return isinstance(self._backend, InProcessServer)
 
     @property
     def inprocess_server(self) -> inprocess.Server:
@@ -829,6 +707,11 @@ class Triton:
             State.STOPPED: "stopped",
             State.CREATED: "not running yet (call run() first)",
         }[self._state]
+        if not isinstance(self._backend, InProcessServer):
+            where = "binds into a server elsewhere" if self._local is None else "runs the tritonserver binary"
+            raise PyTritonInvalidOperationError(
+                f"inprocess_server exists only for Triton(embedded=True); this {type(self).__name__} {where}."
+            )
         return self._backend.inprocess_server(not_running)
 
     def model(self, model_name: str, model_version: int = -1) -> inprocess.Model:
@@ -862,54 +745,10 @@ class Triton:
         return inprocess.InProcessModelClient(self.inprocess_server, model_name, model_version)
 
 
-class _RegistryView:
-    """What the supervisor and the backends see of a ``Triton`` (:class:`pytriton._backend.Registry`)."""
-
-    def __init__(self, triton: Triton) -> None:
-        self._triton = triton
-
-    @property
-    def lock(self) -> threading.RLock:
-        return self._triton._lock
-
-    def running(self) -> bool:
-        return self._triton._state is State.RUNNING
-
-    def models(self) -> List[BoundModel]:
-        return list(self._triton._models.values())
-
-    def versions(self, model_name: str) -> List[BoundModel]:
-        return self._triton._versions(model_name)
-
-    def model_names(self) -> List[str]:
-        return self._triton._model_names()
-
-    def repository(self) -> Optional[pathlib.Path]:
-        return self._triton._repository
-
-    def startup_models(self) -> List[str]:
-        return self._triton._startup_models
-
-    def write_name(self, model_name: str) -> None:
-        self._triton._write_name(model_name)
-
-    def request_load(self, model_name: str) -> None:
-        self._triton._request_load(model_name)
-
-    def apply_trace_settings(self, model_names: Sequence[str]) -> None:
-        self._triton._traces.apply(model_names)
-
-    def wake(self) -> None:
-        self._triton._wakeup.set()
-
-
-REMOTE_LIFECYCLE_POLICY = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=False)
-
-
 class RemoteTriton(Triton):
     """A ``Triton`` that serves bound callables through a Triton server running elsewhere (docs/remote.md).
 
-    It is a ``Triton`` constructed with the remote backend (pytriton/_remote_backend.py): the same
+    It is a ``Triton`` constructed with the remote backend (pytriton/_serving/remote.py): the same
     ``bind``, worker threads in this process and proxy model in the server's stubs, but no server is
     started: :meth:`run` connects and loads the bound models through the server's model-repository API
     (with the access token when that API is restricted); :meth:`stop` unloads them again, leaving the
@@ -964,11 +803,7 @@ class RemoteTriton(Triton):
         tcp_encryption: bool = True,
     ):
         check_python_supported()
-        policy = REMOTE_LIFECYCLE_POLICY if triton_lifecycle_policy is None else triton_lifecycle_policy
-        if not isinstance(policy, TritonLifecyclePolicy):
-            raise PyTritonBadParameterError(
-                f"triton_lifecycle_policy must be a TritonLifecyclePolicy, got {type(policy).__name__}."
-            )
+        policy = lifecycle_policy(triton_lifecycle_policy, REMOTE_LIFECYCLE_POLICY)
         settings = resolve_settings(config)
         remote = RemoteBackend(
             url,

@@ -1,1 +1,1 @@
-"""Development tools: the API reference's Griffe extension (docs_roles.py)."""
+"""Development tools: the API reference's Griffe extension (docs_roles.py), the package map (structure.py)."""

@@ -16,7 +16,7 @@ and that window watches for it. The backend is known to be up once its shared-me
 of the process is deleted; ``rmdir`` removes only an empty directory, and one the backend removed
 already is simply gone.
 
-``Triton(embedded=True)`` tracks the directory itself (``pytriton/_launched.py``), so its server
+``Triton(embedded=True)`` tracks the directory itself (``pytriton/_serving/launched.py``), so its server
 opens no window here (``Server._tracks_scratch``).
 
 Unit tests: tests/unit/test_inprocess_scratch.py; end to end: tests/e2e/test_inprocess_lifecycle.py.

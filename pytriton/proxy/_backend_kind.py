@@ -63,7 +63,7 @@ from pytriton.proxy import _process, _tracing
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy._worker import InstanceWorker, error_text, wire_request
+from pytriton.proxy._worker import InstanceWorker, error_text
 from pytriton.proxy.stubside import _portable_pickle
 from pytriton.proxy.stubside._backend_page import Page
 from pytriton.proxy.stubside._messages import STUCK_SIGNAL
@@ -194,12 +194,12 @@ class BackendInstance(InstanceWorker):
     def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
         """The call runs in the stub itself: signal the stub, whose handler fails the call; kill it if that fails.
 
-        For pytriton/_unresponsive.py. The stub's handler (``stubside/_inline.py``, ``_messages.STUCK_SIGNAL``)
+        For pytriton/_serving/unresponsive.py. The stub's handler (``stubside/_inline.py``, ``_messages.STUCK_SIGNAL``)
         raises in the call, whose batch is then answered ``STUCK_TEXT`` with Triton's UNAVAILABLE code
         (HTTP 503, gRPC UNAVAILABLE) as for the other kinds, and the instance serves on. A call that does
         not end so within :data:`STUCK_GRACE_S` (blocked in native code, or a callable that swallows
         ``BaseException``) ends with the stub: it is killed, Triton fails the batch with its own error about
-        the stub (HTTP 500), and ``_healing`` loads a new generation as for any dead stub, without unloading
+        the stub (HTTP 500), and the supervisor loads a new generation as for any dead stub, without unloading
         the model. False if no stub of this slot is attached and busy. ``text`` and ``older_than_s`` are
         the stub's own (a call younger than ``_messages.STUCK_MIN_AGE_S`` is left alone there).
         """
@@ -367,7 +367,7 @@ class InlineRunner:
         timeout_s: float = 0.0,
     ) -> Request:
         """One ``Request`` as the callable of any kind sees it."""
-        return wire_request(data, parameters, requested, sequence, timeout_s)
+        return _wire_request(data, parameters, requested, timeout_s or None, None, 0, sequence)
 
     @staticmethod
     def attach_cancellation(requests: List[Request], triton_requests: Sequence[PbRequest]) -> None:

@@ -449,14 +449,14 @@ class BoundModel:
     def instance_states(self) -> List[Tuple[bool, float, bool]]:
         """Per instance: (a batch is in the callable now, when its last batch ended, its stub is stopped).
 
-        For pytriton/_unresponsive.py.
+        For pytriton/_serving/unresponsive.py.
         """
         return [(worker.busy, worker.last_active, worker.stub_stopped) for worker in self._workers]
 
     def fail_stuck_calls(self, instances: Sequence[int], text: str, older_than_s: float = 0.0) -> None:
         """Fail the batch in the callable of each of ``instances`` (indices, as in :meth:`instance_states`).
 
-        For pytriton/_unresponsive.py: every worker kind has ``fail_stuck_call`` (a thread or a worker
+        For pytriton/_serving/unresponsive.py: every worker kind has ``fail_stuck_call`` (a thread or a worker
         process answers ``Error(text)`` and serves on; a backend instance's stub is killed and replaced);
         thread and process instances fail only a call that has run for ``older_than_s``.
         """

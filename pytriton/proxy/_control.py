@@ -113,7 +113,7 @@ class Drain(NamedTuple):
 
 
 class FailStuck(NamedTuple):
-    """``InstanceWorker.fail_stuck_call(text, older_than_s)`` in the worker process (pytriton/_unresponsive.py); no reply."""
+    """``InstanceWorker.fail_stuck_call(text, older_than_s)`` in the worker process (pytriton/_serving/unresponsive.py); no reply."""
 
     text: str
     older_than_s: float = 0.0

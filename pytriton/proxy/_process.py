@@ -507,7 +507,7 @@ class ProcessInstance:
     def fail_stuck_call(self, text: str, older_than_s: float = 0.0) -> bool:
         """Ask the worker process to answer its stuck batch with ``Error(text)`` and serve on (no replacement).
 
-        For pytriton/_unresponsive.py (``InstanceWorker.fail_stuck_call`` runs in the worker process).
+        For pytriton/_serving/unresponsive.py (``InstanceWorker.fail_stuck_call`` runs in the worker process).
         False if the instance is not busy or no worker process is there to ask.
         """
         if not self.busy:

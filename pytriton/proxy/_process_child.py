@@ -38,7 +38,8 @@ from pytriton.proxy import _control, _process, _tracing
 from pytriton.proxy._admission import Admission
 from pytriton.proxy._context import TritonContext, attach_context
 from pytriton.proxy._control import ControlLink, ControlMessage
-from pytriton.proxy._worker import InstanceWorker, _Session, error_text
+from pytriton.proxy._session import Session
+from pytriton.proxy._worker import InstanceWorker, error_text
 from pytriton.proxy.stubside import _zmq_channel
 
 LOGGER = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def _plain(value: object) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
 
-class _PublishedSession(_Session):
+class _PublishedSession(Session):
     """A connection whose state changes are published to the parent (see :class:`_PublishingWorker`)."""
 
     _TRACKED = frozenset({"busy", "connected", "abandoned", "retired", "stub_pid"})
@@ -130,7 +131,7 @@ class _PublishingWorker(InstanceWorker):
         self._last_active = value
         self._status.write_last_active(value)
 
-    def _new_session(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection]) -> _Session:
+    def _new_session(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection]) -> Session:
         return _PublishedSession(self, number, sock, self._shm_prefix)
 
     def publish(self) -> None:

@@ -7,7 +7,8 @@ stub resumes it works through those stale messages, and tritonserver aborts with
 ``boost::interprocess::lock_exception`` (3 of 3 trials after a 5 s pause here; 2 of 6 after 30 s in the
 issue's trials), which takes every model down until the supervisor has restarted the server. A stub
 ``SIGKILL``ed instead of resumed is what pytriton already handles: its connection ends, the model is
-replaced by a new generation (``_healing``) in about a second, and the server keeps running.
+replaced by a new generation (the supervisor, ``pytriton/_serving/supervisor.py``) in about a second,
+and the server keeps running.
 
 So a process-wide watcher thread polls ``/proc/<pid>/stat`` of every attached stub (the Unix transport:
 same host; over TCP the stub's pid is on another host and is not watched) and ``SIGKILL``s one that has

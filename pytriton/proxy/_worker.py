@@ -12,24 +12,24 @@ instance instead (``_process.py``, ``_process_child.py``).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import inspect
 import logging
 import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Tuple, Type, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from pytriton._platform import native, proc
+from pytriton._platform import proc
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _stub_watch, _tracing
 from pytriton.proxy._outputs import OutputChecker
-from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire, _zmq_channel
+from pytriton.proxy._session import CallAbandoned, CancelProbe, Session, StubLeft
+from pytriton.proxy.stubside import _messages, _tensors, _wire, _zmq_channel
 from pytriton.proxy.stubside._messages import (
     Chunk,
     End,
@@ -39,14 +39,11 @@ from pytriton.proxy.stubside._messages import (
     Infer,
     Message,
     Ok,
-    SequenceFields,
     Tensors,
 )
 from pytriton.proxy.types import CURRENT_BATCH, CURRENT_MODEL, Request, _wire_request
 
 if TYPE_CHECKING:
-    import asyncio
-
     from pytriton.proxy._admission import Admission
 
 LOGGER = logging.getLogger(__name__)
@@ -72,177 +69,6 @@ def _process_running(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie (a killed stub stays a zombie until Triton reaps it)."""
     fields = _proc_stat(pid)
     return bool(fields) and fields[0] not in ("Z", "X")
-
-
-class CancelProbe:
-    """Answers ``Request.is_cancelled()`` for one batch by asking its stub (ASK -> CANCELLED).
-
-    Shared by the requests of the batch; usable from any thread while the callable runs. It asks at
-    most once per ``INTERVAL_S`` (a tight polling loop costs one round trip per interval) and
-    remembers a cancellation for good. :meth:`close` is called before the batch's final reply is
-    sent, so no question can follow it on the connection; afterwards the last answer stays.
-    """
-
-    INTERVAL_S = 0.001
-
-    def __init__(self, channel: _wire.Channel[Message], n_requests: int):
-        self._channel = channel
-        self._flags = [False] * n_requests
-        self.lock = threading.Lock()  # one exchange on the connection at a time (see _stream)
-        self._open = True
-        self._asked = 0.0
-
-    def __call__(self, index: int) -> bool:
-        if self._flags[index]:
-            return True
-        with self.lock:
-            now = time.monotonic()
-            if self._open and now - self._asked >= self.INTERVAL_S:
-                self._asked = now
-                try:
-                    self._channel.send(_messages.ASK_MESSAGE)
-                    reply = self._channel.recv()
-                except (EOFError, OSError):  # the stub is gone: nobody waits for the batch
-                    self._open = False
-                    self._flags = [True] * len(self._flags)
-                    return True
-                if type(reply) is _messages.Cancelled:
-                    self._flags = [old or new for old, new in zip(self._flags, reply.flags)]
-        return self._flags[index]
-
-    def known(self, index: int) -> bool:
-        """What is known without asking: cancelled at an earlier answer (or by ``cancel_all``)."""
-        return self._flags[index]
-
-    def close(self) -> None:
-        with self.lock:
-            self._open = False
-
-    def cancel_all(self) -> None:
-        """Nobody waits for the batch any more (its stub gave up): every request reads as cancelled."""
-        self._open = False  # no question may go over the abandoned connection
-        self._flags = [True] * len(self._flags)
-
-
-class CallAbandoned(BaseException):
-    """Raised inside a thread instance's callable that ran past the model's execution timeout.
-
-    A ``BaseException``, so that ``except Exception`` in the callable does not swallow it. Its batch
-    has already failed at the client; whatever the call does afterwards is discarded.
-    """
-
-
-_raise_in_thread = native.raise_in_thread  # Python raises it at the thread's next eval-breaker check
-
-
-class _StubLeft(Exception):
-    """The stub closed the connection, or stopped waiting, in the middle of a stream."""
-
-
-class _Session:
-    """One connection from a stub process, served on its own thread.
-
-    Owns the worker-side arena (outputs), the reader that maps the stub's arena (inputs) and, for
-    ``async`` callables, an event loop; :meth:`close` releases all of them when the connection ends.
-    """
-
-    def __init__(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection, None], arena_prefix: str):
-        self.number = number
-        self.sock = sock  # a Unix socket, or a TCP transport's connection (proxy/stubside/_zmq_channel.py)
-        # Set by the serving thread (or a direct caller): a stream talks to its stub through it.
-        self.channel: Optional[_wire.Channel[Message]] = None
-        # The TCP transport shares no memory with its stub: every tensor travels in the message.
-        inline = isinstance(sock, _zmq_channel.Connection)
-        self.arena: _arena.Arena = (
-            _zmq_channel.InlineArena() if inline else _arena.SharedArena(f"{arena_prefix}-c{number}")
-        )
-        self.reader = _arena.ArenaReader()
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self.thread: Optional[threading.Thread] = None
-        self.stub_pid = 0
-        self.server_pid = 0  # the stub's parent: tells a stub death from the death of a whole server
-        self.generation = 0
-        self.busy = False
-        self.connected = False  # between HELLO and BYE
-        self.said_bye = False
-        # Its stub stopped waiting for the batch (execution timeout) and reconnected: whatever the
-        # callable returns here is discarded.
-        self.abandoned = False
-        # Its stub belongs to a model generation that was replaced (see InstanceWorker.retire).
-        self.retired = False
-        # perf_counter() around the current batch's call (call_started 0: the callable was not called).
-        self.call_started = 0.0
-        self.call_ended = 0.0
-        self.spans: Optional[List[Optional[_tracing.Span]]] = (
-            None  # of the batch in flight, when Triton traces it (_tracing)
-        )
-        self.probe: Optional[CancelProbe] = None  # of the batch in flight (Request.is_cancelled)
-        self.in_callable = False  # the serving thread is inside the callable (see _end_hung_calls)
-        # Orders interrupt() against leave_callable(), so CallAbandoned is only ever raised while the
-        # serving thread has yet to pass leave_callable()'s start (a check point), never later.
-        self.interrupt_lock = threading.Lock()
-        self.batch_token: Optional[contextvars.Token[Optional[List[Request]]]] = None  # CURRENT_BATCH's
-        # Orders the serving thread's final reply against fail_stuck_call() from the supervisor: exactly one
-        # of them answers the batch.
-        self.reply_lock = threading.Lock()
-
-    def event_loop(self) -> asyncio.AbstractEventLoop:
-        if self.loop is None:
-            import asyncio  # only for async callables: ~20 ms of imports a process need not pay before its first request
-
-            self.loop = asyncio.new_event_loop()
-        return self.loop
-
-    def drop_loop(self) -> None:
-        """Forget the event loop (after a BaseException escaped it, its state is not to be trusted)."""
-        _arena.close_quietly(self.loop, Exception)
-        self.loop = None
-
-    def interrupt(self) -> bool:
-        """From another thread: raise :class:`CallAbandoned` in the serving thread if it is in the callable."""
-        with self.interrupt_lock:
-            if not self.in_callable or self.thread is None or self.thread.ident is None:
-                return False
-            return _raise_in_thread(self.thread.ident, CallAbandoned)
-
-    def leave_callable(self) -> None:
-        """On the serving thread, once the callable returned or raised (call it inside the ``try``
-        that catches the callable's exceptions: a CallAbandoned asked for just before arrives here)."""
-        with self.interrupt_lock:
-            self.in_callable = False
-
-    def close(self) -> None:
-        self.arena.close()
-        self.reader.close()
-        self.drop_loop()
-
-
-_Parameter = TypeVar("_Parameter")  # a request parameter's value type (wire or Triton's): any, kept as it is
-
-
-def wire_request(
-    data: Dict[str, npt.NDArray[np.generic]],
-    parameters: Optional[Dict[str, _Parameter]],
-    requested: Optional[List[str]],
-    sequence: Optional[SequenceFields],
-    timeout_s: Optional[float],
-) -> Request:
-    """One ``Request`` as the callable of any kind sees it, from a request's decoded fields.
-
-    Shared by the worker (thread and process instances) and backend instances (proxy/_backend_kind.py).
-    """
-    if sequence is None:
-        return Request(data, parameters, requested_output_names=requested, timeout_s=timeout_s or None)
-    sequence_id, start, end = sequence
-    return Request(
-        data,
-        parameters,
-        requested_output_names=requested,
-        sequence_id=sequence_id,
-        sequence_start=start,
-        sequence_end=end,
-        timeout_s=timeout_s or None,
-    )
 
 
 class InstanceWorker:
@@ -292,10 +118,10 @@ class InstanceWorker:
         self._on_hung_call = on_hung_call
         self._thread: Optional[threading.Thread] = None
         self._listener: Union[socket.socket, _zmq_channel.Listener, None] = None  # a TCP transport's, or a Unix socket
-        self._sessions: List[_Session] = []
+        self._sessions: List[Session] = []
         self._sessions_lock = threading.Lock()
         self._session_count = 0
-        self._direct: Optional[_Session] = None
+        self._direct: Optional[Session] = None
         self._stopping = False
         self.last_active = 0.0  # time.monotonic() when the last batch finished
         # Set by Triton.stop() when draining (server/_drain.py): batches it does not admit are refused.
@@ -429,11 +255,11 @@ class InstanceWorker:
         finally:
             listener.close()
 
-    def _new_session(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection]) -> _Session:
+    def _new_session(self, number: int, sock: Union[socket.socket, _zmq_channel.Connection]) -> Session:
         """The state of one accepted connection (a seam: a worker process publishes it, see ``_process_child.py``)."""
-        return _Session(number, sock, self._shm_prefix)
+        return Session(number, sock, self._shm_prefix)
 
-    def _run_session(self, session: _Session) -> None:
+    def _run_session(self, session: Session) -> None:
         try:
             self._serve(session)
         except BaseException:  # noqa: BLE001 - log whatever ends this thread
@@ -456,7 +282,7 @@ class InstanceWorker:
             if self._on_stub_lost is not None:
                 self._on_stub_lost(session.generation, session.server_pid)
 
-    def _stub_died(self, session: _Session) -> bool:
+    def _stub_died(self, session: Session) -> bool:
         """After a connection ended without BYE: True if its stub process died.
 
         A killed process closes its sockets before it turns into a zombie, so the end of the
@@ -473,7 +299,7 @@ class InstanceWorker:
             time.sleep(0.01)
         return False
 
-    def _serve(self, session: _Session) -> None:
+    def _serve(self, session: Session) -> None:
         assert session.sock is not None
         CURRENT_MODEL.set(self._config.model_name)  # this thread's context: for pipeline handles (cycles)
         sock = session.sock
@@ -498,7 +324,7 @@ class InstanceWorker:
             session.busy = True
             try:
                 reply = self._handle(session, message)
-            except _StubLeft:
+            except StubLeft:
                 reply = None
             finally:
                 session.busy = False
@@ -520,7 +346,7 @@ class InstanceWorker:
                 except OSError:
                     return
 
-    def _handle(self, session: _Session, message: Message) -> Message:
+    def _handle(self, session: Session, message: Message) -> Message:
         if type(message) is Infer:
             return self._infer_on(session, message)
         if type(message) is Hello:
@@ -532,14 +358,14 @@ class InstanceWorker:
             return Ok(None, [])
         return Error(f"pytriton: unexpected message kind {message.KIND} (NEXT without a stream?)")
 
-    def _hello(self, session: _Session, message: Hello) -> None:
+    def _hello(self, session: Session, message: Hello) -> None:
         session.stub_pid, session.generation = message.stub_pid, message.generation
         if not isinstance(session.sock, _zmq_channel.Connection):  # a stub on this host (not the TCP transport)
             _stub_watch.WATCH.watch(session, session.stub_pid, f"model {self._config.model_name} ({self._name})")
         fields = _proc_stat(session.stub_pid)
         session.server_pid = int(fields[1]) if len(fields) > 1 else 0
         session.connected = True
-        hung: List[_Session] = []
+        hung: List[Session] = []
         with self._sessions_lock:
             for other in self._sessions:
                 # The same stub process connecting again gave up on its previous connection.
@@ -555,7 +381,7 @@ class InstanceWorker:
 
     def _end_hung_calls(
         self,
-        sessions: List[_Session],
+        sessions: List[Session],
         why: str = "the stub stopped waiting for the inference callable (execution timeout)",
         replace: bool = True,
     ) -> None:
@@ -594,7 +420,7 @@ class InstanceWorker:
         Only a call that has run for ``older_than_s`` is failed: one that began after the watch saw the
         stuck call end is left alone.
 
-        For pytriton/_unresponsive.py, when every instance of the model has been in one call too long.
+        For pytriton/_serving/unresponsive.py, when every instance of the model has been in one call too long.
         The stub gets the error as the batch's reply (``text`` is a retryable one, HTTP 503), then the
         connection is shut down, so that the stub's next send fails before anything was delivered
         and it connects again (a new session, served by a new thread). The stuck call is then handled
@@ -607,7 +433,7 @@ class InstanceWorker:
             candidates = [s for s in self._sessions if s.busy and not s.abandoned and s.sock is not None]
         now = time.perf_counter()
         candidates = [s for s in candidates if s.call_started and now - s.call_started >= older_than_s]
-        failed: List[_Session] = []
+        failed: List[Session] = []
         for session in candidates:
             probe = session.probe
             # No ASK of the callable may be on the connection while the error goes out.
@@ -641,10 +467,10 @@ class InstanceWorker:
         return bool(failed)
 
     # -- one batch -----------------------------------------------------------------------
-    def _direct_session(self) -> _Session:
+    def _direct_session(self) -> Session:
         """A session with no connection, for benchmarks and tests that drive one message at a time."""
         if self._direct is None:
-            self._direct = _Session(0, None, self._shm_prefix)
+            self._direct = Session(0, None, self._shm_prefix)
         return self._direct
 
     def _decode(self, message: Infer, views: List[npt.NDArray[np.generic]]) -> List[Request]:
@@ -660,7 +486,7 @@ class InstanceWorker:
     ) -> Tuple[Optional[str], List[Tensors]]:
         return self._encode_on(self._direct_session(), result, n_requests, requests)
 
-    def _decode_on(self, session: _Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> List[Request]:
+    def _decode_on(self, session: Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> List[Request]:
         """Requests from an INFER message.
 
         Small inputs are copied out of the message. Large ones are views into the stub's arena
@@ -687,10 +513,7 @@ class InstanceWorker:
                 entry.sequence,
                 entry.timeout_s,
             )
-            if sequence is None:  # the common case: no Python frame but the builder's
-                requests.append(_wire_request(data, parameters, requested, timeout_s or None, None, 0))
-            else:
-                requests.append(wire_request(data, parameters, requested, sequence, timeout_s))
+            requests.append(_wire_request(data, parameters, requested, timeout_s or None, None, 0, sequence))
         if session.channel is not None:  # Request.is_cancelled() asks the stub over this connection
             probe = session.probe = CancelProbe(session.channel, len(requests))
             for index, request in enumerate(requests):
@@ -703,7 +526,7 @@ class InstanceWorker:
         return requests
 
     def _encode_on(
-        self, session: _Session, result: object, n_requests: int, requests: Optional[List[Request]] = None
+        self, session: Session, result: object, n_requests: int, requests: Optional[List[Request]] = None
     ) -> Tuple[Optional[str], List[Tensors]]:
         """Check the outputs (requested ones must be present when ``requests`` is given) and write them.
 
@@ -725,7 +548,7 @@ class InstanceWorker:
             self._on_unrecoverable(exc)
         return Error(error_text(exc))
 
-    def _infer_on(self, session: _Session, message: Infer) -> FinalReply:
+    def _infer_on(self, session: Session, message: Infer) -> FinalReply:
         """Run one batch; its final reply carries the retire flag (``Ok.retire``).
 
         Large inputs are handed to the callable as views into the stub's arena. If the callable
@@ -751,7 +574,7 @@ class InstanceWorker:
             return reply.settled(retire, session.call_ended - session.call_started)
         return reply.settled(retire, None) if retire else reply
 
-    def _call_traced(self, session: _Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> FinalReply:
+    def _call_traced(self, session: Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> FinalReply:
         """:meth:`_call_callable` for a traced batch: its spans (opened by ``_decode_on`` as
         ``Request.span``) end once the final reply is built, or when the stub left mid-stream."""
         reply: Optional[FinalReply] = None
@@ -763,7 +586,7 @@ class InstanceWorker:
                 spans, session.spans = session.spans, None
                 _tracing.end_spans(spans, reply)
 
-    def _call_callable(self, session: _Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> FinalReply:
+    def _call_callable(self, session: Session, message: Infer, views: List[npt.NDArray[np.generic]]) -> FinalReply:
         # Every BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, ...) raised by the
         # callable fails this batch only: this thread belongs to pytriton, not to the callable, and
         # a real Ctrl-C is delivered to the main thread, never here.
@@ -810,7 +633,7 @@ class InstanceWorker:
             self._close_stream(session, result)
 
     @staticmethod
-    def _run_async(session: _Session, awaitable: Awaitable[object]) -> object:
+    def _run_async(session: Session, awaitable: Awaitable[object]) -> object:
         try:
             return session.event_loop().run_until_complete(awaitable)
         except Exception:
@@ -819,7 +642,7 @@ class InstanceWorker:
             session.drop_loop()  # asyncio re-raises SystemExit/KeyboardInterrupt out of a loop it then abandons
             raise
 
-    def _close_stream(self, session: _Session, stream: Any) -> None:
+    def _close_stream(self, session: Session, stream: Any) -> None:
         """Close a generator or async generator (a no-op once it is exhausted); errors are logged."""
         try:
             if inspect.isasyncgen(stream):
@@ -829,15 +652,15 @@ class InstanceWorker:
         except BaseException:  # noqa: BLE001
             LOGGER.exception("Model %s: closing the generator failed", self._config.model_name)
 
-    def _next_chunk(self, session: _Session, stream: Any) -> object:
+    def _next_chunk(self, session: Session, stream: Any) -> object:
         if inspect.isasyncgen(stream):
             return self._run_async(session, stream.__anext__())
         return next(stream)
 
-    def _stream(self, session: _Session, stream: object, n_requests: int) -> FinalReply:
+    def _stream(self, session: Session, stream: object, n_requests: int) -> FinalReply:
         """Send each yielded result as a CHUNK; returns the final reply (END or ERROR).
 
-        Raises ``_StubLeft`` if the stub went away (or stopped waiting) in the middle.
+        Raises ``StubLeft`` if the stub went away (or stopped waiting) in the middle.
 
         Chunks small enough to travel inline are sent back to back, up to ``STREAM_WINDOW`` of
         them before the stub acknowledges with NEXT. A chunk that uses the arena must be
@@ -861,7 +684,7 @@ class InstanceWorker:
             except BaseException as exc:  # noqa: BLE001 - fails this stream only, see _call_callable
                 return self._failure(exc)
             if session.abandoned:
-                raise _StubLeft()
+                raise StubLeft()
             # Under the probe's lock: an is_cancelled() from another thread must not put its question
             # between a chunk and the acknowledgement this thread waits for.
             probe = session.probe
@@ -874,7 +697,7 @@ class InstanceWorker:
                     unacknowledged = 0
                     follow_up = channel.recv()
             except (EOFError, OSError):
-                raise _StubLeft() from None
+                raise StubLeft() from None
             if type(follow_up) is _messages.Cancel:
                 LOGGER.debug("Model %s: stream cancelled by the client", self._config.model_name)
                 return End()

@@ -100,6 +100,18 @@ class Request:
         "_probe",
         "_index",
     )
+    # Every slot is written by _fill (below), for __init__ and for pytriton's own builder alike.
+    data: Dict[str, npt.NDArray[np.generic]]
+    parameters: Optional[Dict[str, Any]]
+    span: Any
+    requested_output_names: Optional[List[str]]
+    sequence_id: Union[int, str, None]
+    sequence_start: bool
+    sequence_end: bool
+    timeout_s: Optional[float]
+    _deadline: Optional[float]
+    _probe: Optional[_CancelProbe]  # the batch's, set by pytriton (proxy._worker, proxy._backend_kind)
+    _index: int
 
     def __init__(
         self,
@@ -115,17 +127,17 @@ class Request:
     ):
         if span is not None and requested_output_names is None and isinstance(span, (list, tuple)):
             span, requested_output_names = None, list(span)  # the earlier 3-argument order
-        self.data = data
-        self.parameters = parameters
-        self.span = span
-        self.requested_output_names = requested_output_names
-        self.sequence_id = sequence_id
-        self.sequence_start = sequence_start
-        self.sequence_end = sequence_end
-        self.timeout_s = timeout_s
-        self._deadline = time.monotonic() + timeout_s if timeout_s else None
-        self._probe: Optional[_CancelProbe] = None  # the batch's, set by pytriton (proxy._worker, proxy._backend_kind)
-        self._index = 0
+        _fill(
+            self,
+            data,
+            parameters,
+            requested_output_names,
+            timeout_s,
+            None,
+            0,
+            (sequence_id, sequence_start, sequence_end),
+            span,
+        )
 
     def is_cancelled(self) -> bool:
         """True once nobody waits for this request's answer any more.
@@ -222,35 +234,64 @@ class Request:
 _new_object = object.__new__
 
 
+def _fill(
+    request: Request,
+    data: Dict[str, npt.NDArray[np.generic]],
+    parameters: Optional[Dict[str, object]],
+    requested: Optional[List[str]],
+    timeout_s: Optional[float],
+    probe: Optional[_CancelProbe],
+    index: int,
+    sequence: Optional[Tuple[Union[int, str, None], bool, bool]] = None,
+    span: object = None,
+) -> None:
+    """Set every slot of ``request``: the one place a ``Request``'s fields are written.
+
+    ``sequence``: ``(sequence_id, sequence_start, sequence_end)``, ``None`` outside a sequence.
+
+    ``Request.__init__`` (callables and tests build requests with it) and :func:`_wire_request`
+    (pytriton's own per-request path) both end here, so a slot added to ``Request`` is set in one
+    place. ``probe`` and ``index``: the batch's cancellation probe and this request's place in it.
+    """
+    request.data = data
+    request.parameters = parameters
+    request.span = span
+    request.requested_output_names = requested
+    if sequence is None:
+        request.sequence_id = None
+        request.sequence_start = False
+        request.sequence_end = False
+    else:
+        request.sequence_id, request.sequence_start, request.sequence_end = sequence
+    request.timeout_s = timeout_s
+    request._deadline = time.monotonic() + timeout_s if timeout_s else None
+    request._probe = probe
+    request._index = index
+
+
 def _wire_request(
     data: Dict[str, npt.NDArray[np.generic]],
     parameters: Optional[Dict[str, Any]],
     requested: Optional[List[str]],
     timeout_s: Optional[float],
-    probe: Optional[_CancelProbe],
-    index: int,
+    probe: Optional[_CancelProbe] = None,
+    index: int = 0,
+    sequence: Optional[Tuple[Union[int, str], bool, bool]] = None,
 ) -> Request:
-    """The ``Request`` that ``Request(data, parameters, None, requested, timeout_s=timeout_s)`` makes,
-    with its cancellation probe and batch index set: pytriton's own per-request path (the worker,
-    backend instances), not for callables.
+    """The ``Request`` of one request read off the wire: every pytriton path builds its requests here.
+
+    The worker (thread and process instances) and backend instances, on the stub's short and general
+    paths alike (``proxy/_backend_kind.py``, ``stubside/_inline.py``). It is what
+    ``Request(data, parameters, None, requested, timeout_s=..., sequence_id=...)`` makes, with the
+    batch's cancellation probe and the request's index set; not for callables (use ``Request``).
 
     Why not ``__init__``: it runs for every request of every batch, often with cold caches, and
-    setting the fields directly skips the argument handling and the earlier-order check (about
-    1.5 us per request with the caches evicted, a one-off benchmark in ``bench/history.md``). Every slot is set here;
-    tests/unit/test_api_drift.py compares the result with ``__init__``'s, slot by slot.
+    skipping the argument handling saves 0.2-0.3 us per request with the caches evicted (340-440 ns
+    against 560-760 ns in two runs of ``python -m bench.request_build``). tests/unit/test_api_drift.py
+    compares the result with ``__init__``'s, slot by slot.
     """
     request: Request = _new_object(Request)
-    request.data = data
-    request.parameters = parameters
-    request.span = None
-    request.requested_output_names = requested
-    request.sequence_id = None
-    request.sequence_start = False
-    request.sequence_end = False
-    request.timeout_s = timeout_s
-    request._deadline = time.monotonic() + timeout_s if timeout_s else None
-    request._probe = probe
-    request._index = index
+    _fill(request, data, parameters, requested, timeout_s, probe, index, sequence)
     return request
 
 

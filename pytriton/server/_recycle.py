@@ -16,7 +16,7 @@ free (:class:`PinnedRegions`): once a request has been handed to a dead stub's i
 backend keeps a response factory per request without deleting it, each factory holds the model, and
 that generation (its instances' threads, about 36 each, and their regions) lives as long as the
 server process. Such a region belongs to no live stub of the server. Only a new server process gives
-them back; the supervisor recycles the server when they accumulate (pytriton/_healing.py,
+them back; the supervisor recycles the server when they accumulate (pytriton/_serving/supervisor.py,
 docs/architecture.md "Stub death").
 """
 

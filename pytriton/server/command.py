@@ -2,7 +2,7 @@
 
 :class:`LaunchSettings` is what pytriton decides (repository, directories, region prefix, start-up
 models, access policy); :func:`effective_options` applies pytriton's defaults (addresses, ports) to
-a config. Both go into the typed launch plan (pytriton/_plan.py: ``LaunchPlan``), which renders the
+a config. Both go into the typed launch plan (pytriton/_serving/plan.py: ``LaunchPlan``), which renders the
 argv and the in-process options.
 """
 

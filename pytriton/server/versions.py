@@ -250,7 +250,7 @@ HTTP_MAX_INPUT_SIZE = Gate(
     "http-max-input-size",
     "tritonserver's --http-max-input-size bounds the buffer a JSON input's declared shape allocates; "
     "pytriton passes max_request_bytes through it",
-    "_plan.py (LaunchPlan.http_max_input_size), _launched.py, _remote.py",
+    "_serving/plan.py (LaunchPlan.http_max_input_size), _serving/launched.py, _remote.py",
     triton=("2.59", None),
 )
 # The backend stub was compiled against numpy 1: with numpy 2 its own conversions return empty
@@ -288,7 +288,7 @@ JSON_DECLARED_SIZE_CAP = Gate(
 CRASH_RESTART = Gate(
     "restart-after-crash",
     "requests and failing warmups can crash tritonserver",
-    "server/_restarts.py, _launched.py, _backend.py, triton.py",
+    "server/_restarts.py, _serving/launched.py, _serving/backend.py, _serving/models.py, triton.py",
     triton=("2.48", None),
 )
 DRAIN_HTTP_CONNECTIONS = Gate(
@@ -318,7 +318,7 @@ MODEL_DELETER_THREADS = Gate(
 DEAD_STUB_KEPT = Gate(
     "dead-stub-kept",
     "the Python backend neither restarts a dead stub nor completes the unload of its model",
-    "_healing.py, server/_recycle.py",
+    "_serving/supervisor.py, server/_recycle.py",
     triton=("2.48", None),
 )
 # A bug of the older builds only: python_backend r24.07 to r24.09 (Triton 2.48 to 2.50) waits for the
@@ -330,7 +330,7 @@ DEAD_STUB_REQUEST_UNANSWERED = Gate(
     "dead-stub-request-unanswered",
     "a request that reached the instance of a stub that died is never answered (the backend waits for the "
     "stub's reply without a timeout); 2.51 fails it with 'Stub process is not healthy'",
-    "_healing.py",
+    "_serving/supervisor.py",
     triton=("2.48", "2.50"),
 )
 QUEUED_CANCELLED = Gate(

@@ -186,7 +186,7 @@ def test_a_killed_process_leaves_nothing_behind():
         child.wait()
     # The watchdog sees its pipe close, kills the stubs (found by their command line: Triton's own
     # detection in the stub can deadlock) and removes segments, sockets and workspace. That takes about
-    # 2 s on a loaded 2-core machine (pytriton/_embedded.py); 15 s leaves a wide margin.
+    # 2 s on a loaded 2-core machine (pytriton/_serving/embedded.py); 15 s leaves a wide margin.
     assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in info["stubs"]), 15)
     assert wait_for(lambda: not shm_entries(info["shm_prefix"]), 15), shm_entries(info["shm_prefix"])
     assert wait_for(lambda: not os.path.exists(info["workspace"]), 15)

@@ -561,7 +561,7 @@ CRASHING_BODIES = {
 @pytest.mark.parametrize("crash", sorted(CRASHING_BODIES))
 def test_a_request_that_crashes_the_server_is_survived(ports, caplog, crash):
     body, evidence = CRASHING_BODIES[crash]
-    caplog.set_level(logging.ERROR, logger="pytriton._healing")
+    caplog.set_level(logging.ERROR, logger="pytriton._serving.supervisor")
     triton = Triton(config=TritonConfig(**ports))
     try:
         triton.bind("Echo", echo, X, X)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tensorrtserver.shared_memory as shm
-from pytriton._launched import server_environment as _server_environment
+from pytriton._serving.launched import server_environment as _server_environment
 from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy._binding import copy_stub_package

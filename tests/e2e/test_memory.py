@@ -95,7 +95,7 @@ def test_grown_backend_regions_are_recycled_once_the_model_is_idle(caplog):
             x = np.random.default_rng(6).integers(0, 255, size=(1, 48 * MIB), dtype=np.uint8)
             tensor = grpcclient.InferInput("x", list(x.shape), "UINT8")
             tensor.set_data_from_numpy(x)
-            with caplog.at_level("INFO", logger="pytriton._healing"):
+            with caplog.at_level("INFO", logger="pytriton._serving.supervisor"):
                 for kind in KINDS:
                     assert np.array_equal(client.infer(model("Copy", kind), [tensor]).as_numpy("x"), x), kind
                 grown = _backend_region_kib(prefix)

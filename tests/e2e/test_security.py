@@ -27,7 +27,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from pytriton._healing import wait_detached
+from pytriton._serving.supervisor import wait_detached
 from pytriton.client import (
     AsyncioDecoupledModelClient,
     AsyncioModelClient,

@@ -17,7 +17,7 @@ import types
 import numpy as np
 import pytest
 
-from pytriton._endpoints import STARTUP_TIMEOUT_S
+from pytriton._serving.endpoints import STARTUP_TIMEOUT_S
 from pytriton.client import ModelClient
 from pytriton.model_config import Tensor
 from pytriton.proxy._process import WorkerStartError

@@ -1,4 +1,4 @@
-"""The unresponsive-model watch (pytriton/_unresponsive.py): issue 25 item 5, redesigned by issue 42 item 4.
+"""The unresponsive-model watch (pytriton/_serving/unresponsive.py): issue 25 item 5, redesigned by issue 42 item 4.
 
 Issue 25: readiness answered 200 for as long as a callable hung on every instance, and every new
 request queued behind it without an answer. Its fix unloaded the model, which made Triton answer

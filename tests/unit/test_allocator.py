@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from pytriton._launched import server_environment as _server_environment
+from pytriton._serving.launched import server_environment as _server_environment
 from pytriton.exceptions import PyTritonValidationError
 from pytriton.server import _allocator
 from pytriton.server.triton_config import TritonConfig

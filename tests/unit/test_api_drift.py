@@ -104,6 +104,25 @@ def test_the_proxy_builds_the_request_init_builds(timeout_s):
     assert not fast.is_cancelled() and fast["x"] is data["x"]
 
 
+@pytest.mark.parametrize("sequence", [None, (7, True, False), ("s-1", False, True)])
+def test_every_path_builds_requests_in_one_place(sequence):
+    """Issue 43 item 5: the worker, backend instances and ``__init__`` share one builder (``types._fill``)."""
+    from pytriton.proxy import _backend_kind, _worker, types
+
+    assert not hasattr(_worker, "wire_request")  # the second builder the worker had is gone
+    data = {"x": np.ones(2)}
+    built = _backend_kind.InlineRunner.request(data, None, ["y"], sequence, 2.0)
+    fields = {} if sequence is None else dict(zip(("sequence_id", "sequence_start", "sequence_end"), sequence))
+    expected = Request(data, None, None, ["y"], timeout_s=2.0, **fields)
+    for slot in Request.__slots__:
+        if slot != "_deadline":
+            assert getattr(built, slot) == getattr(expected, slot), slot
+    wire = types._wire_request(data, None, ["y"], None, None, 0, sequence)
+    assert (wire.sequence_id, wire.sequence_start, wire.sequence_end) == (
+        (None, False, False) if sequence is None else sequence
+    )
+
+
 def test_tensor_dtype_object_and_bytes_are_kept_as_given():
     assert Tensor(shape=(1,), dtype=object).dtype is object
     assert Tensor(shape=(1,), dtype=bytes).dtype is bytes

@@ -1,7 +1,7 @@
 """``Triton`` over its three server backends, and the supervisor over a fake backend (no server started).
 
-pytriton/_backend.py defines the seams; pytriton/_launched.py, pytriton/_embedded.py and
-pytriton/_remote_backend.py implement ``ServerBackend``; pytriton/_healing.py's ``Supervisor`` works on
+pytriton/_serving/backend.py defines the seams; pytriton/_serving/launched.py, pytriton/_serving/embedded.py and
+pytriton/_serving/remote.py implement ``ServerBackend``; pytriton/_serving/supervisor.py's ``Supervisor`` works on
 a backend and the registry. The e2e suites (test_lifecycle, test_embedded, test_remote, test_healing,
 test_drain) run the same paths against a real server.
 """
@@ -19,12 +19,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import pytest
 
-from pytriton import _backend, triton
-from pytriton._backend import ServerBackend, State
-from pytriton._embedded import EmbeddedBackend
-from pytriton._healing import Supervisor
-from pytriton._launched import LaunchedBackend
-from pytriton._remote_backend import RemoteBackend
+from pytriton import triton
+from pytriton._serving import backend as _backend
+from pytriton._serving import supervisor as supervisor_module
+from pytriton._serving.backend import ServerBackend, State
+from pytriton._serving.embedded import EmbeddedBackend
+from pytriton._serving.launched import LaunchedBackend
+from pytriton._serving.remote import RemoteBackend
+from pytriton._serving.supervisor import Supervisor
 from pytriton.exceptions import PyTritonInvalidOperationError
 from pytriton.model_config.tensor import Tensor
 from pytriton.server._restarts import RestartPolicy
@@ -59,8 +61,50 @@ def test_each_way_to_construct_a_triton_picks_its_backend_which_has_every_protoc
         assert type(server._backend) is kind
         missing = [name for name in _protocol_members(ServerBackend) if not hasattr(server._backend, name)]
         assert not missing, f"{kind.__name__} lacks {missing}"
+        for capability in _backend.CAPABILITIES:
+            if isinstance(server._backend, capability):
+                missing = [name for name in _protocol_members(capability) if not hasattr(server._backend, name)]
+                assert not missing, f"{kind.__name__} is a {capability.__name__} without {missing}"
     finally:
         server.stop()
+
+
+# Issue 43 item 5: a small core every backend fills, and what only some servers can do as capabilities the
+# supervisor and Triton ask for. Before, ServerBackend had 33 members and the remote backend filled 10 of
+# them with no-ops or raises.
+CAPABILITIES = {
+    LaunchedBackend: ["LocalServer", "RestartableServer", "TracingServer", "QueueReporting"],
+    EmbeddedBackend: ["LocalServer", "InProcessServer"],
+    RemoteBackend: ["TracingServer"],
+}
+
+
+def test_the_backend_protocol_is_a_small_core_and_each_backend_has_the_capabilities_of_its_server():
+    core = _protocol_members(ServerBackend)
+    assert len(core) <= 17, sorted(core)
+    assert not core & {"server", "replace_server", "wait_ready", "inprocess_server", "pending_requests", "on_exit"}
+    for make, kind in ((Triton, LaunchedBackend), (lambda: Triton(embedded=True), EmbeddedBackend)):
+        server = make()
+        try:
+            assert _backend.capabilities(server._backend) == CAPABILITIES[kind]
+        finally:
+            server.stop()
+    remote = RemoteTriton("localhost")
+    try:
+        assert _backend.capabilities(remote._backend) == CAPABILITIES[RemoteBackend]
+    finally:
+        remote.stop()
+
+
+def test_the_remote_backend_fills_no_member_of_a_capability_it_lacks():
+    """No no-op, no raising stub: what a server elsewhere cannot do is absent, and asked for by isinstance."""
+    lacking = [c for c in _backend.CAPABILITIES if c.__name__ not in CAPABILITIES[RemoteBackend]]
+    own = set().union(*(_protocol_members(c) for c in lacking)) - _protocol_members(ServerBackend)
+    filled = sorted(name for name in own if hasattr(RemoteBackend, name))
+    assert not filled, f"RemoteBackend fills {filled}"
+    # Nor does the embedded backend fill what only the binary does (restarts, queue statistics, tracing).
+    assert not [name for name in ("replace_server", "pending_requests", "send_trace_settings", "trace_problem")
+                if hasattr(EmbeddedBackend, name)]  # fmt: skip
 
 
 def test_triton_has_no_mixins_and_remote_triton_overrides_nothing():
@@ -109,6 +153,13 @@ def test_urls_and_token_come_from_the_backend():
         embedded.inprocess_server  # noqa: B018
 
 
+def test_the_launched_backend_finds_the_watchdog_script():
+    """The watchdog runs as a script by its path, in the platform layer (not where the backend module is)."""
+    from pytriton._serving import launched
+
+    assert launched._WATCHDOG.is_file() and launched._WATCHDOG.parent.name == "_platform"
+
+
 def test_stopping_a_triton_that_never_ran_touches_no_server():
     server = Triton()
     server.bind("M", lambda requests: [], X, X)
@@ -117,27 +168,52 @@ def test_stopping_a_triton_that_never_ran_touches_no_server():
     assert server._backend.watchdog is None and not server._workspace.path.exists()
 
 
-class FakeBackend:
-    """A ``ServerBackend`` whose server is a flag; records the calls the supervisor makes."""
-
-    restartable = True
-    region_prefix: Optional[str] = None
+class FakeCore:
+    """The core of a ``ServerBackend`` (a server elsewhere): its server is a flag."""
 
     def __init__(self) -> None:
         self.serving = True
         self.ours = True
-        self.pending: Dict[Tuple[str, str], int] = {}
-        self.exit_callback: Any = None
-        self.server = None
-
-    def on_exit(self, callback: Any) -> None:
-        self.exit_callback = callback
 
     def is_serving(self) -> bool:
         return self.serving
 
     def stub_loss_is_ours(self, server_pid: int) -> bool:
         return self.ours
+
+
+class FakeBackend(FakeCore):
+    """A restartable local ``ServerBackend`` whose server is a flag; records the calls the supervisor makes."""
+
+    region_prefix: Optional[str] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: Dict[Tuple[str, str], int] = {}
+        self.exit_callback: Any = None
+        self.server = None
+        self.loads: List[bool] = []
+
+    def on_exit(self, callback: Any) -> None:
+        self.exit_callback = callback
+
+    def before_load(self) -> None:
+        pass
+
+    def after_load(self, loaded: bool) -> None:
+        self.loads.append(loaded)
+
+    def loaded(self) -> None:
+        pass
+
+    def server_log(self) -> List[str]:
+        return []
+
+    def replace_server(self, model_names: List[str]) -> Any:
+        raise AssertionError("not restarted in these tests")
+
+    def wait_ready(self, server: Any, what: str) -> None:
+        pass
 
     def pending_requests(self) -> Dict[Tuple[str, str], int]:
         return self.pending
@@ -197,7 +273,7 @@ def _model(name: str = "M", **state: Any) -> SimpleNamespace:
     return SimpleNamespace(**values)
 
 
-def _supervisor(models: List[Any], backend: Optional[FakeBackend] = None) -> Tuple[Supervisor, FakeRegistry, Any]:
+def _supervisor(models: List[Any], backend: Optional[FakeCore] = None) -> Tuple[Supervisor, FakeRegistry, Any]:
     registry = FakeRegistry(models)
     fake = backend or FakeBackend()
     supervisor = Supervisor(registry, fake, resolve(TritonConfig()), RestartPolicy(0, 60.0), name="test-supervisor")
@@ -250,3 +326,35 @@ def test_wait_detached_ends_when_no_stub_is_attached_or_the_server_is_gone():
     started = time.monotonic()
     assert supervisor.wait_detached(time.monotonic() + 0.2) is False  # busy until the deadline
     assert time.monotonic() - started < 5.0
+
+
+def test_the_supervisor_asks_a_core_only_backend_for_nothing_it_lacks(monkeypatch):
+    """A server elsewhere: no exit to watch, no regions to recycle, no queues to read, and a death it cannot restart."""
+    core = FakeCore()
+    supervisor, registry, _ = _supervisor([_model(busy=True, connected=True)], core)
+    assert supervisor._local is None and supervisor._restartable is None
+    supervisor._recycle_grown_models()  # returns at once: nothing of the remote server is this process's
+    seen = []
+
+    def drain(deadline, delay_s, models, wait_detached, is_serving, pending):
+        seen.append(pending())
+        return True
+
+    monkeypatch.setattr(supervisor_module._drain, "drain", drain)
+    assert supervisor.drain(time.monotonic() + 1.0) and seen == [{}]
+    supervisor._restart_server(-9)  # were a death reported, it is given up with the reason, never a crash
+    assert supervisor.failure is not None and "cannot be restarted" in str(supervisor.failure) and registry.woken
+
+
+def test_the_supervisor_reads_the_queues_of_a_backend_that_reports_them(monkeypatch):
+    backend = FakeBackend()
+    backend.pending = {("M", "1"): 3}
+    supervisor, _, _ = _supervisor([_model()], backend)
+    seen = []
+    monkeypatch.setattr(
+        supervisor_module._drain,
+        "drain",
+        lambda deadline, delay, models, detached, serving, pending: seen.append(pending()),
+    )
+    supervisor.drain(time.monotonic() + 1.0)
+    assert seen == [{("M", "1"): 3}]

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from pytriton.proxy import _worker as _worker_module
-from pytriton.proxy._worker import CallAbandoned, CancelProbe, _raise_in_thread
+from pytriton.proxy._session import CallAbandoned, CancelProbe, _raise_in_thread
 from pytriton.proxy.stubside import _arena, _messages, _tensors, _wire
 from pytriton.proxy.types import Request
 from tests.unit.test_stub import TIMEOUT_S, FakeRequest, _ok, pool, setup, stub  # noqa: F401 - fixtures
@@ -201,7 +201,7 @@ def test_the_hung_call_ends_even_where_python_skips_the_callables_handler(make_w
 
 
 def test_an_interrupt_after_the_callable_returned_raises_nothing():
-    session = _worker_module._Session(1, None, "pytriton-unit-unused")
+    session = _worker_module.Session(1, None, "pytriton-unit-unused")
     outcome = []
     left = threading.Event()
 

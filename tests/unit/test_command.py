@@ -1,7 +1,7 @@
 import dataclasses
 import pathlib
 
-from pytriton._plan import LaunchPlan
+from pytriton._serving.plan import LaunchPlan
 from pytriton.server.command import LaunchSettings
 from pytriton.server.triton_config import TritonConfig
 

@@ -34,7 +34,7 @@ def test_an_ambiguous_name_resolves_in_the_docstrings_scope_or_stays_code():
 
 
 def test_a_name_the_reference_does_not_render_becomes_code():
-    assert docs_roles.rewrite(":class:`~pytriton._backend.ServerBackend`", PATHS) == "`ServerBackend`"
+    assert docs_roles.rewrite(":class:`~pytriton._serving.backend.ServerBackend`", PATHS) == "`ServerBackend`"
     assert docs_roles.rewrite(":func:`pytriton._remote.server_command`", PATHS) == "`pytriton._remote.server_command`"
 
 

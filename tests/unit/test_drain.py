@@ -7,7 +7,7 @@ import threading
 import time
 import types
 
-from pytriton import _healing
+from pytriton._serving import supervisor as _supervisor
 from pytriton.proxy.stubside import _messages
 from pytriton.server import _drain
 
@@ -98,7 +98,7 @@ def test_refusal_text_is_not_a_callable_error_text():
 
 
 class _Clock:
-    """A fake ``time`` for pytriton._healing: ``sleep`` advances ``monotonic``."""
+    """A fake ``time`` for pytriton._serving.supervisor: ``sleep`` advances ``monotonic``."""
 
     def __init__(self):
         self.now = 1000.0
@@ -133,18 +133,18 @@ class _ServingBackend:
 def _detached_after(monkeypatch, ended_s_before_stop):
     """How long the stop waits for an idle instance whose last batch ended that long before it began."""
     clock = _Clock()
-    monkeypatch.setattr(_healing, "time", clock)
+    monkeypatch.setattr(_supervisor, "time", clock)
     supervisor = types.SimpleNamespace(
         _registry=_Registry([_IdleModel(clock.now - ended_s_before_stop)]), _backend=_ServingBackend()
     )
     started = clock.now
-    assert _healing.Supervisor.wait_detached(supervisor, started + 30)
+    assert _supervisor.Supervisor.wait_detached(supervisor, started + 30)
     return clock.now - started
 
 
 def test_a_batch_that_ended_just_before_the_stop_gets_time_for_its_response(monkeypatch):
     # The batch whose unrecoverable error starts the stop ends right before it: its response is still
     # on its way through the stub and Triton (test_data_path.py lost it under load before).
-    assert _detached_after(monkeypatch, 0.05) >= _healing.RESPONSE_SETTLE_S
+    assert _detached_after(monkeypatch, 0.05) >= _supervisor.RESPONSE_SETTLE_S
     # An instance that has been idle for long does not make the stop wait.
-    assert _detached_after(monkeypatch, 5.0) < _healing.RESPONSE_SETTLE_S
+    assert _detached_after(monkeypatch, 5.0) < _supervisor.RESPONSE_SETTLE_S

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from pytriton import _embedded
+from pytriton._serving import embedded as _embedded
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonInvalidOperationError
 from pytriton.triton import Triton
 

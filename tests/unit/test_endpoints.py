@@ -1,4 +1,4 @@
-"""pytriton/_endpoints.py without a server: the start-up probe against fake endpoints on 127.0.0.1."""
+"""pytriton/_serving/endpoints.py without a server: the start-up probe against fake endpoints on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import http.server
 import socket
 import threading
 
-from pytriton._endpoints import ServerEndpoints
+from pytriton._serving.endpoints import ServerEndpoints
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig
 from pytriton.server.settings import resolve
 from pytriton.server.triton_config import TritonConfig

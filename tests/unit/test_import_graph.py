@@ -184,9 +184,29 @@ def test_the_package_imports_have_no_cycles() -> None:
 
 # Lower layers that must never import a higher one (the arrows issue 26 named as running upward).
 FORBIDDEN = {
-    "pytriton.proxy": ("pytriton.decorators", "pytriton.server", "pytriton.triton"),
+    "pytriton.proxy": ("pytriton.decorators", "pytriton.server", "pytriton.triton", "pytriton._serving"),
     "pytriton.triton": ("pytriton._remote",),
-    "pytriton.model_config": ("pytriton.proxy", "pytriton.server", "pytriton.triton", "pytriton.decorators"),
+    "pytriton.model_config": (
+        "pytriton.proxy",
+        "pytriton.server",
+        "pytriton.triton",
+        "pytriton.decorators",
+        "pytriton._serving",
+    ),
+    # The serving core (issue 43 item 5) sits between the server and proxy layers and Triton: it never
+    # imports Triton, the pipelines, the command line or the frontends built on Triton.
+    "pytriton._serving": (
+        "pytriton.triton",
+        "pytriton.pipeline",
+        "pytriton._remote",
+        "pytriton._cli",
+        "pytriton._serve",
+        "pytriton._check",
+        "pytriton.decorators",
+        "pytriton.openai",
+        "pytriton.ray",
+    ),
+    "pytriton.server": ("pytriton._serving", "pytriton.triton"),
     # The platform layer is the bottom one: the standard library and pytriton.exceptions only.
     "pytriton._platform": (
         "pytriton.proxy",
@@ -196,6 +216,7 @@ FORBIDDEN = {
         "pytriton.client",
         "pytriton.inprocess",
         "pytriton.openai",
+        "pytriton._serving",
     ),
 }
 

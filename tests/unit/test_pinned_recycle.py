@@ -1,4 +1,4 @@
-"""The supervisor replacing tritonserver to free pinned model generations (pytriton/_healing.py, server/_recycle.py).
+"""The supervisor replacing tritonserver to free pinned model generations (pytriton/_serving/supervisor.py, server/_recycle.py).
 
 Driven through its seams with fakes: a fake registry and backend, /dev/shm and /proc read through
 monkeypatched ``_recycle.server_regions``/``live_stub_regions``, and ``_start_until_ready`` (the
@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, List
 
-from pytriton import _healing
+from pytriton._serving import supervisor as _healing
 from pytriton.server import _recycle
 from pytriton.server._restarts import RestartPolicy
 
@@ -41,8 +41,8 @@ class FakeRegistry:
         pass
 
 
-class FakeBackend:
-    restartable = True
+class FakeLocalBackend:
+    """A local server the supervisor cannot start again (the embedded library): LocalServer only."""
 
     def __init__(self) -> None:
         self.server = SimpleNamespace(pid=100, is_alive=lambda: True)
@@ -51,10 +51,32 @@ class FakeBackend:
     def on_exit(self, callback: Any) -> None:
         pass
 
+    def before_load(self) -> None:
+        pass
+
+    def after_load(self, loaded: bool) -> None:
+        pass
+
+    def loaded(self) -> None:
+        pass
+
+    def server_log(self) -> List[str]:
+        return []
+
+
+class FakeBackend(FakeLocalBackend):
+    """A launched server: RestartableServer (the restart itself is the recorder of _supervisor)."""
+
+    def replace_server(self, model_names: List[str]) -> Any:
+        raise AssertionError("the recorder replaces _start_until_ready")
+
+    def wait_ready(self, server: Any, what: str) -> None:
+        pass
+
 
 def _supervisor(monkeypatch, models, regions, live, restartable=True):
-    registry, backend = FakeRegistry(models), FakeBackend()
-    backend.restartable = restartable
+    registry, backend = FakeRegistry(models), (FakeBackend() if restartable else FakeLocalBackend())
+    assert isinstance(backend, _healing.RestartableServer) is restartable
     settings = SimpleNamespace(recycle_idle_s=10.0, exit_timeout_s=1.0, recycle_byte_size=0)
     supervisor = _healing.Supervisor(registry, backend, settings, RestartPolicy(5, 60.0), "test-supervisor")
     now = [0.0]

@@ -1,4 +1,4 @@
-"""The launch plan (pytriton/_plan.py): built once, changed with ``replace``, rendered to argv and to in-process options.
+"""The launch plan (pytriton/_serving/plan.py): built once, changed with ``replace``, rendered to argv and to in-process options.
 
 No server is started here; tests/unit/test_command.py checks more of the argv rendering, and the
 e2e suites (test_lifecycle, test_embedded, test_drain, test_security) start servers from plans.
@@ -13,8 +13,8 @@ import pathlib
 import pytest
 
 import pytriton.inprocess as tritonserver
-from pytriton._plan import LaunchPlan, PythonBackendOptions
 from pytriton._platform import launch as _launch
+from pytriton._serving.plan import LaunchPlan, PythonBackendOptions
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.server.command import NOT_FLAGS, LaunchSettings
 from pytriton.server.security import AccessPolicy, TritonSecurityConfig

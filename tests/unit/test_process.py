@@ -366,7 +366,7 @@ def test_no_cap_without_a_headroom(tmp_path):
 
 def test_a_server_whose_watcher_threads_cannot_start_is_killed(monkeypatch):
     # "can't start new thread" under memory pressure: a server nobody watches must not run on (a
-    # restart attempt fails and is retried; pytriton/_healing.py).
+    # restart attempt fails and is retried; pytriton/_serving/supervisor.py).
     import threading
 
     server = TritonServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))

@@ -282,7 +282,7 @@ def test_a_crashed_worker_process_is_replaced_and_its_stub_served_again(make_ins
 
 
 def test_a_stuck_call_failed_by_the_watch_is_answered_and_the_same_worker_process_serves_on(make_instance):
-    """Issue 42 item 4 (pytriton/_unresponsive.py): the stub gets the retryable error, connects again and is
+    """Issue 42 item 4 (pytriton/_serving/unresponsive.py): the stub gets the retryable error, connects again and is
     served by the same worker process (not replaced: a process ending now could take the new connection)."""
     instance, _ = make_instance(calls.sleeps_on_negative)
     pid = instance.pid

@@ -68,9 +68,9 @@ def test_connect_names_an_unreachable_server(free_port):
 def test_entering_the_context_connects(free_port, monkeypatch):
     # The default policy connects on entering the block (NVIDIA PyTriton's RemoteTriton does); a
     # server that does not answer fails the `with` itself, and nothing is left behind.
-    from pytriton import _remote_backend
+    from pytriton._serving import remote as remote_backend
 
-    monkeypatch.setattr(_remote_backend, "CONNECT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(remote_backend, "CONNECT_TIMEOUT_S", 0.2)
     triton = RemoteTriton(f"http://127.0.0.1:{free_port}")
     with pytest.raises(PyTritonServerError, match="Cannot reach Triton at http://127.0.0.1"):
         with triton:

@@ -1,7 +1,7 @@
 """The restart policy and the supervisor's restart loop, with a fake clock and a fake server.
 
 ``pytriton/server/_restarts.py`` decides the delay before each restart; ``Supervisor._restart_server``
-(pytriton/_healing.py) applies it through the launched backend (pytriton/_launched.py). A server that had been serving is restarted however often it dies
+(pytriton/_serving/supervisor.py) applies it through the launched backend (pytriton/_serving/launched.py). A server that had been serving is restarted however often it dies
 (requests can crash Triton 2.51); only starts that keep failing end ``serve()``.
 """
 
@@ -15,9 +15,10 @@ from typing import Any, Callable, List
 
 import pytest
 
-from pytriton import _healing, _launched
-from pytriton._backend import State
-from pytriton._plan import LaunchPlan, PythonBackendOptions
+from pytriton._serving import launched as _launched
+from pytriton._serving import supervisor as _supervisor
+from pytriton._serving.backend import State
+from pytriton._serving.plan import LaunchPlan, PythonBackendOptions
 from pytriton.exceptions import PyTritonServerError
 from pytriton.server._restarts import BACKOFF_CAP_S, MAX_FAILED_STARTS, RETRY_BASE_S, RestartPolicy
 from pytriton.triton import Triton
@@ -130,8 +131,8 @@ def supervised(monkeypatch):
     monkeypatch.setattr(triton._traces, "apply", lambda names: None)
     # Backoff waits end when (fake) time passes; the fake sleep advances the clock it reads.
     clock = FakeClock()
-    monkeypatch.setattr(_healing.time, "monotonic", clock)
-    monkeypatch.setattr(_healing.time, "sleep", lambda s: (sleeps.append(s), setattr(clock, "now", clock.now + s)))
+    monkeypatch.setattr(_supervisor.time, "monotonic", clock)
+    monkeypatch.setattr(_supervisor.time, "sleep", lambda s: (sleeps.append(s), setattr(clock, "now", clock.now + s)))
     supervisor = triton._supervisor
     supervisor.policy = RestartPolicy(2, 60.0, clock=clock)
     backend._launch = (
@@ -239,7 +240,7 @@ def test_a_transient_emfile_in_a_restart_is_retried_after_the_first_retry_delay(
 def test_a_restart_whose_steps_keep_failing_gives_up_with_one_line(supervised, caplog):
     triton, supervisor, sleeps = supervised
     FakeServer.outcomes = ["emfile"] * MAX_FAILED_STARTS
-    with caplog.at_level(logging.ERROR, logger="pytriton._healing"):
+    with caplog.at_level(logging.ERROR, logger="pytriton._serving.supervisor"):
         supervisor._restart_server(-11)
     assert FakeServer.started == [] and triton.server_restarts == 0 and not supervisor.restarting
     assert isinstance(supervisor.failure, PyTritonServerError)
@@ -260,7 +261,7 @@ def test_a_failure_escaping_the_restart_ends_serve_instead_of_leaving_a_dead_ser
         raise RuntimeError("a bug in the restart")
 
     monkeypatch.setattr(supervisor, "_restart_server", broken)
-    monkeypatch.setattr(_healing._unresponsive, "watch_for", lambda registry, report: None)
+    monkeypatch.setattr(_supervisor._unresponsive, "watch_for", lambda registry, report: None)
     thread = threading.Thread(target=supervisor._supervise, daemon=True)
     thread.start()
     supervisor.on_server_exit(-11)

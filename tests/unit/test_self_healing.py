@@ -1,6 +1,6 @@
 """Self-healing pieces without a server: exit descriptions, crash lines, the restart settings' validation, the
 watchdog's ``pgid`` lines, the guard that only ever kills stub processes, the validation of
-``ModelConfig.execution_timeout_s``, and which lost stubs get replaced (``pytriton/_healing.py``)."""
+``ModelConfig.execution_timeout_s``, and which lost stubs get replaced (``pytriton/_serving/supervisor.py``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pytriton._backend import State
 from pytriton._exit import describe_exit
 from pytriton._platform import watchdog as _watchdog
+from pytriton._serving.backend import State
 from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.server.process import TritonServerProcess, kill_stub

@@ -15,6 +15,7 @@ import threading
 
 import pytest
 
+from pytriton._serving.signals import StopSignals
 from pytriton.triton import Triton
 
 
@@ -97,3 +98,44 @@ def test_the_stop_line_goes_through_the_programs_logging_when_it_configured_some
     assert any(re.fullmatch(r"Triton stopped in [0-9.]+ s", r.getMessage()) for r in caplog.records), [
         r.getMessage() for r in caplog.records
     ]
+
+
+# The handlers themselves (pytriton/_serving/signals.py, issue 43 item 5), without a Triton.
+def test_sigterm_wakes_serve_and_restore_puts_the_previous_handlers_back():
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    wakeup = threading.Event()
+    signals = StopSignals(wakeup)
+    try:
+        signals.starting = False
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert wakeup.wait(5.0)
+    finally:
+        signals.restore()
+        signals.restore()  # idempotent
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_ctrl_c_during_the_start_aborts_it_where_pythons_handler_was_in_place():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    wakeup = threading.Event()
+    try:
+        signals = StopSignals(wakeup)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                signals._on_signal(signal.SIGINT, None)  # what the handler does when SIGINT arrives
+            signals.starting = False  # run() returned: a Ctrl-C now only wakes serve()
+            signals._on_signal(signal.SIGINT, None)
+            assert wakeup.is_set()
+        finally:
+            signals.restore()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_off_the_main_thread_nothing_is_installed():
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(StopSignals(threading.Event())._previous))
+    thread.start()
+    thread.join(5.0)
+    assert seen == [{}] and signal.getsignal(signal.SIGTERM) == before

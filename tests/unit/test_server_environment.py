@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pathlib
 
-from pytriton._launched import SERVER_MALLOC_ARENA_MAX
-from pytriton._launched import server_environment as _server_environment
+from pytriton._serving.launched import SERVER_MALLOC_ARENA_MAX
+from pytriton._serving.launched import server_environment as _server_environment
 
 STUB = pathlib.Path("/stub/bin")
 LIBS = [pathlib.Path("/lib/python"), pathlib.Path("/lib/triton")]

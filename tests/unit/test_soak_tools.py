@@ -93,9 +93,13 @@ def test_processes_are_found_by_parent_and_command_line() -> None:
 def test_a_failure_shows_pytritons_messages_and_the_whole_last_thread_dump() -> None:
     dump = ["Thread 0x01 (most recent call first):", '  File "x.py", line 1 in supervise', ""] * 30
     dump += ["Current thread 0x02 (most recent call first):", '  File "y.py", line 2 in serve']
-    log = ["I1127 server line"] * 100 + ["soak-server ERROR pytriton._healing: tritonserver died"] + ["noise"] * 50
+    log = (
+        ["I1127 server line"] * 100
+        + ["soak-server ERROR pytriton._serving.supervisor: tritonserver died"]
+        + ["noise"] * 50
+    )
     evidence = soak.log_evidence("\n".join(log + dump))
-    assert evidence[0] == "soak-server ERROR pytriton._healing: tritonserver died" and evidence[1] == "..."
+    assert evidence[0] == "soak-server ERROR pytriton._serving.supervisor: tritonserver died" and evidence[1] == "..."
     assert evidence[2:] == dump  # every thread of the dump, not only the last 40 lines
     short = soak.log_evidence("\n".join(["a", "b", "soak-server WARNING x"]))
     assert short == ["a", "b", "soak-server WARNING x"]  # a short log without a dump: the tail as it is

@@ -1,7 +1,7 @@
 """``Triton.run()`` starts the server while worker processes load their callables (no server started).
 
 pytriton/proxy/_binding.py's ``WorkerStarts`` and ``BoundModel.start_workers(wait=False)``, the backends'
-``start(..., workers)`` (pytriton/_launched.py polls ``workers.check()`` while the server comes up; the
+``start(..., workers)`` (pytriton/_serving/launched.py polls ``workers.check()`` while the server comes up; the
 embedded and remote backends wait first) and ``ProcessInstance.start_failure`` (pytriton/proxy/_process.py),
 driven through a fake backend and fake process instances. tests/unit/test_process_instances.py covers the
 real worker processes; tests/e2e/test_start_overlap.py the same with a real server.
@@ -17,8 +17,8 @@ from typing import Any, List, Optional
 import numpy as np
 import pytest
 
-from pytriton._backend import State
-from pytriton._launched import LaunchedBackend
+from pytriton._serving.backend import State
+from pytriton._serving.launched import LaunchedBackend
 from pytriton.model_config.tensor import Tensor
 from pytriton.proxy import _binding, _process
 from pytriton.server._restarts import RestartPolicy
@@ -73,15 +73,10 @@ class FakeProcessInstance:
 
 
 class FakeBackend:
-    """A ``ServerBackend`` whose server comes up when every worker is ready; polls like the launched one."""
+    """A ``ServerBackend`` (the core only) whose server comes up when every worker is ready; polls like the launched one."""
 
     loads_at_startup = True
-    restartable = False
-    region_prefix: Optional[str] = None
-    can_trace = False
-    embedded = False
     offers_pipelines = False
-    server = None
 
     def __init__(self, polls: bool = True) -> None:
         self.polls = polls
@@ -90,9 +85,6 @@ class FakeBackend:
 
     def attach(self, registry: Any) -> None:
         self.calls.append("attach")
-
-    def on_exit(self, callback: Any) -> None:
-        pass
 
     def prepare(self, timeout_s: Optional[float] = None) -> bool:
         return False
@@ -121,9 +113,6 @@ class FakeBackend:
 
     def started(self) -> None:
         self.calls.append("started")
-
-    def after_load(self, loaded: bool) -> None:
-        pass
 
     def stop(self, hooks: Any, running: bool) -> None:
         self.calls.append("stop")
@@ -234,7 +223,7 @@ def test_the_launched_backends_wait_ends_with_the_workers_failure_while_the_serv
 
 
 def test_the_remote_backend_waits_for_the_workers_before_loading(monkeypatch):
-    from pytriton._remote_backend import RemoteBackend
+    from pytriton._serving.remote import RemoteBackend
 
     backend = RemoteBackend.__new__(RemoteBackend)
     waited = []
@@ -251,7 +240,7 @@ def test_the_remote_backend_waits_for_the_workers_before_loading(monkeypatch):
 
 
 def test_the_embedded_backend_does_not_start_beside_workers():
-    from pytriton._embedded import EmbeddedBackend
+    from pytriton._serving.embedded import EmbeddedBackend
 
     assert LaunchedBackend.starts_beside_workers is True
     assert EmbeddedBackend.starts_beside_workers is False

@@ -157,21 +157,15 @@ def test_numpy2_problem_names_a_layout_it_does_not_know(monkeypatch):
 
 
 def test_bind_time_check_refuses_strings_with_the_reason(monkeypatch):
+    from pytriton._serving.models import check_stub_support
     from pytriton.exceptions import PyTritonBadParameterError
-    from pytriton.triton import Triton
 
     monkeypatch.setattr(_stub_bytes, "numpy2_problem", lambda: "numpy 9 moved things")
-    triton = Triton()
-    try:
-        triton._stub_numpy2 = True
-        model = types.SimpleNamespace(name="Strings", has_bytes_tensors=True)
-        with pytest.raises(PyTritonBadParameterError, match="'Strings' declares BYTES.*numpy 9 moved things"):
-            triton._check_stub_support(model)
-        triton._check_stub_support(types.SimpleNamespace(name="Numbers", has_bytes_tensors=False))
-        triton._stub_numpy2 = False  # a numpy 1.x stub: never refused
-        triton._check_stub_support(model)
-    finally:
-        triton.stop()
+    model = types.SimpleNamespace(name="Strings", has_bytes_tensors=True)
+    with pytest.raises(PyTritonBadParameterError, match="'Strings' declares BYTES.*numpy 9 moved things"):
+        check_stub_support(model, True)
+    check_stub_support(types.SimpleNamespace(name="Numbers", has_bytes_tensors=False), True)
+    check_stub_support(model, False)  # a numpy 1.x stub: never refused
 
 
 @pytest.mark.parametrize("strings", [False, True])

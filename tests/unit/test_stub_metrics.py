@@ -454,7 +454,7 @@ def test_the_switch(monkeypatch):
     assert resolve(TritonConfig(allow_metrics=False), environ={}).callable_metrics is False  # no /metrics
     monkeypatch.setenv("PYTRITON_TRITON_CONFIG_CALLABLE_METRICS", "off")
     assert resolve(None).callable_metrics is False
-    from pytriton._plan import LaunchPlan
+    from pytriton._serving.plan import LaunchPlan
     from pytriton.server.command import LaunchSettings
 
     argv = LaunchPlan.build(

@@ -83,7 +83,7 @@ def test_the_thread_ends_when_nothing_is_watched(child, monkeypatch):
 
 
 def test_stopped_is_true_only_for_a_stub_in_a_signal_stop(child):
-    """``stopped()`` (read by pytriton/_unresponsive.py): a process named like the stub, stopped; not any process."""
+    """``stopped()`` (read by pytriton/_serving/unresponsive.py): a process named like the stub, stopped; not any process."""
     stub = subprocess.Popen(["/bin/bash", "-c", "exec -a /opt/x/triton_python_backend_stub sleep 60"])
     try:
         deadline = time.monotonic() + 5.0

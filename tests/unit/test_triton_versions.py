@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pytriton._backend import State
-from pytriton._plan import LaunchPlan
+from pytriton._serving.backend import State
+from pytriton._serving.plan import LaunchPlan
 from pytriton.exceptions import PyTritonServerError, PyTritonServerNotInstalledError
 from pytriton.model_config import Tensor
 from pytriton.server import distribution as dist
@@ -334,7 +334,7 @@ def test_a_lost_stub_warns_that_its_request_stays_unanswered_only_where_the_buil
 ):
     # The Triton and state seams as in tests/unit/test_self_healing.py; no server runs.
     monkeypatch.setattr(versions, "_SERVER_VERSION", version)
-    caplog.set_level(logging.WARNING, logger="pytriton._healing")
+    caplog.set_level(logging.WARNING, logger="pytriton._serving.supervisor")
     triton = Triton()
     x = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
     triton.bind("Model", lambda requests: [], x, x)

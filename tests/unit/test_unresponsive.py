@@ -1,4 +1,4 @@
-"""The unresponsive-model watch (pytriton/_unresponsive.py) with fake instances, a fake clock and a fake Triton."""
+"""The unresponsive-model watch (pytriton/_serving/unresponsive.py) with fake instances, a fake clock and a fake Triton."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from pytriton import _unresponsive
-from pytriton._unresponsive import HungCalls, UnresponsiveWatch
+from pytriton._serving import unresponsive as _unresponsive
+from pytriton._serving.unresponsive import HungCalls, UnresponsiveWatch
 from pytriton.exceptions import PyTritonValidationError
 
 IN_ONE_CALL = "in one call of the callable"

@@ -202,7 +202,7 @@ def test_a_stub_reconnecting_abandons_its_hung_call(make_worker, caplog):
 
 
 def test_a_stuck_call_failed_by_the_watch_answers_its_stub_and_the_instance_serves_on(make_worker, caplog):
-    """Issue 42 item 4 (pytriton/_unresponsive.py): the stub gets the retryable error at once, its next
+    """Issue 42 item 4 (pytriton/_serving/unresponsive.py): the stub gets the retryable error at once, its next
     send fails before anything was delivered (so it connects again, losing nothing), and the new
     connection is served while the abandoned call still runs; its late result is discarded."""
     release = threading.Event()

@@ -67,7 +67,7 @@ STREAM_WINDOW = 16
 # balancers and client retry policies retry on. A callable's own errors read ``Type: message``,
 # which never starts with ``pytriton:``.
 UNAVAILABLE_TEXT = "pytriton: the server is shutting down; retry the request on another replica"
-# What a stub answers for a call that pytriton's unresponsive-model watch failed (pytriton/_unresponsive.py):
+# What a stub answers for a call that pytriton's unresponsive-model watch failed (pytriton/_serving/unresponsive.py):
 # every instance of the model had been in one call for PYTRITON_UNRESPONSIVE_AFTER_S. Also UNAVAILABLE:
 # the instance serves again at once, so a retry succeeds.
 STUCK_TEXT = (

@@ -30,7 +30,7 @@ import time
 from typing import Iterator
 
 # Long enough that a healthy load of a light model never reports; short enough that a hang shows
-# well within Triton.run()'s 120 s startup timeout (pytriton/_launched.py, STARTUP_TIMEOUT_S).
+# well within Triton.run()'s 120 s startup timeout (pytriton/_serving/launched.py, STARTUP_TIMEOUT_S).
 # The stub inherits the server's environment, which is the user's process's.
 AFTER_S = float(os.environ.get("PYTRITON_STUB_SLOW_INITIALIZE_S", "30"))
 # Frames named in a report, innermost first.

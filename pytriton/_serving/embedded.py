@@ -3,13 +3,13 @@
 ``Triton(embedded=True)`` binds callables exactly as the default mode does (the same model
 repository, proxy model, worker threads, shared-memory names, watchdog and clean-up) but, instead of
 launching the ``tritonserver`` binary, starts Triton's server library in this process with the
-options the binary would have been given: the launch plan ``Triton`` builds (pytriton/_plan.py) is
+options the binary would have been given: the launch plan ``Triton`` builds (pytriton/_serving/plan.py) is
 rendered to in-process options instead of argv (:meth:`LaunchPlan.to_inprocess_options`), so the
 Python backend gets the same shared-memory prefix and sizes, the same backend directory and the same
 control mode. There are no ports and no network
 endpoints; bound models are called through ``Triton.model`` (a :class:`pytriton.inprocess.Model`)
 or ``Triton.client`` (an :class:`~pytriton.inprocess.InProcessModelClient`).
-:class:`EmbeddedBackend` is the :class:`~pytriton._backend.ServerBackend` of this mode.
+:class:`EmbeddedBackend` is the :class:`~pytriton._serving.backend.ServerBackend` of this mode.
 
 Processes and lifetimes: the Python backend still runs one stub process per model instance; in this
 mode the stubs are children of this process; if it dies, the watchdog kills them as soon as the kernel
@@ -33,13 +33,13 @@ import os
 import pathlib
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set
 
 from pytriton import inprocess
-from pytriton._backend import StopHooks
-from pytriton._launched import LocalBackend
-from pytriton._plan import LaunchPlan
 from pytriton._platform import proc
+from pytriton._serving.backend import StopHooks
+from pytriton._serving.launched import LocalBackend
+from pytriton._serving.plan import LaunchPlan
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonInvalidOperationError,
@@ -123,7 +123,7 @@ def _stub_pids(repository_prefixes: Sequence[str]) -> List[int]:
 class EmbeddedServer(TritonServerProcess):
     """Triton's server library in this process, behind the interface of :class:`TritonServerProcess`.
 
-    Built from a :class:`~pytriton._plan.LaunchPlan` (rendered as in-process options; the log goes
+    Built from a :class:`~pytriton._serving.plan.LaunchPlan` (rendered as in-process options; the log goes
     to ``log_path`` when given). Lifetime: :meth:`start` creates the :class:`pytriton.inprocess.Server`
     (the plan's start-up models are loaded before it returns); :meth:`stop` unloads every model, waits (at most
     ``grace_s``) for in-flight batches and for the stubs to exit, then stops and frees the server.
@@ -205,7 +205,7 @@ class EmbeddedServer(TritonServerProcess):
         """
         LOGGER.debug("Starting Triton in this process with %s", self._options)
         server = inprocess.Server(self._options)
-        server._tracks_scratch = False  # LocalBackend finds the directory (pytriton/_launched.py)
+        server._tracks_scratch = False  # LocalBackend finds the directory (pytriton/_serving/launched.py)
         try:
             with stub_environment(self._env):
                 _lib.library(self._root)  # this install's library, unless one is already loaded
@@ -368,13 +368,9 @@ class EmbeddedBackend(LocalBackend):
     """Triton's server library in this process (``Triton(embedded=True)``): no ports, no network endpoints.
 
     The same plan, watchdog, shared-memory guard and scratch directory as the launched binary
-    (:class:`~pytriton._launched.LocalBackend`); the server is an :class:`EmbeddedServer`, models are
+    (:class:`~pytriton._serving.launched.LocalBackend`); the server is an :class:`EmbeddedServer`, models are
     loaded through the library, and the server never dies on its own, so it is never restarted.
     """
-
-    restartable = False
-    embedded = True
-    can_trace = False
 
     # Triton's library loads the start-up models inside one call that nothing can interrupt: a stub
     # waiting for a worker process that failed would hold it forever, so the workers are ready first.
@@ -392,9 +388,6 @@ class EmbeddedBackend(LocalBackend):
     def _probe(self) -> Callable[[], bool]:
         return lambda: True  # EmbeddedServer.wait_until asks the library instead
 
-    def replace_server(self, model_names: List[str]) -> TritonServerProcess:
-        raise PyTritonInvalidOperationError("An embedded Triton server is never restarted (it cannot die on its own).")
-
     def repository_request(self, action: str, model_name: str) -> None:
         """A model-repository call (``load``/``unload``) on the in-process server."""
         server = self._server
@@ -404,12 +397,6 @@ class EmbeddedBackend(LocalBackend):
             server.load(model_name)
         else:
             server.unload(model_name)
-
-    def send_trace_settings(self, model_name: str, settings: Dict[str, object]) -> None:
-        """Nothing to send: an embedded Triton cannot trace (``bind(trace_config=...)`` is refused)."""
-
-    def pending_requests(self) -> Dict[Tuple[str, str], int]:
-        return {}
 
     def stop(self, hooks: StopHooks, running: bool) -> None:
         """No network endpoints, so nothing to drain: unload, wait for the batches in flight, stop."""
@@ -435,9 +422,6 @@ class EmbeddedBackend(LocalBackend):
 
     def endpoints_line(self) -> str:
         return "Triton runs embedded in this process: no network endpoints"
-
-    def trace_problem(self) -> str:
-        return " (Triton(embedded=True) cannot trace)"
 
     def inprocess_server(self, not_running: Optional[str]) -> inprocess.Server:
         server = self._server

@@ -1,7 +1,7 @@
 """The supervisor of a running ``Triton``: restarting a dead server, replacing dead stubs, recycling memory, the drain.
 
-:class:`Supervisor` works on a :class:`~pytriton._backend.ServerBackend` and on the model registry
-(:class:`~pytriton._backend.Registry`, the ``Triton``). Its thread handles one event at a time;
+:class:`Supervisor` works on a :class:`~pytriton._serving.backend.ServerBackend` and on the model registry
+(:class:`~pytriton._serving.backend.Registry`, the ``Triton``). Its thread handles one event at a time;
 :meth:`Supervisor.on_stub_lost` and the backend's exit callback report events to it from other
 threads. The drain (:meth:`Supervisor.drain`, :meth:`Supervisor.wait_detached`) runs on the thread
 that calls ``Triton.stop()``. See docs/architecture.md, "Self-healing" and "Graceful drain", for what
@@ -27,9 +27,9 @@ import threading
 import time
 from typing import Any, Dict, Optional, Sequence, Set, Tuple
 
-from pytriton import _unresponsive
-from pytriton._backend import Registry, ServerBackend
 from pytriton._exit import describe_exit
+from pytriton._serving import unresponsive as _unresponsive
+from pytriton._serving.backend import LocalServer, QueueReporting, Registry, RestartableServer, ServerBackend
 from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy._binding import BoundModel
 from pytriton.server import _drain, _recycle, versions
@@ -48,6 +48,11 @@ RESPONSE_SETTLE_S = 0.4
 def _one_line(text: str) -> str:
     """``text`` on one line (a server's quoted error output spans several): lines joined with " | "."""
     return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _nothing_queued() -> Dict[Tuple[str, str], int]:
+    """The drain's reading of a server whose queues cannot be read (embedded, remote): nothing queued."""
+    return {}
 
 
 def wait_detached(models: Sequence[BoundModel], deadline: float) -> bool:
@@ -69,7 +74,8 @@ class Supervisor:
 
     Args:
         registry: the ``Triton``'s models and state.
-        backend: where the server runs; restarts only where ``backend.restartable``.
+        backend: where the server runs; restarts only a ``RestartableServer``, recycles only a ``LocalServer``'s
+            regions (its capabilities, pytriton/_serving/backend.py).
         settings: the resolved settings (recycling thresholds, drain delay).
         policy: when restarts are delayed or given up (server/_restarts.py).
         name: the thread's name.
@@ -91,7 +97,7 @@ class Supervisor:
         self.failure: Optional[PyTritonServerError] = None  # why serve() must end
         # Giving grown Python-backend regions back (server/_recycle.py): model -> when it was recycled.
         self._recycled_at: Dict[str, float] = {}
-        # Models unloaded because they stopped answering (pytriton/_unresponsive.py), with their generation then.
+        # Models unloaded because they stopped answering (pytriton/_serving/unresponsive.py), with their generation then.
         self._unresponsive_unloaded: Dict[str, int] = {}
         # Regions of model generations that only a new server process frees (server/_recycle.py), per server pid.
         try:
@@ -103,7 +109,12 @@ class Supervisor:
         self._pinned_server: Optional[int] = None
         self._pinned_clean_count = 0  # regions of a scan that found every one with a live stub
         self.recycles = 0  # how many times the server was replaced to free pinned generations
-        backend.on_exit(self.on_server_exit)
+        # What the backend can do beyond the core: only a local server reports its exit and has regions
+        # to recycle, and only a restartable one is started again.
+        self._local = backend if isinstance(backend, LocalServer) else None
+        self._restartable = backend if isinstance(backend, RestartableServer) else None
+        if self._local is not None:
+            self._local.on_exit(self.on_server_exit)
 
     # -- the thread -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -164,9 +175,9 @@ class Supervisor:
         """
         # Between events the supervisor looks for grown shared-memory regions of idle models, and for
         # pinned model generations that only a new server process frees.
-        polls = self._settings.recycle_byte_size or self._backend.restartable
+        polls = bool(self._settings.recycle_byte_size) or self._restartable is not None
         poll_s = self._settings.recycle_idle_s / 4 if polls else None
-        # Readiness while a callable hangs or a stub is stopped (pytriton/_unresponsive.py); the watch ends
+        # Readiness while a callable hangs or a stub is stopped (pytriton/_serving/unresponsive.py); the watch ends
         # within a poll once the registry stops running.
         _unresponsive.watch_for(self._registry, self._events.put)
         # The upkeep runs every poll_s even while events keep coming (a stub killed every second
@@ -244,7 +255,10 @@ class Supervisor:
         growing delay; once its budget is spent, ``serve()`` is woken to raise, so that the program
         exits non-zero. Nothing here ends without either a ready server or a recorded failure.
         """
-        old = self._backend.server
+        if self._restartable is None:  # the embedded server never dies on its own; were it to, nothing restarts it
+            self._give_up(f"the Triton server died ({describe_exit(returncode)}) and cannot be restarted; giving up.")
+            return
+        old = self._restartable.server
         assert old is not None
         if old.is_alive():
             return  # a late report about a server that was already replaced
@@ -293,6 +307,8 @@ class Supervisor:
 
     def _start_until_ready(self) -> Optional[TritonServerProcess]:
         """Start servers until one is ready with its models; None when stopped meanwhile or given up."""
+        backend = self._restartable
+        assert backend is not None  # only a restartable server is restarted (_restart_server)
         while True:
             server: Optional[TritonServerProcess] = None
             try:
@@ -304,15 +320,15 @@ class Supervisor:
                     # without a warmup (bound before run() or loaded live since); a model unbound
                     # since is not loaded again.
                     startup = [name for name in self._registry.startup_models() if name in names]
-                    server = self._backend.replace_server(startup)
-                self._backend.wait_ready(server, "Triton failed to restart")
+                    server = backend.replace_server(startup)
+                backend.wait_ready(server, "Triton failed to restart")
                 for name in names:
                     if name not in startup:  # a model with a warmup: through the repository API
                         self._registry.request_load(name)
                 self._registry.apply_trace_settings(startup)  # a new server knows none
             except Exception as exc:  # noqa: BLE001 - any failed step is a failed attempt, retried or given up
                 with contextlib.suppress(Exception):
-                    self._backend.after_load(False)
+                    backend.after_load(False)
                 if not self._registry.running():
                     return None
                 if (
@@ -349,7 +365,7 @@ class Supervisor:
                     return None
                 continue
             self.policy.started()
-            self._backend.after_load(True)
+            backend.after_load(True)
             return server
 
     def _replace_stubs(self, model_name: str, generation: int) -> None:
@@ -419,7 +435,9 @@ class Supervisor:
         whose regions are removed. Runs on the supervisor thread, so it never overlaps a restart or
         a stub replacement; a model that served a batch since its last recycle is eligible again.
         """
-        server, repository, prefix = self._backend.server, self._registry.repository(), self._backend.region_prefix
+        if self._local is None:
+            return  # a remote server's regions are not this process's to read or give back
+        server, repository, prefix = self._local.server, self._registry.repository(), self._local.region_prefix
         if server is None or server.pid is None or repository is None or prefix is None or self.restarting:
             return
         threshold = self._settings.recycle_byte_size
@@ -462,9 +480,9 @@ class Supervisor:
         the backend can replace its server (a launched ``tritonserver``); runs on the supervisor
         thread, never during a restart or a stub replacement.
         """
-        if not self._backend.restartable or self.restarting or self.healing:
+        if self._restartable is None or self.restarting or self.healing:
             return
-        server, prefix = self._backend.server, self._backend.region_prefix
+        server, prefix = self._restartable.server, self._restartable.region_prefix
         if server is None or server.pid is None or prefix is None or not server.is_alive():
             return
         if self._pinned_server != server.pid:  # a new server: nothing of the old one counts
@@ -520,7 +538,7 @@ class Supervisor:
             self._registry.models,
             self.wait_detached,
             self._backend.is_serving,
-            self._backend.pending_requests,
+            self._backend.pending_requests if isinstance(self._backend, QueueReporting) else _nothing_queued,
         )
 
     def wait_detached(self, deadline: float) -> bool:

@@ -31,26 +31,23 @@ import logging
 import pathlib
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from pytriton._backend import Registry, StopHooks
-from pytriton._healing import wait_detached
 from pytriton._platform import paths as _paths
+from pytriton._serving.backend import Registry, StopHooks
+from pytriton._serving.supervisor import wait_detached
 from pytriton.exceptions import (
     PyTritonBadParameterError,
-    PyTritonInvalidOperationError,
     PyTritonModelConfigError,
     PyTritonServerError,
 )
 from pytriton.model_config.generator import to_dict
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts
 from pytriton.proxy.stubside import _zmq_channel
-from pytriton.server.process import TritonServerProcess
 from pytriton.server.settings import Settings
 from pytriton.server.workspace import Workspace
 
 if TYPE_CHECKING:
-    from pytriton import inprocess
     from pytriton.client._url import TritonUrl
 
 LOGGER = logging.getLogger("pytriton.triton")
@@ -73,11 +70,10 @@ class RemoteBackend:
     """A Triton server that runs elsewhere, reached at ``url`` (see the module doc)."""
 
     loads_at_startup = False  # run() loads every bound model through the repository API
-    restartable = False  # not ours to restart
-    region_prefix: Optional[str] = None  # the stubs' regions are named by the remote server
-    can_trace = True
-    embedded = False
     offers_pipelines = False  # pytriton.pipeline.model(name, url=...) reaches them
+    # Capabilities (pytriton/_serving/backend.py): TracingServer only. The server is not a LocalServer:
+    # its process, scratch directory, regions, exit and log belong to whoever started it, so it is never
+    # restarted from here and has no in-process server.
 
     def __init__(
         self,
@@ -110,10 +106,6 @@ class RemoteBackend:
                 advertised=tcp.advertised_address,
                 encrypt=bool(tcp.encryption),
             )
-
-    @property
-    def server(self) -> Optional[TritonServerProcess]:
-        return None  # runs elsewhere
 
     def attach(self, registry: Registry) -> None:
         self._registry = registry
@@ -229,7 +221,7 @@ class RemoteBackend:
         }
         return json.dumps(config), files
 
-    def send_trace_settings(self, model_name: str, settings: Dict[str, Any]) -> None:
+    def send_trace_settings(self, model_name: str, settings: Dict[str, object]) -> None:
         """Set ``model_name``'s trace settings on the server at ``url``, with the access token.
 
         They go where the models are loaded: ``TritonConfig``'s ports describe a server this
@@ -248,15 +240,6 @@ class RemoteBackend:
         finally:
             client.close()
 
-    def before_load(self) -> None:
-        """The remote server's scratch directory is not ours."""
-
-    def after_load(self, loaded: bool) -> None:
-        """The remote server's scratch directory is not ours."""
-
-    def loaded(self) -> None:
-        """The remote server's regions and memory are not ours."""
-
     def is_serving(self) -> bool:
         """True while the server answers that it is live."""
         client = self._client()
@@ -273,18 +256,6 @@ class RemoteBackend:
         # is not visible here: a dropped connection cannot be told from a dead stub, and a live
         # stub connects again by itself at its next batch.
         return self.hub is None
-
-    def on_exit(self, callback: Callable[[int], None]) -> None:
-        """Never called: this process does not see the remote server exit."""
-
-    def replace_server(self, model_names: List[str]) -> TritonServerProcess:
-        raise PyTritonInvalidOperationError("RemoteTriton does not start servers, so it never restarts one.")
-
-    def wait_ready(self, server: TritonServerProcess, what: str) -> None:
-        raise PyTritonInvalidOperationError("RemoteTriton does not start servers.")
-
-    def pending_requests(self) -> Dict[Tuple[str, str], int]:
-        return {}
 
     def stop(self, hooks: StopHooks, running: bool) -> None:
         """Unload the bound models (the server keeps running); waits up to ``exit_timeout_secs`` for batches."""
@@ -322,17 +293,5 @@ class RemoteBackend:
         """The token given for the server's restricted endpoints (``None`` if none was given)."""
         return self._token
 
-    def server_log(self) -> List[str]:
-        """Always empty: the server's output belongs to whoever started it."""
-        return []
-
     def endpoints_line(self) -> str:
         return f"Triton at {self.url} serves the models of this process"
-
-    def trace_problem(self) -> str:
-        return ""
-
-    def inprocess_server(self, not_running: Optional[str]) -> inprocess.Server:
-        raise PyTritonInvalidOperationError(
-            "inprocess_server exists only for Triton(embedded=True); this RemoteTriton binds into a server elsewhere."
-        )

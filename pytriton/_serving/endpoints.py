@@ -1,6 +1,6 @@
 """How pytriton talks to a ``tritonserver`` it launched: the repository API, trace settings, probes, the drain's connection.
 
-:class:`ServerEndpoints` is the network client of :class:`pytriton._launched.LaunchedBackend`: every request
+:class:`ServerEndpoints` is the network client of :class:`pytriton._serving.launched.LaunchedBackend`: every request
 pytriton itself makes to the server's endpoints goes through here, with the access token of
 :class:`~pytriton.server.security.AccessPolicy` for the restricted endpoint groups. Nothing here owns a
 resource beyond one call, except :meth:`ServerEndpoints.hold_http`, whose connection the caller closes.

@@ -1,12 +1,12 @@
 """Server backends on this machine: the launched ``tritonserver`` binary, and the base it shares with embedded mode.
 
 :class:`LocalBackend` owns what a server started by this process needs, whichever way it runs: the
-launch plan (pytriton/_plan.py) and the server's environment, the server object, the watchdog process
+launch plan (pytriton/_serving/plan.py) and the server's environment, the server object, the watchdog process
 that cleans up if this process is killed (_platform/watchdog.py), the guard that keeps the Python
 backend's shared-memory regions private (server/_shm_guard.py) and the Python backend's scratch
 directory (server/_scratch.py). :class:`LaunchedBackend` runs the plan as the ``tritonserver`` binary
-and talks to it over its network endpoints (:class:`pytriton._endpoints.ServerEndpoints`);
-:class:`pytriton._embedded.EmbeddedBackend` runs it in this process.
+and talks to it over its network endpoints (:class:`pytriton._serving.endpoints.ServerEndpoints`);
+:class:`pytriton._serving.embedded.EmbeddedBackend` runs it in this process.
 
 Resource lifetimes: :meth:`LocalBackend.start` starts the server, the watchdog and the guard;
 :meth:`LocalBackend.stop` ends the server (after the drain); :meth:`LocalBackend.release` ends a server
@@ -27,13 +27,13 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from pytriton._backend import Registry, StopHooks
-from pytriton._endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
-from pytriton._plan import LaunchPlan
 from pytriton._platform import hardening
 from pytriton._platform import paths as _paths
 from pytriton._platform import watchdog as _watchdog_script
-from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonServerError
+from pytriton._serving.backend import Registry, StopHooks
+from pytriton._serving.endpoints import STARTUP_TIMEOUT_S, ServerEndpoints
+from pytriton._serving.plan import LaunchPlan
+from pytriton.exceptions import PyTritonServerError
 from pytriton.proxy._binding import BindingContext, BoundModel, WorkerStarts, backend_region_prefix
 from pytriton.proxy.stubside import _segments, _stub_print
 from pytriton.server import _allocator
@@ -47,7 +47,7 @@ from pytriton.server.settings import Settings
 from pytriton.server.workspace import Workspace, cleanup_paths
 
 if TYPE_CHECKING:
-    from pytriton import inprocess
+    pass
 
 # glibc malloc arenas of tritonserver and its stubs (TritonConfig.server_malloc_arena_max).
 LOGGER = logging.getLogger("pytriton.triton")
@@ -117,7 +117,6 @@ class LocalBackend:
 
     loads_at_startup = True
     region_prefix: Optional[str]
-    can_trace = True
     offers_pipelines = True
     # The server starts while worker processes load their callables (WorkerStarts); False where the
     # wait for the server cannot look at the workers, so they must be ready before it starts.
@@ -366,9 +365,6 @@ class LaunchedBackend(LocalBackend):
     :meth:`replace_server`, which starts the same plan again (without models unbound meanwhile).
     """
 
-    restartable = True
-    embedded = False
-
     def __init__(self, site: Site, access: AccessPolicy, token: Optional[str]) -> None:
         super().__init__(site, access)
         self.endpoints = ServerEndpoints(site.settings, access)
@@ -456,11 +452,3 @@ class LaunchedBackend(LocalBackend):
 
     def endpoints_line(self) -> str:
         return self.endpoints.endpoints_line()
-
-    def trace_problem(self) -> str:
-        return ""
-
-    def inprocess_server(self, not_running: Optional[str]) -> inprocess.Server:
-        raise PyTritonInvalidOperationError(
-            "inprocess_server exists only for Triton(embedded=True); this Triton runs the tritonserver binary."
-        )

@@ -18,7 +18,7 @@ only to idle instances, so one stuck instance costs nothing but its own capacity
   queued behind it. A thread instance's call is told it was abandoned (``CallAbandoned``, its
   requests read as cancelled) and its result is discarded, in a thread or in a worker process; a
   backend instance's call is failed the same way through a signal to its stub, which is killed and
-  replaced by ``_healing`` only if the call does not end (proxy/_backend_kind.py). The model
+  replaced by the supervisor only if the call does not end (proxy/_backend_kind.py). The model
   stays loaded and ready throughout: it can serve again at once.
 * A stub stopped by a signal cannot take a request at all: when every instance's stub has been
   stopped for :data:`STOPPED_AFTER_S`, a new generation of stubs is loaded next to them at once
@@ -27,8 +27,8 @@ only to idle instances, so one stuck instance costs nothing but its own capacity
   unloaded: without a ready version Triton answers every request 404 (it did for 2.8 s).
 
 The decision is :class:`HungCalls` (pure, a fake clock in tests); the actions run on the supervisor
-thread of :mod:`pytriton._healing` (one event at a time, never during a restart). Hook: the
-supervisor starts the watch when it starts (``_healing._supervise``; the watch ends within a poll of
+thread of :mod:`pytriton._serving.supervisor` (one event at a time, never during a restart). Hook: the
+supervisor starts the watch when it starts (``supervisor.Supervisor._supervise``; the watch ends within a poll of
 ``stop()``) and hands it the events named in :data:`EVENTS`.
 
 Settings: ``PYTRITON_UNRESPONSIVE_AFTER_S`` (read when ``run()`` starts; default 60 s; 0: the watch
@@ -221,7 +221,7 @@ class UnresponsiveWatch:
 
 
 class Supervised(Protocol):
-    """What the watch needs of the supervisor (``_healing.Supervisor``) whose thread runs its actions."""
+    """What the watch needs of the supervisor (``supervisor.Supervisor``) whose thread runs its actions."""
 
     restarting: bool
 
@@ -230,7 +230,7 @@ class Supervised(Protocol):
 
 
 class Models(Protocol):
-    """What the watch reads of the ``Triton``'s models (``_backend.Registry``)."""
+    """What the watch reads of the ``Triton``'s models (``backend.Registry``)."""
 
     def running(self) -> bool: ...
 
@@ -240,7 +240,7 @@ class Models(Protocol):
 
 
 class Server(Protocol):
-    """What the watch asks of the server (``_backend.ServerBackend``)."""
+    """What the watch asks of the server (``backend.ServerBackend``)."""
 
     def repository_request(self, action: str, model_name: str) -> None: ...
 
@@ -319,7 +319,7 @@ def handle(
     if not models or generation is None:
         return  # unbound, or never unloaded
     if models[0].generation != generation:
-        return  # replaced (the stopped-stub case above, or by _healing after a stub death)
+        return  # replaced (the stopped-stub case above, or by the supervisor after a stub death)
     deadline = time.monotonic() + _RELOAD_WAIT_S  # the requests Triton queued before the unload are served first
     while any(model.busy for model in models) and time.monotonic() < deadline and server.is_serving():
         time.sleep(0.05)

@@ -3,7 +3,7 @@
 Triton keeps one trace setting per model name, so every version of a name must be bound with the same
 ``trace_config``; a new server (a restart) knows none, and a name unbound for good must have its
 settings cleared, or a model bound later under that name would inherit them. Where the settings go
-is the backend's business (:meth:`pytriton._backend.ServerBackend.send_trace_settings`). Owns no
+is the backend's business (:meth:`pytriton._serving.backend.TracingServer.send_trace_settings`). Owns no
 resource. Unit tests: tests/unit/test_tracing.py; with a server: tests/e2e/test_tracing.py.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Sequence
 
-from pytriton._backend import ServerBackend
+from pytriton._serving.backend import ServerBackend, TracingServer
 from pytriton.exceptions import PyTritonServerError, PyTritonValidationError
 from pytriton.proxy import _tracing
 
@@ -29,8 +29,9 @@ class ModelTraceSettings:
     """
 
     def __init__(self, backend: ServerBackend, trace_config: Optional[List[str]]) -> None:
-        self._backend = backend
-        self.enabled = _tracing.enabled(trace_config) and backend.can_trace
+        # Settings reach only a server that takes them (pytriton/_serving/backend.py); the embedded one does not.
+        self._target = backend if isinstance(backend, TracingServer) else None
+        self.enabled = _tracing.enabled(trace_config) and self._target is not None
         self.by_name: Dict[str, Dict[str, Any]] = {}
         if self.enabled:
             _tracing.configure_export(trace_config)  # where unconfigured processes send spans
@@ -47,7 +48,7 @@ class ModelTraceSettings:
             raise PyTritonValidationError(
                 f"Model {model_name!r}: bind(trace_config=...) needs a server that traces in OpenTelemetry mode: "
                 "TritonConfig(trace_config=['mode=opentelemetry', 'opentelemetry,url=<collector>/v1/traces', ...])"
-                + self._backend.trace_problem()
+                + ("" if self._target is not None else " (Triton(embedded=True) cannot trace)")
                 + "."
             )
         known = self.by_name.get(model_name)
@@ -62,14 +63,14 @@ class ModelTraceSettings:
         """Send the settings of ``model_names`` to the loaded server (after each load)."""
         for name in model_names:
             settings = self.by_name.get(name)
-            if settings is not None:
-                self._backend.send_trace_settings(name, settings)
+            if settings is not None and self._target is not None:
+                self._target.send_trace_settings(name, settings)
 
     def clear(self, model_name: str) -> None:
         """Before the last version is unloaded: null values restore the server's own settings."""
         settings = self.by_name.get(model_name)
-        if settings is not None:
+        if settings is not None and self._target is not None:
             try:
-                self._backend.send_trace_settings(model_name, dict.fromkeys(settings))
+                self._target.send_trace_settings(model_name, dict.fromkeys(settings))
             except (PyTritonServerError, OSError) as exc:
                 LOGGER.warning("Model %s: could not clear its trace settings: %s", model_name, exc)
