@@ -260,33 +260,39 @@ def test_no_in_process_region_is_opened_by_another_user(tmp_path):
     the threads Triton starts from it create each region 0600 and cannot widen it. With the shared-memory
     guard alone each region was created 0644 and narrowed a moment later, which the watcher won.
     """
-    import pytriton.inprocess as tritonserver
     from tests.e2e.inprocess_models import write_repository
 
-    options = tritonserver.Options()
-    options.model_control_mode = tritonserver.ModelControlMode.EXPLICIT
-    options.model_repository = str(write_repository(tmp_path / "repo", ("identity", "add_sub")))
-    options.startup_models = ["identity", "add_sub"]
-    server = tritonserver.Server(options)
-    prefix = server.shm_region_prefix
-    control = pathlib.Path(_arena.SHM_DIR) / f"{CONTROL_PREFIX}inproc-{os.getpid()}"
-    created: Set[str] = set()
-    with watching([prefix, CONTROL_PREFIX], []) as report:
-        control.write_bytes(b"x")
-        control.chmod(0o644)
-        try:
-            server.start(wait_until_ready=True, timeout=120)
-            assert server.shm_region_prefix == prefix  # no other in-process server chose the backend's prefix
-            created |= _backend_regions(prefix)
-            for _ in range(4):  # each reload: a new stub, a new region
-                server.unload("identity", wait_until_unloaded=True, timeout=60)
-                server.load("identity")
-                created |= _backend_regions(prefix)
-            (response,) = server.model("identity").infer(inputs={"INPUT0": np.array([[3]], np.float32)})
-            assert float(np.from_dlpack(response.outputs["OUTPUT0"]).flat[0]) == 3
-        finally:
-            server.stop()
-            control.unlink()
+    repository = write_repository(tmp_path / "repo", ("identity", "add_sub"))
+    # The server runs in a child (tests/e2e/inprocess_regions_child.py says why); its stubs and regions
+    # are this test's all the same.
+    child = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "tests.e2e.inprocess_regions_child", str(repository)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=pathlib.Path(__file__).parents[2],
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        prefix = json.loads(child.stdout.readline())["prefix"]
+        control = pathlib.Path(_arena.SHM_DIR) / f"{CONTROL_PREFIX}inproc-{os.getpid()}"
+        with watching([prefix, CONTROL_PREFIX], []) as report:
+            control.write_bytes(b"x")
+            control.chmod(0o644)
+            try:
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                out, _ = child.communicate(timeout=240)
+            finally:
+                control.unlink()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, f"the in-process server's process ended with {child.returncode}"
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["answer"] == 3
+    created: Set[str] = set(result["created"])
     assert any(name.startswith(CONTROL_PREFIX) for name in report["opened"]), report  # the watcher could win
     watched = {name for name in report["seen"] if name.startswith(prefix)}
     assert len(watched) >= 6 and created <= watched, (sorted(watched), sorted(created))
