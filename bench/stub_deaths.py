@@ -33,6 +33,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from pytriton.model_config import Tensor
+from pytriton.server import _recycle
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import free_ports
 
@@ -43,21 +44,7 @@ def echo(requests):
 
 def _stubs(server_pid: int, model: str) -> List[int]:
     """Pids of the live stub processes of ``model`` under the server."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                args = cmdline.read()
-        except OSError:
-            continue
-        is_stub = b"triton_python_backend_stub" in args and f"/{model}/".encode() in args
-        if is_stub and int(fields[1]) == server_pid and fields[0] != b"Z":
-            pids.append(int(entry))
-    return sorted(pids)
+    return _recycle.model_stubs(server_pid, model)
 
 
 def _infer(client: httpclient.InferenceServerClient, model: str) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import pathlib
 import time
-from typing import Callable, Dict, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pytriton._platform import proc as _proc
 
@@ -124,6 +124,20 @@ def pinned_limit(environ: Dict[str, str]) -> int:
             "pinned model generations make pytriton recycle tritonserver under traffic (0: only when idle)."
         )
     return value
+
+
+def model_stubs(server_pid: int, model: str, proc: pathlib.Path = pathlib.Path(_proc.PROC)) -> List[int]:
+    """Pids of the live (not zombie) stub processes of ``model`` under ``server_pid``, sorted.
+
+    A stub names its model's ``<repository>/<model>/<version>/model.py`` on its command line. For
+    the benchmarks and tests that kill stubs (bench/stub_deaths.py, tests/e2e/test_healing.py).
+    """
+    found = []
+    for pid in _proc.children(server_pid, str(proc), running_only=True):
+        words = _proc.cmdline(pid, str(proc)) or []
+        if words and words[0].endswith(_STUB) and any(f"/{model}/" in word for word in words):
+            found.append(pid)
+    return sorted(found)
 
 
 def live_stub_regions(server_pid: int, region_prefix: str, proc: pathlib.Path = pathlib.Path(_proc.PROC)) -> Set[str]:

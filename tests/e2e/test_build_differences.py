@@ -23,7 +23,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.server import versions
+from pytriton.server import _recycle, versions
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import triton_ports, wait_for
 
@@ -88,21 +88,7 @@ def _infer(triton, model, timeout_s):
 
 def _stub_pids(server_pid, model):
     """Pids of the live stub processes of ``model`` under the server."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                args = cmdline.read()
-        except OSError:
-            continue
-        is_stub = b"triton_python_backend_stub" in args and f"/{model}/".encode() in args
-        if is_stub and int(fields[1]) == server_pid and fields[0] != b"Z":
-            pids.append(int(entry))
-    return pids
+    return _recycle.model_stubs(server_pid, model)
 
 
 def test_a_request_in_a_stub_that_dies_is_failed_or_left_unanswered_as_the_build_does(triton, caplog):

@@ -36,6 +36,7 @@ from tritonclient.utils import InferenceServerException
 
 from pytriton.exceptions import PyTritonServerError
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.server import _recycle
 from pytriton.triton import Triton, TritonConfig
 from tests.conftest import owned_resources, process_group_alive, shm_entries, triton_ports, wait_for
 from tests.e2e._kinds import bind_kinds, model
@@ -143,21 +144,7 @@ def _wait_serving(ports, model="Echo2", timeout_s=60.0, streak=10):
 
 def _stubs(server_pid, model):
     """Pids of the running stub processes of ``model`` under the server."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                args = cmdline.read()
-        except OSError:
-            continue
-        is_stub = b"triton_python_backend_stub" in args and f"/{model}/".encode() in args
-        if is_stub and int(fields[1]) == server_pid and fields[0] != b"Z":
-            pids.append(int(entry))
-    return sorted(pids)
+    return _recycle.model_stubs(server_pid, model)
 
 
 def _error_records(caplog, type_name):

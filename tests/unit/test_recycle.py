@@ -144,3 +144,19 @@ def test_pinned_limit_reads_the_variable_and_refuses_nonsense():
     for bad in ("-1", "many", "2.5"):
         with pytest.raises(ValueError, match="PYTRITON_RECYCLE_PINNED_REGIONS"):
             _recycle.pinned_limit({"PYTRITON_RECYCLE_PINNED_REGIONS": bad})
+
+
+def test_model_stubs_lists_the_live_stubs_of_one_model_of_this_server(tmp_path):
+    proc, repository = tmp_path / "proc", tmp_path / "repo"
+    proc.mkdir()
+    _process(proc, 100, 1, ["tritonserver"])
+    _process(proc, 102, 100, _stub(repository, "Echo", f"{PREFIX}-b"))
+    _process(proc, 101, 100, _stub(repository, "Echo", f"{PREFIX}-a"))
+    _process(proc, 103, 100, _stub(repository, "Other", f"{PREFIX}-c"))  # another model
+    _process(proc, 104, 100, ["/bin/sh", f"{repository}/Echo/1/model.py"])  # not a stub
+    _process(proc, 201, 200, _stub(repository, "Echo", f"{PREFIX}-d"))  # another server's stub
+    (proc / "105").mkdir()  # a zombie stub: state Z, empty command line
+    (proc / "105" / "stat").write_text("105 (triton_python_) Z 100 105 0 0\n")
+    (proc / "105" / "cmdline").write_bytes(b"")
+    assert _recycle.model_stubs(100, "Echo", proc=proc) == [101, 102]
+    assert _recycle.model_stubs(100, "Other", proc=proc) == [103]
