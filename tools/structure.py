@@ -10,22 +10,25 @@ node of its own, e.g. ``pytriton.proxy.stubside``) and, one by one, the modules 
 its modules and lines (every line of its ``.py`` files, nested packages not included). An arrow
 ``a -> b (n)`` says that ``n`` modules-to-module imports go from node ``a`` to node ``b``: every
 ``import``, at module level, in functions and under ``TYPE_CHECKING``, relative ones resolved, and
-``importlib.import_module``/``__import__`` of a literal name (marked ``by name``, the way the stub
-loads the user's side, see docs/architecture.md). The text output is a table, then the arrows; with
+``importlib.import_module``/``__import__`` of a name made of literals and module-level constants
+(marked ``by name``, the way the stub loads the user's side, see docs/architecture.md); the reading
+of imports is tools/imports.py, shared with tests/unit/test_import_graph.py. The text output is a table, then the arrows; with
 ``--mermaid`` it is a Mermaid ``graph`` for docs. Tested by tests/unit/test_structure_tool.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import pathlib
 import sys
 from typing import Dict, List, Optional, Set, Tuple
 
+if __package__:
+    from tools import imports as _imports
+else:  # run as a script, python tools/structure.py: its folder is on sys.path
+    import imports as _imports  # type: ignore[no-redef]
+
 PACKAGE = "pytriton"
-# The stub loads pytriton/proxy/stubside under this name (proxy/_stub_model.py).
-ALIASES = {"_pytriton_stubside": "pytriton.proxy.stubside"}
 
 
 class Structure:
@@ -62,56 +65,15 @@ class Structure:
                     self.arrows.setdefault((source, goal), [0, 0])[1 if by_name else 0] += 1
 
     def _modules(self) -> Dict[str, pathlib.Path]:
-        found = {}
-        for path in sorted((self.root / PACKAGE).rglob("*.py")):
-            parts = list(path.relative_to(self.root).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-        return found
+        return _imports.modules(self.root, PACKAGE)
 
     def _imports(self, importer: str, path: pathlib.Path) -> Set[Tuple[str, bool]]:
-        """The modules of the tree ``importer`` imports: (module, imported by name)."""
-        tree = ast.parse(path.read_text(), str(path))
-        constants = {
-            target.id: node.value.value
-            for node in tree.body
-            if isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-            for target in node.targets
-            if isinstance(target, ast.Name)
+        """The modules of the tree ``importer`` imports: (module, imported by name); itself left out."""
+        return {
+            (target, by_name)
+            for target, by_name in _imports.imports(importer, path, self.modules)
+            if target != importer
         }
-        found: Set[Tuple[str, bool]] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                found |= {(alias.name, False) for alias in node.names if alias.name in self.modules}
-            elif isinstance(node, ast.ImportFrom):
-                base = self._resolve(importer, path.name == "__init__.py", node.level, node.module)
-                for alias in node.names:
-                    submodule = f"{base}.{alias.name}"
-                    if submodule in self.modules:
-                        found.add((submodule, False))
-                    elif base in self.modules:
-                        found.add((base, False))
-            elif isinstance(node, ast.Call):
-                named = _named_module(node, constants)
-                if named is not None and named in self.modules:
-                    found.add((named, True))
-        found.discard((importer, False))
-        found.discard((importer, True))
-        return found
-
-    @staticmethod
-    def _resolve(importer: str, is_package: bool, level: int, module: Optional[str]) -> str:
-        if level == 0:
-            return module or ""
-        base = importer.split(".")
-        if not is_package:
-            base.pop()
-        if level > 1:
-            base = base[: len(base) - (level - 1)]
-        return ".".join(base + ([module] if module else []))
 
     def nodes(self) -> List[str]:
         """Packages first (by name), then the top-level modules (by name)."""
@@ -157,27 +119,6 @@ class Structure:
             if by_name:
                 rows.append(f"  {key(source)} -.->|{by_name} by name| {key(goal)}")
         return "\n".join(rows) + "\n"
-
-
-def _named_module(node: ast.Call, constants: Dict[str, str]) -> Optional[str]:
-    """The module an ``importlib.import_module(...)``/``__import__(...)`` call names, when it is a literal."""
-    function = node.func
-    named = (isinstance(function, ast.Attribute) and function.attr == "import_module") or (
-        isinstance(function, ast.Name) and function.id in ("import_module", "__import__")
-    )
-    if not named or not node.args:
-        return None
-    argument = node.args[0]
-    if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
-        name: Optional[str] = argument.value
-    elif isinstance(argument, ast.Name):
-        name = constants.get(argument.id)
-    else:
-        name = None
-    if name is None:
-        return None
-    head, _, rest = name.partition(".")
-    return ".".join(filter(None, [ALIASES.get(head, head), rest]))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,6 +1,6 @@
 """The modules of ``pytriton/`` import each other without cycles, and the named layers never import upward.
 
-The graph is built from the source with ``ast``, not by importing anything: every ``import`` statement counts,
+The graph is built from the source with ``ast`` (tools/imports.py), not by importing anything: every ``import`` statement counts,
 at module level, inside functions and methods, and under ``if TYPE_CHECKING:``. Relative imports are resolved
 against the importing module's package. ``from pkg import name`` is an arrow to ``pkg.name`` when that is a module
 of the tree, else an arrow to ``pkg`` (its ``__init__.py``). An import hidden in a function still fixes the order in
@@ -12,101 +12,21 @@ from __future__ import annotations
 
 import ast
 import pathlib
-from typing import Dict, FrozenSet, Iterator, List, Optional, Set
+from typing import Dict, FrozenSet, Iterator, List, Set
+
+from tools import imports
 
 ROOT = pathlib.Path(__file__).parents[2]
 PACKAGE = "pytriton"
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _modules() -> Dict[str, pathlib.Path]:
-    return {_module_name(path): path for path in sorted((ROOT / PACKAGE).rglob("*.py"))}
-
-
-def _resolve(importer: str, is_package: bool, level: int, module: Optional[str]) -> str:
-    """The absolute name a relative ``from`` names, resolved against the importer's package."""
-    if level == 0:
-        return module or ""
-    base = importer.split(".")
-    if not is_package:
-        base.pop()
-    if level > 1:
-        base = base[: len(base) - (level - 1)]
-    return ".".join(base + ([module] if module else []))
-
-
-# Packages known under another name where they run: the stub loads pytriton/proxy/stubside as this package.
-ALIASES = {"_pytriton_stubside": "pytriton.proxy.stubside"}
-
-
-def _constants(tree: ast.Module) -> Dict[str, str]:
-    """Module-level ``NAME = "text"`` assignments (what a by-name import may refer to)."""
-    found = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    found[target.id] = node.value.value
-    return found
-
-
-def _text(node: ast.expr, constants: Dict[str, str]) -> Optional[str]:
-    """The string ``node`` evaluates to, when built from literals and module-level string constants only."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.Name):
-        return constants.get(node.id)
-    if isinstance(node, ast.JoinedStr):
-        parts = [
-            _text(value.value if isinstance(value, ast.FormattedValue) else value, constants) for value in node.values
-        ]
-        return None if any(part is None for part in parts) else "".join(parts)  # type: ignore[arg-type]
-    return None
-
-
-def _by_name(node: ast.Call, constants: Dict[str, str]) -> Optional[str]:
-    """The module an ``importlib.import_module(...)`` or ``__import__(...)`` call names, when it can be read."""
-    function = node.func
-    named = (isinstance(function, ast.Attribute) and function.attr == "import_module") or (
-        isinstance(function, ast.Name) and function.id in ("import_module", "__import__")
-    )
-    if not named or not node.args:
-        return None
-    name = _text(node.args[0], constants)
-    if name is None:
-        return None
-    head, _, rest = name.partition(".")
-    return ".".join(filter(None, [ALIASES.get(head, head), rest]))
+    return imports.modules(ROOT, PACKAGE)
 
 
 def _targets(importer: str, path: pathlib.Path, modules: Dict[str, pathlib.Path]) -> Iterator[str]:
     """Every module of the tree that ``importer`` imports anywhere in its source, by name (``importlib``) too."""
-    is_package = path.name == "__init__.py"
-    tree = ast.parse(path.read_text(), str(path))
-    constants = _constants(tree)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            named = _by_name(node, constants)
-            if named is not None and named in modules:
-                yield named
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name in modules:
-                    yield alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve(importer, is_package, node.level, node.module)
-            for alias in node.names:
-                submodule = f"{base}.{alias.name}"
-                if submodule in modules:
-                    yield submodule
-                elif base in modules:
-                    yield base
+    return (target for target, _ in imports.imports(importer, path, modules))
 
 
 def import_graph() -> Dict[str, Set[str]]:
@@ -258,7 +178,7 @@ def test_the_graph_sees_imports_made_by_name(tmp_path: pathlib.Path) -> None:
     modules["pkg.d"].write_text("")
     graph = {name: set(_targets(name, path, modules)) for name, path in modules.items()}
     assert graph == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.d"}, "pkg.d": set()}
-    assert _by_name(ast.parse('import_module("_pytriton_stubside._stub")').body[0].value, {}) == (  # type: ignore[attr-defined]
+    assert imports.by_name(ast.parse('import_module("_pytriton_stubside._stub")').body[0].value, {}) == (  # type: ignore[attr-defined]
         "pytriton.proxy.stubside._stub"
     )
 
