@@ -345,6 +345,14 @@ GRPC_STREAM_WEDGE = Gate(
     "client/_decoupled.py, openai/_backend.py, client/legacy/_requests.py",
     triton=("2.48", None),
 )
+# The Python backend creates each stub's region with boost.interprocess: shm_open(..., 0644) and then an
+# explicit fchmod(fd, 0644), so the umask cannot narrow it; every supported build does so.
+BACKEND_REGION_MODE = Gate(
+    "backend-region-mode",
+    "the Python backend creates its shared-memory regions 0644 (shm_open, then fchmod 0644), readable by every local user",
+    "_platform/launch.py (the private launch's and the in-process server's chmod filter and umask), server/_shm_guard.py",
+    triton=("2.48", None),
+)
 METRIC_SERIES_PER_STUB = Gate(
     "metric-series-per-stub",
     "a custom metric series is freed once per stub that created it",
@@ -366,5 +374,6 @@ GATES: Tuple[Gate, ...] = (
     DEAD_STUB_REQUEST_UNANSWERED,
     QUEUED_CANCELLED,
     GRPC_STREAM_WEDGE,
+    BACKEND_REGION_MODE,
     METRIC_SERIES_PER_STUB,
 )
