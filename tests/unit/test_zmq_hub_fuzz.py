@@ -94,8 +94,8 @@ def _zmtp_null_greeting() -> bytes:
     return greeting + b"\x04" + bytes([len(body)]) + body
 
 
-def _raw_tcp(hub: _zmq_channel.Hub, rng: random.Random, encrypted: bool) -> int:
-    """Raw bytes from plain TCP connections; returns how many "frames" (writes) were sent."""
+def _raw_tcp(hub: _zmq_channel.Hub, rng: random.Random, encrypted: bool) -> List[bytes]:
+    """Raw bytes from plain TCP connections, one write each; returns what each connection sent."""
     port = hub.port
     payloads = [
         rng.randbytes(9),
@@ -108,7 +108,6 @@ def _raw_tcp(hub: _zmq_channel.Hub, rng: random.Random, encrypted: bool) -> int:
         # the handshake, then a frame header declaring 2**62 bytes, then a 2-frame message, then truncation
         payloads.append(_zmtp_null_greeting() + b"\x02" + struct.pack(">Q", 1 << 62))
         payloads.append(_zmtp_null_greeting() + b"\x01\x03abc" + b"\x00\x03def" + b"\x00\x09PYTRI")
-    sent = 0
     for payload in payloads * 4:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
             try:
@@ -117,8 +116,21 @@ def _raw_tcp(hub: _zmq_channel.Hub, rng: random.Random, encrypted: bool) -> int:
                 conn.recv(4096)
             except OSError:
                 pass
-        sent += 1
-    return sent
+    return payloads * 4
+
+
+def _unexplained_refusals(hub: _zmq_channel.Hub, raw_payloads: List[bytes]) -> List[bytes]:
+    """The refused peers ``hub`` remembers that it should have forgotten (none, for a healthy hub).
+
+    A refused peer may stay remembered while a descriptor's slot names it (one per descriptor
+    number, whatever the number of peers: a reused descriptor's slot forgets it). The exception is
+    a ZMTP/1.0 peer, which names itself and whose frames carry no source descriptor, so it stays
+    until ``_MAX_REFUSED`` evicts it: here only a raw TCP connection can be one, named by bytes it
+    sent. Each dict is copied in one step, as the dispatcher thread may change it meanwhile.
+    """
+    named = {identity for identity in list(hub._fds.values()) if isinstance(identity, bytes)}
+    unheld = set(hub._refused) - named
+    return [identity for identity in unheld if not any(identity in payload for payload in raw_payloads)]
 
 
 @pytest.mark.parametrize("encrypt", [False, True], ids=["clear", "curve"])
@@ -149,10 +161,9 @@ def test_hub_survives_hostile_frames_while_serving_a_stub(encrypt):
     replays.append(b"PYTRITON1 " + TOKEN.encode() + b" " + ROUTE.encode())  # the greeting: clear mode only
     if encrypt:
         replays.pop()  # over CURVE a captured greeting is ciphertext bound to its session: nothing to replay
-    sent = peers = 0
+    sent = 0
     try:
         while sent < FRAMES:
-            peers += 1
             peer = _Peer(context, hub)
             try:
                 for message in _frames(rng, replays):
@@ -167,7 +178,8 @@ def test_hub_survives_hostile_frames_while_serving_a_stub(encrypt):
                 sent += 1
         finally:
             big.close()
-        sent += _raw_tcp(hub, rng, encrypt)
+        raw_payloads = _raw_tcp(hub, rng, encrypt)
+        sent += len(raw_payloads)
         # A peer that holds the token: malformed messages after a valid greeting end its own connection only.
         for malformed in (
             b"\x00garbage",
@@ -192,19 +204,23 @@ def test_hub_survives_hostile_frames_while_serving_a_stub(encrypt):
         assert not server.is_alive()
         assert len(served) > 0
         assert hub._thread.is_alive(), "the hub's dispatcher thread died"
-        # A refused peer is forgotten when it disconnects, when its first frame is read if ZeroMQ
-        # reported the closing before that, and when a later frame is read after the closing was
-        # taken in. What stays is a peer that replayed the greeting (clear mode only) and was read
-        # after its closing: an authenticated peer is never taken for closed on a missing
-        # acceptance, since the monitor drops events when it falls behind; it is forgotten when its
-        # descriptor is reused. After the attack on 2026-11-27: 6-16 peers in clear mode and 0
-        # encrypted (7 runs); 19-44 and 0-4 before the hub forgot late frames' peers, 21-112 before
-        # it tracked descriptors at all. _MAX_REFUSED bounds it in any case, see the test below.
-        bound = peers // 6 if not encrypt else peers // 20
+        # The hub's memory of refused peers is bounded by construction, not by a count this test could
+        # measure: a refusal is forgotten when its connection's closing is taken in, when the
+        # descriptor it arrived on is reused, and past _MAX_REFUSED (test below). How many slots
+        # still name a closed, refused peer depends on how many frames were read after their
+        # connection closed, i.e. on load (2026-11-29, 183 peers, clear mode: 1-22 under two to six
+        # busy loops, 39 in one full `make test`), so no such count is asserted; every other
+        # remembered peer is a leak. The dispatcher may be between two steps of one message (a
+        # refusal is recorded just before its descriptor): wait until it is not.
         deadline = time.monotonic() + 10.0
-        while len(hub._refused) > bound and time.monotonic() < deadline:
+        while _unexplained_refusals(hub, raw_payloads) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(hub._refused) <= bound, f"{len(hub._refused)} of {peers} refused peers are still remembered"
+        leaked = _unexplained_refusals(hub, raw_payloads)
+        assert not leaked, (
+            f"{len(leaked)} refused peers are remembered though no descriptor names them and they did not "
+            f"name themselves ({leaked[:5]!r}): the hub does not forget closed peers"
+        )
+        assert len(hub._refused) <= _zmq_channel._MAX_REFUSED
         for _ in range(20):  # the served stub still works, and a new stub still connects
             _check_infer(stub, np.arange(50, dtype=np.float32))
         second = _stub(hub)
