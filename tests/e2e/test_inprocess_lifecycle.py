@@ -18,6 +18,7 @@ import pytest
 
 import pytriton.inprocess as tritonserver
 from pytriton.inprocess import _request
+from pytriton.inprocess._scratch import BACKEND_SCRATCH
 from tests.conftest import shm_entries, wait_for
 from tests.e2e.inprocess_models import write_repository
 from tests.e2e.test_inprocess_server import child_stubs
@@ -164,8 +165,19 @@ def test_reloading_in_a_tight_loop_waits_until_triton_destroyed_the_old_model(tm
 
 
 def _scratch_dirs() -> set:
-    """The Python backends' /tmp directories of this user (pytriton/inprocess/_scratch.py)."""
-    return {path for path in pathlib.Path("/tmp").glob("python_env_*") if path.stat().st_uid == os.geteuid()}
+    """The Python backends' /tmp directories of this user (pytriton/inprocess/_scratch.py).
+
+    Other processes make and remove such directories meanwhile: one gone between the listing and
+    its ``stat`` is not counted.
+    """
+    found = set()
+    for path in pathlib.Path("/tmp").glob("python_env_*"):
+        try:
+            if path.stat().st_uid == os.geteuid():
+                found.add(path)
+        except FileNotFoundError:
+            pass
+    return found
 
 
 def test_stub_that_dies(tmp_path):
@@ -174,18 +186,29 @@ def test_stub_that_dies(tmp_path):
     server.options.exit_timeout = 5  # the dead stub's model cannot unload: Triton waits this long
     server.start(wait_until_ready=True, timeout=120)
     prefix = server.shm_region_prefix
+    # This server's backend directory. Nothing names it positively (pytriton/server/_scratch.py): the
+    # server claims the one directory that appeared while its backend started, under the lock every
+    # pytriton start of this user takes. It is checked, not the global set: other servers of this user
+    # (other tests, other checkouts) make and remove such directories meanwhile.
+    appeared = _scratch_dirs() - scratch_before
+    claimed = BACKEND_SCRATCH.path
     try:
+        assert claimed is not None and pathlib.Path(claimed) in appeared, (
+            f"this server did not claim its Python backend's directory (claimed {claimed!r}; "
+            f"appeared while it started: {sorted(map(str, appeared))})"
+        )
         with pytest.raises(tritonserver.TritonError, match="(?i)stub"):
             list(server.model("faulty").infer(inputs={"INPUT0": np.array([99], np.float32)}))
         # the process survived and the other model still answers
         (response,) = server.model("identity").infer(inputs={"INPUT0": np.ones((1, 1), np.float32)})
         assert response.error is None
+        assert os.path.isdir(claimed)  # the backend's, in use until the server is deleted
     finally:
         server.stop()  # logs the expired exit timeout, does not raise
     assert wait_for(lambda: not child_stubs(prefix), 20)
     assert shm_entries(prefix) == []
     # The dead stub's model never unloaded, so the backend never finalized: its directory is ours to remove.
-    assert _scratch_dirs() <= scratch_before, "the Python backend's /tmp/python_env_* directory was left behind"
+    assert not os.path.exists(claimed), f"the Python backend's directory {claimed} was left behind"
 
 
 def test_two_servers_over_one_repository_each_unloads_its_own_model(tmp_path):
