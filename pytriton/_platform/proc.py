@@ -158,6 +158,35 @@ def tasks(task_dir: str = TASK_DIR) -> Optional[FrozenSet[int]]:
         return None
 
 
+def task_states(pid: Pid, root: str = PROC) -> Dict[int, str]:
+    """``{thread id: state}`` of every thread of ``pid`` (``/proc/<pid>/task/<tid>/stat``); {} if it is gone."""
+    found: Dict[int, str] = {}
+    for tid in tasks(_path(pid, "task", root)) or ():
+        fields = stat_fields(f"{pid}/task/{tid}", root)
+        if fields:
+            found[tid] = fields[STATE]
+    return found
+
+
+def read_memory(pid: Pid, address: int, size: int, root: str = PROC) -> Optional[bytes]:
+    """``size`` bytes of the memory of ``pid`` at ``address`` (``/proc/<pid>/mem``); None if not readable.
+
+    Reading another process's memory needs the right to trace it (the same user, and under Yama's
+    ``ptrace_scope`` 1 a descendant of this process, as tritonserver's stubs are), else None.
+    """
+    try:
+        descriptor = os.open(_path(pid, "mem", root), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.pread(descriptor, size, address)
+    except (OSError, OverflowError, ValueError):
+        return None
+    finally:
+        os.close(descriptor)
+    return data if len(data) == size else None
+
+
 def meminfo(path: str = os.path.join(PROC, "meminfo")) -> Dict[str, int]:
     """``/proc/meminfo`` in bytes (``{"MemTotal": ..., "SwapTotal": ...}``); {} if unreadable."""
     sizes: Dict[str, int] = {}

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from pytriton._platform import proc
+from pytriton._platform import native, proc
 
 LOGGER = logging.getLogger("pytriton.triton")
 
@@ -59,6 +58,16 @@ def stopped(pid: int) -> bool:
     return bool(fields) and fields[0] == "T" and is_stub(pid)
 
 
+def _kill_outside_locks(pid: int) -> None:
+    """SIGKILL ``pid`` once it holds none of the Python backend's locks (``native.kill_outside_robust_locks``).
+
+    A stub stopped inside such a lock and killed there makes tritonserver abort. Raises
+    ``ProcessLookupError`` if it was gone.
+    """
+    if native.kill_outside_robust_locks(pid) == "gone":
+        raise ProcessLookupError(pid)
+
+
 class StubWatch:
     """The watched stubs and the thread that polls them (one per process: :data:`WATCH`)."""
 
@@ -67,7 +76,7 @@ class StubWatch:
     ):
         self.limit_s = limit_s
         self.poll_s = poll_s
-        self._kill = kill or (lambda pid: os.kill(pid, signal.SIGKILL))
+        self._kill = kill or _kill_outside_locks
         self._lock = threading.Lock()
         # key -> (pid, start time, description, monotonic time it was first seen stopped or None)
         self._watched: Dict[object, Tuple[int, int, str, Optional[float]]] = {}

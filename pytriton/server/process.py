@@ -101,16 +101,26 @@ def raise_open_files_limit() -> None:
 def kill_stub(pid: int) -> bool:
     """SIGKILL ``pid`` if it is a running Python-backend stub; True if a signal was sent.
 
-    Checks the command line first, so a pid reused by another process is never touched.
+    Checks the command line first, so a pid reused by another process is never touched. The stub is
+    killed at a moment it holds none of the Python backend's shared-memory locks
+    (``native.kill_outside_robust_locks``): one killed holding such a lock makes tritonserver abort at
+    its next use of that lock (``boost::interprocess::lock_exception``), which a stub stopped by a
+    signal at a random moment can be.
     """
     argv = proc.cmdline(pid)
     if argv is None or not any("triton_python_backend_stub" in word for word in argv):
         return False
     try:
-        os.kill(pid, signal.SIGKILL)
+        outcome = native.kill_outside_robust_locks(pid)
     except (OSError, ValueError):
         return False
-    return True
+    if outcome == "held":
+        LOGGER.warning(
+            "The stub process %d still held a lock of the Python backend's shared memory when it was killed; "
+            "tritonserver may abort (and be restarted).",
+            pid,
+        )
+    return outcome != "gone"
 
 
 def group_members(pgid: int) -> List[int]:
