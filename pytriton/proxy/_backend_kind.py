@@ -36,7 +36,6 @@ import io
 import logging
 import os
 import pickle
-import signal
 import site
 import sys
 import threading
@@ -57,6 +56,7 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
+from pytriton._platform import native
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonUnrecoverableError
 from pytriton.model_config.triton_model_config import TritonModelConfig
 from pytriton.proxy import _process, _tracing
@@ -227,9 +227,8 @@ class BackendInstance(InstanceWorker):
         if not self.busy or self._page.last_active(self._slot) != before:
             return  # the call ended (failed by the signal, or finished)
         for pid in set(pids) & set(self._stub_pids()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            # Outside the backend's shared-memory locks: a stub killed holding one aborts tritonserver.
+            if native.kill_outside_robust_locks(pid) == "gone":
                 continue
             LOGGER.warning(
                 "Model %s: instance %s: its call was failed as stuck (PYTRITON_UNRESPONSIVE_AFTER_S) but did not "

@@ -755,6 +755,10 @@ def test_a_stuck_backend_call_that_ignores_the_signal_is_ended_with_its_stub(tmp
     sent = []
     monkeypatch.setattr(_backend_kind, "STUCK_GRACE_S", 0.05)
     monkeypatch.setattr(_backend_kind.os, "kill", lambda pid, number: sent.append((pid, number)))
+    # The kill itself happens outside the backend's locks (native.kill_outside_robust_locks, its own tests).
+    monkeypatch.setattr(
+        _backend_kind.native, "kill_outside_robust_locks", lambda pid: sent.append((pid, signal.SIGKILL)) or "free"
+    )
     monkeypatch.setattr(_backend_kind.BackendInstance, "busy", property(lambda self: page.busy(0)))
     monkeypatch.setattr(_backend_kind.BackendInstance, "_stub_pids", lambda self: [4242])
     instance = _instance(page, tmp_path)
