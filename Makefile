@@ -7,7 +7,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-all test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test test-triton-older test-ray lint docs clean
+# test-tools: what only the tests use (gdb).
+.PHONY: demo test test-tools test-all test-numpy1 test-unit test-e2e server allocator bench soak soak-short rollout-test test-triton-older test-ray lint docs clean
 
 $(VENV)/.test-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,8 +50,22 @@ TEST_MARK ?=
 # The `ray` tests need Ray in the environment: `make test-ray` runs them; every other target leaves them out.
 PYTEST_SELECT = tests -m "$(if $(TEST_MARK),($(TEST_MARK)) and not ray,not ray)"
 
-test: server
+test: server test-tools
 	$(PY) -m pytest -q $(PYTEST_SELECT) $(PYTEST_ARGS)
+
+# gdb for the tests that stop a stub at one exact instruction (inside one of the Python backend's
+# locks, tests/e2e/test_unresponsive.py). Installed like the allocator where this runs as root with
+# apt-get (CI); elsewhere those tests are skipped, with the reason. Never fails the build.
+test-tools:
+	@if command -v gdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "test-tools: installing gdb (apt-get)"; \
+		{ apt-get install -y -qq --no-install-recommends gdb >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends gdb >/dev/null 2>&1; }; } || \
+		echo "test-tools: could not install gdb; the tests that need it are skipped"; \
+	else \
+		echo "test-tools: gdb is not installed (apt-get install gdb); the tests that need it are skipped"; \
+	fi
 
 # The full matrix: CI with every leg running the whole suite (about 50 minutes on the 2-core CI
 # machine). Run it before resolving a large change; `.ci/run` runs the e2e slices instead.
