@@ -14,7 +14,11 @@ must succeed (the loop must not disturb healthy traffic).
 
 Output (stdout): one JSON line at the end, ``{"rounds": n, "answer": x, "traffic_ok": n, "traffic_failed": n, "errors": [...]}``.
 Exit status: 0, or the signal that killed it (negative, as ``subprocess`` reports it).
-Usage: ``python -m tests.e2e.inprocess_reload_child REPOSITORY ROUNDS``.
+With ``--stop-after-load`` each round is instead a server of its own (``add_sub`` loaded and answering
+one request) that loads ``identity`` and is stopped at once: ``stop()`` destroys the models through
+the same deleter. Its output is ``{"rounds": n, "answers": [...]}``.
+
+Usage: ``python -m tests.e2e.inprocess_reload_child REPOSITORY ROUNDS [--stop-after-load]``.
 """
 
 from __future__ import annotations
@@ -45,13 +49,37 @@ def _traffic(server: Any, stop: threading.Event, counts: Dict[str, int], errors:
             stop.wait(0.01)
 
 
+def _stop_after_load(tritonserver: Any, repository: str, rounds: int) -> None:
+    """Each round: a server serving add_sub (one request answered), ``load(identity)``, ``stop()`` at once."""
+    answers = []
+    for _ in range(rounds):
+        options = tritonserver.Options()
+        options.model_control_mode = tritonserver.ModelControlMode.EXPLICIT
+        options.model_repository = repository
+        options.startup_models = ["add_sub"]
+        server = tritonserver.Server(options).start(wait_until_ready=True, timeout=120)
+        try:
+            a = np.arange(4, dtype=np.float32)
+            (response,) = server.model("add_sub").infer(inputs={"INPUT0": a, "INPUT1": a})
+            answers.append(float(np.from_dlpack(response.outputs["OUTPUT0"]).flat[3]))
+            server.load("identity")
+        finally:
+            server.stop()  # right after the load
+    print(json.dumps({"rounds": rounds, "answers": answers}), flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("repository")
     parser.add_argument("rounds", type=int)
+    parser.add_argument("--stop-after-load", action="store_true")
     args = parser.parse_args(argv)
     faulthandler.enable(all_threads=True)
     import pytriton.inprocess as tritonserver
+
+    if args.stop_after_load:
+        _stop_after_load(tritonserver, args.repository, args.rounds)
+        return
 
     options = tritonserver.Options()
     options.model_control_mode = tritonserver.ModelControlMode.EXPLICIT

@@ -97,12 +97,13 @@ def _kill_orphaned_stubs(pid: int) -> None:
             continue
 
 
-def test_unloading_right_after_the_start_and_each_load_never_crashes_and_traffic_is_served(shim_env, repository):
+def _run_child(shim_env: dict, repository: pathlib.Path, *args: str) -> dict:
+    """Run inprocess_reload_child with ``args``; its JSON result, after asserting it exited with 0."""
     # Output to files, not pipes: the stubs of a child that crashed would hold pipes open.
     out_path, err_path = repository.parent / "child.out", repository.parent / "child.err"
     with out_path.open("w") as out, err_path.open("w") as err:
         child = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "tests.e2e.inprocess_reload_child", str(repository), str(ROUNDS)],
+            [sys.executable, "-m", "tests.e2e.inprocess_reload_child", str(repository), *args],
             stdout=out,
             stderr=err,
             cwd=ROOT,
@@ -116,11 +117,20 @@ def test_unloading_right_after_the_start_and_each_load_never_crashes_and_traffic
                 child.wait()
             if child.returncode != 0:
                 _kill_orphaned_stubs(child.pid)
-    assert child.returncode == 0, (
-        f"the child {_ended(child.returncode)} during its unload/load rounds: {err_path.read_text()[-3000:]}"
-    )
-    result = json.loads(out_path.read_text().strip().splitlines()[-1])
+    assert child.returncode == 0, f"the child {_ended(child.returncode)}: {err_path.read_text()[-3000:]}"
+    result: dict = json.loads(out_path.read_text().strip().splitlines()[-1])
+    return result
+
+
+def test_unloading_right_after_the_start_and_each_load_never_crashes_and_traffic_is_served(shim_env, repository):
+    result = _run_child(shim_env, repository, str(ROUNDS))
     assert result["rounds"] == ROUNDS and result["answer"] == 3  # the model loaded last serves
     # Healthy traffic to the other model the whole time: all of it answered, correctly.
     assert result["traffic_failed"] == 0, result["errors"]
     assert result["traffic_ok"] > 0
+
+
+def test_stopping_right_after_a_load_never_crashes(shim_env, repository):
+    """``stop()`` destroys the models through the same deleter (issue 42: a user's stop() must not end the process)."""
+    result = _run_child(shim_env, repository, "2", "--stop-after-load")
+    assert result == {"rounds": 2, "answers": [6.0, 6.0]}  # add_sub answered in each server before the stop
