@@ -267,7 +267,8 @@ class Server:
 
         Raises :class:`InvalidArgumentError` if already started or the options are invalid, the
         mapped Triton error if a model fails to load (with ``exit_on_error``), and
-        :class:`UnavailableError` if not ready within ``timeout`` (None: 300 s).
+        :class:`UnavailableError` if not ready within ``timeout`` (None: 300 s). Like :meth:`load`,
+        it returns once the threads Triton started are idle (_settle.py).
         """
         with self._lock:
             if self._handle is not None:
@@ -473,7 +474,9 @@ class Server:
 
         A version of the model that is still unloading (an ``unload()`` that did not wait) is waited
         for first, up to 120 s (``UnavailableError`` after that): loading the same model while
-        Triton destroys the old one could crash the process (docs/inprocess.md).
+        Triton destroys the old one could crash the process (docs/inprocess.md). It returns once the
+        threads Triton started for the model are idle (at most 10 s more), so that an ``unload()``
+        or ``stop()`` right after it is safe (_settle.py).
         """
         lib = self._library()
         handle = self._handle_or_raise()
