@@ -187,6 +187,19 @@ def read_memory(pid: Pid, address: int, size: int, root: str = PROC) -> Optional
     return data if len(data) == size else None
 
 
+def syscall(pid: Pid, root: str = PROC) -> Optional[List[str]]:
+    """The words of ``/proc/<pid>/syscall``: the number of the system call it is blocked in, then its arguments.
+
+    ``["running"]`` while it runs, ``["-1", sp, pc]`` when blocked outside a call; None if it is gone or
+    unreadable (a thread of this process can always read its own threads', see proc(5)).
+    """
+    try:
+        with open(_path(pid, "syscall", root)) as source:
+            return source.read().split()
+    except OSError:
+        return None
+
+
 def meminfo(path: str = os.path.join(PROC, "meminfo")) -> Dict[str, int]:
     """``/proc/meminfo`` in bytes (``{"MemTotal": ..., "SwapTotal": ...}``); {} if unreadable."""
     sizes: Dict[str, int] = {}

@@ -33,6 +33,7 @@ from typing import (
     ContextManager,
     Dict,
     FrozenSet,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -44,7 +45,7 @@ from typing import (
 )
 
 from pytriton._platform import hardening, launch
-from pytriton.inprocess import _lib, _pool, _request, _teardown
+from pytriton.inprocess import _lib, _pool, _request, _settle, _teardown
 from pytriton.inprocess._enums import (
     MetricFormat,
     ModelBatchFlag,
@@ -68,6 +69,7 @@ from pytriton.server._shm_guard import ShmGuard
 _DEFAULT_READY_TIMEOUT_S = 300.0
 _LOAD_AFTER_UNLOAD_WAIT_S = 120.0  # how long load() waits for an unload of the same model to finish
 _TEARDOWN_WAIT_S = 10.0  # how long stop() waits for Triton's model deleters before ServerDelete
+_SETTLE_WAIT_S = 10.0  # how long a load waits for the threads it started to be idle (_settle.py)
 _UNDELETED: List[int] = []  # stopped servers left undeleted because models were still being destroyed
 
 
@@ -229,6 +231,20 @@ class Server:
         """Around a call that may load the first Python model of this process (see _scratch.py)."""
         return BACKEND_SCRATCH.window(self._shm_prefix) if self._tracks_scratch else contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def _settling(self, what: str) -> Iterator[None]:
+        """Around a call that creates model instances: on success, wait until the threads it started are idle.
+
+        Unloading a model whose backend thread is still finishing the load's last payload crashes the
+        server library (gate ``unload-right-after-load``, _settle.py); so a load returns only after
+        that thread is back in its wait.
+        """
+        before = _settle.tasks()
+        yield
+        left = _settle.wait_until_idle(before, time.monotonic() + _SETTLE_WAIT_S)
+        if left:
+            LOGGER.debug("%s: %d new Triton threads not seen idle within %.0f s", what, len(left), _SETTLE_WAIT_S)
+
     def _handle_or_raise(self) -> int:
         handle = self._handle
         if handle is None:
@@ -251,7 +267,8 @@ class Server:
 
         Raises :class:`InvalidArgumentError` if already started or the options are invalid, the
         mapped Triton error if a model fails to load (with ``exit_on_error``), and
-        :class:`UnavailableError` if not ready within ``timeout`` (None: 300 s).
+        :class:`UnavailableError` if not ready within ``timeout`` (None: 300 s). Like :meth:`load`,
+        it returns once the threads Triton started are idle (_settle.py).
         """
         with self._lock:
             if self._handle is not None:
@@ -288,7 +305,7 @@ class Server:
                     lib.check(lib.TRITONSERVER_ServerNew(ctypes.byref(server), options_handle))
 
                 try:
-                    with self._scratch_window():
+                    with self._scratch_window(), self._settling("start"):
                         if protections.enabled:
                             # Created from a confined thread: the threads Triton starts from it (where the
                             # backend creates its regions and forks its stubs) have umask 077 and the chmod
@@ -457,13 +474,15 @@ class Server:
 
         A version of the model that is still unloading (an ``unload()`` that did not wait) is waited
         for first, up to 120 s (``UnavailableError`` after that): loading the same model while
-        Triton destroys the old one could crash the process (docs/inprocess.md).
+        Triton destroys the old one could crash the process (docs/inprocess.md). It returns once the
+        threads Triton started for the model are idle (at most 10 s more), so that an ``unload()``
+        or ``stop()`` right after it is safe (_settle.py).
         """
         lib = self._library()
         handle = self._handle_or_raise()
         self._wait_while_unloading(model_name)
         if not parameters:
-            with self._scratch_window():
+            with self._scratch_window(), self._settling(f"load {model_name!r}"):
                 lib.check(lib.TRITONSERVER_ServerLoadModel(handle, model_name.encode()))
             return Model(self, model_name)
         created: List[int] = []
@@ -501,7 +520,7 @@ class Server:
                     raise InvalidArgumentError(f"Triton refused load parameter {key!r}")
                 created.append(parameter)
             array = (ctypes.c_void_p * len(created))(*created)
-            with self._scratch_window():
+            with self._scratch_window(), self._settling(f"load {model_name!r}"):
                 lib.check(
                     lib.TRITONSERVER_ServerLoadModelWithParameters(handle, model_name.encode(), array, len(created))
                 )
@@ -584,7 +603,7 @@ class Server:
         """Apply repository changes (POLL control mode)."""
         lib = self._library()
         handle = self._handle_or_raise()
-        with self._scratch_window():
+        with self._scratch_window(), self._settling("repository poll"):
             lib.check(lib.TRITONSERVER_ServerPollModelRepository(handle))
         return self
 

@@ -35,7 +35,8 @@ def tasks(task_dir: Optional[str] = None) -> Optional[FrozenSet[int]]:
     return proc.tasks(task_dir or TASK_DIR)
 
 
-def _python_threads() -> FrozenSet[int]:
+def python_threads() -> FrozenSet[int]:
+    """The native ids of this process's Python threads (never Triton's)."""
     return frozenset(thread.native_id for thread in threading.enumerate() if thread.native_id is not None)
 
 
@@ -53,7 +54,7 @@ def wait_for_new_tasks(
         now = tasks(task_dir)
         if now is None:
             return frozenset()
-        left = now - before - _python_threads()
+        left = now - before - python_threads()
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(interval_s)

@@ -315,6 +315,13 @@ MODEL_DELETER_THREADS = Gate(
     "inprocess/_teardown.py",
     triton=("2.48", None),
 )
+UNLOAD_AFTER_LOAD = Gate(
+    "unload-right-after-load",
+    "an unload or stop right after a load can meet the instance's backend thread still finishing the load's "
+    "warm-up; the model deleter then crashes the process (StopBackendThread reads its queue unsynchronized)",
+    "inprocess/_settle.py",
+    triton=("2.48", None),
+)
 DEAD_STUB_KEPT = Gate(
     "dead-stub-kept",
     "the Python backend neither restarts a dead stub nor completes the unload of its model",
@@ -370,6 +377,7 @@ GATES: Tuple[Gate, ...] = (
     CORRID_STRING_BATCH,
     STUB_STOP_DESTRUCTION,
     MODEL_DELETER_THREADS,
+    UNLOAD_AFTER_LOAD,
     DEAD_STUB_KEPT,
     DEAD_STUB_REQUEST_UNANSWERED,
     QUEUED_CANCELLED,

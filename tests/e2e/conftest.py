@@ -97,6 +97,7 @@ FULL_RUN_ONLY: FrozenSet[str] = frozenset(
         "test_hostile_requests.py",
         "test_inprocess_example.py",
         "test_inprocess_lifecycle.py",
+        "test_inprocess_reload.py",
         "test_lifecycle.py",
         "test_limits.py",
         "test_local_users.py",

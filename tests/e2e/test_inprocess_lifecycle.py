@@ -138,11 +138,11 @@ def test_reloading_in_a_tight_loop_waits_until_triton_destroyed_the_old_model(tm
     """``unload(wait_until_unloaded=True)`` returns after Triton destroyed the old model, not just not-ready.
 
     Triton destroys the old model on a thread of its own (its model deleter) after the model
-    reports not ready; a load of the same model inside that window crashed the process now and then
-    (Triton 2.51, SIGSEGV in ``StopBackendThread`` and in the deleter). Each round checks that the
-    index says UNAVAILABLE ("unloaded": set after the deleter destroyed the model) and the old stubs
-    are gone when it returns, then loads at once; every other round unloads without waiting, so
-    that ``load()`` itself must wait for the unload to finish.
+    reports not ready. Each round checks that the index says UNAVAILABLE ("unloaded": set after the
+    deleter destroyed the model) and the old stubs are gone when it returns, then loads at once;
+    every other round unloads without waiting, so that ``load()`` itself must wait for the unload to
+    finish. (The crash once blamed on this window, SIGSEGV in ``StopBackendThread``, was the unload
+    right *after* a load: tests/e2e/test_inprocess_reload.py.)
     """
     repository = write_repository(tmp_path / "repo", ("identity",))
     server = _explicit_server(repository, "identity")

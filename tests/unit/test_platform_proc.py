@@ -6,6 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 from pytriton._platform import proc
@@ -98,3 +99,23 @@ def test_meminfo_in_bytes(tmp_path):
     }
     assert proc.meminfo(str(tmp_path / "missing")) == {}
     assert proc.meminfo()["MemTotal"] > 0  # the real one
+
+
+def test_syscall_words_of_a_thread_and_none_once_gone(tmp_path):
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "syscall").write_text("202 0x7f00 0x189 0x0 0x0 0x0 0xffffffff 0x7ffd 0x7f01\n")
+    assert proc.syscall(7, str(tmp_path)) == [
+        "202",
+        "0x7f00",
+        "0x189",
+        "0x0",
+        "0x0",
+        "0x0",
+        "0xffffffff",
+        "0x7ffd",
+        "0x7f01",
+    ]
+    assert proc.syscall(8, str(tmp_path)) is None
+    # A thread of this process reads its own threads': this one is in the read() of that very file.
+    words = proc.syscall(threading.get_native_id(), proc.TASK_DIR)
+    assert words and words[0].lstrip("-").isdigit()
