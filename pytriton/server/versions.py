@@ -322,6 +322,14 @@ UNLOAD_AFTER_LOAD = Gate(
     "inprocess/_settle.py",
     triton=("2.48", None),
 )
+STUB_KILLED_IN_LOCK = Gate(
+    "stub-killed-in-lock",
+    "a stub killed while it holds one of the Python backend's shared-memory mutexes makes tritonserver abort "
+    "at its next use of that mutex (boost::interprocess::lock_exception)",
+    "_platform/native.py (kill_outside_robust_locks), server/process.py (kill_stub), proxy/_stub_watch.py, "
+    "proxy/_backend_kind.py",
+    triton=("2.48", None),
+)
 DEAD_STUB_KEPT = Gate(
     "dead-stub-kept",
     "the Python backend neither restarts a dead stub nor completes the unload of its model",
@@ -378,6 +386,7 @@ GATES: Tuple[Gate, ...] = (
     STUB_STOP_DESTRUCTION,
     MODEL_DELETER_THREADS,
     UNLOAD_AFTER_LOAD,
+    STUB_KILLED_IN_LOCK,
     DEAD_STUB_KEPT,
     DEAD_STUB_REQUEST_UNANSWERED,
     QUEUED_CANCELLED,
