@@ -116,6 +116,10 @@ def robust_locks_held(pid: int) -> Optional[bool]:
     return False
 
 
+STOP_WAIT_S = 10.0
+"""How long :func:`kill_outside_robust_locks` waits, each time, for a process it stopped to be stopped."""
+
+
 def _wait_stopped(pid: int, deadline: float) -> bool:
     """Until every thread of ``pid`` is stopped by a signal (or gone): True if so by ``deadline``."""
     while True:
@@ -132,7 +136,7 @@ def kill_outside_robust_locks(pid: int, limit_s: float = 1.0) -> str:
 
     The process is stopped (``SIGSTOP``) and looked at (:func:`robust_locks_held`); while a thread
     holds a lock, it runs for a moment (``SIGCONT``, a few milliseconds, ``SIGSTOP``) to let go, for
-    at most ``limit_s`` in all. A process stopped inside such a lock is what a ``SIGSTOP`` at a random
+    at most ``limit_s`` in all (plus the wait for each stop to take effect, :data:`STOP_WAIT_S` at most). A process stopped inside such a lock is what a ``SIGSTOP`` at a random
     moment can leave (a stub preempted inside it on a loaded host), and killing it there aborts
     tritonserver (see :func:`robust_locks_held`); letting it finish the lock is safe, since the server
     cannot have freed what that lock guards meanwhile. Returns ``"free"`` (killed holding none),
@@ -144,7 +148,10 @@ def kill_outside_robust_locks(pid: int, limit_s: float = 1.0) -> str:
     outcome = "unknown"
     try:
         os.kill(pid, signal.SIGSTOP)
-        while _wait_stopped(pid, deadline):
+        # Waiting for the stop itself is not bounded by ``limit_s``: a process stops once the kernel
+        # schedules each of its threads, which on a loaded host can take longer than the budget for
+        # letting go of a lock, and killing it before it stopped would be the blind kill this avoids.
+        while _wait_stopped(pid, time.monotonic() + STOP_WAIT_S):
             held = robust_locks_held(pid)
             if held is None:
                 break

@@ -104,3 +104,33 @@ def test_robust_locks_held_is_none_for_a_process_that_is_gone():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait(10)
     assert native.robust_locks_held(child.pid) is None
+
+
+def test_a_stop_that_takes_longer_than_the_lock_budget_is_waited_for(monkeypatch):
+    """On a loaded host the stop itself can outlast ``limit_s``: the process is still looked at before the kill.
+
+    Before, the wait for the stop shared the 1 s budget, and a process slow to stop was killed blind
+    ("unknown"): every unit leg of a loaded CI run failed this way.
+    """
+    clock = [0.0]
+    sent = []
+    looked = []
+    monkeypatch.setattr(native.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(native.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    monkeypatch.setattr(native.os, "kill", lambda pid, number: sent.append(number))
+    # Running ("R") for 3 s of the fake clock after the SIGSTOP, then stopped.
+    monkeypatch.setattr(native.proc, "task_states", lambda pid: {pid: "T" if clock[0] >= 3.0 else "R"})
+    monkeypatch.setattr(native, "robust_locks_held", lambda pid: looked.append(clock[0]) or False)
+    assert native.kill_outside_robust_locks(4242, limit_s=0.3) == "free"
+    assert looked and looked[0] >= 3.0 and sent == [signal.SIGSTOP, signal.SIGKILL]
+
+
+def test_a_process_that_never_stops_is_killed_after_the_stop_wait(monkeypatch):
+    clock = [0.0]
+    sent = []
+    monkeypatch.setattr(native.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(native.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    monkeypatch.setattr(native.os, "kill", lambda pid, number: sent.append(number))
+    monkeypatch.setattr(native.proc, "task_states", lambda pid: {pid: "D"})  # uninterruptible, for good
+    assert native.kill_outside_robust_locks(4242) == "unknown"
+    assert sent == [signal.SIGSTOP, signal.SIGKILL] and native.STOP_WAIT_S <= clock[0] <= native.STOP_WAIT_S + 1
