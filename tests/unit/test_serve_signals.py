@@ -76,7 +76,9 @@ def test_a_sigint_during_run_with_sigint_ignored_stops_serve_right_after_the_sta
 
 
 def test_ctrl_c_during_the_start_still_aborts_it_at_once(triton, monkeypatch):
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, as in a program started from a terminal: pytest itself may have inherited
+    # SIGINT ignored (a background job of a shell without job control does).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     reached = []
 
     def fake_run():
@@ -84,9 +86,12 @@ def test_ctrl_c_during_the_start_still_aborts_it_at_once(triton, monkeypatch):
         reached.append("after the signal")  # never: the handler raised KeyboardInterrupt in run()
 
     monkeypatch.setattr(triton, "run", fake_run)
-    with pytest.raises(KeyboardInterrupt):
-        triton.serve(monitoring_period_s=60.0)
-    assert reached == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            triton.serve(monitoring_period_s=60.0)
+        assert reached == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_stop_line_goes_through_the_programs_logging_when_it_configured_some(triton, monkeypatch, caplog):
