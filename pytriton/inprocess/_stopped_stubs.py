@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 from typing import Callable, Iterable, List, Tuple
 
 from pytriton._platform import native, proc
 
 LOGGER = logging.getLogger(__name__)
 STUB_EXECUTABLE = "triton_python_backend_stub"
+_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())  # futex(2)'s number
+_FUTEX_COMMAND = 0x7F  # an operation without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+_FUTEX_WAIT = 0
 KILL_LIMIT_S = 5.0  # how long a stub may run, a few ms at a time, to let go of a lock before it is killed anyway
 
 
@@ -46,8 +50,10 @@ def _under(path: str, directories: Iterable[str]) -> bool:
     return any(real.startswith(os.path.realpath(directory).rstrip(os.sep) + os.sep) for directory in directories)
 
 
-def stopped_stubs(parent: int, region_prefix: str, directories: Iterable[str], root: str = proc.PROC) -> List[int]:
-    """Pids of ``parent``'s stopped (``T``) stubs with a ``region_prefix...`` region and a model file under ``directories``.
+def stopped_stubs(
+    parent: int, region_prefix: str, directories: Iterable[str], root: str = proc.PROC
+) -> List[Tuple[int, str]]:
+    """``(pid, region)`` of ``parent``'s stopped (``T``) stubs with a ``region_prefix...`` region and a model file under ``directories``.
 
     A stub's command line is ``<stub> <model file> <region> ...``. A process stopped by a tracer
     (``t``) is left alone: a debugger holds it, and signals cannot let it run.
@@ -61,9 +67,35 @@ def stopped_stubs(parent: int, region_prefix: str, directories: Iterable[str], r
         argv = proc.cmdline(pid, root) or []
         if len(argv) < 3 or os.path.basename(argv[0]) != STUB_EXECUTABLE:
             continue
-        if any(arg.startswith(region_prefix) for arg in argv[2:]) and _under(argv[1], wanted):
-            found.append(pid)
+        regions = [arg for arg in argv[2:] if arg.startswith(region_prefix) and "/" not in arg]
+        if regions and _under(argv[1], wanted):
+            found.append((pid, regions[0]))
     return sorted(found)
+
+
+def lock_waited_for(region: str, root: str = proc.PROC) -> bool:
+    """Whether a thread of this process is blocked taking a mutex that lies in its mapping of ``/dev/shm/<region>``.
+
+    Such a thread is Triton's, waiting for a lock the stopped stub holds: a request was in flight
+    when the stub stopped, and the backend gave up on it (``Stub process ... is not healthy``) and
+    now frees its message. A mutex's slow path waits with ``FUTEX_WAIT`` on the mutex's word
+    (``/proc/self/task/<tid>/syscall``); the backend's semaphores and conditions wait with
+    ``FUTEX_WAIT_BITSET``, so idle threads do not count. False where that cannot be read.
+    """
+    ranges = [(start, end) for start, end, path in proc.mappings("self", root) if path == f"/dev/shm/{region}"]
+    if not ranges or _FUTEX is None:
+        return False
+    for tid in proc.tasks(os.path.join(root, "self", "task")) or ():
+        words = proc.syscall(f"self/task/{tid}", root) or []
+        if len(words) < 3 or words[0] != str(_FUTEX):
+            continue
+        try:
+            address, operation = int(words[1], 16), int(words[2], 16)
+        except ValueError:
+            continue
+        if operation & _FUTEX_COMMAND == _FUTEX_WAIT and any(start <= address < end for start, end in ranges):
+            return True
+    return False
 
 
 def end_stopped_stubs(
@@ -80,7 +112,18 @@ def end_stopped_stubs(
     """
     outcomes = {"free": "holding none", "held": f"still holding one after {KILL_LIMIT_S:.0f} s"}
     ended = []
-    for pid in stopped_stubs(os.getpid(), region_prefix, directories, root):
+    for pid, region in stopped_stubs(os.getpid(), region_prefix, directories, root):
+        if lock_waited_for(region, root):
+            ended.append((pid, "left"))
+            LOGGER.warning(
+                "%s: the Python-backend stub %d is stopped (SIGSTOP) holding a lock that one of Triton's threads "
+                "waits for (a request was in flight): it is left to Triton, since letting it run would make it "
+                "work on a request the backend gave up, and killing it could abort this process; the stop may "
+                "take the exit timeout. Resume the stub (SIGCONT) or end it before stopping the server.",
+                why,
+                pid,
+            )
+            continue
         outcome = kill(pid, KILL_LIMIT_S)
         ended.append((pid, outcome))
         LOGGER.warning(

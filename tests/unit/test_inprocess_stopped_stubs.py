@@ -14,6 +14,8 @@ import os
 import pathlib
 from typing import List, Tuple
 
+import pytest
+
 import pytriton.inprocess as tritonserver
 from pytriton.inprocess import _lib, _server, _stopped_stubs, _teardown
 from tests.unit.test_inprocess import FakeCDLL
@@ -48,18 +50,53 @@ def _tree(tmp_path: pathlib.Path, parent: int) -> Tuple[pathlib.Path, str]:
     return root, repository
 
 
+def _pids(found: List[Tuple[int, str]]) -> List[int]:
+    return [pid for pid, _ in found]
+
+
 def test_only_this_servers_stopped_stubs_are_selected(tmp_path):
     root, repository = _tree(tmp_path, parent=7)
-    assert _stopped_stubs.stopped_stubs(7, PREFIX, [repository], str(root)) == [101, 104]
-    assert _stopped_stubs.stopped_stubs(7, PREFIX, [f"{repository}/identity"], str(root)) == [101]
-    assert _stopped_stubs.stopped_stubs(7, PREFIX, [repository + "/"], str(root)) == [101, 104]
+    assert _stopped_stubs.stopped_stubs(7, PREFIX, [repository], str(root)) == [
+        (101, PREFIX + "1234-uuid"),
+        (104, PREFIX + "1234-uuid"),
+    ]
+    assert _pids(_stopped_stubs.stopped_stubs(7, PREFIX, [f"{repository}/identity"], str(root))) == [101]
+    assert _pids(_stopped_stubs.stopped_stubs(7, PREFIX, [repository + "/"], str(root))) == [101, 104]
     assert _stopped_stubs.stopped_stubs(7, PREFIX, [f"{repository}/ident"], str(root)) == []  # not a prefix of names
     assert _stopped_stubs.stopped_stubs(7, PREFIX, [], str(root)) == []
     assert _stopped_stubs.stopped_stubs(7, PREFIX, [repository], str(tmp_path / "missing")) == []
 
 
+def _own_threads(root: pathlib.Path, region: str, *syscalls: str) -> None:
+    """This process in the fake tree: the region mapped at 0x1000-0x3000, one thread per ``syscalls`` line."""
+    own = root / "self"
+    (own / "task").mkdir(parents=True)
+    (own / "maps").write_text(
+        "00400000-00500000 r-xp 00000000 08:01 1 /usr/bin/python3\n"
+        f"00001000-00003000 rw-s 00000000 00:1b 5 /dev/shm/{region}\n"
+        "00007000-00008000 rw-p 00000000 00:00 0 \n"
+    )
+    for tid, line in enumerate(syscalls, start=1):
+        (own / "task" / str(tid)).mkdir()
+        (own / "task" / str(tid) / "syscall").write_text(line + "\n")
+
+
+@pytest.mark.skipif(_stopped_stubs._FUTEX != 202, reason="the fake syscall lines use x86_64's futex number")
+def test_a_thread_waiting_for_a_mutex_of_the_region_is_seen_and_idle_waits_are_not(tmp_path):
+    region = PREFIX + "1234-uuid"
+    idle = "202 0x1220 0x189 0x0 0x0 0x0 0x0 0x7ffd 0x7f00"  # a semaphore's FUTEX_WAIT_BITSET in the region
+    elsewhere = "202 0x7000 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f00"  # a mutex outside the region
+    _own_threads(tmp_path / "quiet", region, idle, elsewhere, "running", "7 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8")
+    assert not _stopped_stubs.lock_waited_for(region, str(tmp_path / "quiet"))
+    _own_threads(tmp_path / "blocked", region, idle, "202 0x10b8 0x0 0x80000005 0x0 0x0 0x0 0x7ffd 0x7f00")
+    assert _stopped_stubs.lock_waited_for(region, str(tmp_path / "blocked"))  # FUTEX_WAIT on the allocator's mutex
+    assert not _stopped_stubs.lock_waited_for("pytriton-inproc-7-1-other", str(tmp_path / "blocked"))
+    assert not _stopped_stubs.lock_waited_for(region, str(tmp_path / "missing"))
+
+
 def test_each_selected_stub_is_killed_outside_the_locks_with_a_warning(tmp_path, caplog):
     root, repository = _tree(tmp_path, parent=os.getpid())
+    _own_threads(root, PREFIX + "1234-uuid", "202 0x1220 0x189 0x0 0x0 0x0 0x0 0x7ffd 0x7f00")  # idle
     killed = []
 
     def kill(pid: int, limit_s: float) -> str:
@@ -72,6 +109,18 @@ def test_each_selected_stub_is_killed_outside_the_locks_with_a_warning(tmp_path,
     assert killed == [(101, _stopped_stubs.KILL_LIMIT_S), (104, _stopped_stubs.KILL_LIMIT_S)]
     assert "stop(): the Python-backend stub 101 was stopped" in caplog.text and "holding none" in caplog.text
     assert "still holding one" in caplog.text
+
+
+@pytest.mark.skipif(_stopped_stubs._FUTEX != 202, reason="the fake syscall lines use x86_64's futex number")
+def test_a_stub_whose_lock_a_server_thread_waits_for_is_left_to_triton(tmp_path, caplog):
+    """Stopped mid-request: letting it run would make it work on a request the backend gave up (an abort)."""
+    root, repository = _tree(tmp_path, parent=os.getpid())
+    _own_threads(root, PREFIX + "1234-uuid", "202 0x10b8 0x0 0x80000005 0x0 0x0 0x0 0x7ffd 0x7f00")
+    killed: list = []
+    with caplog.at_level(logging.WARNING, logger="pytriton.inprocess._stopped_stubs"):
+        ended = _stopped_stubs.end_stopped_stubs(PREFIX, [repository], "stop()", lambda *a: killed.append(a), str(root))
+    assert ended == [(101, "left"), (104, "left")] and killed == []
+    assert "left to Triton" in caplog.text
 
 
 def _server_on_fake(monkeypatch, tmp_path, events: list) -> tritonserver.Server:
