@@ -15,7 +15,11 @@ server undeleted.
 A stopped stub gives no sign of life, so Triton would kill it at that random point anyway. pytriton
 kills it first, at a moment none of its threads holds a robust mutex
 (``native.kill_outside_robust_locks``: it lets the stub run a few milliseconds at a time until it
-let go); Triton's kill then meets a dead stub that holds nothing. A stub that is running but does
+let go); Triton's kill then meets a dead stub that holds nothing. Except a stub holding a lock
+that one of Triton's threads waits for (:func:`lock_waited_for`): it stopped mid-request and the
+backend gave up on that request, so letting it run would make it work on a message the backend
+freed (tritonserver aborted so, gate ``stub-stop-destruction``), and killing it would abort too. It
+is left to Triton, with a WARNING: the stop then waits out the exit timeout, as before. A stub that is running but does
 not answer within the second (starved on a loaded host) cannot be told from a healthy one in time:
 that case stays Triton's.
 
