@@ -217,7 +217,7 @@ class Server:
         # Whether this server finds the Python backend's /tmp directory itself (_scratch.py); False
         # when its owner does (Triton(embedded=True)), as two windows in one process would wait on each other.
         self._tracks_scratch = True
-        # Repositories added by register_model_repository (real path -> {model name: subdirectory}):
+        # Repositories added by register_model_repository (absolute path -> {model name: subdirectory}):
         # with the options' ones, where this server's stubs find their model files (_stopped_stubs.py).
         self._registered: Dict[str, Dict[str, str]] = {}
 
@@ -381,7 +381,9 @@ class Server:
         model that cannot unload (for example one whose stub died) makes it wait ``exit_timeout``.
         The server is freed only once Triton's threads that destroy the models have exited (see
         _teardown.py); if one still runs 10 s later, the server is left in memory, with a WARNING,
-        rather than freed under it (which could abort the process).
+        rather than freed under it (which could abort the process). A stub of this server that is
+        stopped (SIGSTOP) is killed first, outside the backend's locks, with a WARNING: Triton would
+        kill it wherever it is (_stopped_stubs.py).
         """
         with self._lock:
             handle, self._handle = self._handle, None
@@ -570,7 +572,8 @@ class Server:
         instances, their stubs, the backend's model state), so an immediate ``load()`` of the same
         model cannot race that destruction (docs/inprocess.md, "Known limitation"). Only this
         server's model is waited for, whatever other servers of the process serve. Raises
-        ``UnavailableError`` when that takes longer than ``timeout`` (None: 300 s).
+        ``UnavailableError`` when that takes longer than ``timeout`` (None: 300 s). A stopped stub of
+        the model is killed first, outside the backend's locks, as in :meth:`stop`.
         """
         lib = self._library()
         handle = self._handle_or_raise()
