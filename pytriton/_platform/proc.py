@@ -19,7 +19,7 @@ says they must.
 from __future__ import annotations
 
 import os
-from typing import Dict, FrozenSet, List, NamedTuple, Optional, Union
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple, Union
 
 PROC = "/proc"
 TASK_DIR = "/proc/self/task"
@@ -185,6 +185,21 @@ def read_memory(pid: Pid, address: int, size: int, root: str = PROC) -> Optional
     finally:
         os.close(descriptor)
     return data if len(data) == size else None
+
+
+def mappings(pid: Pid, root: str = PROC) -> List[Tuple[int, int, str]]:
+    """``(start, end, path)`` of each mapping of a file by ``pid`` (``/proc/<pid>/maps``); [] if it is gone."""
+    found = []
+    try:
+        with open(_path(pid, "maps", root), errors="replace") as source:
+            for line in source:
+                words = line.split(maxsplit=5)
+                if len(words) == 6 and "-" in words[0]:
+                    start, end = words[0].split("-", 1)
+                    found.append((int(start, 16), int(end, 16), words[5].rstrip("\n")))
+    except (OSError, ValueError):
+        return found
+    return found
 
 
 def syscall(pid: Pid, root: str = PROC) -> Optional[List[str]]:

@@ -45,7 +45,7 @@ from typing import (
 )
 
 from pytriton._platform import hardening, launch
-from pytriton.inprocess import _lib, _pool, _request, _settle, _teardown
+from pytriton.inprocess import _lib, _pool, _request, _settle, _stopped_stubs, _teardown
 from pytriton.inprocess._enums import (
     MetricFormat,
     ModelBatchFlag,
@@ -217,6 +217,9 @@ class Server:
         # Whether this server finds the Python backend's /tmp directory itself (_scratch.py); False
         # when its owner does (Triton(embedded=True)), as two windows in one process would wait on each other.
         self._tracks_scratch = True
+        # Repositories added by register_model_repository (absolute path -> {model name: subdirectory}):
+        # with the options' ones, where this server's stubs find their model files (_stopped_stubs.py).
+        self._registered: Dict[str, Dict[str, str]] = {}
 
     # -- internals used by Model and the iterators --------------------------------------------------
     def _library(self) -> _lib.Library:
@@ -244,6 +247,27 @@ class Server:
         left = _settle.wait_until_idle(before, time.monotonic() + _SETTLE_WAIT_S)
         if left:
             LOGGER.debug("%s: %d new Triton threads not seen idle within %.0f s", what, len(left), _SETTLE_WAIT_S)
+
+    def _model_directories(self, model_name: Optional[str] = None) -> List[str]:
+        """This server's repositories, or with ``model_name`` that model's directory in each of them."""
+        repositories = self.options.model_repository
+        paths = [repositories] if isinstance(repositories, str) else repositories
+        found: Dict[str, Dict[str, str]] = {os.path.abspath(path): {} for path in paths}
+        found.update(self._registered)
+        if model_name is None:
+            return list(found)
+        return [os.path.join(path, names.get(model_name, model_name)) for path, names in found.items()]
+
+    def _end_stopped_stubs(self, why: str, model_name: Optional[str] = None) -> None:
+        """Before Triton finalizes instances: kill this server's stopped stubs outside the backend's locks.
+
+        Triton would SIGKILL them wherever they are, which aborts the process if one holds a lock of
+        the backend's shared memory (_stopped_stubs.py; gate ``stub-killed-in-lock``).
+        """
+        try:
+            _stopped_stubs.end_stopped_stubs(self._shm_prefix, self._model_directories(model_name), why)
+        except Exception:  # noqa: BLE001 - never keeps the stop or unload from happening
+            LOGGER.exception("%s: could not look for stopped stubs", why)
 
     def _handle_or_raise(self) -> int:
         handle = self._handle
@@ -357,7 +381,9 @@ class Server:
         model that cannot unload (for example one whose stub died) makes it wait ``exit_timeout``.
         The server is freed only once Triton's threads that destroy the models have exited (see
         _teardown.py); if one still runs 10 s later, the server is left in memory, with a WARNING,
-        rather than freed under it (which could abort the process).
+        rather than freed under it (which could abort the process). A stub of this server that is
+        stopped (SIGSTOP) is killed first, outside the backend's locks, with a WARNING: Triton would
+        kill it wherever it is (_stopped_stubs.py).
         """
         with self._lock:
             handle, self._handle = self._handle, None
@@ -368,6 +394,7 @@ class Server:
             lib = self._library()
             self._requests.close(lib)  # idle requests hold their models: deleted before the stop
             before = _teardown.tasks()
+            self._end_stopped_stubs("stop()")
             try:
                 lib.check(lib.TRITONSERVER_ServerStop(handle))
             except InternalError as exc:  # e.g. "Exit timeout expired"
@@ -545,7 +572,8 @@ class Server:
         instances, their stubs, the backend's model state), so an immediate ``load()`` of the same
         model cannot race that destruction (docs/inprocess.md, "Known limitation"). Only this
         server's model is waited for, whatever other servers of the process serve. Raises
-        ``UnavailableError`` when that takes longer than ``timeout`` (None: 300 s).
+        ``UnavailableError`` when that takes longer than ``timeout`` (None: 300 s). A stopped stub of
+        the model is killed first, outside the backend's locks, as in :meth:`stop`.
         """
         lib = self._library()
         handle = self._handle_or_raise()
@@ -553,6 +581,7 @@ class Server:
         function = (
             lib.TRITONSERVER_ServerUnloadModelAndDependents if unload_dependents else lib.TRITONSERVER_ServerUnloadModel
         )
+        self._end_stopped_stubs(f"unload({name!r})", name)
         lib.check(function(handle, name.encode()))
         if wait_until_unloaded:
             deadline = time.monotonic() + (timeout if timeout is not None else _DEFAULT_READY_TIMEOUT_S)
@@ -612,6 +641,8 @@ class Server:
         """Add a repository (EXPLICIT mode); ``name_mapping`` maps subdirectory names to model names."""
         lib = self._library()
         handle = self._handle_or_raise()
+        names = {model_name: subdir for subdir, model_name in (name_mapping or {}).items()}
+        self._registered[os.path.abspath(repository_path)] = names
         created: List[int] = []
         try:
             for subdir, model_name in (name_mapping or {}).items():

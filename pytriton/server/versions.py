@@ -327,7 +327,7 @@ STUB_KILLED_IN_LOCK = Gate(
     "a stub killed while it holds one of the Python backend's shared-memory mutexes makes tritonserver abort "
     "at its next use of that mutex (boost::interprocess::lock_exception)",
     "_platform/native.py (kill_outside_robust_locks), server/process.py (kill_stub), proxy/_stub_watch.py, "
-    "proxy/_backend_kind.py",
+    "proxy/_backend_kind.py, inprocess/_stopped_stubs.py",
     triton=("2.48", None),
 )
 DEAD_STUB_KEPT = Gate(

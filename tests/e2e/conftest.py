@@ -98,6 +98,7 @@ FULL_RUN_ONLY: FrozenSet[str] = frozenset(
         "test_inprocess_example.py",
         "test_inprocess_lifecycle.py",
         "test_inprocess_reload.py",
+        "test_inprocess_stop.py",
         "test_lifecycle.py",
         "test_limits.py",
         "test_local_users.py",
