@@ -570,7 +570,7 @@ class Server:
         With ``wait_until_unloaded``, returns once this server's model index reports every version of
         the model ``UNAVAILABLE``: Triton sets that state only after it destroyed the old model (its
         instances, their stubs, the backend's model state), so an immediate ``load()`` of the same
-        model cannot race that destruction (docs/inprocess.md, "Known limitation"). Only this
+        model cannot race that destruction (docs/inprocess.md, "Known limitations of the server library"). Only this
         server's model is waited for, whatever other servers of the process serve. Raises
         ``UnavailableError`` when that takes longer than ``timeout`` (None: 300 s). A stopped stub of
         the model is killed first, outside the backend's locks, as in :meth:`stop`.

@@ -8,7 +8,7 @@ instance back). An unload (or ``stop()``) in that window starts the model delete
 ``TritonBackendThread::StopBackendThread`` reads the back of the empty deque, unsynchronized: a
 garbage instance, so ``RateLimiter::EnqueuePayload`` finds no queue for it and
 ``InstanceQueue::DecrementConsumerCount`` locks a mutex at address 0xa0: SIGSEGV on the deleter
-thread, no Python frame (core dumps: docs/inprocess.md "Known limitation of the server library").
+thread, no Python frame (core dumps: docs/inprocess.md "Known limitations of the server library").
 The window is a few instructions long, but on a loaded machine the backend thread can be preempted
 inside it for milliseconds: in unload/load loops beside two busy processes, about 1 unload in 110
 crashed the process; tests/e2e/test_inprocess_reload.py makes the window certain with a preloaded shim.

@@ -8,7 +8,7 @@ the stub's IPC control block, which locks the region's allocator mutex (``ipc_co
 A stub stopped (``SIGSTOP``, state ``T``) while it held that mutex therefore makes the lock throw
 ``boost::interprocess::lock_exception`` inside Triton's call: ``std::terminate``, and the user's
 process ends with ``Fatal Python error: Aborted`` inside ``stop()`` (tests/e2e/test_inprocess_stop.py,
-docs/inprocess.md "Known limitation of the server library"). A stub stopped while a server thread
+docs/inprocess.md "Known limitations of the server library"). A stub stopped while a server thread
 waits for one of its mutexes makes ``stop()`` wait out the exit timeout instead, and leaves the
 server undeleted.
 

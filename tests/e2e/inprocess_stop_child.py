@@ -4,7 +4,7 @@ Why a child: the Python backend, finalizing a model instance whose stub does not
 check within 1 s, SIGKILLs the stub wherever it is and then frees the stub's IPC control block,
 which locks the shared-memory allocator's mutex. A stub killed holding that mutex makes the lock
 throw ``boost::interprocess::lock_exception``, which nothing catches: ``std::terminate`` aborts the
-whole process inside ``stop()`` (docs/inprocess.md, "Known limitation of the server library"). In a
+whole process inside ``stop()`` (docs/inprocess.md, "Known limitations of the server library"). In a
 child such an abort fails the one test that drives it (tests/e2e/test_inprocess_stop.py) instead of
 ending the pytest run.
 

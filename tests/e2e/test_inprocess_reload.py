@@ -3,7 +3,7 @@
 Triton's backend thread releases a load's caller a moment before it puts its model instance back in
 its queue; an unload in that moment crashed the process in the model deleter (SIGSEGV in
 ``TritonBackendThread::StopBackendThread``, about 1 unload in 110 in loops under CPU load;
-pytriton/inprocess/_settle.py, docs/inprocess.md "Known limitation of the server library").
+pytriton/inprocess/_settle.py, docs/inprocess.md "Known limitations of the server library").
 ``start()`` and ``load()`` now return only once the threads they started are idle.
 
 The moment is made certain here: the child process runs with tests/e2e/payload_window_shim.c
