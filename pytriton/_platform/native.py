@@ -78,7 +78,7 @@ _HEAD = struct.Struct("@PlP")  # struct robust_list_head: list.next, futex_offse
 
 
 def _robust_list_head(tid: int) -> Optional[int]:
-    """The address of thread ``tid``'s robust-futex list head (in its process), or None if not known."""
+    """The address of thread ``tid``'s robust-futex list head (in its process), 0 if it has none, None if not known."""
     if _GET_ROBUST_LIST is None:
         return None
     try:
@@ -88,7 +88,9 @@ def _robust_list_head(tid: int) -> Optional[int]:
     head, size = ctypes.c_void_p(), ctypes.c_size_t()
     if libc.syscall(_GET_ROBUST_LIST, tid, ctypes.byref(head), ctypes.byref(size)) != 0:
         return None  # gone, or not ours to look at (EPERM)
-    return head.value or None
+    # 0: the thread registered no list (a process stopped right after exec, before the C library set
+    # one up); it cannot hold a robust mutex then, since glibc takes one only on a registered list.
+    return head.value or 0
 
 
 def robust_locks_held(pid: int) -> Optional[bool]:
@@ -107,6 +109,8 @@ def robust_locks_held(pid: int) -> Optional[bool]:
         return None
     for tid in threads:
         head = _robust_list_head(tid)
+        if head == 0:
+            continue  # no list registered: it holds none
         raw = proc.read_memory(pid, head, _HEAD.size) if head is not None else None
         if raw is None:
             return None

@@ -134,3 +134,22 @@ def test_a_process_that_never_stops_is_killed_after_the_stop_wait(monkeypatch):
     monkeypatch.setattr(native.proc, "task_states", lambda pid: {pid: "D"})  # uninterruptible, for good
     assert native.kill_outside_robust_locks(4242) == "unknown"
     assert sent == [signal.SIGSTOP, signal.SIGKILL] and native.STOP_WAIT_S <= clock[0] <= native.STOP_WAIT_S + 1
+
+
+def test_a_thread_with_no_robust_list_holds_no_lock(monkeypatch):
+    """A process stopped right after ``exec``, before the C library registered its list (a loaded host).
+
+    The kernel clears a thread's robust list at ``exec``; glibc registers one before ``main``. Such a
+    thread cannot hold a robust mutex, so it counts as holding none. Before, it made the answer
+    "cannot tell" and the stub was killed blind (every unit leg of a loaded CI run: a child stopped
+    before it ran).
+    """
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert wait_for(lambda: proc.task_states(child.pid), 10, 0.01)
+        monkeypatch.setattr(native, "_robust_list_head", lambda tid: 0)
+        assert native.robust_locks_held(child.pid) is False
+        monkeypatch.setattr(native, "_robust_list_head", lambda tid: None)  # not ours to read
+        assert native.robust_locks_held(child.pid) is None
+    finally:
+        _end(child)
