@@ -19,6 +19,7 @@ says they must.
 from __future__ import annotations
 
 import os
+import platform
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple, Union
 
 PROC = "/proc"
@@ -212,6 +213,36 @@ def syscall(pid: Pid, root: str = PROC) -> Optional[List[str]]:
         with open(_path(pid, "syscall", root)) as source:
             return source.read().split()
     except OSError:
+        return None
+
+
+FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+"""futex(2)'s system call number on this machine (``/proc/<pid>/syscall`` names calls by number); None if not known."""
+FUTEX_LOCK_WAITS = frozenset({0, 6, 13})
+"""How glibc waits for a contended mutex: ``FUTEX_WAIT`` (robust and plain mutexes), ``FUTEX_LOCK_PI``,
+``FUTEX_LOCK_PI2``. A condition variable or semaphore waits with ``FUTEX_WAIT_BITSET`` (9) instead."""
+
+
+class FutexWait(NamedTuple):
+    """The futex a thread is blocked on: its address, and the operation without ``FUTEX_PRIVATE_FLAG`` and
+    ``FUTEX_CLOCK_REALTIME`` (compare with :data:`FUTEX_LOCK_WAITS`)."""
+
+    address: int
+    operation: int
+
+
+def futex_wait(pid: Pid, root: str = PROC) -> Optional[FutexWait]:
+    """The futex the thread ``pid`` (``"self/task/<tid>"`` for one of this process's) is blocked on.
+
+    None when it is running, blocked in another call, gone, or when this machine's futex number is not
+    known (:data:`FUTEX`).
+    """
+    words = syscall(pid, root)
+    if FUTEX is None or not words or len(words) < 3 or words[0] != str(FUTEX):
+        return None
+    try:
+        return FutexWait(int(words[1], 16), int(words[2], 16) & 0x7F)
+    except ValueError:
         return None
 
 

@@ -32,7 +32,6 @@ Unit tests: tests/unit/test_inprocess_settle.py (a fake ``/proc/self/task``).
 
 from __future__ import annotations
 
-import platform
 import time
 from typing import FrozenSet, Optional, Set
 
@@ -40,13 +39,6 @@ from pytriton._platform import proc
 from pytriton.inprocess._teardown import python_threads
 
 TASK_DIR = proc.TASK_DIR
-
-# futex(2)'s number where pytriton runs (the machines the server wheel is built for).
-_FUTEX = {"x86_64": "202", "aarch64": "98"}.get(platform.machine())
-_FUTEX_CMD_MASK = 0x7F  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
-# How glibc waits for a contended mutex (FUTEX_WAIT; the priority-inheritance locks); a condition
-# variable waits with FUTEX_WAIT_BITSET (9) instead.
-_LOCK_WAITS = frozenset({0, 6, 13})
 
 
 def tasks(task_dir: Optional[str] = None) -> Optional[FrozenSet[int]]:
@@ -64,14 +56,9 @@ def _idle(tid: int, task_dir: str) -> bool:
         return True
     if state != "S":
         return False  # running or runnable (R), in uninterruptible sleep (D), stopped (T, t)
-    words = proc.syscall(tid, task_dir)
-    if not words or _FUTEX is None or words[0] != _FUTEX or len(words) < 3:
-        return True  # asleep in another call (poll, nanosleep, read), or the kernel cannot say which
-    try:
-        command = int(words[2], 16) & _FUTEX_CMD_MASK
-    except ValueError:
-        return True
-    return command not in _LOCK_WAITS
+    wait = proc.futex_wait(tid, task_dir)
+    # Asleep in another call (poll, nanosleep, read), or in a condition wait: idle; waiting for a mutex: not.
+    return wait is None or wait.operation not in proc.FUTEX_LOCK_WAITS
 
 
 def wait_until_idle(

@@ -36,16 +36,12 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 from typing import Callable, Iterable, List, Tuple
 
 from pytriton._platform import native, proc
 
 LOGGER = logging.getLogger(__name__)
 STUB_EXECUTABLE = "triton_python_backend_stub"
-_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())  # futex(2)'s number
-_FUTEX_COMMAND = 0x7F  # an operation without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
-_FUTEX_WAIT = 0
 KILL_LIMIT_S = 5.0  # how long a stub may run, a few ms at a time, to let go of a lock before it is killed anyway
 
 
@@ -87,17 +83,15 @@ def lock_waited_for(region: str, root: str = proc.PROC) -> bool:
     ``FUTEX_WAIT_BITSET``, so idle threads do not count. False where that cannot be read.
     """
     ranges = [(start, end) for start, end, path in proc.mappings("self", root) if path == f"/dev/shm/{region}"]
-    if not ranges or _FUTEX is None:
+    if not ranges:
         return False
     for tid in proc.tasks(os.path.join(root, "self", "task")) or ():
-        words = proc.syscall(f"self/task/{tid}", root) or []
-        if len(words) < 3 or words[0] != str(_FUTEX):
-            continue
-        try:
-            address, operation = int(words[1], 16), int(words[2], 16)
-        except ValueError:
-            continue
-        if operation & _FUTEX_COMMAND == _FUTEX_WAIT and any(start <= address < end for start, end in ranges):
+        wait = proc.futex_wait(f"self/task/{tid}", root)
+        if (
+            wait
+            and wait.operation in proc.FUTEX_LOCK_WAITS
+            and any(start <= wait.address < end for start, end in ranges)
+        ):
             return True
     return False
 

@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 
 import pytriton.inprocess as tritonserver
+from pytriton._platform import proc
 from pytriton.inprocess import _lib, _server, _settle
 from tests.unit.test_inprocess import FakeCDLL
 
-FUTEX = _settle._FUTEX or "202"
+FUTEX = "202"  # x86_64's; the fixture makes it this machine's for the test
 CONDITION_WAIT = f"{FUTEX} 0x7f00000010 0x189 0x0 0x0 0x0 0xffffffff 0x7ffd0 0x7f001"  # FUTEX_WAIT_BITSET|PRIVATE|CLOCK
 MUTEX_WAIT = f"{FUTEX} 0x7f00000020 0x80 0x2 0x0 0x0 0x0 0x7ffd0 0x7f002"  # FUTEX_WAIT|PRIVATE: a contended mutex
 NANOSLEEP = "230 0x0 0x0 0x7f00000030 0x7f00000030 0x0 0x0 0x7ffd0 0x7f003"
@@ -27,7 +28,7 @@ NANOSLEEP = "230 0x0 0x0 0x7f00000030 0x7f00000030 0x0 0x0 0x7ffd0 0x7f003"
 
 @pytest.fixture(autouse=True)
 def _known_futex(monkeypatch):
-    monkeypatch.setattr(_settle, "_FUTEX", FUTEX)  # the fake syscall lines use it on any machine
+    monkeypatch.setattr(proc, "FUTEX", int(FUTEX))  # the fake syscall lines use it on any machine
 
 
 def _thread(directory: pathlib.Path, tid: int, state: str, syscall: str = "running") -> None:

@@ -17,8 +17,15 @@ from typing import List, Tuple
 import pytest
 
 import pytriton.inprocess as tritonserver
+from pytriton._platform import proc
 from pytriton.inprocess import _lib, _server, _stopped_stubs, _teardown
 from tests.unit.test_inprocess import FakeCDLL
+
+
+@pytest.fixture(autouse=True)
+def _x86_64_futex(monkeypatch):
+    monkeypatch.setattr(proc, "FUTEX", 202)  # the fake syscall lines use x86_64's number, on any machine
+
 
 STUB = "/opt/backends/python/triton_python_backend_stub"
 PREFIX = "pytriton-inproc-7-1-"
@@ -81,7 +88,6 @@ def _own_threads(root: pathlib.Path, region: str, *syscalls: str) -> None:
         (own / "task" / str(tid) / "syscall").write_text(line + "\n")
 
 
-@pytest.mark.skipif(_stopped_stubs._FUTEX != 202, reason="the fake syscall lines use x86_64's futex number")
 def test_a_thread_waiting_for_a_mutex_of_the_region_is_seen_and_idle_waits_are_not(tmp_path):
     region = PREFIX + "1234-uuid"
     idle = "202 0x1220 0x189 0x0 0x0 0x0 0x0 0x7ffd 0x7f00"  # a semaphore's FUTEX_WAIT_BITSET in the region
@@ -111,7 +117,6 @@ def test_each_selected_stub_is_killed_outside_the_locks_with_a_warning(tmp_path,
     assert "still holding one" in caplog.text
 
 
-@pytest.mark.skipif(_stopped_stubs._FUTEX != 202, reason="the fake syscall lines use x86_64's futex number")
 def test_a_stub_whose_lock_a_server_thread_waits_for_is_left_to_triton(tmp_path, caplog):
     """Stopped mid-request: letting it run would make it work on a request the backend gave up (an abort)."""
     root, repository = _tree(tmp_path, parent=os.getpid())

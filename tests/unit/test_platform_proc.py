@@ -119,3 +119,22 @@ def test_syscall_words_of_a_thread_and_none_once_gone(tmp_path):
     # A thread of this process reads its own threads': this one is in the read() of that very file.
     words = proc.syscall(threading.get_native_id(), proc.TASK_DIR)
     assert words and words[0].lstrip("-").isdigit()
+
+
+def test_futex_wait_names_the_address_and_the_operation_without_its_flags(tmp_path, monkeypatch):
+    monkeypatch.setattr(proc, "FUTEX", 202)  # x86_64's number, as in the lines below
+    for tid, line in {
+        1: "202 0x7f00 0x189 0x0 0x0 0x0 0xffffffff 0x7ffd 0x7f01",  # FUTEX_WAIT_BITSET|PRIVATE|CLOCK_REALTIME
+        2: "202 0x10b8 0x80 0x2 0x0 0x0 0x0 0x7ffd 0x7f01",  # FUTEX_WAIT|PRIVATE: a contended mutex
+        3: "230 0x0 0x0 0x7f00 0x7f00 0x0 0x0 0x7ffd 0x7f01",  # clock_nanosleep
+        4: "running",
+    }.items():
+        (tmp_path / str(tid)).mkdir()
+        (tmp_path / str(tid) / "syscall").write_text(line + "\n")
+    assert proc.futex_wait(1, str(tmp_path)) == proc.FutexWait(0x7F00, 9)
+    assert proc.futex_wait(2, str(tmp_path)) == proc.FutexWait(0x10B8, 0)
+    assert proc.futex_wait(2, str(tmp_path)).operation in proc.FUTEX_LOCK_WAITS
+    assert proc.futex_wait(1, str(tmp_path)).operation not in proc.FUTEX_LOCK_WAITS
+    assert [proc.futex_wait(tid, str(tmp_path)) for tid in (3, 4, 5)] == [None, None, None]
+    monkeypatch.setattr(proc, "FUTEX", None)  # a machine whose number is not known: nothing is a futex wait
+    assert proc.futex_wait(2, str(tmp_path)) is None
