@@ -7,7 +7,9 @@ This module holds no tests (it is imported by the ``test_inprocess_*`` modules).
 
 from __future__ import annotations
 
+import os
 import pathlib
+import signal
 import textwrap
 from typing import Dict, Tuple
 
@@ -169,3 +171,34 @@ def write_repository(root: pathlib.Path, names: Tuple[str, ...] = tuple(MODELS))
             f'name: "{name}"\nbackend: "python"\n{body}\ninstance_group [{{ kind: KIND_CPU count: 1 }}]\n'
         )
     return root
+
+
+def ended(returncode: int) -> str:
+    """How a child process ended, in words (``"was killed by SIGSEGV"``, ``"exited with 1"``)."""
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with {returncode}"
+
+
+def clean_after_child(pid: int) -> None:
+    """What the in-process server of a child ``pid`` that crashed left: its stubs outlive it, and its regions.
+
+    Both carry the child's pid in their names (``pytriton-inproc-<pid>-``): the stubs are killed
+    (SIGKILL) and the regions removed. Harmless after a child that ended cleanly (nothing is left).
+    """
+    from pytriton._platform import proc
+    from pytriton.proxy.stubside import _arena
+
+    tag = f"pytriton-inproc-{pid}-"
+    for entry in os.listdir(proc.PROC):
+        if entry.isdigit() and any(tag in word for word in proc.cmdline(int(entry)) or ()):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+    for name in os.listdir(_arena.SHM_DIR):
+        if name.startswith(tag):
+            try:
+                os.unlink(os.path.join(_arena.SHM_DIR, name))
+            except OSError:
+                pass

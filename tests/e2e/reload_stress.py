@@ -15,7 +15,6 @@ Usage: ``python -m tests.e2e.reload_stress CHILDREN ROUNDS [BUSY]`` (for example
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -23,26 +22,7 @@ import sys
 import tempfile
 from typing import Dict, List, Union
 
-from pytriton._platform import proc
-from pytriton.proxy.stubside import _arena
-from tests.e2e.inprocess_models import write_repository
-
-
-def _clean_after(pid: int) -> None:
-    """Stubs and regions of the in-process server of the dead child ``pid`` (its pid is in their names)."""
-    tag = f"pytriton-inproc-{pid}-"
-    for entry in os.listdir(proc.PROC):
-        if entry.isdigit() and any(tag in word for word in proc.cmdline(int(entry)) or ()):
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                pass
-    for name in os.listdir(_arena.SHM_DIR):
-        if name.startswith(tag):
-            try:
-                os.unlink(os.path.join(_arena.SHM_DIR, name))
-            except OSError:
-                pass
+from tests.e2e.inprocess_models import clean_after_child, write_repository
 
 
 def main(children: int, rounds: int, busy: int = 2) -> int:
@@ -63,7 +43,7 @@ def main(children: int, rounds: int, busy: int = 2) -> int:
                     child.kill()
                     child.wait()
                     code = "timeout"
-                _clean_after(child.pid)
+                clean_after_child(child.pid)
                 if isinstance(code, int) and code < 0:
                     code = signal.Signals(-code).name
                 results.append({"child": index, "exit": code})

@@ -19,7 +19,6 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from typing import Iterator, Optional, Tuple
 import pytest
 
 from pytriton.server.distribution import find_server
-from tests.e2e.inprocess_models import write_repository
+from tests.e2e.inprocess_models import clean_after_child, ended, write_repository
 
 ROOT = pathlib.Path(__file__).parents[2]
 SHIM_SOURCE = pathlib.Path(__file__).with_name("payload_window_shim.c")
@@ -80,23 +79,6 @@ def repository() -> Iterator[pathlib.Path]:
         yield write_repository(pathlib.Path(directory) / "repo", ("identity", "add_sub"))
 
 
-def _ended(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    return f"exited with {returncode}"
-
-
-def _kill_orphaned_stubs(pid: int) -> None:
-    """The stubs of a child that crashed outlive it: their region names carry its pid."""
-    tag = f"pytriton-inproc-{pid}-".encode()
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and tag in pathlib.Path(f"/proc/{entry}/cmdline").read_bytes():
-                os.kill(int(entry), signal.SIGKILL)
-        except OSError:
-            continue
-
-
 def _run_child(shim_env: dict, repository: pathlib.Path, *args: str) -> dict:
     """Run inprocess_reload_child with ``args``; its JSON result, after asserting it exited with 0."""
     # Output to files, not pipes: the stubs of a child that crashed would hold pipes open.
@@ -116,8 +98,8 @@ def _run_child(shim_env: dict, repository: pathlib.Path, *args: str) -> dict:
                 child.kill()
                 child.wait()
             if child.returncode != 0:
-                _kill_orphaned_stubs(child.pid)
-    assert child.returncode == 0, f"the child {_ended(child.returncode)}: {err_path.read_text()[-3000:]}"
+                clean_after_child(child.pid)
+    assert child.returncode == 0, f"the child {ended(child.returncode)}: {err_path.read_text()[-3000:]}"
     result: dict = json.loads(out_path.read_text().strip().splitlines()[-1])
     return result
 

@@ -16,11 +16,9 @@ inside an allocation and then stopped would be. On the code before the fix the c
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.inprocess_models import write_repository
+from tests.e2e.inprocess_models import clean_after_child, ended, write_repository
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -42,23 +40,6 @@ pytestmark = pytest.mark.skipif(
 def repository() -> Iterator[pathlib.Path]:
     with tempfile.TemporaryDirectory(prefix="pytriton-inproc-stop-") as directory:
         yield write_repository(pathlib.Path(directory) / "repo", ("identity", "add_sub"))
-
-
-def _ended(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    return f"exited with {returncode}"
-
-
-def _kill_orphaned_stubs(pid: int) -> None:
-    """The stubs of a child that crashed outlive it (one of them stopped): their region names carry its pid."""
-    tag = f"pytriton-inproc-{pid}-".encode()
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and tag in pathlib.Path(f"/proc/{entry}/cmdline").read_bytes():
-                os.kill(int(entry), signal.SIGKILL)
-        except OSError:
-            continue
 
 
 def _run_child(repository: pathlib.Path, *args: str) -> dict:
@@ -78,11 +59,11 @@ def _run_child(repository: pathlib.Path, *args: str) -> dict:
                 child.kill()
                 child.wait()
             if child.returncode != 0:
-                _kill_orphaned_stubs(child.pid)
+                clean_after_child(child.pid)
     errors = err_path.read_text(errors="replace")
     if "ptrace: Operation not permitted" in errors:
         pytest.skip("gdb may not attach to the stub here (ptrace refused)")
-    assert child.returncode == 0, f"the child {_ended(child.returncode)}: {errors[-3000:]}"
+    assert child.returncode == 0, f"the child {ended(child.returncode)}: {errors[-3000:]}"
     result: dict = json.loads(out_path.read_text().strip().splitlines()[-1])
     assert result["gdb_ok"], errors[-3000:]
     return result
