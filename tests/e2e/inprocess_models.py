@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import textwrap
-from typing import Dict, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from pytriton.proxy._binding import copy_stub_package
 
@@ -202,3 +204,34 @@ def clean_after_child(pid: int) -> None:
                 os.unlink(os.path.join(_arena.SHM_DIR, name))
             except OSError:
                 pass
+
+
+def run_child(
+    module: str, repository: pathlib.Path, *args: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 300
+) -> Tuple[int, str, str]:
+    """Run ``python -m module repository *args`` from the project root: (exit status, stdout, stderr).
+
+    Output goes to files beside ``repository``, not pipes: the stubs of a child that crashed would
+    hold pipes open. A child still running after ``timeout_s`` is killed; after any child that did
+    not exit with 0, :func:`clean_after_child` ends what its server left.
+    """
+    out_path, err_path = repository.parent / "child.out", repository.parent / "child.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        child = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", module, str(repository), *args],
+            stdout=out,
+            stderr=err,
+            cwd=pathlib.Path(__file__).parents[2],
+            env=None if env is None else dict(env),
+        )
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            if child.returncode != 0:
+                clean_after_child(child.pid)
+    return child.returncode, out_path.read_text(errors="replace"), err_path.read_text(errors="replace")

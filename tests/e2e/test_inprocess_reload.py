@@ -20,16 +20,14 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tempfile
 from typing import Iterator, Optional, Tuple
 
 import pytest
 
 from pytriton.server.distribution import find_server
-from tests.e2e.inprocess_models import clean_after_child, ended, write_repository
+from tests.e2e.inprocess_models import ended, run_child, write_repository
 
-ROOT = pathlib.Path(__file__).parents[2]
 SHIM_SOURCE = pathlib.Path(__file__).with_name("payload_window_shim.c")
 EXECUTE = "_ZN6triton4core7Payload7ExecuteEPb"  # triton::core::Payload::Execute(bool*)
 ROUNDS = 3
@@ -81,26 +79,9 @@ def repository() -> Iterator[pathlib.Path]:
 
 def _run_child(shim_env: dict, repository: pathlib.Path, *args: str) -> dict:
     """Run inprocess_reload_child with ``args``; its JSON result, after asserting it exited with 0."""
-    # Output to files, not pipes: the stubs of a child that crashed would hold pipes open.
-    out_path, err_path = repository.parent / "child.out", repository.parent / "child.err"
-    with out_path.open("w") as out, err_path.open("w") as err:
-        child = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "tests.e2e.inprocess_reload_child", str(repository), *args],
-            stdout=out,
-            stderr=err,
-            cwd=ROOT,
-            env=shim_env,
-        )
-        try:
-            child.wait(timeout=300)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            if child.returncode != 0:
-                clean_after_child(child.pid)
-    assert child.returncode == 0, f"the child {ended(child.returncode)}: {err_path.read_text()[-3000:]}"
-    result: dict = json.loads(out_path.read_text().strip().splitlines()[-1])
+    code, out, err = run_child("tests.e2e.inprocess_reload_child", repository, *args, env=shim_env, timeout_s=300)
+    assert code == 0, f"the child {ended(code)}: {err[-3000:]}"
+    result: dict = json.loads(out.strip().splitlines()[-1])
     return result
 
 

@@ -19,16 +19,12 @@ import json
 import pathlib
 import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 from typing import Iterator
 
 import pytest
 
-from tests.e2e.inprocess_models import clean_after_child, ended, write_repository
-
-ROOT = pathlib.Path(__file__).parents[2]
+from tests.e2e.inprocess_models import ended, run_child, write_repository
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gdb") is None or platform.machine() != "x86_64",
@@ -44,27 +40,11 @@ def repository() -> Iterator[pathlib.Path]:
 
 def _run_child(repository: pathlib.Path, *args: str) -> dict:
     """Run inprocess_stop_child with ``args``; its JSON result, after asserting it exited with 0."""
-    out_path, err_path = repository.parent / "child.out", repository.parent / "child.err"
-    with out_path.open("w") as out, err_path.open("w") as err:
-        child = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "tests.e2e.inprocess_stop_child", str(repository), *args],
-            stdout=out,
-            stderr=err,
-            cwd=ROOT,
-        )
-        try:
-            child.wait(timeout=400)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            if child.returncode != 0:
-                clean_after_child(child.pid)
-    errors = err_path.read_text(errors="replace")
+    code, out, errors = run_child("tests.e2e.inprocess_stop_child", repository, *args, timeout_s=400)
     if "ptrace: Operation not permitted" in errors:
         pytest.skip("gdb may not attach to the stub here (ptrace refused)")
-    assert child.returncode == 0, f"the child {ended(child.returncode)}: {errors[-3000:]}"
-    result: dict = json.loads(out_path.read_text().strip().splitlines()[-1])
+    assert code == 0, f"the child {ended(code)}: {errors[-3000:]}"
+    result: dict = json.loads(out.strip().splitlines()[-1])
     assert result["gdb_ok"], errors[-3000:]
     return result
 
