@@ -34,6 +34,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from pytriton._platform import proc
 from pytriton.exceptions import PyTritonServerError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.server import _recycle
@@ -296,6 +297,17 @@ def test_killed_stub_is_replaced(server):
     assert all(_echo(ports) is None for _ in range(20))
 
 
+def _replaced(now: list, before: list) -> bool:
+    """Both instances of a two-instance model run new stubs: two stubs, and every one of ``before`` has ended."""
+    return len(now) == 2 and not set(now) & set(before) and all(_exited(pid) for pid in before)
+
+
+def _exited(pid: int) -> bool:
+    """``pid`` has ended (gone, or a zombie not yet reaped)."""
+    status = proc.stat(pid)
+    return status is None or status.state in ("Z", "X")
+
+
 def test_stub_deaths_under_traffic_leave_no_threads_or_regions_behind(ports, monkeypatch):
     """8 stub deaths with requests reaching the dead instance: threads and regions back to the start once idle.
 
@@ -337,7 +349,9 @@ def test_stub_deaths_under_traffic_leave_no_threads_or_regions_behind(ports, mon
             assert len(stubs) == 2, (death, stubs)
             os.kill(stubs[0], signal.SIGKILL)
             assert _wait_serving(ports, "Echo", streak=5), f"death {death + 1}: Echo did not recover"
-            assert wait_for(lambda: len(_stubs(server_pid(), "Echo")) == 2, 20), f"death {death + 1}"
+            # Replaced: a new generation of two stubs, and both old ones ended (the survivor is ended
+            # only after the new generation loaded, so two stubs alone may be the survivor and one new).
+            assert wait_for(lambda old=stubs: _replaced(_stubs(server_pid(), "Echo"), old), 20), f"death {death + 1}"
         grown = figure()
         healthy.stop()
         print(f"start {start}, after 8 deaths {grown}, healthy client {healthy.counts}")
@@ -396,7 +410,7 @@ def test_pinned_generations_under_traffic_replace_the_server_at_the_limit(ports,
             assert len(stubs) == 2, (death, stubs)
             os.kill(stubs[0], signal.SIGKILL)
             assert _wait_serving(ports, "Echo", streak=5), f"death {death + 1}: Echo did not recover"
-            assert wait_for(lambda: len(_stubs(triton._backend.server.pid, "Echo")) == 2, 20)
+            assert wait_for(lambda old=stubs: _replaced(_stubs(triton._backend.server.pid, "Echo"), old), 20)
         grown = (threads(), len(shm_entries(prefix)))
         assert grown[1] >= start[1] + 4 or triton._backend.server.pid != first_pid, (start, grown)
         replaced = wait_for(lambda: triton._backend.server.pid != first_pid, 30)
