@@ -506,8 +506,8 @@ class Triton:
                         self._request_load(name)
                     self._traces.apply(startup)
             except BaseException:
-                if self._local is not None:
-                    self._local.after_load(False)
+                # stop() ends the first-load window of the scratch directory (LocalBackend.release), once the
+                # server has ended: its Python backend may still create the directory after this failure.
                 self.stop()
                 raise
             if came_up:

@@ -10,7 +10,8 @@ and talks to it over its network endpoints (:class:`pytriton._serving.endpoints.
 
 Resource lifetimes: :meth:`LocalBackend.start` starts the server, the watchdog and the guard;
 :meth:`LocalBackend.stop` ends the server (after the drain); :meth:`LocalBackend.release` ends a server
-a restart started meanwhile, removes the scratch directory, stops the guard and tells the watchdog that
+a restart started meanwhile, ends a first-load window that a failed start left open (the server has ended by
+then), removes the scratch directory, stops the guard and tells the watchdog that
 everything is clean. Unit tests: tests/unit/test_backends.py, tests/unit/test_restarts.py (restarts
 with a fake server), tests/unit/test_server_environment.py; with a server: tests/e2e/test_lifecycle.py,
 test_healing.py, test_drain.py.
@@ -297,6 +298,11 @@ class LocalBackend:
         server = self._server
         if server is not None and server is not self._stopped:
             server.stop(grace_s=0.0)  # started by a restart right before stop()
+        # A start that failed (a worker that could not load its callable, a failed warmup) leaves the first-load
+        # window open until here: a server still starting when the failure was seen can initialize its Python
+        # backend, making its directory, until it is ended. Now it has ended and its log was read to the end,
+        # so whether it made one is known.
+        self.after_load(False)
         self.scratch.remove()
         self._shm_guard.stop()
         self._release_watchdog()

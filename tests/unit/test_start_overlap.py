@@ -265,3 +265,81 @@ def test_start_failure_is_none_while_loading_and_the_timeout_counts_from_launch(
     ready._start_error = "its process ended (exit code 1)"
     ready._model, ready._name = "Unit", "Unit-0"
     assert "exit code 1" in str(ready.start_failure())
+
+
+class LateBackendServer:
+    """A ``TritonServerProcess`` still starting when the worker failed; while it is being stopped, its Python
+    backend initializes (``backend_starts``: makes its scratch directory and logs its first instance) or not."""
+
+    pid = 4242
+
+    def __init__(self, root: pathlib.Path, backend_starts: bool) -> None:
+        self.root = root
+        self.backend_starts = backend_starts
+        self.python_backend_started = False
+
+    def is_alive(self) -> bool:
+        return False  # nothing to hold open for a drain
+
+    def stop(self, grace_s: float = 0.0, wait_idle: Any = None) -> None:
+        if self.backend_starts:
+            (self.root / "python_env_late").mkdir()
+            self.python_backend_started = True
+        else:
+            (self.root / "python_env_someone_elses").mkdir()  # another server's, made meanwhile
+
+
+class LateBackendLaunched(LaunchedBackend):
+    """The launched backend, whose start opens the first-load window, then sees the worker fail at once."""
+
+    def __init__(self, site: Any, access: Any, root: pathlib.Path, backend_starts: bool) -> None:
+        super().__init__(site, access, None)
+        self.fake_server = LateBackendServer(root, backend_starts)
+
+    def prepare(self, timeout_s: Optional[float] = None) -> bool:
+        return False  # no server install needed
+
+    def start(self, repository: Any, startup: List[str], has_models: bool, socket_dir: Any, workers: Any) -> bool:
+        self._server = self.fake_server  # type: ignore[assignment]
+        self.scratch.before_first_load()  # as LocalBackend.start does, right before the server starts
+        raise _process.WorkerStartError("fake worker: No module named 'ghost'")
+
+
+@pytest.mark.parametrize("backend_starts", [True, False], ids=["backend-started-late", "backend-never-started"])
+def test_a_failed_start_decides_on_the_scratch_directory_once_the_server_has_ended(
+    monkeypatch, tmp_path, backend_starts
+):
+    # Seen in CI under load: the worker failed before the still-starting server had initialized its Python
+    # backend; the window was closed then, with nothing made yet, and the server made its /tmp/python_env_*
+    # directory while it was being stopped, which nobody removed.
+    from pytriton.server import _scratch
+    from pytriton.server.security import AccessPolicy, TritonSecurityConfig
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(root))
+    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))  # the window lock
+    settings = resolve(None)
+    backends: List[LateBackendLaunched] = []
+
+    def make(site: Any) -> LateBackendLaunched:
+        backends.append(
+            LateBackendLaunched(site, AccessPolicy(settings.config, TritonSecurityConfig()), root, backend_starts)
+        )
+        return backends[0]
+
+    triton = Triton.__new__(Triton)
+    triton._setup(settings, tmp_path / "workspace", TritonLifecyclePolicy(), make, RestartPolicy(0, 60.0))
+    try:
+        triton.bind("T", double, X, Y)
+        with pytest.raises(_process.WorkerStartError, match="ghost"):
+            triton.run()
+        assert triton._state is State.STOPPED
+        if backend_starts:
+            assert backends[0].scratch.path == str(root / "python_env_late")
+            assert not (root / "python_env_late").exists()
+        else:  # the server made nothing: a directory that appeared meanwhile is someone else's, and kept
+            assert backends[0].scratch.path is None
+            assert (root / "python_env_someone_elses").exists()
+    finally:
+        triton.stop()
