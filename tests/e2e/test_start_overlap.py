@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import threading
 import time
 import types
 
@@ -46,21 +47,50 @@ def _worker_processes() -> list:
     return found
 
 
-def test_a_worker_that_cannot_load_its_callable_fails_run_at_once_and_leaves_nothing(monkeypatch):
-    module = types.ModuleType("pytriton_e2e_ghost")  # importable in this process only, not in a worker
+# The callable's module as a worker process imports it (from the test's folder on sys.path): it fails,
+# but only once the test opens the gate (bounded, so that a test that never opens it still ends).
+GHOST_MODULE = """
+import os, time
+deadline = time.monotonic() + 60.0
+while not os.path.exists({gate!r}) and time.monotonic() < deadline:
+    time.sleep(0.01)
+raise ImportError("pytriton_e2e_ghost cannot be imported in a worker process")
+"""
+
+
+def test_a_worker_that_cannot_load_its_callable_fails_run_at_once_and_leaves_nothing(monkeypatch, tmp_path):
+    module = types.ModuleType("pytriton_e2e_ghost")  # this process's copy; a worker imports the file below
     exec("def infer(requests):\n    return [{'y': r['x']} for r in requests]\n", module.__dict__)
     monkeypatch.setitem(sys.modules, module.__name__, module)
+    gate = tmp_path / "fail-now"
+    (tmp_path / "pytriton_e2e_ghost.py").write_text(GHOST_MODULE.format(gate=str(gate)))
+    monkeypatch.syspath_prepend(str(tmp_path))
     triton = Triton(config=TritonConfig(**triton_ports()))
+
+    def fail_once_the_backend_started() -> None:
+        # The worker fails only after the server's Python backend started an instance (so made its /tmp
+        # directory): under load the server can start so late that the worker fails first and the server is
+        # ended before its backend makes anything (tests/unit/test_start_overlap.py covers that order).
+        def started() -> bool:
+            server = triton._backend.server
+            return server is not None and server.python_backend_started
+
+        wait_for(lambda: started() or gate.exists(), 60, 0.01)
+        gate.touch()
+
+    opener = threading.Thread(target=fail_once_the_backend_started, daemon=True)
     try:
         triton.bind("Thread", process_models.doubled, X, Y)  # a healthy model beside it is stopped too
         triton.bind("Ghost", module.infer, X, Y, instance_kind="process")
         socket_dir = triton._socket_dir
+        opener.start()
         started = time.monotonic()
         with pytest.raises(WorkerStartError, match="pytriton_e2e_ghost"):
             triton.run()
         elapsed = time.monotonic() - started
         server = triton._backend.server
         assert server is not None and server.pid is not None  # the server had been started beside the worker
+        assert server.python_backend_started  # the gate opened: the order this test is about
         assert elapsed < STARTUP_TIMEOUT_S / 2, f"run() failed only after {elapsed:.0f} s"
         assert wait_for(lambda: not process_group_alive(server.pid), 10), "server or stub processes left behind"
         assert wait_for(lambda: not _worker_processes(), 10), "a worker process was left behind"
@@ -72,6 +102,8 @@ def test_a_worker_that_cannot_load_its_callable_fails_run_at_once_and_leaves_not
         assert scratch is not None and not os.path.exists(scratch), "the Python backend's scratch directory was left"
         assert triton.stop() is False  # run() stopped it already
     finally:
+        gate.touch()  # a worker still waiting ends at once
+        opener.join(10)
         triton.stop()
 
 
