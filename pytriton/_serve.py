@@ -244,8 +244,13 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     _warn_overridden(triton, env)
     try:
-        with triton:
+        # Not `with triton:`, whose __enter__ starts the server before serve() has its SIGINT/SIGTERM handlers
+        # in place: a model answers inside run(), and a SIGTERM sent then ended the command with the signal's
+        # default action (status -15, no drain). serve() starts it with its handlers installed.
+        try:
             triton.serve()
+        finally:
+            triton.stop()  # serve() stops it before it returns or raises; this is for what it did not start
     except PyTritonError as exc:
         print(f"pytriton serve: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED

@@ -168,6 +168,37 @@ def test_the_command_exits_1_when_the_application_raises_at_import(capsys, monke
     assert "ValueError: weights file is corrupt" in err and "loading svc_k:triton raised" in err
 
 
+def test_a_sigterm_while_the_server_starts_is_handled_and_the_command_exits_0(monkeypatch, app_dir):
+    # Seen in CI under load (tests/e2e/test_serve_cli.py): a model answers inside run(), the test sent SIGTERM
+    # then, and the command died of it (status -15): `with triton:` had called run() before serve() installed
+    # its handlers. run() is a fake here, which sends the SIGTERM only where a handler is in place (the
+    # default action would end this test process) and records what it found.
+    import signal
+
+    from pytriton.triton import Triton
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    write(app_dir, "svc_term.py", "def bind_models(triton):\n    pass\n")
+    found: list = []
+
+    def fake_run(self: Triton) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        found.append(handler)
+        if callable(handler):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Triton, "run", fake_run)
+    made: list = []
+    real_stop = Triton.stop
+    monkeypatch.setattr(Triton, "stop", lambda self: made.append(self) or real_stop(self))
+    previous = signal.getsignal(signal.SIGTERM)
+    status = _cli.main(["serve", "svc_term:bind_models", "--app-dir", str(app_dir), "--log-level", "warning"])
+    assert status == _serve.EXIT_OK
+    assert found and all(callable(handler) for handler in found), f"run() was called without a handler: {found}"
+    assert made and all(triton._state.name == "STOPPED" for triton in made)
+    assert signal.getsignal(signal.SIGTERM) == previous  # put back
+
+
 def test_the_reload_child_is_the_same_command_without_reload():
     command = _serve.child_command(
         ["serve", "app:t", "--reload", "--reload-dir", "src", "--http-port", "9", "--reload-dir=lib"]
