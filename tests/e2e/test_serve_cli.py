@@ -123,6 +123,70 @@ def test_a_bind_function_is_served_on_the_commands_ports(tmp_path):
     assert process.returncode == 0, output[-3000:]
 
 
+# An application whose start goes on after a model answers: "Warm" is loaded once the server is up (it has a
+# warmup) and its warmup waits (bounded) until the test creates the gate file.
+SLOW_START_APP = """
+import os
+import time
+
+import numpy as np
+
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config.common import ModelWarmup, WarmupInput
+
+GATE = {gate!r}
+
+
+@batch
+def const(x):
+    return {{"y": x * 0 + 7.0}}
+
+
+@batch
+def warm(x):
+    deadline = time.monotonic() + 60.0
+    while not os.path.exists(GATE) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {{"y": x}}
+
+
+def bind_models(triton):
+    io = dict(
+        inputs=[Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        outputs=[Tensor(name="y", shape=(-1,), dtype=np.float32)],
+    )
+    triton.bind("Const", const, config=ModelConfig(max_batch_size=8), **io)
+    warmup = ModelWarmup(name="gate", batch_size=1, inputs={{"x": WarmupInput(np.float32, (2,), zero_data=True)}})
+    triton.bind("Warm", warm, config=ModelConfig(max_batch_size=8, model_warmup=[warmup]), **io)
+"""
+
+
+def test_a_sigterm_while_the_start_goes_on_stops_the_command_with_status_0(tmp_path):
+    # The race test_a_bind_function_is_served_on_the_commands_ports lost under load, made certain: a model
+    # answers while run() still loads the others, and the SIGTERM comes then (it ended the command, -15).
+    gate = tmp_path / "warmup-may-end"
+    (tmp_path / "slow_start_app.py").write_text(SLOW_START_APP.format(gate=str(gate)))
+    ports = triton_ports()
+    process = start(tmp_path, "slow_start_app:bind_models", ports)
+    try:
+        assert answer(ports) == 7.0  # "Warm" is still warming up: run() has not returned
+        process.send_signal(signal.SIGTERM)
+    except BaseException:
+        process.kill()
+        raise
+    finally:
+        gate.touch()  # the start ends; the SIGTERM it had received then stops the server
+    try:
+        output, _ = process.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(f"did not stop after SIGTERM:\n{output[-3000:]}") from None
+    assert process.returncode == 0, output[-3000:]
+    assert "Triton stopped" in output, output[-3000:]  # the drain ran: the signal was handled, not fatal
+
+
 def test_reload_serves_the_changed_source(tmp_path):
     write_app(tmp_path, 1.0)
     ports = triton_ports()
