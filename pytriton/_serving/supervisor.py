@@ -97,6 +97,7 @@ class Supervisor:
         self.failure: Optional[PyTritonServerError] = None  # why serve() must end
         # Giving grown Python-backend regions back (server/_recycle.py): model -> when it was recycled.
         self._recycled_at: Dict[str, float] = {}
+        self._healed_at = 0.0  # time.monotonic() when the last stub replacement ended (see _recycle_pinned_server)
         # Models unloaded because they stopped answering (pytriton/_serving/unresponsive.py), with their generation then.
         self._unresponsive_unloaded: Dict[str, int] = {}
         # Regions of model generations that only a new server process frees (server/_recycle.py), per server pid.
@@ -406,6 +407,7 @@ class Supervisor:
         finally:
             with self._registry.lock:
                 self.healing.discard(model_name)
+                self._healed_at = time.monotonic()
 
     def load_next_generation(self, model_name: str) -> Optional[Exception]:
         """Load every version of a model again with the generation raised (new stubs next to the old).
@@ -496,7 +498,12 @@ class Supervisor:
             self._pinned_clean_count = len(regions)
         models = self._registry.models()
         busy = any(model.busy for model in models)
-        idle_for = None if busy else time.monotonic() - max((m.last_active for m in models), default=0.0)
+        # A request still waiting at a dead stub's instance is no batch: idle counts from the end of the
+        # last stub replacement too, and not before DEAD_REQUEST_S after it (server/_recycle.py).
+        now = time.monotonic()
+        if now - self._healed_at < _recycle.DEAD_REQUEST_S:
+            busy = True
+        idle_for = None if busy else now - max([m.last_active for m in models] + [self._healed_at])
         reason = _recycle.server_recycle_reason(
             len(pinned), self._pinned_limit, idle_for, self._settings.recycle_idle_s
         )

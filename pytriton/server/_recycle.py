@@ -40,6 +40,15 @@ PINNED_GRACE_S = 5.0
 # traffic then fails no healthy request and is freed at the next idle moment.
 # PYTRITON_RECYCLE_PINNED_REGIONS: another limit; 0 never recycles under traffic.
 PINNED_REGIONS_LIMIT = 64
+# How long after a stub replacement ended the models are not taken as idle for a server recycle. A
+# request Triton handed to a dead stub's instance (until the new generation serves, or queued for the
+# old generation's survivor when it is ended) never becomes a batch, so the models look idle while
+# its client waits: Triton 2.51 fails it only after the Python backend's waits (python_be.cc r24.10,
+# SendMessageToStub and ReceiveMessageFromStub: a 1 s queue wait, then up to 1 s for the health
+# mutex; longer on a loaded host), and 2.48-2.50 never answer it. Replacing the server then closes
+# that client's connection ("connection closed") instead of its answer; 5 s covers the 2.51 waits
+# with room for a loaded host (tests/e2e/test_healing.py, tests/unit/test_pinned_recycle.py).
+DEAD_REQUEST_S = 5.0
 
 
 def _resident(path: pathlib.Path) -> int:

@@ -6,7 +6,7 @@ region's allocator mutex to free the stub's IPC control block; a stub killed hol
 makes the lock throw ``boost::interprocess::lock_exception`` and the process aborts inside
 ``stop()``. The stall is made certain here: the child (tests/e2e/inprocess_stop_child.py) serves a
 model whose stub, after answering, takes the allocator's mutex in a thread of its own and stops
-(the mutex's address is read with gdb, as the stub locks it for a request), as a stub preempted
+(the mutex lies at a fixed offset in the stub's region, measured with gdb once), as a stub preempted
 inside an allocation and then stopped would be. On the code before the fix the child aborted
 (``lock_exception``, SIGABRT) in ``stop()`` in 3 runs of 3 on 9636a79 and 1 of 1 on 3680ffc, and in
 ``unload()`` likewise (3 of 3, 1 of 1); now pytriton kills such a stub outside the locks first
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import pathlib
 import platform
-import shutil
 import tempfile
 from typing import Iterator
 
@@ -27,8 +26,8 @@ import pytest
 from tests.e2e.inprocess_models import ended, run_child, write_repository
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("gdb") is None or platform.machine() != "x86_64",
-    reason="needs gdb and x86_64 ($rdi) to find the stub's allocator mutex",
+    platform.machine() != "x86_64",
+    reason="the allocator mutex's offset in the stub's region was measured on x86_64",
 )
 
 
@@ -41,8 +40,6 @@ def repository() -> Iterator[pathlib.Path]:
 def _run_child(repository: pathlib.Path, *args: str) -> dict:
     """Run inprocess_stop_child with ``args``; its JSON result, after asserting it exited with 0."""
     code, out, errors = run_child("tests.e2e.inprocess_stop_child", repository, *args, timeout_s=400)
-    if "ptrace: Operation not permitted" in errors:
-        pytest.skip("gdb may not attach to the stub here (ptrace refused)")
     assert code == 0, f"the child {ended(code)}: {errors[-3000:]}"
     result: dict = json.loads(out.strip().splitlines()[-1])
     assert result["gdb_ok"], errors[-3000:]

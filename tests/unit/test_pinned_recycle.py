@@ -211,3 +211,18 @@ def test_a_bad_limit_is_logged_and_the_default_applies(monkeypatch, caplog):
         "x",
     )
     assert supervisor._pinned_limit == 3
+
+
+def test_an_idle_server_is_not_replaced_while_a_request_may_still_wait_at_a_dead_instance(monkeypatch):
+    """No batch for minutes, but a stub replacement has just ended: a request Triton handed to the dead
+    instance may still be waiting (it is no batch), and a new server now would close its connection."""
+    models = [_model(last_active=time.monotonic() - 60)]
+    supervisor, now, started, _ = _supervisor(monkeypatch, models, {"a", "dead"}, {"a"})
+    supervisor._healed_at = time.monotonic()
+    supervisor._recycle_pinned_server()
+    now[0] = 5.0  # the dead stub's region is pinned now
+    supervisor._recycle_pinned_server()
+    assert not started
+    supervisor._healed_at = time.monotonic() - _recycle.DEAD_REQUEST_S - supervisor._settings.recycle_idle_s
+    supervisor._recycle_pinned_server()
+    assert started == [True]
