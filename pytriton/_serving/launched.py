@@ -409,6 +409,9 @@ class LaunchedBackend(LocalBackend):
         old = self._server
         assert old is not None and self._launch is not None
         old.stop(grace_s=0.0)  # idempotent; also ends a replacement that failed to start
+        # A replacement that failed to start left its first-load window open: it may have made its Python
+        # backend's directory until it ended, just now (the same rule as a failed first start, release()).
+        self.after_load(False)
         self.scratch.remove()  # the dead server's /tmp/python_env_* (server/_scratch.py)
         _segments.sweep_segments(f"{self._site.shm_prefix}-pb")  # its Python-backend regions
         plan, env = self._launch

@@ -328,8 +328,8 @@ class Supervisor:
                         self._registry.request_load(name)
                 self._registry.apply_trace_settings(startup)  # a new server knows none
             except Exception as exc:  # noqa: BLE001 - any failed step is a failed attempt, retried or given up
-                with contextlib.suppress(Exception):
-                    backend.after_load(False)
+                # The attempt's first-load window stays open: its server may still make its Python backend's
+                # directory until it is ended, by the next attempt (replace_server) or the stop (release).
                 if not self._registry.running():
                     return None
                 if (

@@ -287,3 +287,34 @@ def test_a_restart_loads_the_live_bound_models_at_its_start_and_the_warmed_ones_
     argv = FakeServer.started[-1].argv
     assert [arg for arg in argv if arg.startswith("--load-model=")] == ["--load-model=early", "--load-model=live"]
     assert loads == ["warmed"]
+
+
+def test_a_failed_restart_attempts_scratch_directory_is_decided_once_its_server_ended(
+    supervised, monkeypatch, tmp_path
+):
+    # A restart attempt failed while its server was still starting; that server made its Python backend's
+    # /tmp/python_env_* directory until the next attempt ended it. On 1f85f7d the supervisor closed the
+    # attempt's first-load window at the failure, with nothing made yet, and the directory was left behind.
+    from pytriton.server import _scratch
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(root))
+    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))  # the window lock
+    triton, supervisor, _ = supervised
+    triton._startup_models = ["m"]
+    monkeypatch.setattr(triton, "_model_names", lambda: ["m"])
+    late = FakeServer.stop
+
+    def stop(server: FakeServer, grace_s: float = 0.0) -> None:
+        if FakeServer.started[:1] == [server] and not server.python_backend_started:  # the failed attempt's server
+            (root / "python_env_late").mkdir()
+            server.python_backend_started = True
+        late(server, grace_s)
+
+    monkeypatch.setattr(FakeServer, "stop", stop)
+    FakeServer.outcomes = ["fails", "ready"]
+    supervisor._restart_server(-6)
+    assert supervisor.failure is None and len(FakeServer.started) == 2
+    assert not (root / "python_env_late").exists()
+    triton._backend.after_load(False)  # the successful attempt's window, as the fixture's stop would

@@ -343,3 +343,53 @@ def test_a_failed_start_decides_on_the_scratch_directory_once_the_server_has_end
             assert (root / "python_env_someone_elses").exists()
     finally:
         triton.stop()
+
+
+class NewServer:
+    """The server a restart attempt starts (``TritonServerProcess`` replaced): starts at once, makes nothing."""
+
+    pid = 4343
+
+    def __init__(self, argv: Any, env: Any, log_path: Any = None, data_headroom: Any = None) -> None:
+        self.argv = argv
+
+    def register_on_exit(self, callback: Any) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+
+def test_a_restart_attempt_that_failed_has_the_directory_its_server_made_meanwhile_removed(monkeypatch, tmp_path):
+    # The supervisor's restart attempt failed while its server was still starting; the server initialized its
+    # Python backend (its /tmp/python_env_* directory) until the next attempt ended it. The next attempt's
+    # replace_server must decide on that directory only then, and remove it; on 1f85f7d the failed attempt's
+    # window was closed at the failure, with nothing made yet, and the directory was left.
+    from types import SimpleNamespace
+
+    from pytriton._serving import launched
+    from pytriton.server import _scratch
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(root))
+    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))  # the window lock
+    monkeypatch.setattr(launched, "TritonServerProcess", NewServer)
+    monkeypatch.setattr(launched._segments, "sweep_segments", lambda prefix: None)
+    backend = LaunchedBackend.__new__(LaunchedBackend)
+    failed = LateBackendServer(root, backend_starts=True)
+    backend._server = failed  # type: ignore[assignment]
+    backend._watchdog_fd = None
+    backend._launch = (SimpleNamespace(loading=lambda names: SimpleNamespace(to_argv=lambda: ["tritonserver"])), {})  # type: ignore[assignment]
+    backend._config = SimpleNamespace(log_file=None)  # type: ignore[assignment]
+    backend._settings = SimpleNamespace(server_data_headroom=None)  # type: ignore[assignment]
+    backend._site = SimpleNamespace(shm_prefix="pytriton-test")  # type: ignore[assignment]
+    backend.scratch = _scratch.ScratchDirTracker()
+    backend.scratch.before_first_load()  # the failed attempt's window, still open
+    new = backend.replace_server(["m"])
+    try:
+        assert new is backend._server and failed.python_backend_started
+        assert not (root / "python_env_late").exists()  # claimed once the failed server had ended, and removed
+    finally:
+        backend.scratch.after_first_load(False)
+        backend.scratch.remove()
