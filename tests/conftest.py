@@ -127,3 +127,16 @@ def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bo
 @pytest.fixture()
 def ports():
     return triton_ports()
+
+
+@pytest.fixture()
+def scratch_root(tmp_path, monkeypatch):
+    """A fake ``/tmp`` for the Python backend's ``python_env_*`` directories (server/_scratch.py), and a
+    private ``PYTRITON_HOME`` for the first-load window's lock; the fake ``/tmp`` is returned, empty."""
+    from pytriton.server import _scratch
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(root))
+    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))
+    return root

@@ -290,17 +290,12 @@ def test_a_restart_loads_the_live_bound_models_at_its_start_and_the_warmed_ones_
 
 
 def test_a_failed_restart_attempts_scratch_directory_is_decided_once_its_server_ended(
-    supervised, monkeypatch, tmp_path
+    supervised, monkeypatch, scratch_root
 ):
     # A restart attempt failed while its server was still starting; that server made its Python backend's
     # /tmp/python_env_* directory until the next attempt ended it. On 1f85f7d the supervisor closed the
     # attempt's first-load window at the failure, with nothing made yet, and the directory was left behind.
-    from pytriton.server import _scratch
-
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(root))
-    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))  # the window lock
+    root = scratch_root
     triton, supervisor, _ = supervised
     triton._startup_models = ["m"]
     monkeypatch.setattr(triton, "_model_names", lambda: ["m"])

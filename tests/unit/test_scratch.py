@@ -10,12 +10,9 @@ from pytriton.server import _scratch
 
 
 @pytest.fixture()
-def root(tmp_path, monkeypatch):
-    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(tmp_path / "tmp"))
-    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))  # where the window lock lives
-    (tmp_path / "tmp").mkdir()
-    (tmp_path / "tmp" / "python_env_older").mkdir()  # another server's, from before
-    return tmp_path / "tmp"
+def root(scratch_root):
+    (scratch_root / "python_env_older").mkdir()  # another server's, from before
+    return scratch_root
 
 
 def test_the_one_new_directory_is_claimed_and_removed(root):

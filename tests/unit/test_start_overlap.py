@@ -307,18 +307,14 @@ class LateBackendLaunched(LaunchedBackend):
 
 @pytest.mark.parametrize("backend_starts", [True, False], ids=["backend-started-late", "backend-never-started"])
 def test_a_failed_start_decides_on_the_scratch_directory_once_the_server_has_ended(
-    monkeypatch, tmp_path, backend_starts
+    monkeypatch, tmp_path, scratch_root, backend_starts
 ):
     # Seen in CI under load: the worker failed before the still-starting server had initialized its Python
     # backend; the window was closed then, with nothing made yet, and the server made its /tmp/python_env_*
     # directory while it was being stopped, which nobody removed.
-    from pytriton.server import _scratch
     from pytriton.server.security import AccessPolicy, TritonSecurityConfig
 
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(root))
-    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))  # the window lock
+    root = scratch_root
     settings = resolve(None)
     backends: List[LateBackendLaunched] = []
 
@@ -360,7 +356,7 @@ class NewServer:
         pass
 
 
-def test_a_restart_attempt_that_failed_has_the_directory_its_server_made_meanwhile_removed(monkeypatch, tmp_path):
+def test_a_restart_attempt_that_failed_has_the_directory_its_server_made_meanwhile_removed(monkeypatch, scratch_root):
     # The supervisor's restart attempt failed while its server was still starting; the server initialized its
     # Python backend (its /tmp/python_env_* directory) until the next attempt ended it. The next attempt's
     # replace_server must decide on that directory only then, and remove it; on 1f85f7d the failed attempt's
@@ -370,10 +366,7 @@ def test_a_restart_attempt_that_failed_has_the_directory_its_server_made_meanwhi
     from pytriton._serving import launched
     from pytriton.server import _scratch
 
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(_scratch, "SCRATCH_ROOT", str(root))
-    monkeypatch.setenv("PYTRITON_HOME", str(tmp_path / "home"))  # the window lock
+    root = scratch_root
     monkeypatch.setattr(launched, "TritonServerProcess", NewServer)
     monkeypatch.setattr(launched._segments, "sweep_segments", lambda prefix: None)
     backend = LaunchedBackend.__new__(LaunchedBackend)
