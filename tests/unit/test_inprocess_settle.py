@@ -81,14 +81,21 @@ def test_idle_exited_python_and_old_threads_are_not_waited_for(tmp_path, monkeyp
     assert _settle.wait_until_idle(frozenset(), time.monotonic() + 30, 0.01, str(tmp_path / "none")) == frozenset()
 
 
-def test_a_thread_seen_idle_once_is_not_waited_for_again(tmp_path):
+def test_a_thread_seen_idle_once_is_not_waited_for_again(tmp_path, monkeypatch):
     """Once a backend thread is back in its wait, later work (traffic) does not hold the load."""
     directory = tmp_path / "task"
     _thread(directory, 5, "S", CONDITION_WAIT)
     _thread(directory, 6, "R")
-    _later(0.05, lambda: _thread(directory, 5, "R"))  # 5 picks up a batch
-    _later(0.2, lambda: _thread(directory, 6, "S", CONDITION_WAIT))
+    # The changes happen between the function's looks (its sleeps), not on timers: on a loaded host a
+    # 50 ms timer could fire before the first look, and 5 was then never seen idle (CI run 8, 3.10 leg).
+    changes = [
+        lambda: _thread(directory, 5, "R"),  # after the first look: 5 picks up a batch
+        lambda: _thread(directory, 6, "S", CONDITION_WAIT),  # after the second: 6 is back in its wait
+    ]
+    clock = SimpleNamespace(monotonic=time.monotonic, sleep=lambda seconds: changes.pop(0)() if changes else None)
+    monkeypatch.setattr(_settle, "time", clock)  # this module's sleeps only
     assert _settle.wait_until_idle(frozenset(), time.monotonic() + 30, 0.01, str(directory)) == frozenset()
+    assert not changes  # both happened while it waited
 
 
 def _loading_server(monkeypatch, tmp_path, busy_s: float) -> tuple:
