@@ -246,7 +246,10 @@ def test_idle_releaser_waits_for_idleness(arena):
         assert releaser.released == 0  # a message in flight: never released under it
         releaser.leave()
         assert wait_for(lambda: releaser.released > 0, timeout_s=10)
-        released = releaser.released
+        # One pass releases the two arenas one after the other, under the releaser's lock: read the
+        # count once that pass is over (a read between the two, likelier under load, saw it grow after).
+        with releaser._lock:
+            released = releaser.released
         time.sleep(0.3)
         assert releaser.released == released  # nothing used since: no second release
         releaser.enter()
