@@ -9,8 +9,6 @@ process is visible, as in that window.
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Dict, List
 
 import pytest
@@ -26,10 +24,13 @@ class Index:
     def __init__(self, **states: str) -> None:
         self.states: Dict[str, str] = dict(states)
         self.reads = 0
+        self.after_read: Dict[int, Dict[str, str]] = {}  # read number -> states the index takes after it
 
     def entries(self) -> List[Dict[str, str]]:
         self.reads += 1
-        return [{"name": name, "version": "1", "state": state} for name, state in self.states.items()]
+        entries = [{"name": name, "version": "1", "state": state} for name, state in self.states.items()]
+        self.states.update(self.after_read.pop(self.reads, {}))
+        return entries
 
 
 def _started(index: Index) -> tuple:
@@ -43,22 +44,15 @@ def _started(index: Index) -> tuple:
     return server, fake
 
 
-def _later(delay_s: float, action) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay_s), action()))
-    thread.start()
-    return thread
-
-
 def test_unload_returns_only_once_the_index_reports_the_model_destroyed():
     index = Index(identity="UNLOADING", other="READY")
+    # The model is destroyed after the second read, not on a timer: a 0.3 s timer started before the
+    # clock the test read could leave less than the 0.25 s it asserted when the host was loaded.
+    index.after_read[2] = {"identity": "UNAVAILABLE"}
     server, fake = _started(index)
-    changer = _later(0.3, lambda: index.states.update(identity="UNAVAILABLE"))
-    started = time.monotonic()
     server.unload("identity", wait_until_unloaded=True, polling_interval=0.01, timeout=30)
-    waited = time.monotonic() - started
-    changer.join()
     assert fake.called("TRITONSERVER_ServerUnloadModel") == [(1, b"identity")]
-    assert waited >= 0.25 and index.states["identity"] == "UNAVAILABLE"
+    assert index.reads == 3 and index.states["identity"] == "UNAVAILABLE"  # returned at the first UNAVAILABLE
 
 
 def test_another_servers_or_models_state_is_not_waited_for():
@@ -82,14 +76,12 @@ def test_a_model_the_index_no_longer_lists_is_done_once_not_ready():
 
 def test_load_waits_for_an_unload_that_did_not_wait():
     index = Index(identity="UNLOADING")
+    index.after_read[2] = {"identity": "UNAVAILABLE"}  # destroyed after the second read (not on a timer)
     server, fake = _started(index)
-    loads: List[float] = []
-    fake.results["TRITONSERVER_ServerLoadModel"] = lambda *args: loads.append(time.monotonic())
-    changer = _later(0.3, lambda: index.states.update(identity="UNAVAILABLE"))
-    started = time.monotonic()
+    loads: List[int] = []
+    fake.results["TRITONSERVER_ServerLoadModel"] = lambda *args: loads.append(index.reads)
     server.load("identity")
-    changer.join()
-    assert len(loads) == 1 and loads[0] - started >= 0.25  # called only after the old model was destroyed
+    assert loads == [3]  # called only once a read saw the old model destroyed
 
 
 def test_load_without_an_unload_in_progress_reads_the_index_once():
