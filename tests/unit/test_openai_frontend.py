@@ -112,6 +112,7 @@ def test_serve_blocks_until_a_signal_then_stops(monkeypatch):
     import os
     import signal
     import threading
+    import time
 
     from tests.unit.test_openai_app import TEXT_CONFIG, FakeBackend
 
@@ -122,12 +123,28 @@ def test_serve_blocks_until_a_signal_then_stops(monkeypatch):
     monkeypatch.setattr(OpenAIFrontend, "_backend_factory", lambda self: Backend)
     frontend = OpenAIFrontend("grpc://unused:1", [ChatModel("tiny", "chat")], port=0)
     previous = signal.getsignal(signal.SIGINT)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    returned, sent = threading.Event(), []
+
+    def interrupt_once_handled() -> None:
+        # SIGINT once serve() has put in its handler, not on a 0.5 s timer: on a loaded host start()
+        # could take longer, and the default handler then raised KeyboardInterrupt into it.
+        deadline = time.monotonic() + 30
+        while signal.getsignal(signal.SIGINT) is previous and not returned.is_set():
+            if time.monotonic() > deadline:
+                break  # never handled: the SIGINT below fails the test rather than letting serve() hang
+            time.sleep(0.005)
+        if not returned.is_set():
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_once_handled, daemon=True)
+    interrupter.start()
     try:
         frontend.serve()  # returns on the SIGINT
     finally:
-        timer.cancel()
+        returned.set()
+        interrupter.join(35)
+    assert sent == [True]  # it blocked until the signal came
     assert frontend._thread is None and signal.getsignal(signal.SIGINT) is previous
 
     class FakeTriton:
