@@ -712,14 +712,24 @@ def test_read_only_inputs_are_copied_so_the_callable_may_change_them(inline):
 
 
 def sleeps_x_seconds(requests):
-    """Sleeps the first value of ``x`` seconds, in short sleeps as a polling callable does; echoes ``x``."""
-    deadline = time.monotonic() + float(requests[0]["x"].flat[0])
-    while time.monotonic() < deadline:
+    """Sleeps the first value of ``x`` seconds, in short sleeps as a polling callable does; echoes ``x``.
+
+    With a second value, sends itself the watch's signal once it has run that long (as the watch
+    would, seeing it stuck): the signal comes inside the call whatever the host's load, where a timer
+    started beside the call could fire before the call began or, for a young call, after it had aged.
+    """
+    started = time.monotonic()
+    length, signal_at = float(requests[0]["x"].flat[0]), requests[0]["x"].flat[1:]
+    sent = not len(signal_at)
+    while time.monotonic() < started + length:
+        if not sent and time.monotonic() - started >= float(signal_at[0]):
+            sent = True
+            os.kill(os.getpid(), _messages.STUCK_SIGNAL)  # handled here, on the main thread, at once
         time.sleep(0.01)
     return [{"y": request["x"]} for request in requests]
 
 
-def test_the_watchs_signal_fails_a_stuck_call_retryably_and_spares_a_young_one(setup, inline):  # noqa: F811
+def test_the_watchs_signal_fails_a_stuck_call_retryably_and_spares_a_young_one(setup, inline, monkeypatch):  # noqa: F811
     # Before: the watch killed a backend instance's stub, and its batch got Triton's 500.
     setup.worker()
     previous = signal.getsignal(_messages.STUCK_SIGNAL)
@@ -730,18 +740,17 @@ def test_the_watchs_signal_fails_a_stuck_call_retryably_and_spares_a_young_one(s
         for path in ("short", "general"):
             if path == "general":  # the path of sequence, decoupled, traced or BYTES models
                 model.execute = lambda requests: model._gated(requests, model._execute_general)
-            timer = threading.Timer(0.3, os.kill, (os.getpid(), _messages.STUCK_SIGNAL))
-            timer.start()
+            stuck_at = 2 * _messages.STUCK_MIN_AGE_S  # older than that when signalled: stuck
             began = time.monotonic()
-            responses = model.execute([FakeRequest(_x(5.0)), FakeRequest(_x(5.0))])
-            timer.join()
+            responses = model.execute([FakeRequest(_x(5.0, stuck_at)), FakeRequest(_x(5.0, stuck_at))])
             assert time.monotonic() - began < 4.0  # failed, not waited for
             assert [r.error.message() for r in responses] == [_messages.STUCK_TEXT] * 2, path
-            # A call younger than STUCK_MIN_AGE_S is not the one the watch saw: it runs to its end.
-            timer = threading.Timer(0.01, os.kill, (os.getpid(), _messages.STUCK_SIGNAL))
-            timer.start()
-            (response,) = model.execute([FakeRequest(_x(0.3))])
-            timer.join()
+            # A call younger than STUCK_MIN_AGE_S is not the one the watch saw: it runs to its end. The
+            # call signals itself as it begins; the bound is raised so it is still young at the signal
+            # however long a loaded host paused it.
+            with monkeypatch.context() as young:
+                young.setattr(_messages, "STUCK_MIN_AGE_S", 60.0)
+                (response,) = model.execute([FakeRequest(_x(0.3, 0.0))])
             assert response.error is None and response.outputs()["y"][0, 0] == np.float32(0.3), path
         setup.finalize(model)
     finally:
