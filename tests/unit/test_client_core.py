@@ -576,6 +576,7 @@ class FakeStreamServer(FakeServer):
         self.callback: Any = None
         self.stops: List[bool] = []  # cancel_requests of each stop_stream
         self.hang_on_half_close = False  # a half-close waits until the call is cancelled (a silent peer)
+        self.gate: Any = None  # a threading.Event the responses wait for: a stream the test holds open
         self._stream: Any = None  # what tritonclient names its stream object, holding its gRPC call
 
     def start_stream(self, callback: Any, headers: Any = None) -> None:
@@ -593,9 +594,11 @@ class FakeStreamServer(FakeServer):
         import threading
         import time
 
-        count, callback = self.count, self.callback
+        count, callback, gate = self.count, self.callback, self.gate
 
         def produce() -> None:
+            if gate is not None:
+                assert gate.wait(10.0), "the test never let the stream go on"
             for step in range(count):
                 time.sleep(self.gap_s)
                 if step == self.fail_after:
@@ -677,13 +680,18 @@ def test_stream_error_then_next_stream_both_drivers(fake_stream):
 
 
 def test_a_second_infer_while_a_stream_is_open_is_refused(fake_stream):
-    fake_stream.gap_s = 0.3
+    import threading
+
+    # The stream stays open until the refused call is done, not for 0.6 s of gaps: a loaded host could
+    # pause the test that long, and the server had then ended the stream (no longer refused).
+    fake_stream.gate = threading.Event()
     with DecoupledModelClient("grpc://fake:1", "Gen") as client:
         first = client.infer_sample(np.array([2], np.int32))  # sent at once, as in NVIDIA PyTriton
         assert fake_stream.calls.count("start_stream") == 1
         with pytest.raises(PyTritonClientInferenceServerError, match="still open"):
             client.infer_batch(np.array([[2]], np.int32))
         assert fake_stream.calls.count("start_stream") == 1  # the refused call sent nothing
+        fake_stream.gate.set()
         assert _tokens(first) == [0, 1]
         assert _tokens(client.infer_sample(np.array([2], np.int32))) == [0, 1]  # read to its end: free again
 
