@@ -115,6 +115,14 @@ def process_group_alive(pgid: int) -> bool:
     return True
 
 
+def shm_span(pid: int) -> Tuple[int, int]:
+    """The lowest start and highest end of ``pid``'s mappings of ``/dev/shm`` files (a stub's region); (0, 0) if none."""
+    from pytriton._platform import proc
+
+    spans = [(start, end) for start, end, path in proc.mappings(pid) if path.startswith("/dev/shm/")]
+    return (min(start for start, _ in spans), max(end for _, end in spans)) if spans else (0, 0)
+
+
 def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

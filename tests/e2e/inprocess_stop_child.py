@@ -44,6 +44,7 @@ import numpy as np
 
 from pytriton._platform import native, proc
 from pytriton.server._recycle import model_stubs
+from tests.conftest import shm_span
 from tests.e2e.inprocess_models import _body
 
 
@@ -96,12 +97,7 @@ def stop_inside_the_allocator_lock(stub: int) -> str:
     release a block), run to the end of the call (the lock is held), then a SIGSTOP queued and gdb
     detached: the stub stops there.
     """
-    low = high = 0
-    with open(f"/proc/{stub}/maps") as maps:
-        for line in maps:
-            if "/dev/shm/" in line:
-                start, end = (int(part, 16) for part in line.split()[0].split("-"))
-                low, high = (start, end) if not low else (min(low, start), max(high, end))
+    low, _ = shm_span(stub)
     if not low:
         return f"stub {stub} maps no shared-memory region"
     # The allocator's header (boost's managed_external_buffer, its mutex first) lies at the start of
@@ -123,13 +119,6 @@ def stop_inside_the_allocator_lock(stub: int) -> str:
     return result.stdout + result.stderr
 
 
-def _region_start(stub: int) -> int:
-    """The address of the stub's ``/dev/shm`` region (its lowest mapping there), 0 if none."""
-    with open(f"/proc/{stub}/maps") as maps:
-        starts = [int(line.split()[0].split("-")[0], 16) for line in maps if "/dev/shm/" in line]
-    return min(starts, default=0)
-
-
 def allocator_mutex(stub: int) -> Tuple[int, str]:
     """The address of ``stub``'s allocator mutex in the stub's own address space, and how it was found.
 
@@ -143,7 +132,7 @@ def allocator_mutex(stub: int) -> Tuple[int, str]:
     the whole child (``lock_exception``) in one CI run before the test began. The test checks the
     address by its effect: the stalled stub's robust list must show a mutex held (``held``).
     """
-    low = _region_start(stub)
+    low, _ = shm_span(stub)
     if not low:
         return 0, f"stub {stub} maps no shared-memory region"
     return low + ALLOCATOR_MUTEX_OFFSET, f"region at {low:#x}, allocator mutex at +{ALLOCATOR_MUTEX_OFFSET:#x}"

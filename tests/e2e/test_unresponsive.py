@@ -31,7 +31,7 @@ import pytest
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.stubside._messages import STUCK_SIGNAL
 from pytriton.triton import Triton, TritonConfig
-from tests.conftest import triton_ports, wait_for
+from tests.conftest import shm_span, triton_ports, wait_for
 from tests.e2e._kinds import bind_kinds, model
 from tests.e2e.kind_models import HangsOnOne, sleeps_for_x
 from tests.e2e.test_healing import _stubs
@@ -317,12 +317,7 @@ def _stop_inside_a_backend_lock(stub: int, also: List[int]) -> str:
     the end of that call (the lock is held), queue a SIGSTOP and detach, so the stub stops there.
     Returns gdb's output (for the failure message).
     """
-    low = high = 0
-    with open(f"/proc/{stub}/maps") as maps:
-        for line in maps:
-            if "/dev/shm/" in line:
-                start, end = (int(part, 16) for part in line.split()[0].split("-"))
-                low, high = (start, end) if not low else (min(low, start), max(high, end))
+    low, high = shm_span(stub)
     assert low, f"stub {stub} maps no shared-memory region"
     commands = [
         "set pagination off",
